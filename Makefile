@@ -1,0 +1,44 @@
+# The two commands a new user needs: `make demo` and `make test`.
+# Both create .venv when it is missing and (re)install when pyproject.toml changes.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install --disable-pip-version-check -q
+ARGS   ?=
+SHELL  := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+# Drop pip's noise about extra indexes that do not exist on some machines; keep errors.
+QUIET  := { grep -v "^WARNING: Location" || true; }
+
+.PHONY: demo test test-all install install-dev clean-venv
+
+$(PY):
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "HardPos needs Python 3.10+"'
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip setuptools wheel 2>&1 | $(QUIET)
+
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PIP) -e . 2>&1 | $(QUIET)
+	$(PY) -c "import hardpos, torch, open_clip, ray, mlflow" && touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(PY)
+	$(PIP) -e '.[dev]' 2>&1 | $(QUIET)
+	$(PY) -c "import hardpos, torch, open_clip, ray, mlflow, moto, pytest" && touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+## make demo: the whole pipeline on the embedded default (local Ray, local MLflow, synthetic world, tiny CLIP)
+demo: $(VENV)/.installed
+	$(PY) jobs/demo.py $(ARGS)
+
+## make test: the default test suite (CPU; real Ray Data/Train/Tune/Serve, MLflow, moto S3)
+test: $(VENV)/.installed-dev
+	$(PY) -m pytest -m "not gpu and not slow" $(ARGS)
+
+## make test-all: also the slow tests
+test-all: $(VENV)/.installed-dev
+	$(PY) -m pytest -m "not gpu" $(ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,252 @@
+"""Loading, saving and encoding open_clip models: the one place every stage uses.
+
+Model sources (``ModelConfig.pretrained``):
+
+* ``None``                     random weights (tests, the synthetic world's "pretraining")
+* an open_clip tag             ``openai``, ``laion2b_s34b_b79k`` ... (downloaded by open_clip)
+* a local path                 a HardPos/open_clip checkpoint directory, or a weights file
+* ``s3://...``                 the same, fetched through :mod:`hardpos.storage`
+* ``models:/name@alias`` / ``runs:/id/path``   an MLflow model logged by HardPos
+
+Checkpoint format (a directory): open_clip's own "local-dir" layout, so a plain
+``open_clip.create_model_and_transforms("local-dir:DIR")`` loads it too:
+
+* ``open_clip_config.json``      ``{"model_cfg": ..., "preprocess_cfg": ...}``
+* ``open_clip_model.safetensors`` the state dict (safetensors: no pickle, safe to load)
+* ``hardpos.json``               ``{"arch": ..., "source": ..., **metadata}``
+
+QuickGELU: OpenAI's weights were trained with QuickGELU.  ``openai`` weights on a
+non ``-quickgelu`` architecture get ``force_quick_gelu`` automatically, and the saved
+config records ``quick_gelu`` so every later load (train, evaluate, serve) agrees.
+
+Text encoding (:func:`encode_text`) runs the causal text tower on tokens trimmed to the
+batch's longest caption instead of the full context (77 for CLIP).  With a causal mask
+and end-of-text pooling this is exactly equal, and several times faster.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+CONFIG_NAME = "open_clip_config.json"
+WEIGHTS_NAME = "open_clip_model.safetensors"
+META_NAME = "hardpos.json"
+_CONFIG_DIR = Path(__file__).parent / "resources" / "model_configs"
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """Which model to build and where its weights come from.
+
+    arch: open_clip architecture (``ViT-B-32``, ``ViT-B-32-quickgelu``) or a HardPos tiny
+        config (``hardpos-tiny``, ``hardpos-small``). Ignored when ``pretrained`` is a
+        HardPos checkpoint (the checkpoint carries its own architecture).
+    pretrained: None (random), an open_clip tag, a local path, s3:// URI or MLflow URI.
+    force_quick_gelu: None = automatic (True for ``openai`` weights).
+    grad_checkpointing: trade compute for memory in training.
+    """
+
+    arch: str = "hardpos-tiny"
+    pretrained: str | None = None
+    force_quick_gelu: bool | None = None
+    grad_checkpointing: bool = False
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    preprocess_train: Callable
+    preprocess_val: Callable
+    tokenizer: Callable
+    arch: str
+    model_cfg: dict[str, Any]
+    meta: dict[str, Any]
+
+    @property
+    def context_length(self) -> int:
+        return int(self.model_cfg.get("text_cfg", {}).get("context_length", 77))
+
+
+# --------------------------------------------------------------------------- configs
+def register_model_configs() -> None:
+    """Register HardPos's bundled open_clip configs (idempotent, no I/O beyond the package)."""
+    import open_clip
+
+    known = set(open_clip.list_models())
+    for path in sorted(_CONFIG_DIR.glob("*.json")):
+        if path.stem not in known:
+            open_clip.add_model_config(path)
+
+
+def model_config_dict(arch: str, force_quick_gelu: bool = False) -> dict[str, Any]:
+    import open_clip
+
+    register_model_configs()
+    cfg = open_clip.get_model_config(arch)
+    if cfg is None:
+        raise ValueError(f"unknown model architecture {arch!r}; known: {', '.join(open_clip.list_models())}")
+    if force_quick_gelu:
+        cfg["quick_gelu"] = True
+    return cfg
+
+
+# --------------------------------------------------------------------------- sources
+def _is_checkpoint_dir(path: Path) -> bool:
+    return path.is_dir() and (path / CONFIG_NAME).is_file()
+
+
+def find_checkpoint_dir(root: Path) -> Path | None:
+    """The HardPos/open_clip checkpoint directory at or below ``root`` (shallowest)."""
+    if _is_checkpoint_dir(root):
+        return root
+    hits = sorted(root.rglob(CONFIG_NAME), key=lambda p: len(p.parts))
+    return hits[0].parent if hits else None
+
+
+def resolve_source(pretrained: str) -> Path | str:
+    """Turn any non-tag source into a local path; tags are returned unchanged."""
+    from hardpos import storage
+
+    if pretrained.startswith(("models:/", "runs:/", "mlflow-artifacts:")):
+        import mlflow
+
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=pretrained))
+        found = find_checkpoint_dir(local)
+        if found is None:
+            raise FileNotFoundError(f"{pretrained}: no {CONFIG_NAME} found in the MLflow artifacts ({local})")
+        return found
+    if storage.is_s3(pretrained):
+        # A single weights file, or a checkpoint directory (prefix).
+        if pretrained.endswith((".pt", ".pth", ".bin", ".safetensors")):
+            return storage.local_copy(pretrained)
+        target = Path(tempfile.mkdtemp(prefix="hardpos-ckpt-"))
+        storage.download_dir(pretrained, target)
+        found = find_checkpoint_dir(target)
+        if found is None:
+            raise FileNotFoundError(f"{pretrained}: no {CONFIG_NAME} under this prefix")
+        return found
+    path = Path(pretrained).expanduser()
+    if path.exists():
+        if path.is_dir():
+            found = find_checkpoint_dir(path)
+            if found is None:
+                raise FileNotFoundError(f"{pretrained}: a directory without {CONFIG_NAME}")
+            return found
+        return path
+    if "/" in pretrained or pretrained.endswith((".pt", ".pth", ".bin", ".safetensors")):
+        raise FileNotFoundError(f"model checkpoint not found: {pretrained}")
+    return pretrained  # an open_clip pretrained tag
+
+
+def load_model(cfg: ModelConfig, device: str | torch.device = "cpu") -> LoadedModel:
+    """Build the model described by ``cfg`` (see module docstring for sources)."""
+    import open_clip
+
+    register_model_configs()
+    source = resolve_source(cfg.pretrained) if cfg.pretrained else None
+    meta: dict[str, Any] = {}
+    if isinstance(source, Path) and source.is_dir():
+        hp_meta = source / META_NAME
+        meta = json.loads(hp_meta.read_text()) if hp_meta.is_file() else {}
+        model_cfg = json.loads((source / CONFIG_NAME).read_text())["model_cfg"]
+        arch = meta.get("arch", cfg.arch)
+        model, pp_train, pp_val = open_clip.create_model_and_transforms(f"local-dir:{source}", device=device)
+    else:
+        quick = cfg.force_quick_gelu
+        if quick is None:
+            quick = source == "openai" and not cfg.arch.endswith("-quickgelu")
+        model_cfg = model_config_dict(cfg.arch, force_quick_gelu=bool(quick))
+        arch = cfg.arch
+        model, pp_train, pp_val = open_clip.create_model_and_transforms(
+            cfg.arch,
+            pretrained=str(source) if source is not None else None,
+            force_quick_gelu=bool(quick),
+            device=device,
+            weights_only=True,
+        )
+    if cfg.grad_checkpointing:
+        model.set_grad_checkpointing(True)
+    tokenizer = open_clip.get_tokenizer(arch if not (isinstance(source, Path) and source.is_dir()) else f"local-dir:{source}")
+    meta.setdefault("arch", arch)
+    meta.setdefault("source", cfg.pretrained or "random")
+    return LoadedModel(model, pp_train, pp_val, tokenizer, arch, model_cfg, meta)
+
+
+def save_checkpoint(model: torch.nn.Module, model_cfg: dict[str, Any], directory: str | os.PathLike, meta: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` in the checkpoint format above (local directory)."""
+    from open_clip.push_to_hf_hub import save_config_for_hf
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model = unwrap(model)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / WEIGHTS_NAME))
+    save_config_for_hf(model, directory / CONFIG_NAME, model_config=model_cfg)
+    (directory / META_NAME).write_text(json.dumps(meta or {}, indent=2, default=str))
+    return directory
+
+
+# --------------------------------------------------------------------------- encoding
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The open_clip model inside DDP / wrappers."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    return model
+
+
+def tokenize(tokenizer: Callable, texts: list[str]) -> torch.Tensor:
+    """Tokenise and trim trailing all-padding columns (pad id 0): [B, L_batch]."""
+    tokens = tokenizer(list(texts))
+    return trim_tokens(tokens)
+
+
+def trim_tokens(tokens: torch.Tensor) -> torch.Tensor:
+    """Drop the padding columns after the longest sequence in the batch."""
+    if tokens.numel() == 0:
+        return tokens
+    nonpad = (tokens != 0).any(dim=0).nonzero()
+    length = int(nonpad.max()) + 1 if len(nonpad) else 1
+    return tokens[:, :length]
+
+
+def encode_text(model: torch.nn.Module, tokens: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+    """Text features for tokens of any length <= the context length.
+
+    For open_clip's ``CLIP`` (causal text tower, end-of-text/argmax pooling) the
+    positional embedding and causal mask are sliced to the batch length, which gives the
+    same features as padding to the full context. Other towers get padded input.
+    """
+    import open_clip
+    from open_clip.transformer import text_global_pool
+
+    m = unwrap(model)
+    if isinstance(m, open_clip.CLIP) and m.attn_mask is not None and m.text_pool_type in ("argmax", "eos"):
+        length = tokens.shape[1]
+        cast_dtype = m.transformer.get_cast_dtype()
+        x = m.token_embedding(tokens).to(cast_dtype)
+        x = x + m.positional_embedding[:length].to(cast_dtype)
+        x = m.transformer(x, attn_mask=m.attn_mask[:length, :length])
+        x = m.ln_final(x)
+        x = text_global_pool(x, tokens, m.text_pool_type, eos_token_id=getattr(m, "text_eos_id", None))
+        if m.text_projection is not None:
+            x = m.text_projection(x) if isinstance(m.text_projection, torch.nn.Linear) else x @ m.text_projection
+        return F.normalize(x, dim=-1) if normalize else x
+    context = getattr(m, "context_length", tokens.shape[1])
+    if tokens.shape[1] < context:
+        tokens = F.pad(tokens, (0, context - tokens.shape[1]))
+    return m.encode_text(tokens, normalize=normalize)
+
+
+def encode_image(model: torch.nn.Module, images: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+    return unwrap(model).encode_image(images, normalize=normalize)

@@ -1,0 +1,278 @@
+"""One storage layer for local paths and ``s3://`` URIs.
+
+* Objects go through boto3 (credentials from the standard AWS chain; retries in
+  "standard" mode for throttling and transient errors).
+* Ray Data / Ray Train get a pyarrow filesystem from :func:`arrow_filesystem`.
+* The S3 endpoint (MinIO, moto, ...) comes from ``$HARDPOS_S3_ENDPOINT_URL``, else the
+  standard ``$AWS_ENDPOINT_URL_S3`` / ``$AWS_ENDPOINT_URL``; region from
+  ``$AWS_REGION`` / ``$AWS_DEFAULT_REGION`` (default us-east-1).
+* Missing keys raise :class:`FileNotFoundError`, missing buckets :class:`StorageError`,
+  both naming the URI.
+
+Nothing here touches the network at import time.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import urlparse
+
+
+class StorageError(RuntimeError):
+    """A storage operation failed for a reason other than a missing key."""
+
+
+# --------------------------------------------------------------------------- uris
+def is_s3(uri: str | os.PathLike) -> bool:
+    return str(uri).startswith("s3://")
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` -> ``("bucket", "a/b")``."""
+    parsed = urlparse(str(uri))
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise StorageError(f"not an s3:// URI: {uri!r}")
+    return parsed.netloc, parsed.path.lstrip("/")
+
+
+def join(base: str | os.PathLike, *parts: str) -> str:
+    """Join path parts under a local directory or an s3:// prefix."""
+    base = str(base)
+    if is_s3(base):
+        out = base.rstrip("/")
+        for part in parts:
+            out = f"{out}/{str(part).strip('/')}"
+        return out
+    return str(Path(base, *parts))
+
+
+def endpoint_url() -> str | None:
+    return (
+        os.environ.get("HARDPOS_S3_ENDPOINT_URL")
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or None
+    )
+
+
+def region() -> str:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+
+
+# --------------------------------------------------------------------------- clients
+@functools.lru_cache(maxsize=8)
+def _client(endpoint: str | None, region_name: str):
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=region_name,
+        config=Config(retries={"max_attempts": 8, "mode": "standard"}, connect_timeout=10, read_timeout=60),
+    )
+
+
+def s3_client():
+    """A boto3 S3 client for the configured endpoint (cached per endpoint)."""
+    return _client(endpoint_url(), region())
+
+
+def _raise_for(exc: Exception, uri: str) -> None:
+    from botocore.exceptions import ClientError
+
+    if isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in ("NoSuchKey", "404", "NotFound"):
+            raise FileNotFoundError(f"no such object: {uri}") from exc
+        if code == "NoSuchBucket":
+            raise StorageError(f"bucket does not exist: {uri} ({code})") from exc
+        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            raise StorageError(f"access denied to {uri}: check AWS credentials ({code})") from exc
+        raise StorageError(f"S3 error on {uri}: {code or exc}") from exc
+    raise StorageError(f"S3 error on {uri}: {exc}") from exc
+
+
+def arrow_filesystem(uri: str) -> tuple[Any, str]:
+    """(pyarrow filesystem, path inside it) for Ray Data / Ray Train ``storage_filesystem``."""
+    import pyarrow.fs as pafs
+
+    if is_s3(uri):
+        bucket, key = split_s3(uri)
+        kwargs: dict[str, Any] = {"region": region()}
+        endpoint = endpoint_url()
+        if endpoint:
+            parsed = urlparse(endpoint)
+            kwargs["endpoint_override"] = parsed.netloc or endpoint
+            kwargs["scheme"] = parsed.scheme or "https"
+        return pafs.S3FileSystem(**kwargs), f"{bucket}/{key}".rstrip("/")
+    return pafs.LocalFileSystem(), str(Path(uri).resolve())
+
+
+# --------------------------------------------------------------------------- read / write
+def read_bytes(uri: str | os.PathLike) -> bytes:
+    uri = str(uri)
+    if is_s3(uri):
+        bucket, key = split_s3(uri)
+        try:
+            return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        except Exception as exc:  # noqa: BLE001 - mapped to clear errors
+            _raise_for(exc, uri)
+    path = Path(uri)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {uri}")
+    return path.read_bytes()
+
+
+def write_bytes(uri: str | os.PathLike, data: bytes) -> str:
+    """Write atomically (local: temp file + rename; S3 puts are atomic)."""
+    uri = str(uri)
+    if is_s3(uri):
+        bucket, key = split_s3(uri)
+        try:
+            s3_client().put_object(Bucket=bucket, Key=key, Body=data)
+        except Exception as exc:  # noqa: BLE001
+            _raise_for(exc, uri)
+        return uri
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return uri
+
+
+def read_text(uri: str | os.PathLike, encoding: str = "utf-8") -> str:
+    data = read_bytes(uri)
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise StorageError(f"{uri}: not valid {encoding} text (byte {exc.start}: {data[exc.start:exc.start + 4]!r})") from exc
+
+
+def write_text(uri: str | os.PathLike, text: str) -> str:
+    return write_bytes(uri, text.encode("utf-8"))
+
+
+def read_json(uri: str | os.PathLike) -> Any:
+    text = read_text(uri)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StorageError(f"{uri}: not valid JSON: {exc}") from exc
+
+
+def write_json(uri: str | os.PathLike, obj: Any) -> str:
+    return write_text(uri, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):  # numpy / torch scalars
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def exists(uri: str | os.PathLike) -> bool:
+    uri = str(uri)
+    if is_s3(uri):
+        bucket, key = split_s3(uri)
+        try:
+            s3_client().head_object(Bucket=bucket, Key=key)
+            return True
+        except Exception as exc:  # noqa: BLE001
+            try:
+                _raise_for(exc, uri)
+            except FileNotFoundError:
+                return any(True for _ in list_files(uri.rstrip("/") + "/"))
+        return False
+    return Path(uri).exists()
+
+
+def list_files(uri: str | os.PathLike, suffix: str | None = None) -> Iterator[str]:
+    """All files below a directory/prefix (recursive), as full URIs, sorted."""
+    uri = str(uri)
+    if is_s3(uri):
+        bucket, prefix = split_s3(uri)
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        out = []
+        try:
+            for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                for obj in page.get("Contents", []):
+                    out.append(f"s3://{bucket}/{obj['Key']}")
+        except Exception as exc:  # noqa: BLE001
+            _raise_for(exc, uri)
+    else:
+        root = Path(uri)
+        out = [str(p) for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
+    return iter(sorted(u for u in out if suffix is None or u.endswith(suffix)))
+
+
+def makedirs(uri: str | os.PathLike) -> None:
+    """Create a local directory (S3 prefixes need nothing)."""
+    if not is_s3(uri):
+        Path(uri).mkdir(parents=True, exist_ok=True)
+
+
+def upload_dir(local_dir: str | os.PathLike, uri: str) -> list[str]:
+    """Copy a local directory tree to ``uri`` (local or s3://); returns written URIs."""
+    local_dir = Path(local_dir)
+    written = []
+    for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
+        rel = path.relative_to(local_dir).as_posix()
+        target = join(uri, rel)
+        if is_s3(uri):
+            bucket, key = split_s3(target)
+            try:
+                s3_client().upload_file(str(path), bucket, key)
+            except Exception as exc:  # noqa: BLE001
+                _raise_for(exc, target)
+        else:
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+        written.append(target)
+    return written
+
+
+def download_dir(uri: str, local_dir: str | os.PathLike) -> Path:
+    """Copy every file under ``uri`` into ``local_dir`` (keeps relative paths)."""
+    local_dir = Path(local_dir)
+    base = str(uri).rstrip("/")
+    files = list(list_files(base))
+    if not files:
+        raise FileNotFoundError(f"nothing found under {uri}")
+    for file_uri in files:
+        rel = file_uri[len(base) + 1:]
+        dest = local_dir / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(read_bytes(file_uri))
+    return local_dir
+
+
+def local_copy(uri: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+    """A local path for ``uri``: the path itself when local, else a cached download."""
+    uri = str(uri)
+    if not is_s3(uri):
+        path = Path(uri)
+        if not path.exists():
+            raise FileNotFoundError(f"no such file: {uri}")
+        return path
+    import hashlib
+    import tempfile
+
+    cache = Path(cache_dir or os.environ.get("HARDPOS_CACHE_DIR") or Path(tempfile.gettempdir()) / "hardpos-cache")
+    bucket, key = split_s3(uri)
+    dest = cache / hashlib.sha1(uri.encode()).hexdigest()[:16] / Path(key).name
+    if not dest.exists():
+        data = read_bytes(uri)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)
+    return dest

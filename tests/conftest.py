@@ -1,0 +1,78 @@
+"""Shared fixtures: one local Ray per test session, a moto S3 server on 127.0.0.1,
+a throwaway MLflow SQLite store, and the real reference data in ../shared/data."""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = Path(os.environ.get("HARDPOS_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data (the team's copy of the public benchmark files)."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"reference data folder {SHARED_DATA} is absent (team-only; set HARDPOS_SHARED_DATA)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A local Ray shared by the whole session (starting one costs ~5 s). Never `ray stop`."""
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        started = True
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on 127.0.0.1 (a real HTTP endpoint, not in-process patching)."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """Point the storage layer (boto3 + pyarrow) at moto; returns a fresh bucket name."""
+    import uuid
+
+    from hardpos import storage
+
+    monkeypatch.setenv("HARDPOS_S3_ENDPOINT_URL", s3_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    storage._client.cache_clear()
+    bucket = f"hardpos-{uuid.uuid4().hex[:10]}"
+    storage.s3_client().create_bucket(Bucket=bucket)
+    yield bucket
+    storage._client.cache_clear()
+
+
+@pytest.fixture
+def tracking_uri(tmp_path, monkeypatch) -> str:
+    """A private MLflow SQLite store for one test (also exported as MLFLOW_TRACKING_URI)."""
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
