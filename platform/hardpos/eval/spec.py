@@ -1,0 +1,34 @@
+"""What to evaluate: one benchmark, as a config section (shared by evaluate, train, sweep)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+BenchmarkKind = Literal["replace", "swap", "sugarcrepe", "triplets"]
+
+
+@dataclasses.dataclass
+class BenchmarkSpec:
+    """One benchmark.
+
+    name: the prefix of its metrics (``<name>/aug_acc``); e.g. ``replace``, ``swap``,
+        ``sugarcrepe``, ``world_replace_attribute``.
+    kind: the file format:
+        ``replace``    the paper's ``data/`` + ``swapped_data/`` vl_checklist files (path =
+                       the folder holding both; subsets attributes and relations);
+        ``swap``       ARO VG-Attribution json paired with its swapped file (path = folder);
+        ``sugarcrepe`` folder of the 7 SugarCrepe json files (no positives);
+        ``triplets``   a triplet file (parquet/jsonl, DESIGN section 3): caption,
+                       hard_negative, hard_positive, image (the synthetic world's
+                       benchmarks and any custom benchmark).
+    path: file or folder (local or s3://).
+    image_root: folder the benchmark's relative image paths are resolved against
+        (None: relative to the benchmark file's folder).
+    limit: evaluate only the first N items (None: all).
+    """
+
+    name: str
+    kind: BenchmarkKind = "triplets"
+    path: str = ""
+    image_root: str | None = None
+    limit: int | None = None
