@@ -1,0 +1,204 @@
+"""Caption sources for the perturb and generate stages.
+
+``read_captions(uri)`` returns rows ``{"caption_id": str, "caption": str, "image": str | None}``
+from any supported format, detected from the extension and then the content:
+
+========================  =========================================================
+COCO captions json        ``{"images": [...], "annotations": [...]}``; caption_id is the
+                          annotation id, image the image's ``file_name``
+SugarCrepe json           ``{idx: {"filename", "caption", "negative_caption"}}``
+json list / jsonl         objects with a caption column (``caption``, ``title``, ``text``,
+                          ``true_caption``), optional id (``caption_id``, ``id``) and image
+                          (``image``, ``filepath``, ``image_path``, ``filename``,
+                          ``file_name``) columns; triplet files are read this way too
+parquet                   the same columns
+NegCLIP tsv / csv         ``title, filepath, neg_caption, neg_image`` (first unnamed column
+                          is the row id); any tsv/csv with a caption column
+========================  =========================================================
+
+The paper's released positives ``.txt`` (one hard positive per line, ``None`` where
+absent) is *not* a caption source: it is refused with a clear message.
+
+Missing files, unknown formats, no caption column and non-UTF-8 bytes raise
+:class:`CaptionSourceError` naming the file, before any work.  Rows whose caption is
+empty are kept (as ``""``) so the caller can count them as rejects ("empty").
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any, Iterable
+
+from hardpos import storage
+
+CAPTION_COLUMNS = ("caption", "title", "text", "true_caption", "sentence")
+ID_COLUMNS = ("caption_id", "id", "idx", "image_id")
+IMAGE_COLUMNS = ("image", "filepath", "image_path", "filename", "file_name", "image_file")
+
+
+class CaptionSourceError(ValueError):
+    """A caption source is missing, unreadable or has no caption column."""
+
+
+def _row(caption_id: Any, caption: Any, image: Any) -> dict:
+    if caption is None or (isinstance(caption, float) and caption != caption):
+        caption = ""
+    elif not isinstance(caption, str):
+        caption = str(caption)
+    image = None if image is None or (isinstance(image, str) and not image.strip()) else str(image)
+    return {"caption_id": str(caption_id), "caption": caption, "image": image}
+
+
+def _pick(columns: Iterable[str], wanted: tuple[str, ...]) -> str | None:
+    cols = list(columns)
+    for name in wanted:
+        if name in cols:
+            return name
+    return None
+
+
+def _from_records(records: list[dict], uri: str, columns: Iterable[str] | None = None) -> list[dict]:
+    columns = list(columns) if columns is not None else list(dict.fromkeys(k for r in records[:100] for k in r))
+    cap = _pick(columns, CAPTION_COLUMNS)
+    if cap is None:
+        raise CaptionSourceError(
+            f"{uri}: no caption column; expected one of {list(CAPTION_COLUMNS)}, found {columns[:20]}")
+    ident = _pick(columns, ID_COLUMNS)
+    # image_id is only an id fallback when nothing better exists; never use it as the image
+    img = _pick(columns, IMAGE_COLUMNS)
+    out = []
+    for i, rec in enumerate(records):
+        cid = rec.get(ident) if ident else None
+        out.append(_row(i if cid is None or cid == "" else cid, rec.get(cap), rec.get(img) if img else None))
+    return out
+
+
+def _decode(data: bytes, uri: str) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise CaptionSourceError(
+            f"{uri}: not UTF-8 text (invalid byte {data[exc.start:exc.start + 1]!r} at offset {exc.start})") from exc
+
+
+def _json(text: str, uri: str) -> list[dict]:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CaptionSourceError(f"{uri}: not valid JSON: {exc}") from exc
+    if isinstance(obj, dict) and "annotations" in obj:
+        anns = obj["annotations"]
+        if not isinstance(anns, list):
+            raise CaptionSourceError(f"{uri}: COCO 'annotations' must be a list")
+        files = {img.get("id"): img.get("file_name") for img in obj.get("images", []) if isinstance(img, dict)}
+        out = []
+        for i, ann in enumerate(anns):
+            if not isinstance(ann, dict) or "caption" not in ann:
+                raise CaptionSourceError(f"{uri}: COCO annotation {i} has no 'caption'")
+            out.append(_row(ann.get("id", i), ann.get("caption"), files.get(ann.get("image_id"))))
+        return out
+    if isinstance(obj, dict):
+        values = list(obj.values())
+        if values and all(isinstance(v, dict) for v in values[:50]) and any("caption" in v for v in values[:50]):
+            # SugarCrepe: {idx: {filename, caption, negative_caption}}
+            return [_row(k, v.get("caption"), v.get("filename")) for k, v in obj.items()]
+        for key in ("data", "rows", "captions"):
+            if isinstance(obj.get(key), list):
+                obj = obj[key]
+                break
+        else:
+            raise CaptionSourceError(
+                f"{uri}: JSON object is neither COCO captions (images/annotations), SugarCrepe "
+                f"({{idx: {{filename, caption, ...}}}}) nor a list of caption rows; keys: {list(obj)[:10]}")
+    if not isinstance(obj, list):
+        raise CaptionSourceError(f"{uri}: expected a JSON list of caption rows, got {type(obj).__name__}")
+    if obj and all(isinstance(x, str) for x in obj[:50]):
+        return [_row(i, x, None) for i, x in enumerate(obj)]
+    if not all(isinstance(x, dict) for x in obj):
+        raise CaptionSourceError(f"{uri}: every element of the JSON list must be an object with a caption")
+    return _from_records(obj, uri) if obj else []
+
+
+def _jsonl(text: str, uri: str) -> list[dict]:
+    records = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CaptionSourceError(f"{uri}: line {n} is not JSON: {exc}") from exc
+        if not isinstance(rec, dict):
+            raise CaptionSourceError(f"{uri}: line {n} is not a JSON object")
+        records.append(rec)
+    return _from_records(records, uri) if records else []
+
+
+def _delimited(text: str, uri: str, delimiter: str) -> list[dict]:
+    reader = csv.reader(io.StringIO(text), delimiter=delimiter)
+    try:
+        header = next(reader)
+    except StopIteration:
+        return []
+    if header and header[0] == "":
+        header[0] = "id"  # NegCLIP's unnamed pandas index column
+    records = [dict(zip(header, row)) for row in reader if row]
+    return _from_records(records, uri, header)
+
+
+def _parquet(data: bytes, uri: str) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(io.BytesIO(data))
+    except Exception as exc:  # noqa: BLE001
+        raise CaptionSourceError(f"{uri}: not a readable parquet file: {exc}") from exc
+    if _pick(table.column_names, CAPTION_COLUMNS) is None:
+        raise CaptionSourceError(
+            f"{uri}: no caption column; expected one of {list(CAPTION_COLUMNS)}, found {table.column_names}")
+    return _from_records(table.to_pylist(), uri, table.column_names)
+
+
+def read_captions(uri: str, *, limit: int | None = None) -> list[dict]:
+    """Read caption rows from ``uri`` (local or s3://); see the module docstring for formats.
+
+    ``limit`` keeps the first N rows.  Raises :class:`CaptionSourceError` for anything
+    that is not a caption source.
+    """
+    uri = str(uri)
+    if limit is not None and limit < 0:
+        raise CaptionSourceError(f"{uri}: limit must be >= 0, got {limit}")
+    try:
+        data = storage.read_bytes(uri)
+    except FileNotFoundError as exc:
+        raise CaptionSourceError(f"caption source not found: {uri}") from exc
+    except IsADirectoryError as exc:
+        raise CaptionSourceError(f"{uri} is a directory, not a caption file") from exc
+    low = uri.lower()
+    if low.endswith(".parquet"):
+        rows = _parquet(data, uri)
+    elif low.endswith(".txt"):
+        raise CaptionSourceError(
+            f"{uri}: .txt files are not a caption source (the paper's released positives file has one "
+            "hard positive per line and no captions or images); give COCO json, jsonl, json, parquet or tsv")
+    else:
+        text = _decode(data, uri)
+        if low.endswith(".jsonl"):
+            rows = _jsonl(text, uri)
+        elif low.endswith(".json"):
+            rows = _json(text, uri)
+        elif low.endswith(".tsv"):
+            rows = _delimited(text, uri, "\t")
+        elif low.endswith(".csv"):
+            rows = _delimited(text, uri, ",")
+        else:
+            stripped = text.lstrip()
+            if stripped.startswith("{") and "\n{" in stripped:
+                rows = _jsonl(text, uri)
+            elif stripped.startswith(("{", "[")):
+                rows = _json(text, uri)
+            else:
+                raise CaptionSourceError(
+                    f"{uri}: unknown caption format; use .json (COCO/SugarCrepe/list), .jsonl, .parquet, .tsv or .csv")
+    return rows[:limit] if limit is not None else rows

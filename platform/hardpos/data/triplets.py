@@ -1,0 +1,175 @@
+"""The triplet row, the training/evaluation unit (DESIGN section 3).
+
+A row holds ``image`` (absolute path, s3:// URI, or a path relative to an image root /
+the triplet file's own folder), ``caption``, ``hard_negative`` and ``hard_positive``
+(nullable: a missing one is None, never ""), ``kind`` (replace | swap | ...), ``source``
+(rule | llm:<model> | dataset:<name> | world) and ``caption_id``.  Extra columns (e.g.
+``slot``, ``split``, ``scene_id``) are kept as they are.
+
+Files are parquet or jsonl, chosen by extension, local or s3://.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+from typing import Any
+
+from hardpos import storage
+
+TRIPLET_COLUMNS = ("image", "caption", "hard_negative", "hard_positive", "kind", "source", "caption_id")
+NULLABLE = ("image", "hard_negative", "hard_positive")
+
+
+class TripletFileError(ValueError):
+    """A triplet file is missing, unreadable or lacks required columns (message names it)."""
+
+
+def _none_if_empty(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, float) and value != value:  # NaN from pandas
+        return None
+    if isinstance(value, str) and not value.strip():
+        return None
+    return value
+
+
+def make_triplet(*, image, caption, hard_negative=None, hard_positive=None, kind, source, caption_id, **extra) -> dict:
+    """One triplet row with the standard columns first; empty strings become None."""
+    row = {
+        "image": _none_if_empty(image),
+        "caption": caption,
+        "hard_negative": _none_if_empty(hard_negative),
+        "hard_positive": _none_if_empty(hard_positive),
+        "kind": kind,
+        "source": source,
+        "caption_id": None if caption_id is None else str(caption_id),
+    }
+    for key, value in extra.items():
+        row[key] = _none_if_empty(value) if isinstance(value, str) else value
+    return row
+
+
+def _format(uri: str) -> str:
+    low = str(uri).lower()
+    if low.endswith(".parquet"):
+        return "parquet"
+    if low.endswith(".jsonl") or low.endswith(".json"):
+        return "jsonl"
+    raise TripletFileError(f"{uri}: triplet files must end in .parquet or .jsonl")
+
+
+def _check_rows(rows: list[dict], where: str) -> None:
+    for i, row in enumerate(rows):
+        missing = [c for c in TRIPLET_COLUMNS if c not in row]
+        if missing:
+            raise TripletFileError(f"{where}: row {i} lacks column(s) {missing}; triplet rows need {list(TRIPLET_COLUMNS)}")
+
+
+def write_triplets(rows: list[dict], uri: str) -> str:
+    """Write rows to ``uri`` (.parquet or .jsonl; local or s3://); returns the URI.
+
+    Every row must have the :data:`TRIPLET_COLUMNS`; empty strings in nullable columns
+    are written as null.  Extra columns are written too (the union over rows).
+    """
+    uri = str(uri)
+    fmt = _format(uri)
+    _check_rows(rows, uri)
+    clean = []
+    for row in rows:
+        row = dict(row)
+        for col in NULLABLE:
+            row[col] = _none_if_empty(row[col])
+        if row["caption_id"] is not None:
+            row["caption_id"] = str(row["caption_id"])
+        clean.append(row)
+    columns = list(TRIPLET_COLUMNS) + sorted({k for r in clean for k in r} - set(TRIPLET_COLUMNS))
+    if fmt == "jsonl":
+        text = "".join(json.dumps({c: r.get(c) for c in columns}, ensure_ascii=False) + "\n" for r in clean)
+        return storage.write_text(uri, text)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = {c: [r.get(c) for r in clean] for c in columns}
+    fields = []
+    for c in columns:
+        if c in TRIPLET_COLUMNS:
+            fields.append(pa.field(c, pa.string()))
+        else:
+            fields.append(pa.field(c, pa.array(data[c]).type if data[c] else pa.string()))
+    table = pa.table({c: pa.array(data[c], type=f.type) for c, f in zip(columns, fields)}, schema=pa.schema(fields))
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return storage.write_bytes(uri, buf.getvalue())
+
+
+def read_triplets(uri: str) -> list[dict]:
+    """Read a triplet file (.parquet / .jsonl, local or s3://) into row dicts.
+
+    Raises :class:`TripletFileError` naming the file for a missing file, a bad format or
+    missing columns.  Empty strings in nullable columns come back as None.
+    """
+    uri = str(uri)
+    fmt = _format(uri)
+    try:
+        data = storage.read_bytes(uri)
+    except FileNotFoundError as exc:
+        raise TripletFileError(f"triplet file not found: {uri}") from exc
+    if fmt == "jsonl":
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TripletFileError(f"{uri}: not UTF-8 text") from exc
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TripletFileError(f"{uri}: line {n} is not JSON: {exc}") from exc
+            if not isinstance(row, dict):
+                raise TripletFileError(f"{uri}: line {n} is not a JSON object")
+            rows.append(row)
+    else:
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(io.BytesIO(data))
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
+            raise TripletFileError(f"{uri}: not a readable parquet file: {exc}") from exc
+        missing = [c for c in TRIPLET_COLUMNS if c not in table.column_names]
+        if missing:
+            raise TripletFileError(f"{uri}: lacks column(s) {missing}; has {table.column_names}")
+        rows = table.to_pylist()
+    _check_rows(rows, uri)
+    for row in rows:
+        for col in NULLABLE:
+            row[col] = _none_if_empty(row[col])
+    return rows
+
+
+def resolve_image(image: str, base_dir: str, image_root: str | None = None) -> str:
+    """Where a triplet row's image lives.
+
+    Absolute paths and s3:// URIs are returned as they are; relative paths are joined to
+    ``image_root`` when given, else to ``base_dir`` (the triplet file's own folder).
+    Local results are normalised (``a/../b`` -> ``b``) so files can be opened directly.
+    """
+    if image is None or not str(image).strip():
+        raise ValueError("row has no image path")
+    image = str(image)
+    if storage.is_s3(image) or os.path.isabs(image):
+        return image
+    base = image_root if image_root else base_dir
+    if storage.is_s3(base):
+        parts = []
+        for part in f"{base.rstrip('/')}/{image}"[len("s3://"):].split("/"):
+            if part == "..":
+                if parts:
+                    parts.pop()
+            elif part not in ("", "."):
+                parts.append(part)
+        return "s3://" + "/".join(parts)
+    return os.path.normpath(os.path.join(base, image))

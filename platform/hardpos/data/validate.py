@@ -1,0 +1,192 @@
+"""Caption validator shared by the rule engine and the LLM generation stage.
+
+``validate(original, candidate, kind)`` accepts or rejects one generated caption with a
+machine-readable reason (one of :data:`REASONS`).  It is a pure function: no I/O, no
+randomness, cheap enough to run on every generated row.
+
+Checks, in this order (the first failing one is the reason):
+
+``non_text``        the candidate is not a string (bytes, numbers, dicts ...), or holds
+                    control characters / U+FFFD, or has no letter at all.
+``empty``           None, or nothing left after stripping whitespace/quotes.
+``chatter``         the LLM talked instead of answering: several non-empty lines, a
+                    leading "Sure"/"Here is"/"Output:"/"Caption:", quotes or backticks
+                    around the answer, bullets/markdown, an explanation ("->",
+                    "replaced", "(synonym ...)", "Note:") that the original does not have.
+``identical``       equal to the original after normalisation (case, whitespace,
+                    trailing period).
+``length``          word-count ratio candidate/original outside
+                    [:data:`MIN_LENGTH_RATIO`, :data:`MAX_LENGTH_RATIO`] (and more than
+                    :data:`LENGTH_SLACK_WORDS` words apart, so 1-2 word captions may grow
+                    by a word or two).
+``too_many_edits``  REPLACE kinds: more than one contiguous word/phrase differs, or the
+                    changed phrase is longer than :data:`MAX_REPLACE_SPAN` words.
+``not_a_swap``      SWAP kinds: the multiset of words differs (a/an count as one word)
+                    or the word order is unchanged.
+
+Normalisation for comparison: lower case, whitespace collapsed, a trailing period
+dropped, punctuation split off words.  The accepted ``text`` keeps the candidate's own
+case and punctuation, with whitespace collapsed.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass
+
+REASONS = ("empty", "identical", "chatter", "too_many_edits", "not_a_swap", "length", "non_text")
+
+#: kinds and the edit shape each one must have
+KINDS = {
+    "replace": "replace",
+    "swap": "swap",
+    "replace_negative": "replace",
+    "swap_negative": "swap",
+    "replace_positive": "replace",
+    "swap_positive": "swap",
+}
+
+MIN_LENGTH_RATIO = 0.5
+MAX_LENGTH_RATIO = 2.0
+LENGTH_SLACK_WORDS = 2
+#: longest phrase (in words, on either side) one REPLACE edit may change
+MAX_REPLACE_SPAN = 4
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The validator's answer.
+
+    accepted: True when the candidate passes every check.
+    reason:   one of :data:`REASONS` when rejected, None when accepted.
+    text:     the cleaned candidate (whitespace collapsed) when accepted, else None.
+    """
+
+    accepted: bool
+    reason: str | None
+    text: str | None
+
+
+_QUOTES = "\"'`\u201c\u201d\u2018\u2019\u00ab\u00bb"
+_LEADING_CHATTER = re.compile(
+    r"^\s*(sure|certainly|of course|okay|ok|absolutely|here\s+is|here's|here\s+are|"
+    r"i\s+(have|replaced|swapped|changed|would|will|can|cannot|can't|am|'m)|i'm|as an ai|sorry|"
+    r"output|answer|result|response|rewritten|rephrased|paraphrase[ds]?|new caption|modified caption|"
+    r"caption|sentence|hard (positive|negative)|positive|negative|swapped|replaced)\b",
+    re.IGNORECASE,
+)
+# prefixes like "Output:", "A:", "Caption 1:" even when the word is not in the list above
+_LABEL_PREFIX = re.compile(r"^\s*[A-Za-z][A-Za-z ]{0,24}\d*\s*:\s")
+_EXPLANATION = re.compile(
+    r"(->|=>|\u2192|\*\*|^\s*[-*#]\s|^\s*\d+[.)]\s|\b(replaced|replacing|synonym|swapped|swapping|"
+    r"explanation|original caption|note that|note:|because|meaning-preserving|i changed)\b)",
+    re.IGNORECASE,
+)
+_TOKEN = re.compile(r"[\w']+|[^\w\s]", re.UNICODE)
+_WORD = re.compile(r"[\w']+", re.UNICODE)
+
+
+def normalise(text: str) -> str:
+    """Lower case, whitespace collapsed, one trailing period dropped, space before final punctuation."""
+    text = " ".join(text.split()).lower()
+    text = re.sub(r"\s*\.+$", "", text)
+    return text.strip()
+
+
+def tokens(text: str) -> list[str]:
+    """Normalised tokens: words and punctuation marks, lower case, trailing period dropped."""
+    return _TOKEN.findall(normalise(text))
+
+
+def words(text: str) -> list[str]:
+    """Normalised words only (punctuation dropped); "an" is folded to "a"."""
+    return ["a" if w == "an" else w for w in _WORD.findall(normalise(text))]
+
+
+def _reject(reason: str) -> Verdict:
+    assert reason in REASONS
+    return Verdict(False, reason, None)
+
+
+def _is_chatter(original: str, cand: str) -> bool:
+    lines = [line for line in cand.splitlines() if line.strip()]
+    if len(lines) > 1:
+        return True
+    stripped = cand.strip()
+    if stripped[:1] in _QUOTES or stripped[-1:] in _QUOTES or stripped.rstrip(".")[-1:] in _QUOTES:
+        # quoted answer ('"a man strolling"'); a quote in the original is fine
+        if not (stripped[:1] in _QUOTES and original.strip()[:1] == stripped[:1]):
+            return True
+    orig_low = original.lower()
+    if _LEADING_CHATTER.match(stripped) and not _LEADING_CHATTER.match(original.strip()):
+        return True
+    if _LABEL_PREFIX.match(stripped) and ":" not in original:
+        return True
+    for match in _EXPLANATION.finditer(stripped):
+        if match.group(0).strip().lower() not in orig_low:
+            return True
+    if "(" in stripped and "(" not in original:
+        return True
+    return False
+
+
+def _edit_shape_replace(orig_words: list[str], cand_words: list[str]) -> str | None:
+    """None when the candidate differs from the original by one contiguous phrase.
+
+    Works on words (punctuation dropped), so "red, shiny" -> "blue" is one phrase.
+    """
+    ops = [op for op in difflib.SequenceMatcher(a=orig_words, b=cand_words, autojunk=False).get_opcodes()
+           if op[0] != "equal"]
+    if not ops:
+        return "identical"  # only punctuation differs: no word was replaced
+    if len(ops) > 1:
+        return "too_many_edits"
+    _, a0, a1, b0, b1 = ops[0]
+    if a1 - a0 > MAX_REPLACE_SPAN or b1 - b0 > MAX_REPLACE_SPAN:
+        return "too_many_edits"
+    return None
+
+
+def validate(original: str, candidate: object, kind: str) -> Verdict:
+    """Accept or reject ``candidate`` as a ``kind`` edit of ``original``.
+
+    kind: "replace" | "swap" (hard positives); "replace_negative" | "swap_negative" (LLM
+    hard negatives, same edit-shape rules); "replace_positive"/"swap_positive" are aliases.
+    Raises ValueError for an unknown kind or a non-string original (caller bugs, not rows).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown validation kind {kind!r}; expected one of {sorted(KINDS)}")
+    if not isinstance(original, str):
+        raise ValueError(f"original caption must be a string, got {type(original).__name__}")
+    shape = KINDS[kind]
+    if candidate is None:
+        return _reject("empty")
+    if not isinstance(candidate, str):
+        return _reject("non_text")
+    if any(unicodedata.category(ch) in ("Cc", "Cs", "Co") and ch not in "\n\r\t" for ch in candidate) or "\ufffd" in candidate:
+        return _reject("non_text")
+    if not candidate.strip().strip(_QUOTES).strip():
+        return _reject("empty")
+    if not any(ch.isalpha() for ch in candidate):
+        return _reject("non_text")
+    if _is_chatter(original, candidate):
+        return _reject("chatter")
+    text = " ".join(candidate.split())
+    if normalise(text) == normalise(original):
+        return _reject("identical")
+    n_orig, n_cand = len(words(original)), len(words(text))
+    if n_orig and abs(n_cand - n_orig) > LENGTH_SLACK_WORDS and not (
+        MIN_LENGTH_RATIO <= n_cand / n_orig <= MAX_LENGTH_RATIO
+    ):
+        return _reject("length")
+    if shape == "swap":
+        wo, wc = words(original), words(text)
+        if Counter(wo) != Counter(wc) or wo == wc:
+            return _reject("not_a_swap")
+    else:
+        problem = _edit_shape_replace(words(original), words(text))
+        if problem:
+            return _reject(problem)
+    return Verdict(True, None, text)
