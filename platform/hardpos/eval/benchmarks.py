@@ -1,0 +1,256 @@
+"""Benchmark loaders: every format becomes one :class:`Benchmark` of scored items.
+
+An item is one image (optionally cropped to a box) with a true caption, a hard negative
+and, where the benchmark has one, a hard positive. Loaders only read annotation files;
+images are opened later by the evaluator (which counts missing/corrupt ones).
+
+Formats (``BenchmarkSpec.kind``):
+
+* ``replace``    the paper's release: ``<path>/data/vl_checklist_{attributes,relations}.json``
+                 paired row by row with ``<path>/swapped_data/...`` (same image and hard
+                 negative; the swapped file's ``true_caption`` is the hard positive). Every
+                 row's ``image_id``, ``false_caption`` and ``image_path`` must agree, else
+                 :class:`BenchmarkError`. Subsets ``attributes`` and ``relations``; the
+                 benchmark's figures are their unweighted mean.
+* ``swap``       ARO VG-Attribution: ``<path>/data/visual_genome_attribution.json`` paired
+                 with ``<path>/swapped_data/visual_genome_attribution.json`` (fields
+                 ``image_path, bbox_x, bbox_y, bbox_w, bbox_h, true_caption, false_caption,
+                 attributes``); the image is cropped to the box. One subset, ``swap``.
+* ``sugarcrepe`` ``<path>/{add_att,add_obj,replace_att,replace_obj,replace_rel,swap_att,
+                 swap_obj}.json`` (``{index: {filename, caption, negative_caption}}``), no
+                 positives; subsets are the categories, figures their unweighted mean.
+* ``triplets``   a triplet file (DESIGN section 3; parquet or jsonl): ``image, caption,
+                 hard_negative, hard_positive`` (+ optional ``kind`` used as the subset,
+                 optional ``bbox`` ``[x, y, w, h]``). Rows without a hard negative cannot
+                 be scored and are rejected (listed, with a reason); a null positive is
+                 allowed (that item counts for orig_acc only).
+
+Relative image paths resolve against ``spec.image_root`` or, when that is None, the
+benchmark file's folder (``<path>`` for folder kinds).
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import posixpath
+from pathlib import PurePosixPath
+from typing import Any, Literal
+
+from hardpos import storage
+from hardpos.eval.spec import BenchmarkSpec
+
+REPLACE_SUBSETS = ("attributes", "relations")
+SUGARCREPE_CATEGORIES = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
+SWAP_FILE = "visual_genome_attribution.json"
+
+Crop = tuple[float, float, float, float]  # x, y, w, h (pixels)
+
+
+class BenchmarkError(ValueError):
+    """A benchmark file is missing, malformed, or its paired files disagree."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One scored unit. ``image`` is a resolved local path or s3:// URI."""
+
+    item_id: str
+    subset: str
+    image: str
+    caption: str
+    negative: str
+    positive: str | None = None
+    crop: Crop | None = None
+
+    @property
+    def image_key(self) -> tuple[str, Crop | None]:
+        """What makes two items share one image encoding: the file and the crop."""
+        return (self.image, self.crop)
+
+
+@dataclasses.dataclass
+class Benchmark:
+    """Items of one benchmark plus how its figures combine.
+
+    aggregate: ``"mean_of_subsets"`` (REPLACE, SugarCrepe: the paper averages subsets
+        unweighted) or ``"pooled"`` (all items together).
+    rejected: annotation rows that could not become items, ``{"row", "reason", ...}``.
+    """
+
+    name: str
+    kind: str
+    items: list[Item]
+    aggregate: Literal["mean_of_subsets", "pooled"] = "pooled"
+    has_positives: bool = True
+    rejected: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    @property
+    def subsets(self) -> list[str]:
+        return list(dict.fromkeys(it.subset for it in self.items))
+
+
+# --------------------------------------------------------------------------- helpers
+def resolve_image(image: str, base_dir: str) -> str:
+    """``image`` as is when absolute or a URI, else joined to ``base_dir``."""
+    if storage.is_s3(image) or "://" in image or PurePosixPath(image).is_absolute():
+        return image
+    if storage.is_s3(base_dir):
+        return posixpath.join(base_dir.rstrip("/"), image)
+    return str(storage.join(base_dir, image))
+
+
+def _read_json(uri: str) -> Any:
+    if not storage.exists(uri):
+        raise BenchmarkError(f"benchmark file not found: {uri}")
+    try:
+        return storage.read_json(uri)
+    except storage.StorageError as exc:  # not JSON / not UTF-8: say which file
+        raise BenchmarkError(str(exc)) from exc
+
+
+def _require(row: Any, fields: tuple[str, ...], uri: str, index: int) -> None:
+    if not isinstance(row, dict):
+        raise BenchmarkError(f"{uri} row {index}: expected an object, got {type(row).__name__}")
+    missing = [f for f in fields if f not in row]
+    if missing:
+        raise BenchmarkError(f"{uri} row {index}: missing field(s) {', '.join(missing)}")
+
+
+def _limit(items: list[Item], limit: int | None) -> list[Item]:
+    return items if limit is None else items[:limit]
+
+
+def _root(spec: BenchmarkSpec, default: str) -> str:
+    return spec.image_root if spec.image_root is not None else default
+
+
+# --------------------------------------------------------------------------- REPLACE / SWAP
+def pair_rows(orig: list, swapped: list, *, keys: tuple[str, ...], orig_uri: str, swapped_uri: str) -> None:
+    """Fail loudly unless ``swapped`` is ``orig`` row by row on ``keys`` (the paper's pairing)."""
+    if not isinstance(orig, list) or not isinstance(swapped, list):
+        raise BenchmarkError(f"{orig_uri} / {swapped_uri}: expected JSON lists of rows")
+    if len(orig) != len(swapped):
+        raise BenchmarkError(f"{orig_uri} has {len(orig)} rows but {swapped_uri} has {len(swapped)}: not a row-by-row pair")
+    for i, (a, b) in enumerate(zip(orig, swapped)):
+        _require(a, keys + ("true_caption",), orig_uri, i)
+        _require(b, keys + ("true_caption",), swapped_uri, i)
+        for key in keys:
+            if a[key] != b[key]:
+                raise BenchmarkError(
+                    f"pairing mismatch at row {i}: {key} is {a[key]!r} in {orig_uri} but {b[key]!r} in {swapped_uri}"
+                )
+
+
+def load_replace(spec: BenchmarkSpec) -> Benchmark:
+    items: list[Item] = []
+    root = _root(spec, spec.path)
+    for subset in REPLACE_SUBSETS:
+        o_uri = storage.join(spec.path, "data", f"vl_checklist_{subset}.json")
+        s_uri = storage.join(spec.path, "swapped_data", f"vl_checklist_{subset}.json")
+        orig, swapped = _read_json(o_uri), _read_json(s_uri)
+        pair_rows(orig, swapped, keys=("image_id", "false_caption", "image_path"), orig_uri=o_uri, swapped_uri=s_uri)
+        rows = orig if spec.limit is None else orig[: spec.limit]
+        for i, (a, b) in enumerate(zip(rows, swapped)):
+            items.append(Item(f"{subset}/{i}", subset, resolve_image(a["image_path"], root),
+                              a["true_caption"], a["false_caption"], b["true_caption"]))
+    return Benchmark(spec.name, "replace", items, aggregate="mean_of_subsets")
+
+
+def load_swap(spec: BenchmarkSpec) -> Benchmark:
+    o_uri = storage.join(spec.path, "data", SWAP_FILE)
+    s_uri = storage.join(spec.path, "swapped_data", SWAP_FILE)
+    orig, swapped = _read_json(o_uri), _read_json(s_uri)
+    box = ("bbox_x", "bbox_y", "bbox_w", "bbox_h")
+    pair_rows(orig, swapped, keys=("image_path", "false_caption") + box, orig_uri=o_uri, swapped_uri=s_uri)
+    root = _root(spec, spec.path)
+    items = []
+    for i, (a, b) in enumerate(zip(orig, swapped)):
+        crop = tuple(float(a[k]) for k in box)
+        if crop[2] <= 0 or crop[3] <= 0:
+            raise BenchmarkError(f"{o_uri} row {i}: empty bounding box {crop}")
+        items.append(Item(f"swap/{i}", "swap", resolve_image(a["image_path"], root),
+                          a["true_caption"], a["false_caption"], b["true_caption"], crop))  # type: ignore[arg-type]
+    return Benchmark(spec.name, "swap", _limit(items, spec.limit))
+
+
+# --------------------------------------------------------------------------- SugarCrepe
+def load_sugarcrepe(spec: BenchmarkSpec) -> Benchmark:
+    items: list[Item] = []
+    root = _root(spec, spec.path)
+    for cat in SUGARCREPE_CATEGORIES:
+        uri = storage.join(spec.path, f"{cat}.json")
+        data = _read_json(uri)
+        if not isinstance(data, dict):
+            raise BenchmarkError(f"{uri}: expected {{index: {{filename, caption, negative_caption}}}}")
+        rows = list(data.items()) if spec.limit is None else list(data.items())[: spec.limit]
+        for key, row in rows:
+            _require(row, ("filename", "caption", "negative_caption"), uri, key)
+            items.append(Item(f"{cat}/{key}", cat, resolve_image(row["filename"], root),
+                              row["caption"], row["negative_caption"], None))
+    return Benchmark(spec.name, "sugarcrepe", items, aggregate="mean_of_subsets", has_positives=False)
+
+
+# --------------------------------------------------------------------------- triplet files
+def read_triplet_rows(uri: str) -> list[dict[str, Any]]:
+    """Rows of a parquet or jsonl triplet file (local or s3://)."""
+    if not storage.exists(uri):
+        raise BenchmarkError(f"triplet file not found: {uri}")
+    if uri.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(io.BytesIO(storage.read_bytes(uri))).to_pylist()
+    if uri.endswith((".jsonl", ".json")):
+        rows = []
+        for n, line in enumerate(storage.read_text(uri).splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise BenchmarkError(f"{uri} line {n}: not valid JSON: {exc}") from exc
+        return rows
+    raise BenchmarkError(f"{uri}: triplet files must end in .parquet or .jsonl")
+
+
+def load_triplets(spec: BenchmarkSpec) -> Benchmark:
+    rows = read_triplet_rows(spec.path)
+    base = spec.path.rsplit("/", 1)[0] if "/" in spec.path else "."
+    root = _root(spec, base)
+    items, rejected = [], []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or not all(k in row for k in ("image", "caption", "hard_negative")):
+            raise BenchmarkError(f"{spec.path} row {i}: a triplet row needs image, caption, hard_negative")
+        reason = None
+        if not row.get("image"):
+            reason = "no_image"
+        elif not row.get("caption"):
+            reason = "no_caption"
+        elif not row.get("hard_negative"):
+            reason = "no_negative"
+        if reason:
+            rejected.append({"row": i, "reason": reason, "caption": row.get("caption")})
+            continue
+        bbox = row.get("bbox")
+        crop = tuple(float(v) for v in bbox) if bbox else None
+        items.append(Item(str(row.get("item_id", i)), str(row.get("kind") or "all"), resolve_image(row["image"], root),
+                          row["caption"], row["hard_negative"], row.get("hard_positive") or None, crop))  # type: ignore[arg-type]
+    has_pos = any(it.positive is not None for it in items)
+    return Benchmark(spec.name, "triplets", _limit(items, spec.limit), has_positives=has_pos, rejected=rejected)
+
+
+LOADERS = {"replace": load_replace, "swap": load_swap, "sugarcrepe": load_sugarcrepe, "triplets": load_triplets}
+
+
+def load_benchmark(spec: BenchmarkSpec) -> Benchmark:
+    """Load ``spec`` into items (no images are opened). Raises :class:`BenchmarkError`."""
+    if spec.kind not in LOADERS:
+        raise BenchmarkError(f"benchmark {spec.name!r}: unknown kind {spec.kind!r}; kinds: {', '.join(LOADERS)}")
+    if not spec.path:
+        raise BenchmarkError(f"benchmark {spec.name!r}: path is empty")
+    if spec.limit is not None and spec.limit < 0:
+        raise BenchmarkError(f"benchmark {spec.name!r}: limit must be >= 0")
+    bench = LOADERS[spec.kind](spec)
+    ids = [it.item_id for it in bench.items]
+    if len(set(ids)) != len(ids):
+        raise BenchmarkError(f"benchmark {spec.name!r}: item ids are not unique")
+    return bench

@@ -1,0 +1,383 @@
+"""The efficient evaluator: encode every distinct image and caption once, score by index.
+
+Contract used by the other stages:
+
+* :func:`run_benchmarks` -- flat metrics (train's per-epoch evaluation, sweeps).
+* :func:`evaluate_benchmarks` -- the full :class:`EvalReport` (per-item scores, missing
+  images, rejected rows) that the ``evaluate`` stage writes out.
+* :func:`score_pairs` / :func:`similarity_matrix` -- cosine similarities for PIL images and
+  captions through exactly the same encoding path (Serve asserts equality with these).
+
+How the work is done (why it is fast): a benchmark's items reference far fewer distinct
+images than items (REPLACE: 11.7k images for 27.4k items) and each caption text often
+repeats; each distinct ``(image, crop)`` and each distinct caption is encoded once, in
+batches, under ``torch.no_grad`` (bf16 autocast on CUDA), then every item's three scores
+are dot products of rows picked by index. Captions are sorted by token length before
+batching so each batch is trimmed to its own longest caption (see
+:func:`hardpos.model.encode_text`). Image decoding + preprocessing runs in a small thread
+pool one batch ahead of the model.
+
+Missing or corrupt images never crash an evaluation and are never scored: they are
+listed (with the error and how many items used them) and their items are excluded from
+every metric.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import dataclasses
+import io
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from hardpos.eval import metrics as M
+from hardpos.eval.benchmarks import Benchmark, Crop, load_benchmark
+from hardpos.eval.spec import BenchmarkSpec
+
+if TYPE_CHECKING:  # torch/PIL are imported lazily: this module is imported by the CLI
+    import torch
+    from PIL import Image
+
+log = logging.getLogger(__name__)
+
+ImageKey = tuple[str, "Crop | None"]
+
+
+# --------------------------------------------------------------------------- results
+@dataclasses.dataclass
+class BenchmarkResult:
+    """Everything measured on one benchmark.
+
+    Per-item arrays cover the *scored* items only (items whose image failed are in
+    ``excluded_items``). ``s_p`` is NaN where an item has no hard positive.
+    ``metrics`` is flat and prefixed: ``<name>/orig_acc``, ``<name>/<subset>/aug_acc`` ...
+    """
+
+    name: str
+    kind: str
+    aggregate: str
+    item_ids: list[str]
+    subsets: list[str]
+    s_c: np.ndarray
+    s_n: np.ndarray
+    s_p: np.ndarray
+    metrics: dict[str, float]
+    missing_images: list[dict[str, Any]]
+    excluded_items: list[str]
+    rejected_rows: list[dict[str, Any]]
+    n_distinct_images: int = 0
+    n_distinct_captions: int = 0
+
+
+@dataclasses.dataclass
+class EvalReport:
+    """The results of several benchmarks; ``metrics`` merges their flat metrics."""
+
+    results: list[BenchmarkResult]
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for r in self.results:
+            out.update(r.metrics)
+        return out
+
+    def scores_table(self):
+        """Per-item scores as a pyarrow Table: item_id, benchmark, subset, s_c, s_n, s_p."""
+        import pyarrow as pa
+
+        cols: dict[str, list] = {k: [] for k in ("item_id", "benchmark", "subset", "s_c", "s_n", "s_p")}
+        for r in self.results:
+            cols["item_id"] += r.item_ids
+            cols["benchmark"] += [r.name] * len(r.item_ids)
+            cols["subset"] += r.subsets
+            cols["s_c"] += r.s_c.tolist()
+            cols["s_n"] += r.s_n.tolist()
+            cols["s_p"] += [None if np.isnan(v) else v for v in r.s_p.tolist()]
+        schema = pa.schema([("item_id", pa.string()), ("benchmark", pa.string()), ("subset", pa.string()),
+                            ("s_c", pa.float64()), ("s_n", pa.float64()), ("s_p", pa.float64())],
+                           metadata={b"hardpos.aggregate": repr({r.name: r.aggregate for r in self.results}).encode()})
+        return pa.table(cols, schema=schema)
+
+
+def benchmark_metrics(name: str, subsets: Sequence[str], s_c, s_n, s_p, aggregate: str) -> dict[str, float]:
+    """Flat metrics for one benchmark from its per-item scores (pure; the per-item file
+    recomputes to the summary through this function).
+
+    Per subset ``<name>/<subset>/<metric>`` (when there is more than one subset, or the
+    benchmark averages subsets); overall ``<name>/<metric>``: the unweighted mean of the
+    subsets for ``mean_of_subsets`` (REPLACE, SugarCrepe), all items pooled otherwise.
+    """
+    subsets_arr = np.asarray(list(subsets), dtype=object)
+    s_c, s_n, s_p = (np.asarray(x, dtype=np.float64) for x in (s_c, s_n, s_p))
+    names = list(dict.fromkeys(subsets_arr.tolist()))
+    per_subset = {sub: M.summarize(s_c[subsets_arr == sub], s_n[subsets_arr == sub], s_p[subsets_arr == sub]) for sub in names}
+    out: dict[str, float] = {}
+    if len(names) > 1 or aggregate == "mean_of_subsets":
+        for sub, figs in per_subset.items():
+            out.update({f"{name}/{sub}/{k}": v for k, v in figs.items()})
+    overall = M.mean_of(per_subset.values()) if aggregate == "mean_of_subsets" else M.summarize(s_c, s_n, s_p)
+    out.update({f"{name}/{k}": v for k, v in overall.items()})
+    return out
+
+
+# --------------------------------------------------------------------------- images
+def load_image(uri: str, crop: Crop | None = None) -> "Image.Image":
+    """Open ``uri`` (local or s3://) as RGB, cropped to ``crop`` = (x, y, w, h) if given."""
+    from PIL import Image
+
+    from hardpos import storage
+
+    if storage.is_s3(uri):
+        img = Image.open(io.BytesIO(storage.read_bytes(uri)))
+    else:
+        img = Image.open(uri)
+    img = img.convert("RGB")  # forces the full decode: truncated files fail here
+    if crop is not None:
+        x, y, w, h = crop
+        img = img.crop((x, y, x + w, y + h))
+    return img
+
+
+def _load_preprocessed(key: ImageKey, preprocess: Callable) -> "torch.Tensor | str":
+    """The preprocessed tensor, or an error string (never raises)."""
+    try:
+        return preprocess(load_image(*key))
+    except FileNotFoundError:
+        return "missing"
+    except Exception as exc:  # noqa: BLE001 - any decode error means "corrupt": reported, not raised
+        return f"corrupt: {type(exc).__name__}: {exc}"[:300]
+
+
+def _autocast(device: "torch.device"):
+    import torch
+
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def encode_image_keys(model, preprocess: Callable, keys: Sequence[ImageKey], *, device="cpu", batch_size: int = 256,
+                      num_threads: int = 4) -> tuple["torch.Tensor", dict[int, str]]:
+    """L2-normalised features [len(keys), D] (float32, CPU) and ``{index: error}`` for keys
+    whose image could not be read (their rows are zero)."""
+    import torch
+
+    from hardpos.model import encode_image
+
+    device = torch.device(device)
+    feats: torch.Tensor | None = None
+    failures: dict[int, str] = {}
+    chunks = [list(range(i, min(i + batch_size, len(keys)))) for i in range(0, len(keys), batch_size)]
+    with cf.ThreadPoolExecutor(max_workers=max(1, num_threads)) as pool:
+        def submit(chunk):
+            return [pool.submit(_load_preprocessed, keys[i], preprocess) for i in chunk]
+
+        pending = submit(chunks[0]) if chunks else []
+        for n, chunk in enumerate(chunks):
+            loaded = [f.result() for f in pending]
+            pending = submit(chunks[n + 1]) if n + 1 < len(chunks) else []  # decode ahead of the model
+            ok_idx, tensors = [], []
+            for i, value in zip(chunk, loaded):
+                if isinstance(value, str):
+                    failures[i] = value
+                else:
+                    ok_idx.append(i)
+                    tensors.append(value)
+            if not tensors:
+                continue
+            with torch.no_grad(), _autocast(device):
+                out = encode_image(model, torch.stack(tensors).to(device), normalize=True)
+            out = out.float().cpu()
+            if feats is None:
+                feats = torch.zeros(len(keys), out.shape[1])
+            feats[ok_idx] = out
+    if feats is None:
+        feats = torch.zeros(len(keys), 1)
+    return feats, failures
+
+
+def encode_captions(model, tokenizer: Callable, captions: Sequence[str], *, device="cpu", batch_size: int = 256) -> "torch.Tensor":
+    """L2-normalised text features [len(captions), D] (float32, CPU), in input order.
+
+    Captions are batched in token-length order so every batch is trimmed to its own
+    longest caption; the result is identical to encoding each at full context length.
+    """
+    import torch
+
+    from hardpos.model import encode_text, trim_tokens
+
+    device = torch.device(device)
+    if not captions:
+        return torch.zeros(0, 1)
+    tokens = tokenizer(list(captions))
+    order = torch.argsort((tokens != 0).sum(dim=1), stable=True)
+    feats: torch.Tensor | None = None
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        with torch.no_grad(), _autocast(device):
+            out = encode_text(model, trim_tokens(tokens[idx]).to(device), normalize=True)
+        out = out.float().cpu()
+        if feats is None:
+            feats = torch.zeros(len(captions), out.shape[1])
+        feats[idx] = out
+    assert feats is not None
+    return feats
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """Put ``model`` in eval mode and restore its previous mode afterwards (training
+    calls the evaluator mid-epoch; it must get its model back as it gave it)."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+# --------------------------------------------------------------------------- pairs (Serve)
+def similarity_matrix(model, preprocess: Callable, tokenizer: Callable, images: Sequence["Image.Image"],
+                      captions: Sequence[str], *, device="cpu", batch_size: int = 256) -> np.ndarray:
+    """Cosine similarities [len(images), len(captions)] for PIL images and caption strings,
+    through the evaluator's own encoding path (same preprocessing, batching, precision)."""
+    import torch
+
+    from hardpos.model import encode_image
+
+    device = torch.device(device)
+    with eval_mode(model):
+        img_feats = []
+        for start in range(0, len(images), batch_size):
+            batch = torch.stack([preprocess(im.convert("RGB")) for im in images[start:start + batch_size]])
+            with torch.no_grad(), _autocast(device):
+                img_feats.append(encode_image(model, batch.to(device), normalize=True).float().cpu())
+        txt = encode_captions(model, tokenizer, list(captions), device=device, batch_size=batch_size)
+    if not img_feats or len(captions) == 0:
+        return np.zeros((len(images), len(captions)), dtype=np.float32)
+    return (torch.cat(img_feats) @ txt.T).numpy()
+
+
+def score_pairs(model, preprocess: Callable, tokenizer: Callable, images: Sequence["Image.Image"],
+                captions: Sequence[str], *, device="cpu", batch_size: int = 256) -> np.ndarray:
+    """Cosine similarity of ``images[i]`` with ``captions[i]`` for every i: shape [N].
+
+    Distinct captions are encoded once (pass the same image object several times to score
+    one image against several captions; it is encoded once per distinct object)."""
+    if len(images) != len(captions):
+        raise ValueError(f"score_pairs needs as many images as captions ({len(images)} != {len(captions)})")
+    uniq_imgs: dict[int, int] = {}
+    img_list = []
+    for im in images:
+        if id(im) not in uniq_imgs:
+            uniq_imgs[id(im)] = len(img_list)
+            img_list.append(im)
+    uniq_caps = list(dict.fromkeys(captions))
+    sims = similarity_matrix(model, preprocess, tokenizer, img_list, uniq_caps, device=device, batch_size=batch_size)
+    cap_idx = {c: i for i, c in enumerate(uniq_caps)}
+    return np.array([sims[uniq_imgs[id(im)], cap_idx[c]] for im, c in zip(images, captions)], dtype=np.float64)
+
+
+# --------------------------------------------------------------------------- benchmarks
+def evaluate_loaded(model, preprocess: Callable, tokenizer: Callable, bench: Benchmark, *, device="cpu",
+                    batch_size: int = 256, num_threads: int = 4,
+                    image_encoder: Callable[[Sequence[ImageKey]], tuple[Any, dict[int, str]]] | None = None) -> BenchmarkResult:
+    """Score one loaded benchmark (the core of :func:`evaluate_benchmarks`).
+
+    ``image_encoder(keys) -> (features, failures)`` replaces the in-process image encoding
+    (the Ray Data path plugs in here)."""
+    import torch
+
+    items = bench.items
+    key_index: dict[ImageKey, int] = {}
+    cap_index: dict[str, int] = {}
+    img_idx = np.empty(len(items), dtype=np.int64)
+    c_idx = np.empty(len(items), dtype=np.int64)
+    n_idx = np.empty(len(items), dtype=np.int64)
+    p_idx = np.full(len(items), -1, dtype=np.int64)
+    for j, it in enumerate(items):
+        img_idx[j] = key_index.setdefault(it.image_key, len(key_index))
+        c_idx[j] = cap_index.setdefault(it.caption, len(cap_index))
+        n_idx[j] = cap_index.setdefault(it.negative, len(cap_index))
+        if it.positive is not None:
+            p_idx[j] = cap_index.setdefault(it.positive, len(cap_index))
+    keys = list(key_index)
+    with eval_mode(model):
+        if image_encoder is not None:
+            img_feats, failures = image_encoder(keys)
+            img_feats = torch.as_tensor(np.asarray(img_feats), dtype=torch.float32)
+        else:
+            img_feats, failures = encode_image_keys(model, preprocess, keys, device=device, batch_size=batch_size,
+                                                    num_threads=num_threads)
+        txt_feats = encode_captions(model, tokenizer, list(cap_index), device=device, batch_size=batch_size)
+
+    failed = np.zeros(len(keys), dtype=bool)
+    failed[list(failures)] = True
+    ok = ~failed[img_idx]
+    I = img_feats[torch.as_tensor(img_idx[ok])]
+
+    def sims(cap: np.ndarray) -> np.ndarray:
+        return (I * txt_feats[torch.as_tensor(cap)]).sum(-1).double().numpy()
+
+    s_c, s_n = sims(c_idx[ok]), sims(n_idx[ok])
+    p_ok = p_idx[ok]
+    has_p = p_ok >= 0
+    s_p = np.full(int(ok.sum()), np.nan)
+    if has_p.any():
+        s_p[has_p] = (I[torch.as_tensor(has_p)] * txt_feats[torch.as_tensor(p_ok[has_p])]).sum(-1).double().numpy()
+    item_ids = [it.item_id for it, keep in zip(items, ok) if keep]
+    subsets = [it.subset for it, keep in zip(items, ok) if keep]
+    uses = np.bincount(img_idx, minlength=len(keys))
+    missing = [{"image": keys[i][0], "crop": list(keys[i][1]) if keys[i][1] else None, "error": err, "n_items": int(uses[i])}
+               for i, err in sorted(failures.items())]
+    result_metrics = benchmark_metrics(bench.name, subsets, s_c, s_n, s_p, bench.aggregate)
+    result_metrics[f"{bench.name}/n_missing_images"] = len(missing)
+    result_metrics[f"{bench.name}/n_excluded_items"] = int((~ok).sum())
+    if not bench.has_positives:  # SugarCrepe: the positive-dependent figures do not exist
+        s_p = np.full(len(s_c), np.nan)
+    return BenchmarkResult(
+        name=bench.name, kind=bench.kind, aggregate=bench.aggregate, item_ids=item_ids, subsets=subsets,
+        s_c=s_c, s_n=s_n, s_p=s_p, metrics=result_metrics, missing_images=missing,
+        excluded_items=[it.item_id for it, keep in zip(items, ok) if not keep], rejected_rows=bench.rejected,
+        n_distinct_images=len(keys), n_distinct_captions=len(cap_index),
+    )
+
+
+def evaluate_benchmarks(model, preprocess: Callable, tokenizer: Callable, specs: Iterable[BenchmarkSpec], *,
+                        device="cpu", batch_size: int = 256, num_threads: int = 4,
+                        image_encoder: Callable | None = None) -> EvalReport:
+    """Load and score every benchmark in ``specs``; returns the full :class:`EvalReport`.
+
+    ``model`` is an open_clip model (DDP-wrapped is fine) already on ``device``; its
+    train/eval mode is restored afterwards. ``preprocess`` is the validation transform.
+    Raises :class:`hardpos.eval.benchmarks.BenchmarkError` for unloadable benchmark files
+    (before any encoding), never for unreadable images.
+    """
+    specs = list(specs)
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"benchmark names must be unique (they prefix the metrics): {names}")
+    loaded = [load_benchmark(s) for s in specs]  # fail on bad files before any encoding
+    results = []
+    for bench in loaded:
+        res = evaluate_loaded(model, preprocess, tokenizer, bench, device=device, batch_size=batch_size,
+                              num_threads=num_threads, image_encoder=image_encoder)
+        if res.missing_images:
+            log.warning("%s: %d image(s) missing or corrupt, %d item(s) excluded", bench.name,
+                        len(res.missing_images), len(res.excluded_items))
+        results.append(res)
+    return EvalReport(results)
+
+
+def run_benchmarks(model, preprocess, tokenizer, specs: list[BenchmarkSpec], *, device="cpu", batch_size=256) -> dict[str, float]:
+    """Flat metrics for ``specs`` (the per-epoch evaluation API used by training).
+
+    Keys: ``<name>/orig_acc``, ``<name>/aug_acc``, ``<name>/brittleness``, ``<name>/aug_drop``,
+    ``<name>/mean_s_c``, ``<name>/mean_s_n``, ``<name>/mean_s_p``, ``<name>/n_items`` and per
+    subset ``<name>/<subset>/...``; SugarCrepe has ``orig_acc`` and the means only. Values are
+    fractions in [0, 1] (counts for ``n_*``).
+    """
+    return evaluate_benchmarks(model, preprocess, tokenizer, specs, device=device, batch_size=batch_size).metrics

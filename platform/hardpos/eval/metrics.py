@@ -1,0 +1,95 @@
+"""The paper's metrics (DESIGN section 5), as pure functions over score arrays.
+
+Per item: ``s_c = s(c|i)`` (true caption), ``s_n = s(c_n|i)`` (hard negative),
+``s_p = s(c_p|i)`` (hard positive); cosine similarities.
+
+* original accuracy   ``mean[s_c > s_n]``
+* augmented accuracy  ``mean[s_c > s_n and s_p > s_n]``
+* brittleness         ``mean[(s_c > s_n > s_p) or (s_p > s_n > s_c)]``
+* aug_drop            ``aug_acc - orig_acc`` (<= 0; how much the hard positive costs)
+* mean_s_c / mean_s_n / mean_s_p
+
+All comparisons are strict, so a tie always counts against the model (a tie is never
+"correct" and never "brittle": brittleness needs the negative strictly in between).
+
+Items without a hard positive (``s_p`` NaN; SugarCrepe has none at all) count in the
+original accuracy and the means of ``s_c``/``s_n`` only; the positive-dependent figures
+(aug_acc, brittleness, aug_drop, mean_s_p) are computed over the items that have one,
+and are absent when no item has one. ``orig_acc`` in ``aug_drop`` is then taken over
+the same items, so ``aug_drop`` is always a like-for-like difference.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import numpy as np
+
+# The names every benchmark reports (``<benchmark>/<metric>``); stable: MLflow keys.
+METRICS_WITH_POSITIVES = ("orig_acc", "aug_acc", "brittleness", "aug_drop", "mean_s_c", "mean_s_n", "mean_s_p", "n_items")
+METRICS_WITHOUT_POSITIVES = ("orig_acc", "mean_s_c", "mean_s_n", "n_items")
+
+
+def _arrays(s_c, s_n, s_p=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    c = np.asarray(s_c, dtype=np.float64).reshape(-1)
+    n = np.asarray(s_n, dtype=np.float64).reshape(-1)
+    p = np.full_like(c, np.nan) if s_p is None else np.asarray(s_p, dtype=np.float64).reshape(-1)
+    if not (len(c) == len(n) == len(p)):
+        raise ValueError(f"score arrays differ in length: s_c {len(c)}, s_n {len(n)}, s_p {len(p)}")
+    if np.isnan(c).any() or np.isnan(n).any():
+        raise ValueError("s_c and s_n must be finite for every scored item (exclude unscorable items first)")
+    return c, n, p
+
+
+def orig_correct(s_c, s_n) -> np.ndarray:
+    """Per item: the true caption beats the hard negative (strictly)."""
+    return np.asarray(s_c, dtype=np.float64) > np.asarray(s_n, dtype=np.float64)
+
+
+def aug_correct(s_c, s_n, s_p) -> np.ndarray:
+    """Per item: true caption AND hard positive both strictly beat the hard negative."""
+    c, n, p = (np.asarray(x, dtype=np.float64) for x in (s_c, s_n, s_p))
+    return (c > n) & (p > n)  # NaN compares False: no positive -> not augmented-correct
+
+
+def brittle(s_c, s_n, s_p) -> np.ndarray:
+    """Per item: the negative lies strictly between the caption and the positive."""
+    c, n, p = (np.asarray(x, dtype=np.float64) for x in (s_c, s_n, s_p))
+    return ((c > n) & (n > p)) | ((p > n) & (n > c))
+
+
+def summarize(s_c, s_n, s_p=None) -> dict[str, float]:
+    """All figures for one set of items (fractions in [0, 1]; ``n_items`` a count).
+
+    ``s_p`` may be None or contain NaN for items without a hard positive (see module doc).
+    An empty set gives ``{"n_items": 0}`` only: no accuracy is invented for no data.
+    """
+    c, n, p = _arrays(s_c, s_n, s_p)
+    out: dict[str, float] = {"n_items": int(len(c))}
+    if len(c) == 0:
+        return out
+    out["orig_acc"] = float(orig_correct(c, n).mean())
+    out["mean_s_c"] = float(c.mean())
+    out["mean_s_n"] = float(n.mean())
+    has_p = ~np.isnan(p)
+    if has_p.any():
+        cp, np_, pp = c[has_p], n[has_p], p[has_p]
+        aug = float(aug_correct(cp, np_, pp).mean())
+        out["aug_acc"] = aug
+        out["brittleness"] = float(brittle(cp, np_, pp).mean())
+        out["aug_drop"] = aug - float(orig_correct(cp, np_).mean())
+        out["mean_s_p"] = float(pp.mean())
+        if not has_p.all():
+            out["n_with_positive"] = int(has_p.sum())
+    return out
+
+
+def mean_of(subsets: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Unweighted mean of several subsets' figures (REPLACE = mean of attributes and
+    relations); ``n_items`` is summed. Only metrics present in every subset are averaged."""
+    subsets = [s for s in subsets if s.get("n_items", 0) > 0]
+    if not subsets:
+        return {"n_items": 0}
+    keys = set.intersection(*(set(s) for s in subsets)) - {"n_items", "n_with_positive"}
+    out: dict[str, float] = {k: float(np.mean([s[k] for s in subsets])) for k in sorted(keys)}
+    out["n_items"] = int(sum(s["n_items"] for s in subsets))
+    return out

@@ -1,0 +1,91 @@
+"""The evaluator on a random tiny CLIP: scores equal a direct computation, each distinct
+image/caption is encoded once, missing/corrupt images are excluded and listed."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from eval_util import tiny_model, triplet_rows, write_image, write_triplets
+from hardpos.eval import evaluator as E
+from hardpos.eval.metrics import summarize
+from hardpos.eval.spec import BenchmarkSpec
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return tiny_model(seed=0)
+
+
+def _direct_scores(lm, folder, rows):
+    """Reference: every item scored on its own, at full context length."""
+    from PIL import Image
+
+    out = []
+    model = lm.model.eval()
+    with torch.no_grad():
+        for r in rows:
+            img = lm.preprocess_val(Image.open(folder / r["image"]).convert("RGB"))[None]
+            i = model.encode_image(img, normalize=True)
+            t = model.encode_text(lm.tokenizer([r["caption"], r["hard_negative"], r["hard_positive"]]), normalize=True)
+            out.append((i @ t.T)[0].tolist())
+    return np.array(out)
+
+
+def test_run_benchmarks_matches_direct_scoring(lm, tmp_path):
+    rows = triplet_rows(12, seed=1)
+    path = write_triplets(tmp_path / "b", rows)
+    report = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("world", "triplets", str(path))], batch_size=5)
+    res = report.results[0]
+    ref = _direct_scores(lm, tmp_path / "b", rows)
+    np.testing.assert_allclose(np.stack([res.s_c, res.s_n, res.s_p], 1), ref, atol=1e-5)
+    assert res.n_distinct_images == len({r["image"] for r in rows}) <= 4
+    expected = summarize(ref[:, 0], ref[:, 1], ref[:, 2])
+    metrics = E.run_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("world", "triplets", str(path))])
+    for key, value in expected.items():
+        assert metrics[f"world/{key}"] == pytest.approx(value, abs=1e-6)  # float32 features
+    assert metrics["world/n_missing_images"] == 0
+
+
+def test_missing_and_corrupt_images_are_excluded_and_listed(lm, tmp_path):
+    rows = triplet_rows(6, seed=2)
+    rows[0] = {**rows[0], "image": "images/nowhere.png"}
+    rows[1] = {**rows[1], "image": "images/broken.png"}
+    folder = tmp_path / "b"
+    path = write_triplets(folder, rows)
+    (folder / "images" / "broken.png").write_bytes(b"\x89PNG not really")
+    rows.append({**rows[2], "hard_negative": None})  # unscorable row: rejected, not crashed
+    write_triplets(folder, rows)
+    (folder / "images" / "nowhere.png").unlink()
+    res = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("t", "triplets", str(path))]).results[0]
+    assert sorted(res.excluded_items) == ["0", "1"]
+    assert {m["image"].rsplit("/", 1)[1]: m["error"].split(":")[0] for m in res.missing_images} == {"nowhere.png": "missing", "broken.png": "corrupt"}
+    assert res.metrics["t/n_items"] == 4 and res.metrics["t/n_excluded_items"] == 2 and res.metrics["t/n_missing_images"] == 2
+    assert res.rejected_rows == [{"row": 6, "reason": "no_negative", "caption": rows[2]["caption"]}]
+    assert res.item_ids == ["2", "3", "4", "5"]
+
+
+def test_restores_training_mode_and_score_pairs_agree(lm, tmp_path):
+    from PIL import Image
+
+    rows = triplet_rows(3, seed=3)
+    path = write_triplets(tmp_path / "b", rows)
+    lm.model.train()
+    res = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("t", "triplets", str(path))]).results[0]
+    assert lm.model.training
+    img = Image.open(tmp_path / "b" / rows[0]["image"])
+    sims = E.score_pairs(lm.model, lm.preprocess_val, lm.tokenizer, [img, img, img],
+                         [rows[0]["caption"], rows[0]["hard_negative"], rows[0]["hard_positive"]])
+    np.testing.assert_allclose(sims, [res.s_c[0], res.s_n[0], res.s_p[0]], atol=1e-6)
+    with pytest.raises(ValueError, match="as many images"):
+        E.score_pairs(lm.model, lm.preprocess_val, lm.tokenizer, [img], [])
+
+
+def test_caption_batches_in_length_order_equal_one_by_one(lm):
+    caps = ["a", "a much longer caption about a red square above a blue circle", "two words", "a"]
+    batched = E.encode_captions(lm.model.eval(), lm.tokenizer, caps, batch_size=2)
+    with torch.no_grad():
+        single = torch.cat([lm.model.encode_text(lm.tokenizer([c]), normalize=True) for c in caps])
+    torch.testing.assert_close(batched, single, atol=1e-5, rtol=0)
