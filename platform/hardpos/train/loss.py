@@ -1,0 +1,235 @@
+"""The combined hard-negative + hard-positive loss (DESIGN section 4), pure torch.
+
+Inputs are per-sample feature rows of one (global) batch of ``B`` slots:
+
+* ``image`` I, ``text`` T           [B, D]  L2-normalised
+* ``negative`` N, ``positive`` P    [B, D]  zero rows where the sample has none
+* ``neg_mask`` n, ``pos_mask`` p    [B]     bool: the sample has a negative / positive
+* ``row_mask`` r                    [B]     bool: the slot holds a real sample (False for
+  padding: a worker's short batch, an image that failed to decode). Default: all True.
+* ``logit_scale``                   scalar  the model's *log* scale; s = exp(logit_scale)
+
+Every term is computed over fixed shapes with masks, so a batch gathered from several
+workers (each padded to the same local size) gives exactly the value of the same samples
+in one batch: masked columns get a -1e9 logit (weight exactly 0 in every float32 softmax)
+and masked rows are left out of every mean.
+
+Terms (each returned under its own name; ``loss/<name>`` when logged):
+
+* ``contrastive``   CLIP + NegCLIP columns: mean of CE(s*I*[T ; N_valid]^T, i) and
+                    CE(s*T*I^T, i).  ``negclip_columns=False`` removes the N columns.
+* ``hard_negative`` 2-way CE over s*[<I_i,T_i>, <I_i,N_i>], target 0; mean over rows with a
+                    negative (0 when none).
+* ``hard_positive`` over the valid positives only: mean of CE(s*I*P^T, own index) and
+                    CE(s*T*P^T, own index) (0 when none).
+* ``pos_over_neg``  2-way CE over s*[<I_i,P_i>, <I_i,N_i>], target 0; rows with both.
+* ``kl``            KL(uniform || softmax(s*[<I_i,T_i>, <I_i,P_i>])); rows with a positive.
+* ``total``         contrastive + w_pos*hard_positive + w_neg*hard_negative
+                    + w_pos_over_neg*pos_over_neg + w_kl*kl.
+
+A term whose weight is 0 is not added at all (not multiplied by 0), so it is removed
+exactly: a NaN/inf in an unused term cannot leak into ``total`` or the gradients.
+
+Why not ``open_clip.loss.ClipLoss`` directly: its B x B image/text matrix is exactly our
+text->image half (and the image->text half without NegCLIP columns; the tests check we
+match it), but the NegCLIP columns make image->text B x 2B and the masked positive/negative
+terms need the gathered N and P anyway, so one masked gather of all four feature sets
+(:func:`gather_features`) replaces ClipLoss's separate gather.
+
+Multi-worker (:func:`gather_features`): every rank pads its local batch to the same size,
+gathers I, T, N, P and the masks from all ranks *with gradient* and computes the loss of
+the whole global batch.  The all-gather's backward sums the gradients of every rank's copy
+of the loss into each rank's local features (``world_size`` x dL/dfeature), and DDP then
+averages parameter gradients over ranks, so the update equals the single-worker update on
+the same global batch.  Nothing is dropped: missing negatives travel as zero rows + mask.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+
+TERMS = ("contrastive", "hard_negative", "hard_positive", "pos_over_neg", "kl")
+LOGIT_SCALE_MAX = math.log(100.0)
+_MASKED = -1e9
+
+
+@dataclasses.dataclass
+class LossConfig:
+    """Weights and switches of the combined loss (DESIGN section 4).
+
+    w_pos: weight of the hard-positive (analogy) term; the paper fixes 1 (0 = "HN-only").
+    w_neg: weight of the hard-negative 2-way term; the paper sweeps {0, .25, .5, .75, 1}.
+    w_pos_over_neg: weight of the optional positive-over-negative 2-way term (default off).
+    w_kl: weight of SVLC's optional KL(uniform || softmax[<I,T>, <I,P>]) term (default off).
+    negclip_columns: add the valid hard negatives as extra text columns of the contrastive
+        image->text term (NegCLIP). False = plain CLIP contrastive.
+    """
+
+    w_pos: float = 1.0
+    w_neg: float = 1.0
+    w_pos_over_neg: float = 0.0
+    w_kl: float = 0.0
+    negclip_columns: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("w_pos", "w_neg", "w_pos_over_neg", "w_kl"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"loss.{name} must be a finite number >= 0, got {value}")
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` where ``mask``; exactly 0 (still in the graph) when none."""
+    mask = mask.to(values.dtype)
+    # where() rather than multiply so an inf/NaN in a masked row cannot poison the sum.
+    picked = torch.where(mask > 0, values, torch.zeros_like(values))
+    return picked.sum() / mask.sum().clamp(min=1.0)
+
+
+def _zero_rows(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask.unsqueeze(1), x, torch.zeros_like(x))
+
+
+def _row_ce(logits: torch.Tensor, col_mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-row cross-entropy with invalid columns excluded.
+
+    Invalid columns get the logit ``_MASKED`` (not -inf): exp() of it underflows to exactly
+    0 next to any real logit (|s * cos| <= 100), and a row whose columns are all invalid
+    (no positives in the batch) stays finite, so its zero weight in the mean cannot turn
+    into 0 * NaN in the backward pass.
+    """
+    logits = logits.masked_fill(~col_mask.unsqueeze(0), _MASKED)
+    return F.cross_entropy(logits, target, reduction="none")
+
+
+def _two_way(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-row 2-way CE over [a, b] with target 0: log(1 + exp(b - a))."""
+    return F.softplus(b - a)
+
+
+def combined_loss(
+    image: torch.Tensor,
+    text: torch.Tensor,
+    negative: torch.Tensor,
+    positive: torch.Tensor,
+    neg_mask: torch.Tensor,
+    pos_mask: torch.Tensor,
+    logit_scale: torch.Tensor,
+    cfg: LossConfig | None = None,
+    row_mask: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """All loss terms and ``total`` (0-dim float32 tensors); see the module docstring.
+
+    Raises ValueError for mismatched shapes. Works in float32 whatever the feature dtype
+    (bf16 autocast features are upcast: softmax over a few thousand logits in bf16 is not
+    accurate enough to compare terms).
+    """
+    cfg = cfg or LossConfig()
+    b, d = image.shape
+    for name, t in (("text", text), ("negative", negative), ("positive", positive)):
+        if t.shape != (b, d):
+            raise ValueError(f"combined_loss: {name} has shape {tuple(t.shape)}, expected {(b, d)}")
+    for name, m in (("neg_mask", neg_mask), ("pos_mask", pos_mask)):
+        if m.shape != (b,):
+            raise ValueError(f"combined_loss: {name} has shape {tuple(m.shape)}, expected {(b,)}")
+    rows = torch.ones(b, dtype=torch.bool, device=image.device) if row_mask is None else row_mask.bool()
+    n = neg_mask.bool() & rows
+    p = pos_mask.bool() & rows
+    # Masked rows are replaced by zeros (where(), not multiply): whatever a padded slot
+    # holds, even NaN, then contributes exactly nothing to the values or the gradients.
+    image, text = (_zero_rows(t.float(), rows) for t in (image, text))
+    negative, positive = _zero_rows(negative.float(), n), _zero_rows(positive.float(), p)
+    s = logit_scale.float().exp()
+    target = torch.arange(b, device=image.device)
+
+    # Contrastive: image -> [T ; N] columns (N only where valid), text -> image.
+    i_t = s * image @ text.T
+    if cfg.negclip_columns:
+        i_cols = torch.cat([i_t, s * image @ negative.T], dim=1)
+        col_mask = torch.cat([rows, n])
+    else:
+        i_cols, col_mask = i_t, rows
+    l_i2t = _row_ce(i_cols, col_mask, target)
+    l_t2i = _row_ce(s * text @ image.T, rows, target)
+    contrastive = (_masked_mean(l_i2t, rows) + _masked_mean(l_t2i, rows)) / 2
+
+    sim_it = s * (image * text).sum(-1)
+    sim_in = s * (image * negative).sum(-1)
+    sim_ip = s * (image * positive).sum(-1)
+
+    hard_negative = _masked_mean(_two_way(sim_it, sim_in), n)
+
+    # Analogy: rows and columns restricted to the batch's valid positives.
+    l_ip = _row_ce(s * image @ positive.T, p, target)
+    l_tp = _row_ce(s * text @ positive.T, p, target)
+    hard_positive = (_masked_mean(l_ip, p) + _masked_mean(l_tp, p)) / 2
+
+    pos_over_neg = _masked_mean(_two_way(sim_ip, sim_in), n & p)
+
+    # KL(u || q) with u = (1/2, 1/2), q = softmax([<I,T>, <I,P>]): -log 2 - mean(log q).
+    log_q = torch.stack([sim_it, sim_ip], dim=1).log_softmax(dim=1)
+    kl = _masked_mean(-math.log(2.0) - log_q.mean(dim=1), p)
+
+    terms = {
+        "contrastive": contrastive,
+        "hard_negative": hard_negative,
+        "hard_positive": hard_positive,
+        "pos_over_neg": pos_over_neg,
+        "kl": kl,
+    }
+    total = contrastive
+    for name, weight in (("hard_positive", cfg.w_pos), ("hard_negative", cfg.w_neg),
+                         ("pos_over_neg", cfg.w_pos_over_neg), ("kl", cfg.w_kl)):
+        if weight != 0:
+            total = total + weight * terms[name]
+    return {"total": total, **terms}
+
+
+def loss_metrics(terms: Mapping[str, torch.Tensor], prefix: str = "loss/") -> dict[str, float]:
+    """``{"loss/total": float, "loss/contrastive": ...}`` for logging and ray.train.report."""
+    return {f"{prefix}{k}": float(v.detach()) for k, v in terms.items()}
+
+
+# --------------------------------------------------------------------------- multi-worker
+FEATURE_KEYS = ("image", "text", "negative", "positive")
+MASK_KEYS = ("neg_mask", "pos_mask", "row_mask")
+
+
+def gather_features(local: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Concatenate every rank's features (with gradient) and masks (without).
+
+    ``local`` holds :data:`FEATURE_KEYS` ([B_local, D], the same B_local on every rank:
+    pad short batches and set ``row_mask``) and :data:`MASK_KEYS` ([B_local] bool).
+    Without an initialised process group (or world size 1) it returns ``local`` unchanged.
+    Rows are ordered rank 0 first, so the global batch is the ranks' batches in order.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return dict(local)
+    from torch.distributed.nn.functional import all_gather as all_gather_with_grad
+
+    out: dict[str, torch.Tensor] = {}
+    world = dist.get_world_size()
+    for key in FEATURE_KEYS:
+        out[key] = torch.cat(all_gather_with_grad(local[key].contiguous()), dim=0)
+    for key in MASK_KEYS:
+        # gloo cannot all_gather bool tensors: travel as uint8.
+        m = local[key].to(torch.uint8).contiguous()
+        parts = [torch.empty_like(m) for _ in range(world)]
+        dist.all_gather(parts, m)
+        out[key] = torch.cat(parts).bool()
+    return out
+
+
+def clamp_logit_scale(model: torch.nn.Module) -> None:
+    """Clamp ``logit_scale`` to [0, ln 100] in place (call after every optimiser step)."""
+    from hardpos.model import unwrap
+
+    m = unwrap(model)
+    with torch.no_grad():
+        m.logit_scale.clamp_(0, LOGIT_SCALE_MAX)

@@ -1,0 +1,286 @@
+"""The combined loss (DESIGN section 4): hand-computed values, masks, exact zero weights,
+gradients into both towers, and multi-worker gather == one big batch."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hardpos.train.loss import LossConfig, combined_loss, gather_features
+
+
+# --------------------------------------------------------------------------- reference
+def _dot(a, b):
+    return sum(x * y for x, y in zip(a, b))
+
+
+def _ce(logits, target):
+    m = max(logits)
+    return m + math.log(sum(math.exp(v - m) for v in logits)) - logits[target]
+
+
+def reference(I, T, N, P, s, cfg):
+    """DESIGN section 4 written literally with Python lists and explicit subsets."""
+    B = len(I)
+    neg_idx = [i for i in range(B) if N[i] is not None]
+    pos_idx = [i for i in range(B) if P[i] is not None]
+    cols = [T[j] for j in range(B)] + ([N[j] for j in neg_idx] if cfg.negclip_columns else [])
+    i2t = [_ce([s * _dot(I[i], c) for c in cols], i) for i in range(B)]
+    t2i = [_ce([s * _dot(T[i], I[j]) for j in range(B)], i) for i in range(B)]
+    con = (sum(i2t) / B + sum(t2i) / B) / 2
+    hn = [_ce([s * _dot(I[i], T[i]), s * _dot(I[i], N[i])], 0) for i in neg_idx]
+    hn = sum(hn) / len(hn) if hn else 0.0
+    if pos_idx:
+        Pv = [P[j] for j in pos_idx]
+        ip = [_ce([s * _dot(I[i], q) for q in Pv], k) for k, i in enumerate(pos_idx)]
+        tp = [_ce([s * _dot(T[i], q) for q in Pv], k) for k, i in enumerate(pos_idx)]
+        hp = (sum(ip) / len(ip) + sum(tp) / len(tp)) / 2
+    else:
+        hp = 0.0
+    both = [i for i in neg_idx if i in pos_idx]
+    pon = [_ce([s * _dot(I[i], P[i]), s * _dot(I[i], N[i])], 0) for i in both]
+    pon = sum(pon) / len(pon) if pon else 0.0
+    kl = []
+    for i in pos_idx:
+        a, b = s * _dot(I[i], T[i]), s * _dot(I[i], P[i])
+        z = max(a, b) + math.log(math.exp(a - max(a, b)) + math.exp(b - max(a, b)))
+        q = [math.exp(a - z), math.exp(b - z)]
+        kl.append(sum(0.5 * math.log(0.5 / qi) for qi in q))
+    kl = sum(kl) / len(kl) if kl else 0.0
+    total = con + cfg.w_pos * hp + cfg.w_neg * hn + cfg.w_pos_over_neg * pon + cfg.w_kl * kl
+    return {"total": total, "contrastive": con, "hard_negative": hn, "hard_positive": hp,
+            "pos_over_neg": pon, "kl": kl}
+
+
+def _tensors(I, T, N, P, s):
+    d = len(I[0])
+    zero = [0.0] * d
+    return dict(
+        image=torch.tensor(I, dtype=torch.float64),
+        text=torch.tensor(T, dtype=torch.float64),
+        negative=torch.tensor([n if n is not None else zero for n in N], dtype=torch.float64),
+        positive=torch.tensor([p if p is not None else zero for p in P], dtype=torch.float64),
+        neg_mask=torch.tensor([n is not None for n in N]),
+        pos_mask=torch.tensor([p is not None for p in P]),
+        logit_scale=torch.tensor(math.log(s)),
+    )
+
+
+def _random_batch(b=6, d=8, seed=0, neg_p=0.6, pos_p=0.5):
+    g = torch.Generator().manual_seed(seed)
+    feats = [F.normalize(torch.randn(b, d, generator=g), dim=-1) for _ in range(4)]
+    neg_mask = torch.rand(b, generator=g) < neg_p
+    pos_mask = torch.rand(b, generator=g) < pos_p
+    neg_mask[0] = pos_mask[0] = True  # at least one of each
+    feats[2] = feats[2] * neg_mask[:, None]
+    feats[3] = feats[3] * pos_mask[:, None]
+    return dict(image=feats[0], text=feats[1], negative=feats[2], positive=feats[3],
+                neg_mask=neg_mask, pos_mask=pos_mask, logit_scale=torch.tensor(math.log(7.0)))
+
+
+# --------------------------------------------------------------------------- values
+def test_hand_computed_two_sample_batch():
+    # s = 1; sample 0 has a negative but no positive, sample 1 a positive but no negative.
+    I = [[1.0, 0.0], [0.0, 1.0]]
+    T = [[1.0, 0.0], [0.6, 0.8]]
+    N = [[0.0, 1.0], None]
+    P = [None, [0.8, 0.6]]
+    cfg = LossConfig(w_pos=1.0, w_neg=0.5, w_pos_over_neg=0.0, w_kl=0.25)
+    out = combined_loss(**_tensors(I, T, N, P, 1.0), cfg=cfg)
+    # By hand: i2t row0 logits [1, .6, 0] (T0, T1, N0), row1 [0, .8, 1]; t2i row0 [1, 0],
+    # row1 [.6, .8].
+    lse = lambda *v: math.log(sum(math.exp(x) for x in v))  # noqa: E731
+    con = ((lse(1, .6, 0) - 1 + lse(0, .8, 1) - .8) / 2 + (lse(1, 0) - 1 + lse(.6, .8) - .8) / 2) / 2
+    hn = lse(1, 0) - 1                        # sample 0: [<I0,T0>, <I0,N0>] = [1, 0]
+    hp = 0.0  # one valid positive: a 1-column softmax over its own column -> CE 0
+    q1 = math.exp(.8) / (math.exp(.8) + math.exp(.6))  # softmax([<I1,T1>, <I1,P1>]) = [.8, .6]
+    kl = 0.5 * math.log(0.5 / q1) + 0.5 * math.log(0.5 / (1 - q1))
+    expected = {"contrastive": con, "hard_negative": hn, "hard_positive": hp, "pos_over_neg": 0.0,
+                "kl": kl, "total": con + hp + 0.5 * hn + 0.25 * kl}
+    for name, value in expected.items():
+        assert float(out[name]) == pytest.approx(value, abs=1e-6), name
+    assert float(out["contrastive"]) == pytest.approx(0.65145, abs=1e-4)  # worked on paper
+
+
+@pytest.mark.parametrize("negclip", [True, False])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_matches_the_literal_reference_on_random_batches(seed, negclip):
+    batch = _random_batch(seed=seed)
+    cfg = LossConfig(w_pos=0.7, w_neg=0.3, w_pos_over_neg=0.2, w_kl=0.1, negclip_columns=negclip)
+    out = combined_loss(**batch, cfg=cfg)
+    lists = {k: v.tolist() for k, v in batch.items() if k in ("image", "text", "negative", "positive")}
+    N = [n if m else None for n, m in zip(lists["negative"], batch["neg_mask"].tolist())]
+    P = [p if m else None for p, m in zip(lists["positive"], batch["pos_mask"].tolist())]
+    ref = reference(lists["image"], lists["text"], N, P, 7.0, cfg)
+    for name, value in ref.items():
+        assert float(out[name]) == pytest.approx(value, abs=1e-5), name
+
+
+def test_plain_contrastive_equals_open_clip_clip_loss():
+    from open_clip.loss import ClipLoss
+
+    batch = _random_batch(seed=3)
+    out = combined_loss(**batch, cfg=LossConfig(negclip_columns=False))
+    ref = ClipLoss()(batch["image"], batch["text"], batch["logit_scale"].exp())
+    assert float(out["contrastive"]) == pytest.approx(float(ref), abs=1e-6)
+
+
+# --------------------------------------------------------------------------- masks
+def test_batch_without_negatives_or_positives():
+    batch = _random_batch(seed=4)
+    batch["neg_mask"][:] = False
+    batch["pos_mask"][:] = False
+    batch["negative"] = torch.full_like(batch["negative"], float("nan"))  # never read
+    batch["positive"] = torch.full_like(batch["positive"], float("nan"))
+    image = batch["image"].clone().requires_grad_(True)
+    batch["image"] = image
+    out = combined_loss(**batch, cfg=LossConfig(w_pos_over_neg=1.0, w_kl=1.0))
+    plain = combined_loss(**{**batch, "image": image}, cfg=LossConfig(negclip_columns=False))
+    for name in ("hard_negative", "hard_positive", "pos_over_neg", "kl"):
+        assert out[name].item() == 0.0, name
+    # No negatives -> no NegCLIP columns -> the plain CLIP contrastive term.
+    assert out["contrastive"].item() == pytest.approx(plain["contrastive"].item(), abs=1e-7)
+    assert out["total"].item() == pytest.approx(out["contrastive"].item(), abs=1e-7)
+    out["total"].backward()
+    assert torch.isfinite(image.grad).all() and image.grad.abs().sum() > 0
+
+
+def test_padding_rows_change_nothing():
+    batch = _random_batch(b=5, seed=5)
+    cfg = LossConfig(w_pos_over_neg=0.5, w_kl=0.5)
+    base = combined_loss(**batch, cfg=cfg)
+    padded = {k: (torch.cat([v, torch.randn(3, v.shape[1]).to(v.dtype)]) if v.ndim == 2
+                  else torch.cat([v, torch.ones(3, dtype=v.dtype)]) if v.ndim == 1 else v)
+              for k, v in batch.items()}
+    row_mask = torch.tensor([True] * 5 + [False] * 3)
+    out = combined_loss(**padded, cfg=cfg, row_mask=row_mask)
+    for name in base:
+        assert float(out[name]) == pytest.approx(float(base[name]), abs=1e-6), name
+
+
+def test_zero_weight_removes_a_term_exactly():
+    batch = _random_batch(seed=6)
+    feats = batch["image"].clone().requires_grad_(True)
+    out = combined_loss(**{**batch, "image": feats}, cfg=LossConfig(w_pos=1.0, w_neg=0.0))
+    (g0,) = torch.autograd.grad(out["total"], feats)
+    assert float(out["hard_negative"]) > 0  # still computed and logged
+    feats2 = batch["image"].clone().requires_grad_(True)
+    ref = combined_loss(**{**batch, "image": feats2}, cfg=LossConfig(w_pos=1.0, w_neg=1.0))
+    without = ref["contrastive"] + ref["hard_positive"]
+    (g1,) = torch.autograd.grad(without, feats2)
+    assert torch.equal(out["total"], without)
+    assert torch.equal(g0, g1)
+
+
+def test_negative_weight_is_rejected():
+    with pytest.raises(ValueError, match="loss.w_neg"):
+        LossConfig(w_neg=-1)
+
+
+def test_shape_mismatch_is_a_clear_error():
+    batch = _random_batch(seed=7)
+    batch["positive"] = batch["positive"][:3]
+    with pytest.raises(ValueError, match="positive has shape"):
+        combined_loss(**batch)
+
+
+def test_gradients_reach_both_towers_and_the_scale():
+    from hardpos.model import ModelConfig, encode_image, encode_text, load_model, tokenize
+
+    torch.manual_seed(0)
+    lm = load_model(ModelConfig(arch="hardpos-tiny"))
+    captions = ["a red circle", "a blue square", "a green triangle"]
+    negs = ["a blue circle", "a red square", "a green circle"]
+    poss = ["a crimson circle", "a navy square", "an emerald triangle"]
+    tokens = tokenize(lm.tokenizer, captions + negs + poss)
+    text = encode_text(lm.model, tokens)
+    image = encode_image(lm.model, torch.randn(3, 3, 32, 32))
+    out = combined_loss(image, text[:3], text[3:6], text[6:], torch.tensor([True, True, False]),
+                        torch.tensor([True, False, True]), lm.model.logit_scale)
+    out["total"].backward()
+    m = lm.model
+    assert m.visual.conv1.weight.grad.abs().sum() > 0
+    assert m.token_embedding.weight.grad.abs().sum() > 0
+    assert m.transformer.resblocks[0].attn.in_proj_weight.grad.abs().sum() > 0
+    assert m.logit_scale.grad is not None and m.logit_scale.grad != 0
+
+
+def test_logit_scale_clamp():
+    from hardpos.model import ModelConfig, load_model
+    from hardpos.train.loss import clamp_logit_scale
+
+    m = load_model(ModelConfig(arch="hardpos-tiny")).model
+    with torch.no_grad():
+        m.logit_scale.fill_(9.0)
+    clamp_logit_scale(m)
+    assert float(m.logit_scale) == pytest.approx(math.log(100))
+    with torch.no_grad():
+        m.logit_scale.fill_(-2.0)
+    clamp_logit_scale(m)
+    assert float(m.logit_scale) == 0.0
+
+
+# --------------------------------------------------------------------------- two workers
+def _global_problem(seed=11, b=8, d=6):
+    """A shared linear 'encoder' and one global batch of inputs with masks."""
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(d, d, generator=g, dtype=torch.float64)
+    inputs = {k: torch.randn(b, d, generator=g, dtype=torch.float64) for k in ("image", "text", "negative", "positive")}
+    masks = {"neg_mask": torch.tensor([1, 0, 1, 1, 0, 1, 0, 0]).bool(),
+             "pos_mask": torch.tensor([0, 1, 1, 0, 1, 0, 0, 1]).bool(),
+             "row_mask": torch.tensor([1, 1, 1, 1, 1, 1, 0, 1]).bool()}  # slot 6: a failed image
+    return weight, inputs, masks
+
+
+def _features(weight, inputs, masks, rows):
+    feats = {k: F.normalize(inputs[k][rows] @ weight, dim=-1) for k in inputs}
+    feats["negative"] = feats["negative"] * masks["neg_mask"][rows, None]
+    feats["positive"] = feats["positive"] * masks["pos_mask"][rows, None]
+    return {**feats, **{k: v[rows] for k, v in masks.items()}}
+
+
+_CFG = dict(w_pos=1.0, w_neg=0.5, w_pos_over_neg=0.3, w_kl=0.2)
+
+
+def _worker(rank, world, init_file, result_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        weight, inputs, masks = _global_problem()
+        weight = weight.clone().requires_grad_(True)
+        per = 8 // world
+        local = _features(weight, inputs, masks, slice(rank * per, (rank + 1) * per))
+        glob = gather_features(local)
+        out = combined_loss(**{k: glob[k] for k in ("image", "text", "negative", "positive", "neg_mask", "pos_mask")},
+                            logit_scale=torch.tensor(math.log(10.0)), cfg=LossConfig(**_CFG), row_mask=glob["row_mask"])
+        out["total"].backward()
+        grad = weight.grad.clone()
+        dist.all_reduce(grad)  # what DDP does: average parameter gradients over ranks
+        grad /= world
+        torch.save({"loss": {k: float(v) for k, v in out.items()}, "grad": grad}, os.path.join(result_dir, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_workers_equal_one_worker_on_the_same_global_batch(tmp_path):
+    import torch.multiprocessing as mp
+
+    weight, inputs, masks = _global_problem()
+    weight = weight.clone().requires_grad_(True)
+    single = combined_loss(**{k: v for k, v in _features(weight, inputs, masks, slice(0, 8)).items() if k != "row_mask"},
+                           logit_scale=torch.tensor(math.log(10.0)), cfg=LossConfig(**_CFG),
+                           row_mask=masks["row_mask"])
+    single["total"].backward()
+
+    mp.start_processes(_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    for rank in range(2):
+        res = torch.load(tmp_path / f"{rank}.pt", weights_only=True)
+        for name, value in single.items():
+            assert res["loss"][name] == pytest.approx(float(value), abs=1e-9), (rank, name)
+        torch.testing.assert_close(res["grad"], weight.grad, rtol=1e-9, atol=1e-12)
+    assert single["hard_negative"] > 0 and single["hard_positive"] > 0
