@@ -1,0 +1,165 @@
+"""Performance harness: every stage's optimised path vs its naive baseline, side by side.
+
+``python jobs/benchmark.py suite=<name>`` (or ``suite=all``) prints a Markdown table and
+writes summary.json. Each suite alternates the two paths in one process and reports the
+median ratio with min/max (see :mod:`hardpos.benchutil`). Suites: text, train_step,
+evaluate, serve, generate, gpu (CUDA only). ``quick=true`` shrinks every suite to a smoke
+run (used by the test suite to keep the harness working; its numbers mean nothing).
+"""
+from __future__ import annotations
+
+import dataclasses
+import platform
+import sys
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from hardpos.benchutil import compare_alternating, format_table
+from hardpos.config import JobConfig
+from hardpos.runtime import JobContext
+
+Suite = Literal["all", "text", "train_step", "evaluate", "serve", "generate", "gpu"]
+SUITES = ("text", "train_step", "evaluate", "serve", "generate", "gpu")
+
+
+@dataclasses.dataclass
+class Config(JobConfig):
+    """suite: one suite or ``all``.
+    repeats: alternating pairs per case (the median ratio is reported).
+    quick: tiny sizes, for smoke tests of the harness itself.
+    text_arch: architecture for the text/train_step suites (random weights).
+    captions: caption source for the text suite (COCO-length captions); None -> the team's
+        ../shared/data NegCLIP file when present, else synthetic captions.
+    batch_size: captions per text batch / samples per train step.
+    """
+
+    output_dir: str = "outputs/benchmark"
+    suite: Suite = "all"
+    repeats: int = 5
+    quick: bool = False
+    text_arch: str = "ViT-B-32"
+    captions: str | None = None
+    batch_size: int = 64
+
+
+# --------------------------------------------------------------------------- suites
+def _bench_captions(cfg: Config, n: int) -> list[str]:
+    source = cfg.captions
+    if source is None:
+        default = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "negclip" / "valid_neg_clip.tsv"
+        source = str(default) if default.is_file() else None
+    if source is not None:
+        from hardpos.data.captions import read_captions
+
+        caps = [r["caption"] for r in read_captions(source, limit=n) if r["caption"]]
+        if caps:
+            return (caps * (n // len(caps) + 1))[:n]
+    words = "a man riding a red bike next to a small dog on a sunny street".split()
+    return [" ".join(words[: 6 + i % 8]) for i in range(n)]
+
+
+def text_suite(cfg: Config) -> list[dict[str, Any]]:
+    """Batch-length text encoding vs open_clip's 77-token ``encode_text`` (outputs must match)."""
+    import torch
+
+    from hardpos.model import ModelConfig, encode_text, load_model, tokenize
+
+    arch = "hardpos-tiny" if cfg.quick else cfg.text_arch
+    n = 8 if cfg.quick else cfg.batch_size
+    torch.manual_seed(0)
+    lm = load_model(ModelConfig(arch=arch))
+    model = lm.model.eval()
+    captions = _bench_captions(cfg, n)
+    trimmed = tokenize(lm.tokenizer, captions)
+    full = lm.tokenizer(captions)
+    with torch.no_grad():
+        diff = (encode_text(model, trimmed) - model.encode_text(full, normalize=True)).abs().max().item()
+    if diff > 1e-4:
+        raise AssertionError(f"batch-length text features differ from 77-token features by {diff}")
+
+    def optimised():
+        with torch.no_grad():
+            encode_text(model, tokenize(lm.tokenizer, captions))
+
+    def baseline():
+        with torch.no_grad():
+            model.encode_text(lm.tokenizer(captions), normalize=True)
+
+    row = compare_alternating(optimised, baseline, repeats=1 if cfg.quick else cfg.repeats, work_items=n)
+    row.update(suite="text", case=f"{arch} {n} captions, {trimmed.shape[1]} vs {full.shape[1]} tokens", max_abs_diff=diff)
+    return [row]
+
+
+def _optional_suite(module: str, function: str) -> Callable[[Config], list[dict[str, Any]]]:
+    """Suites whose measuring code lives beside the stage it measures."""
+
+    def suite(cfg: Config) -> list[dict[str, Any]]:
+        import importlib
+
+        fn = getattr(importlib.import_module(module), function)
+        rows = fn(quick=cfg.quick, repeats=1 if cfg.quick else cfg.repeats)
+        return rows if isinstance(rows, list) else [rows]
+
+    return suite
+
+
+def gpu_suite(cfg: Config) -> list[dict[str, Any]]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return [{"suite": "gpu", "case": "skipped: no CUDA device", "value": None}]
+    return _optional_suite("hardpos.train.bench", "gpu_bench")(cfg)
+
+
+SUITE_FUNCTIONS: dict[str, Callable[[Config], list[dict[str, Any]]]] = {
+    "text": text_suite,
+    "train_step": _optional_suite("hardpos.train.bench", "train_step_bench"),
+    "evaluate": _optional_suite("hardpos.eval.bench", "evaluate_bench"),
+    "serve": _optional_suite("hardpos.loadgen", "serve_bench"),
+    "generate": _optional_suite("hardpos.generate.bench", "generate_bench"),
+    "gpu": gpu_suite,
+}
+
+
+def machine_info() -> dict[str, Any]:
+    import os
+
+    import torch
+
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def run(cfg: Config, ctx: JobContext) -> dict:
+    names = SUITES if cfg.suite == "all" else (cfg.suite,)
+    rows: list[dict[str, Any]] = []
+    errors: dict[str, str] = {}
+    for name in names:
+        try:
+            suite_rows = SUITE_FUNCTIONS[name](cfg)
+        except Exception as exc:  # noqa: BLE001 - one broken suite must not hide the others
+            if cfg.suite != "all":
+                raise
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            continue
+        for row in suite_rows:
+            row.setdefault("suite", name)
+        rows.extend(suite_rows)
+        for row in suite_rows:
+            if "ratio_median" in row:
+                ctx.log_metrics({f"{name}/{_slug(row['case'])}/ratio": row["ratio_median"]})
+    table = format_table(rows)
+    print(table)
+    if errors:
+        print("suites that failed: " + "; ".join(f"{k}: {v}" for k, v in errors.items()), file=sys.stderr)
+    return {"machine": machine_info(), "rows": rows, "table": table, "failed_suites": errors}
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text)[:60].strip("_")

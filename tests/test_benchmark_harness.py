@@ -1,0 +1,39 @@
+"""The benchmark harness itself (quick mode: smoke sizes; numbers are not asserted)."""
+import json
+
+import pytest
+
+from hardpos import runtime
+from hardpos.benchutil import compare_alternating, format_table
+from hardpos.config import load_config
+
+
+def test_compare_alternating_reports_ratio_of_medians():
+    calls = []
+    row = compare_alternating(lambda: calls.append("fast"), lambda: calls.append("slow"), repeats=4, warmup=1)
+    # warm-up pair, then alternating order so neither path always runs second
+    assert calls == ["fast", "slow", "fast", "slow", "slow", "fast", "fast", "slow", "slow", "fast"]
+    assert row["repeats"] == 4 and row["ratio_min"] <= row["ratio_median"] <= row["ratio_max"]
+
+
+def test_format_table():
+    table = format_table([{"suite": "text", "case": "c", "optimised_s": 0.01, "baseline_s": 0.05, "ratio_median": 5.0, "ratio_min": 4.0, "ratio_max": 6.0}])
+    assert table.splitlines()[-1] == "| text | c | 10.0 ms | 50.0 ms | 5.00x [4.00, 6.00] |"
+
+
+def test_text_suite_quick_checks_equality_and_writes_summary(tmp_path):
+    module = runtime.stage_module("benchmark")
+    cfg = load_config(module.Config, None, [f"output_dir={tmp_path}", "suite=text", "quick=true", "tracking.enabled=false"])
+    summary = runtime.execute("benchmark", cfg, quiet=True)
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    (row,) = on_disk["rows"]
+    assert row["suite"] == "text" and row["max_abs_diff"] < 1e-4
+    assert row["ratio_median"] > 0 and summary["machine"]["cpus"] >= 1
+
+
+def test_unknown_suite_is_a_config_error():
+    from hardpos.config import ConfigError
+
+    module = runtime.stage_module("benchmark")
+    with pytest.raises(ConfigError, match="suite"):
+        load_config(module.Config, None, ["suite=nope"])
