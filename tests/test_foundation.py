@@ -72,12 +72,15 @@ def test_yaml_then_dotted_overrides(tmp_path):
         ("names=abc", "names: expected a list"),
         ("loss=3", "loss: expected a mapping"),
         ("justakey", "not of the form dotted.key=value"),
+        ("--stepz", "unknown config key(s) 'stepz'"),
         ("tracking.enabled=maybe", "tracking.enabled: expected true or false"),
     ],
 )
 def test_bad_overrides_name_the_key(override, message):
+    from hardpos.cli import parse_args
+
     with pytest.raises(ConfigError) as info:
-        load_config(_Cfg, None, [override])
+        load_config(_Cfg, None, parse_args([override])[1])
     assert message in str(info.value)
 
 

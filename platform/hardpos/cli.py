@@ -20,6 +20,7 @@ stages: {', '.join(STAGES)}
 
   --config FILE     YAML file with any subset of the stage's config keys
   key=value         override one key (dotted for sections), value parsed as YAML
+  --flag            shorthand for flag=true (boolean keys, e.g. demo --full)
   --print-config    print the resolved config as YAML and exit
   --help            list the stage's config keys with their types and defaults
 """
@@ -63,6 +64,8 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[str], bool, bool]:
             config_file = arg.split("=", 1)[1]
         elif arg.startswith("--") and "=" in arg:
             overrides.append(arg[2:])  # tolerate --key=value
+        elif arg.startswith("--") and len(arg) > 2:
+            overrides.append(f"{arg[2:].replace('-', '_')}=true")  # --full -> full=true (bool keys)
         elif arg.startswith("-"):
             raise ConfigError(f"unknown option {arg!r}")
         else:
