@@ -89,3 +89,60 @@ def test_caption_batches_in_length_order_equal_one_by_one(lm):
     with torch.no_grad():
         single = torch.cat([lm.model.encode_text(lm.tokenizer([c]), normalize=True) for c in caps])
     torch.testing.assert_close(batched, single, atol=1e-5, rtol=0)
+
+
+def _world(tmp_path):
+    """A stand-in synthetic world folder: <world>/benchmark/{replace_attribute,replace_relation,swap}.parquet."""
+    world = tmp_path / "world"
+    for k, stem in enumerate(("replace_attribute", "replace_relation", "swap")):
+        write_triplets(world / "benchmark", triplet_rows(6 + k, seed=10 + k, image_dir="img"), name=f"{stem}.parquet")
+    return world
+
+
+def test_evaluate_stage_writes_recomputable_outputs_and_mlflow(tmp_path, tracking_uri):
+    import json
+
+    import mlflow
+
+    from hardpos.config import load_config
+    from hardpos.eval.report import recompute_metrics
+    from hardpos.runtime import execute
+    from hardpos.stages import evaluate as stage
+
+    world = _world(tmp_path)
+    rows = triplet_rows(5, seed=4)
+    rows[0] = {**rows[0], "image": "images/gone.png"}
+    custom = write_triplets(tmp_path / "custom", rows)
+    (tmp_path / "custom" / "images" / "gone.png").unlink()
+    cfg = load_config(stage.Config, None, [f"output_dir={tmp_path / 'out'}", f"world={world}", "device=cpu",
+                                           f"benchmarks=[{{name: custom, kind: triplets, path: {custom}}}]", "batch_size=4"])
+    summary = execute("evaluate", cfg, quiet=True)
+    out = tmp_path / "out"
+    on_disk = json.loads((out / "summary.json").read_text())
+    m = on_disk["metrics"]
+    for name in ("world_replace_attribute", "world_replace_relation", "world_swap", "custom"):
+        for key in ("orig_acc", "aug_acc", "brittleness", "aug_drop", "mean_s_c", "mean_s_n", "mean_s_p"):
+            assert f"{name}/{key}" in m
+    assert m["world_swap/n_items"] == 8 and m["custom/n_items"] == 4 and m["custom/n_missing_images"] == 1
+    assert on_disk["benchmarks"]["custom"]["n_excluded_items"] == 1
+    # the per-item file recomputes to the summary's numbers
+    again = recompute_metrics(str(out / "scores.parquet"))
+    for key, value in again.items():
+        assert m[key] == pytest.approx(value, abs=1e-12), key
+    assert set(again) == {k for k in m if not k.endswith(("n_missing_images", "n_excluded_items"))}
+    report = (out / "report.md").read_text()
+    assert "world_swap brittle" in report and "gone.png" in report
+    run = mlflow.get_run(summary["mlflow_run_id"])
+    assert run.data.metrics["world_swap/aug_acc"] == pytest.approx(m["world_swap/aug_acc"])
+    assert run.info.status == "FINISHED"
+
+
+def test_evaluate_stage_config_errors(tmp_path):
+    from hardpos.cli import main
+
+    assert main(["evaluate", f"output_dir={tmp_path}", "tracking.enabled=false"]) == 2  # nothing to evaluate
+    assert main(["evaluate", f"output_dir={tmp_path}", "tracking.enabled=false", f"world={tmp_path / 'nope'}"]) == 2
+    bad = tmp_path / "b.jsonl"
+    bad.write_text("not json\n")
+    assert main(["evaluate", f"output_dir={tmp_path}", "tracking.enabled=false", "device=cpu",
+                 f"benchmarks=[{{name: b, path: {bad}}}]"]) == 2

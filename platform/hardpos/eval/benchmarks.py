@@ -21,9 +21,11 @@ Formats (``BenchmarkSpec.kind``):
                  positives; subsets are the categories, figures their unweighted mean.
 * ``triplets``   a triplet file (DESIGN section 3; parquet or jsonl): ``image, caption,
                  hard_negative, hard_positive`` (+ optional ``kind`` used as the subset,
-                 optional ``bbox`` ``[x, y, w, h]``). Rows without a hard negative cannot
-                 be scored and are rejected (listed, with a reason); a null positive is
-                 allowed (that item counts for orig_acc only).
+                 optional ``bbox`` ``[x, y, w, h]``), read by
+                 :func:`hardpos.data.triplets.read_triplets`. Item ids are row numbers.
+                 Rows without a hard negative cannot be scored and are rejected (listed,
+                 with a reason); a null positive is allowed (the item counts for
+                 orig_acc and the s_c/s_n means only).
 
 Relative image paths resolve against ``spec.image_root`` or, when that is None, the
 benchmark file's folder (``<path>`` for folder kinds).
@@ -31,8 +33,6 @@ benchmark file's folder (``<path>`` for folder kinds).
 from __future__ import annotations
 
 import dataclasses
-import io
-import json
 import posixpath
 from pathlib import PurePosixPath
 from typing import Any, Literal
@@ -193,33 +193,23 @@ def load_sugarcrepe(spec: BenchmarkSpec) -> Benchmark:
 
 # --------------------------------------------------------------------------- triplet files
 def read_triplet_rows(uri: str) -> list[dict[str, Any]]:
-    """Rows of a parquet or jsonl triplet file (local or s3://)."""
-    if not storage.exists(uri):
-        raise BenchmarkError(f"triplet file not found: {uri}")
-    if uri.endswith(".parquet"):
-        import pyarrow.parquet as pq
+    """Rows of a parquet or jsonl triplet file (local or s3://), read by the platform's one
+    triplet reader (:func:`hardpos.data.triplets.read_triplets`)."""
+    from hardpos.data.triplets import TripletFileError, read_triplets
 
-        return pq.read_table(io.BytesIO(storage.read_bytes(uri))).to_pylist()
-    if uri.endswith((".jsonl", ".json")):
-        rows = []
-        for n, line in enumerate(storage.read_text(uri).splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise BenchmarkError(f"{uri} line {n}: not valid JSON: {exc}") from exc
-        return rows
-    raise BenchmarkError(f"{uri}: triplet files must end in .parquet or .jsonl")
+    try:
+        return read_triplets(uri)
+    except TripletFileError as exc:
+        raise BenchmarkError(str(exc)) from exc
 
 
 def load_triplets(spec: BenchmarkSpec) -> Benchmark:
+    from hardpos.data.triplets import resolve_image as resolve_triplet_image
+
     rows = read_triplet_rows(spec.path)
     base = spec.path.rsplit("/", 1)[0] if "/" in spec.path else "."
-    root = _root(spec, base)
     items, rejected = [], []
     for i, row in enumerate(rows):
-        if not isinstance(row, dict) or not all(k in row for k in ("image", "caption", "hard_negative")):
-            raise BenchmarkError(f"{spec.path} row {i}: a triplet row needs image, caption, hard_negative")
         reason = None
         if not row.get("image"):
             reason = "no_image"
@@ -232,7 +222,7 @@ def load_triplets(spec: BenchmarkSpec) -> Benchmark:
             continue
         bbox = row.get("bbox")
         crop = tuple(float(v) for v in bbox) if bbox else None
-        items.append(Item(str(row.get("item_id", i)), str(row.get("kind") or "all"), resolve_image(row["image"], root),
+        items.append(Item(str(i), str(row.get("kind") or "all"), resolve_triplet_image(row["image"], base, spec.image_root),
                           row["caption"], row["hard_negative"], row.get("hard_positive") or None, crop))  # type: ignore[arg-type]
     has_pos = any(it.positive is not None for it in items)
     return Benchmark(spec.name, "triplets", _limit(items, spec.limit), has_positives=has_pos, rejected=rejected)

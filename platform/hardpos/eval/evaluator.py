@@ -27,6 +27,7 @@ import concurrent.futures as cf
 import contextlib
 import dataclasses
 import io
+import json
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -98,7 +99,7 @@ class EvalReport:
             cols["s_p"] += [None if np.isnan(v) else v for v in r.s_p.tolist()]
         schema = pa.schema([("item_id", pa.string()), ("benchmark", pa.string()), ("subset", pa.string()),
                             ("s_c", pa.float64()), ("s_n", pa.float64()), ("s_p", pa.float64())],
-                           metadata={b"hardpos.aggregate": repr({r.name: r.aggregate for r in self.results}).encode()})
+                           metadata={b"hardpos.aggregate": json.dumps({r.name: r.aggregate for r in self.results}).encode()})
         return pa.table(cols, schema=schema)
 
 

@@ -1,0 +1,142 @@
+"""Evaluation outputs a researcher can reuse: per-item scores, Markdown tables, recomputation.
+
+* ``scores.parquet``  one row per scored item: item_id, benchmark, subset, s_c, s_n, s_p
+  (s_p null without a hard positive); the schema metadata records how each benchmark
+  combines its subsets, so :func:`recompute_metrics` gives back the summary's figures.
+* ``report.md``       the paper's Table 1 layout (orig / aug per benchmark, then
+  brittleness), mean scores (Table 2/9), per-subset and SugarCrepe per-category tables,
+  retention, and the list of missing/corrupt images. Figures are percentages (x100).
+* ``missing_images.json`` every image that could not be read, with the error and the
+  number of items excluded because of it; ``rejected_rows.json`` annotation rows that
+  could not become items.
+"""
+from __future__ import annotations
+
+import io
+import json
+from typing import Any, Mapping
+
+from hardpos.eval.evaluator import EvalReport, benchmark_metrics
+
+SCORES_FILE = "scores.parquet"
+REPORT_FILE = "report.md"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def markdown_report(report: EvalReport, model_name: str = "model", retention: Mapping[str, float] | None = None) -> str:
+    """The Markdown report (tables in the paper's layout; values in percent)."""
+    m = report.metrics
+    pos = [r for r in report.results if any(f"{r.name}/aug_acc" == k for k in m)]
+    neg_only = [r for r in report.results if r not in pos]
+    parts = [f"# Evaluation: {model_name}", ""]
+    if pos:
+        header = ["model"]
+        row = [model_name]
+        for r in pos:
+            header += [f"{r.name} orig", f"{r.name} aug"]
+            row += [_pct(m.get(f"{r.name}/orig_acc")), _pct(m.get(f"{r.name}/aug_acc"))]
+        for r in pos:
+            header.append(f"{r.name} brittle")
+            row.append(_pct(m.get(f"{r.name}/brittleness")))
+        parts += ["## Original / augmented accuracy and brittleness (%, Table 1 layout)", "",
+                  "Chance: 50 / 33.3 / 33.3. aug = caption and hard positive both beat the hard negative; "
+                  "brittle = the hard negative lies strictly between them.", "", _table(header, [row]), ""]
+        rows = [[r.name, _num(m.get(f"{r.name}/mean_s_c")), _num(m.get(f"{r.name}/mean_s_n")),
+                 _num(m.get(f"{r.name}/mean_s_p")), _pct(m.get(f"{r.name}/aug_drop")), str(int(m.get(f"{r.name}/n_items", 0)))]
+                for r in pos]
+        parts += ["## Mean cosine scores", "", _table(["benchmark", "mean s_c", "mean s_n", "mean s_p", "aug - orig (pts)", "items"], rows), ""]
+    sub_rows = []
+    for r in report.results:
+        for sub in dict.fromkeys(r.subsets):
+            key = f"{r.name}/{sub}"
+            if f"{key}/orig_acc" in m:
+                sub_rows.append([r.name, sub, _pct(m.get(f"{key}/orig_acc")), _pct(m.get(f"{key}/aug_acc")),
+                                 _pct(m.get(f"{key}/brittleness")), _num(m.get(f"{key}/mean_s_c")), _num(m.get(f"{key}/mean_s_n")),
+                                 _num(m.get(f"{key}/mean_s_p")), str(int(m[f"{key}/n_items"]))])
+    if sub_rows:
+        parts += ["## Per subset / category", "",
+                  _table(["benchmark", "subset", "orig", "aug", "brittle", "mean s_c", "mean s_n", "mean s_p", "items"], sub_rows), ""]
+    if neg_only:
+        rows = [[r.name, _pct(m.get(f"{r.name}/orig_acc")), str(int(m.get(f"{r.name}/n_items", 0)))] for r in neg_only]
+        parts += ["## Benchmarks without hard positives (original accuracy, %)", "", _table(["benchmark", "orig", "items"], rows), ""]
+    if retention:
+        rows = [[k, _pct(v) if not k.endswith(("n_images", "n_classes", "n_captions")) else str(int(v))] for k, v in sorted(retention.items())]
+        parts += ["## Retention (zero-shot classification, retrieval; %)", "", _table(["metric", "value"], rows), ""]
+    missing = [(r.name, mi) for r in report.results for mi in r.missing_images]
+    parts += ["## Missing or corrupt images", ""]
+    if missing:
+        parts.append(f"{len(missing)} image(s) could not be read; their items are excluded from every figure above.")
+        parts.append("")
+        for name, mi in missing[:50]:
+            parts.append(f"- `{name}`: `{mi['image']}` ({mi['error']}; {mi['n_items']} item(s))")
+        if len(missing) > 50:
+            parts.append(f"- ... {len(missing) - 50} more in missing_images.json")
+    else:
+        parts.append("None: every item was scored.")
+    parts.append("")
+    return "\n".join(parts)
+
+
+def write_scores(report: EvalReport, uri: str) -> str:
+    """Per-item scores as parquet (local or s3://)."""
+    import pyarrow.parquet as pq
+
+    from hardpos import storage
+
+    buf = io.BytesIO()
+    pq.write_table(report.scores_table(), buf)
+    return storage.write_bytes(uri, buf.getvalue())
+
+
+def recompute_metrics(scores: Any) -> dict[str, float]:
+    """Every benchmark's figures from a per-item scores file (path/URI) or pyarrow Table,
+    using the same pure function as the evaluator; equals the summary's metrics (minus
+    the missing-image counts, which the per-item file cannot know)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from hardpos import storage
+
+    if isinstance(scores, str):
+        scores = pq.read_table(io.BytesIO(storage.read_bytes(scores)))
+    meta = json.loads((scores.schema.metadata or {}).get(b"hardpos.aggregate", b"{}"))
+    cols = scores.to_pydict()
+    out: dict[str, float] = {}
+    bench = np.asarray(cols["benchmark"], dtype=object)
+    for name in dict.fromkeys(cols["benchmark"]):
+        sel = bench == name
+        s_p = np.array([np.nan if v is None else v for v in np.asarray(cols["s_p"], dtype=object)[sel]], dtype=np.float64)
+        out.update(benchmark_metrics(name, np.asarray(cols["subset"], dtype=object)[sel].tolist(),
+                                     np.asarray(cols["s_c"])[sel], np.asarray(cols["s_n"])[sel], s_p,
+                                     meta.get(name, "pooled")))
+    return out
+
+
+def write_outputs(report: EvalReport, output_dir: str, *, model_name: str = "model",
+                  retention: Mapping[str, float] | None = None) -> dict[str, str]:
+    """Write scores.parquet, report.md, missing_images.json, rejected_rows.json under
+    ``output_dir`` (local or s3://); returns ``{kind: uri}``."""
+    from hardpos import storage
+
+    paths = {
+        "scores": write_scores(report, storage.join(output_dir, SCORES_FILE)),
+        "report": storage.write_text(storage.join(output_dir, REPORT_FILE), markdown_report(report, model_name, retention)),
+        "missing_images": storage.write_json(storage.join(output_dir, "missing_images.json"),
+                                             {r.name: r.missing_images for r in report.results}),
+        "rejected_rows": storage.write_json(storage.join(output_dir, "rejected_rows.json"),
+                                            {r.name: r.rejected_rows for r in report.results}),
+    }
+    return paths

@@ -1,0 +1,184 @@
+"""Evaluate any loadable model on REPLACE / SWAP / SugarCrepe / synthetic / custom triplet
+benchmarks (the paper's exact metrics) and optional zero-shot retention; writes
+summary.json, scores.parquet (per item), report.md (paper Table 1 layout),
+missing_images.json and logs every figure to MLflow under stable names
+(``replace/aug_acc``, ``swap/brittleness``, ``zeroshot/<name>/top1`` ...).
+
+Example:
+    python jobs/evaluate.py model.pretrained=outputs/train/checkpoint \\
+        world=outputs/world output_dir=outputs/eval
+    python jobs/evaluate.py --config jobs/configs/evaluate_paper.yaml \\
+        'benchmarks=[{name: replace, kind: replace, path: ../shared/data/hard_positives, image_root: /data/vg}]'
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Literal
+
+from hardpos.config import ConfigError, JobConfig, TrackingConfig
+from hardpos.eval.distributed import RayDataConfig
+from hardpos.eval.retention import RetrievalSpec, ZeroShotSpec
+from hardpos.eval.spec import BenchmarkSpec
+from hardpos.model import ModelConfig
+from hardpos.runtime import JobContext
+
+log = logging.getLogger(__name__)
+
+WORLD_BENCHMARKS = (("world_replace_attribute", "replace_attribute"), ("world_replace_relation", "replace_relation"),
+                    ("world_swap", "swap"))
+
+
+@dataclasses.dataclass
+class RetentionConfig:
+    """Zero-shot retention checks (empty: none).
+
+    zeroshot: ImageFolder classification datasets (name, root, classnames, templates, limit).
+    retrieval: image-text retrieval datasets (name, captions, image_root, limit).
+    """
+
+    zeroshot: list[ZeroShotSpec] = dataclasses.field(default_factory=list)
+    retrieval: list[RetrievalSpec] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Config(JobConfig):
+    """Evaluation job.
+
+    model: which model (arch + pretrained: open_clip tag, checkpoint path, s3://, models:/, runs:/).
+    model_name: label of the model in report.md (None: the pretrained source or "random <arch>").
+    benchmarks: list of {name, kind: replace|swap|sugarcrepe|triplets, path, image_root, limit}.
+    world: a synthetic world folder; adds world_replace_attribute, world_replace_relation and
+        world_swap from <world>/benchmark/*.parquet (files that are absent are an error).
+    device: "auto" (CUDA when available), "cpu", "cuda", "cuda:1" ...
+    batch_size: images / captions per forward pass.
+    num_threads: image decoding threads (local engine).
+    engine: "local" (this process) or "ray_data" (image encoding as Ray Data map_batches over
+        model actors; see ray_data).
+    ray_data: actors for engine=ray_data (concurrency, batch_size, num_cpus, num_gpus).
+    retention: zero-shot classification / retrieval datasets.
+    max_missing_fraction: fail the job when more than this fraction of a benchmark's items
+        had to be excluded for missing/corrupt images (1.0: never fail, only report).
+    """
+
+    output_dir: str = "outputs/evaluate"
+    tracking: TrackingConfig = dataclasses.field(default_factory=lambda: TrackingConfig(experiment="hardpos-evaluate"))
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    model_name: str | None = None
+    benchmarks: list[BenchmarkSpec] = dataclasses.field(default_factory=list)
+    world: str | None = None
+    device: str = "auto"
+    batch_size: int = 256
+    num_threads: int = 4
+    engine: Literal["local", "ray_data"] = "local"
+    ray_data: RayDataConfig = dataclasses.field(default_factory=RayDataConfig)
+    retention: RetentionConfig = dataclasses.field(default_factory=RetentionConfig)
+    max_missing_fraction: float = 1.0
+
+
+def resolve_specs(cfg: Config) -> list[BenchmarkSpec]:
+    """The configured benchmarks plus the world's; validated before any model is built."""
+    from hardpos import storage
+
+    specs = list(cfg.benchmarks)
+    if cfg.world:
+        for name, stem in WORLD_BENCHMARKS:
+            path = storage.join(cfg.world, "benchmark", f"{stem}.parquet")
+            if not storage.exists(path):
+                raise ConfigError(f"world={cfg.world}: benchmark file {path} is missing (run the world stage first)")
+            specs.append(BenchmarkSpec(name=name, kind="triplets", path=path))
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"benchmarks: names must be unique (they prefix the metrics), got {names}")
+    for s in specs:
+        if not s.name or "/" in s.name:
+            raise ConfigError(f"benchmarks: name {s.name!r} must be non-empty and contain no '/'")
+        if not s.path:
+            raise ConfigError(f"benchmarks.{s.name}: path is required")
+    if not specs and not cfg.retention.zeroshot and not cfg.retention.retrieval:
+        raise ConfigError("nothing to evaluate: give benchmarks=[...], world=... or retention datasets")
+    if cfg.batch_size < 1 or cfg.num_threads < 1:
+        raise ConfigError("batch_size and num_threads must be >= 1")
+    if not 0.0 <= cfg.max_missing_fraction <= 1.0:
+        raise ConfigError("max_missing_fraction must be in [0, 1]")
+    return specs
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def run(cfg: Config, ctx: JobContext) -> dict:
+    import tempfile
+    import time
+
+    import torch
+
+    from hardpos.eval import report as R
+    from hardpos.eval.benchmarks import BenchmarkError
+    from hardpos.eval.evaluator import evaluate_benchmarks
+    from hardpos.eval.retention import retrieval, zero_shot
+    from hardpos.model import load_model
+
+    specs = resolve_specs(cfg)
+    device = resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)  # random-weight models are reproducible from the seed
+    lm = load_model(cfg.model, device=device)
+    model_name = cfg.model_name or (cfg.model.pretrained or f"random {lm.arch}")
+
+    image_encoder = None
+    if cfg.engine == "ray_data":
+        from hardpos.eval.distributed import ray_image_encoder
+        from hardpos.runtime import init_ray
+
+        init_ray(cfg.ray)
+        image_encoder = ray_image_encoder(lm.model, lm.arch, lm.model_cfg, cfg.ray_data, device=cfg.device)
+
+    started = time.time()
+    try:
+        report = evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, specs, device=device,
+                                     batch_size=cfg.batch_size, num_threads=cfg.num_threads, image_encoder=image_encoder)
+    except BenchmarkError as exc:
+        raise ConfigError(str(exc)) from exc
+    bench_s = time.time() - started
+
+    retention: dict[str, float] = {}
+    for zs in cfg.retention.zeroshot:
+        retention.update(zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, zs, device=device,
+                                   batch_size=cfg.batch_size, num_threads=cfg.num_threads))
+    for rs in cfg.retention.retrieval:
+        retention.update(retrieval(lm.model, lm.preprocess_val, lm.tokenizer, rs, device=device,
+                                   batch_size=cfg.batch_size, num_threads=cfg.num_threads))
+
+    metrics = {**report.metrics, **retention}
+    paths = R.write_outputs(report, ctx.output_dir, model_name=model_name, retention=retention)
+    ctx.log_metrics(metrics)
+    if ctx.run is not None:
+        with tempfile.TemporaryDirectory() as tmp:  # artifacts from local copies (output_dir may be s3://)
+            from pathlib import Path
+
+            from hardpos import storage
+
+            for uri in paths.values():
+                local = Path(tmp) / uri.rsplit("/", 1)[-1]
+                local.write_bytes(storage.read_bytes(uri))
+                ctx.log_artifact(local)
+
+    benchmarks = {}
+    for r in report.results:
+        n_total = len(r.item_ids) + len(r.excluded_items)
+        benchmarks[r.name] = {
+            "kind": r.kind, "aggregate": r.aggregate, "n_items": len(r.item_ids), "n_excluded_items": len(r.excluded_items),
+            "n_missing_images": len(r.missing_images), "n_rejected_rows": len(r.rejected_rows),
+            "n_distinct_images": r.n_distinct_images, "n_distinct_captions": r.n_distinct_captions,
+        }
+        if n_total and len(r.excluded_items) / n_total > cfg.max_missing_fraction:
+            raise RuntimeError(f"{r.name}: {len(r.excluded_items)} of {n_total} items lost their image "
+                               f"(> max_missing_fraction={cfg.max_missing_fraction}); see {paths['missing_images']}")
+    print(R.markdown_report(report, model_name, retention).split("## Missing")[0])
+    return {"model": model_name, "device": device, "engine": cfg.engine, "benchmark_seconds": round(bench_s, 3),
+            "metrics": metrics, "benchmarks": benchmarks, "files": paths}
