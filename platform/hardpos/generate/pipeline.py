@@ -1,0 +1,529 @@
+"""The generate pipeline: captions -> prompts -> engine -> validator -> sharded, resumable output.
+
+Flow (one code path for every engine)::
+
+    read_captions(input)                         driver: rows + dataset negatives + images
+      -> plan(): shards of ``shard_size`` captions in input order; one request per
+         (caption, applicable prompt kind); bad input rows become rejects right here
+      -> ray.data.from_items(requests of the shards not yet done)
+      -> engines.apply_engine()                  Ray Data: rules / http / vllm
+      -> map_batches(judge_batch)                Ray Data: hardpos.data.validate on every row
+      -> driver collects rows per shard; a complete shard is written atomically
+         (accepted / rejects / triplets parquet, then the ``.done.json`` marker)
+      -> when every shard is done: merged accepted.parquet, rejects.parquet,
+         triplets.parquet (the training input) and samples.json
+
+Resume: a shard is finished iff its ``.done.json`` exists; a rerun with the same
+output_dir (and the same input/prompts/engine, checked against ``manifest.json``) skips
+finished shards and redoes unfinished ones from scratch, so no row is lost or written
+twice. Conservation ``inputs == accepted + rejected`` is checked per shard and overall.
+"""
+from __future__ import annotations
+
+import ast
+import collections
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, Iterable
+
+from hardpos import storage
+from hardpos.config import ConfigError
+from hardpos.generate import engines
+from hardpos.generate.prompts import PromptTemplate, fingerprint
+
+RESULT_COLUMNS = engines.REQUEST_COLUMNS + engines.ENGINE_COLUMNS + ("status", "reason", "detail", "text")
+ACCEPTED_COLUMNS = ("request_id", "shard", "caption_id", "caption", "kind", "polarity", "text", "raw_output", "source",
+                    "prompt_tokens", "completion_tokens")
+REJECT_COLUMNS = ("request_id", "shard", "caption_id", "caption", "kind", "polarity", "reason", "detail", "raw_output",
+                  "source")
+INPUT_KIND = "input"  # kind of rejects for input rows that never reach an engine
+MANIFEST_KEYS = ("input_fingerprint", "num_captions", "shard_size", "prompts_fingerprint", "engine", "model", "seed")
+
+
+# --------------------------------------------------------------------------- inputs
+def input_fingerprint(captions: list[dict]) -> str:
+    h = hashlib.sha256()
+    for row in captions:
+        h.update(f"{row['caption_id']}\x00{row['caption']}\x01".encode("utf-8", errors="replace"))
+    return h.hexdigest()[:16]
+
+
+def dataset_negatives(uri: str, n: int) -> list[list[str]] | None:
+    """Hard negatives the source itself carries, aligned with ``read_captions`` row order.
+
+    NegCLIP tsv ``neg_caption`` (a Python list literal), SugarCrepe ``negative_caption``,
+    triplet files' ``hard_negative``. None when the source has none (or rows do not align).
+    """
+    low = uri.lower()
+    out: list[list[str]] | None = None
+    try:
+        if low.endswith((".tsv", ".csv")):
+            import csv
+
+            text = storage.read_bytes(uri).decode("utf-8-sig")
+            reader = csv.DictReader(io.StringIO(text), delimiter="\t" if low.endswith(".tsv") else ",")
+            if "neg_caption" not in (reader.fieldnames or []):
+                return None
+            out = [_as_list(r.get("neg_caption")) for r in reader if any(v for v in r.values())]
+        elif low.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(io.BytesIO(storage.read_bytes(uri)))
+            if "hard_negative" not in table.column_names:
+                return None
+            out = [_as_list(v) for v in table.column("hard_negative").to_pylist()]
+        elif low.endswith(".jsonl"):
+            recs = [json.loads(line) for line in storage.read_text(uri).splitlines() if line.strip()]
+            if not any(isinstance(r, dict) and r.get("hard_negative") for r in recs):
+                return None
+            out = [_as_list(r.get("hard_negative")) for r in recs]
+        elif low.endswith(".json"):
+            obj = json.loads(storage.read_text(uri))
+            if isinstance(obj, dict) and obj and all(isinstance(v, dict) for v in list(obj.values())[:50]) \
+                    and any("negative_caption" in v for v in list(obj.values())[:50]):
+                out = [_as_list(v.get("negative_caption")) for v in obj.values()]
+            else:
+                return None
+    except Exception:  # noqa: BLE001 - negatives are optional; read_captions already vetted the file
+        return None
+    if out is None or len(out) != n:
+        return None
+    return out
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [v.strip() for v in value if isinstance(v, str) and v.strip()]
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                parsed = ast.literal_eval(text)
+                return _as_list(parsed if isinstance(parsed, (list, tuple)) else [])
+            except (ValueError, SyntaxError):
+                return [text]
+        return [text] if text else []
+    return []
+
+
+def load_inputs(uri: str, *, limit: int | None = None, image_root: str | None = None) -> list[dict]:
+    """Caption rows for the pipeline: ``index, caption_id, caption, image, negatives``.
+
+    Raises :class:`hardpos.data.captions.CaptionSourceError` (a missing file, no caption
+    column, non-UTF-8 text) before any work starts. Relative image paths are resolved
+    against ``image_root`` or the input file's folder, so the output's images resolve
+    wherever the output lives.
+    """
+    from hardpos.data.captions import read_captions
+    from hardpos.data.triplets import resolve_image
+
+    rows = read_captions(uri, limit=None)
+    negatives = dataset_negatives(uri, len(rows))
+    if limit is not None:
+        rows = rows[:limit]
+    base_dir = uri.rsplit("/", 1)[0] if storage.is_s3(uri) else os.path.dirname(os.path.abspath(uri))
+    out = []
+    for i, row in enumerate(rows):
+        image = row.get("image")
+        if image:
+            image = resolve_image(image, base_dir, image_root)
+        out.append({"index": i, "caption_id": str(row["caption_id"]), "caption": row["caption"], "image": image,
+                    "negatives": negatives[i] if negatives else []})
+    return out
+
+
+def dataset_name(uri: str) -> str:
+    name = uri.rstrip("/").rsplit("/", 1)[-1]
+    for ext in (".parquet", ".jsonl", ".json", ".tsv", ".csv"):
+        if name.lower().endswith(ext):
+            return name[: -len(ext)]
+    return name
+
+
+# --------------------------------------------------------------------------- planning
+@dataclasses.dataclass
+class Shard:
+    index: int
+    captions: list[dict]
+    requests: list[dict]
+    input_rejects: list[dict]
+
+    @property
+    def inputs(self) -> int:
+        return len(self.requests) + len(self.input_rejects)
+
+
+def _input_problem(caption: Any) -> tuple[str, str] | None:
+    if not isinstance(caption, str):
+        return "non_text", f"caption is {type(caption).__name__}, not text"
+    if not caption.strip():
+        return "empty", "input caption is empty"
+    if "\ufffd" in caption or any(ord(ch) < 32 and ch not in "\t\n\r" for ch in caption):
+        return "non_text", "input caption holds undecodable or control characters"
+    return None
+
+
+def reject_row(base: dict, kind: str, polarity: str, reason: str, detail: str, source: str) -> dict:
+    return {"request_id": f"{base['index']}:{kind}", "shard": base["shard"], "caption_id": base["caption_id"],
+            "caption": base["caption"] if isinstance(base["caption"], str) else repr(base["caption"]),
+            "kind": kind, "polarity": polarity, "raw_output": None, "engine_error": None, "engine_detail": None,
+            "prompt_tokens": 0, "completion_tokens": 0, "source": source, "status": "rejected", "reason": reason,
+            "detail": detail, "text": None}
+
+
+def plan(captions: list[dict], templates: list[PromptTemplate], shard_size: int, source: str) -> list[Shard]:
+    """Split captions into shards (input order) and expand them into requests. Pure.
+
+    Each caption gets one request per template whose ``when`` matches (the paper: REPLACE
+    for all, SWAP for captions with "and" and < 15 words). Input rows with no usable
+    caption, or no applicable prompt, become rejects of kind "input" here.
+    """
+    if shard_size < 1:
+        raise ConfigError(f"shard_size must be >= 1, got {shard_size}")
+    shards = []
+    for s, start in enumerate(range(0, len(captions), shard_size)):
+        chunk = captions[start:start + shard_size]
+        requests, rejects = [], []
+        for row in chunk:
+            row = {**row, "shard": s}
+            problem = _input_problem(row["caption"])
+            if problem:
+                rejects.append(reject_row(row, INPUT_KIND, "positive", problem[0], problem[1], source))
+                continue
+            kinds = [t for t in templates if t.applies(row["caption"])]
+            if not kinds:
+                rejects.append(reject_row(row, INPUT_KIND, "positive", "no_prompt", "no prompt applies", source))
+            for t in kinds:
+                requests.append({"request_id": f"{row['index']}:{t.kind}", "shard": s, "caption_id": row["caption_id"],
+                                 "caption": row["caption"], "kind": t.kind, "polarity": t.polarity})
+        shards.append(Shard(s, chunk, requests, rejects))
+    return shards
+
+
+# --------------------------------------------------------------------------- validation
+def judge(row: dict) -> dict:
+    """Engine row -> result row: the validator's verdict (or the engine error) as status/reason."""
+    from hardpos.data.validate import validate
+
+    out = dict(row)
+    if row.get("engine_error"):
+        out.update(status="rejected", reason=row["engine_error"], detail=row.get("engine_detail"), text=None)
+        return out
+    verdict = validate(row["caption"], row.get("raw_output"), row["kind"])
+    if verdict.accepted:
+        out.update(status="accepted", reason=None, detail=None, text=verdict.text)
+    else:
+        out.update(status="rejected", reason=verdict.reason, detail=None, text=None)
+    return out
+
+
+def result_schema():
+    import pyarrow as pa
+
+    schema = engines.engine_schema()
+    for name in ("status", "reason", "detail", "text"):
+        schema = schema.append(pa.field(name, pa.string()))
+    return schema
+
+
+def judge_batch(batch):
+    """``map_batches`` form of :func:`judge` (pyarrow in, pyarrow out, fixed schema)."""
+    import pyarrow as pa
+
+    rows = [judge({c: r.get(c) for c in engines.REQUEST_COLUMNS + engines.ENGINE_COLUMNS}) for r in batch.to_pylist()]
+    return pa.Table.from_pylist(rows, schema=result_schema())
+
+
+# --------------------------------------------------------------------------- join
+class NegativePicker:
+    """The hard negative for a (caption, kind): dataset > LLM > rules under mode "auto"."""
+
+    def __init__(self, mode: str, seed: int, dataset: str, lexicon: str | None = None):
+        self.mode, self.seed, self.dataset, self.lexicon = mode, seed, dataset, lexicon
+        self._rules = None
+
+    def _rule(self, caption: str, caption_id: str, kind: str) -> str | None:
+        from hardpos.data.perturb import RulePerturber
+
+        if self._rules is None:
+            self._rules = RulePerturber(seed=self.seed, **({"lexicon": self.lexicon} if self.lexicon else {}))
+        base = kind.split("_")[0]
+        try:
+            p = self._rules.pick(caption, "negative", base) or self._rules.pick(caption, "negative")
+        except Exception:  # noqa: BLE001 - a caption the rules cannot parse has no rule negative
+            return None
+        return p.text if p is not None else None
+
+    def pick(self, cap: dict, kind: str, llm_negatives: dict[str, str]) -> tuple[str | None, str | None]:
+        """(negative text, its source) or (None, None)."""
+        if self.mode == "none":
+            return None, None
+        base = kind.split("_")[0]
+        if self.mode in ("auto", "dataset") and cap["negatives"]:
+            i = engines.row_seed(self.seed, cap["caption_id"], "negative") % len(cap["negatives"])
+            return cap["negatives"][i], f"dataset:{self.dataset}"
+        if self.mode in ("auto", "llm"):
+            text = llm_negatives.get(f"{base}_negative") or next(iter(llm_negatives.values()), None)
+            if text:
+                return text, llm_negatives.get("__source__")
+        if self.mode in ("auto", "rules"):
+            text = self._rule(cap["caption"], cap["caption_id"], base)
+            if text:
+                return text, "rule"
+        return None, None
+
+
+def join_triplets(captions: list[dict], accepted: list[dict], picker: NegativePicker,
+                  keep_unmatched: bool = True) -> list[dict]:
+    """Training triplets for one shard: one row per accepted hard positive, with a hard
+    negative from the dataset, an accepted LLM negative or the rule engine (see
+    :class:`NegativePicker`). Captions without a positive keep one row (positive null)
+    when ``keep_unmatched``, so hard-negative-only training sees them too."""
+    from hardpos.data.triplets import make_triplet
+
+    by_caption: dict[str, list[dict]] = collections.defaultdict(list)
+    for row in accepted:
+        by_caption[row["request_id"].split(":", 1)[0]].append(row)
+    out = []
+    for cap in captions:
+        rows = by_caption.get(str(cap["index"]), [])
+        positives = [r for r in rows if r["polarity"] == "positive"]
+        llm_neg = {r["kind"]: r["text"] for r in rows if r["polarity"] == "negative"}
+        if llm_neg:
+            llm_neg["__source__"] = next(r["source"] for r in rows if r["polarity"] == "negative")
+        common = {"image": cap["image"], "caption": cap["caption"], "caption_id": cap["caption_id"]}
+        for p in positives:
+            neg, neg_source = picker.pick(cap, p["kind"], llm_neg)
+            out.append(make_triplet(**common, hard_negative=neg, hard_positive=p["text"], kind=p["kind"],
+                                    source=p["source"], negative_source=neg_source))
+        if not positives and keep_unmatched and isinstance(cap["caption"], str) and cap["caption"].strip():
+            neg, neg_source = picker.pick(cap, "replace", llm_neg)
+            if neg is not None:
+                out.append(make_triplet(**common, hard_negative=neg, hard_positive=None, kind="replace",
+                                        source=neg_source, negative_source=neg_source))
+    return out
+
+
+# --------------------------------------------------------------------------- shard files
+def _parquet_bytes(rows: list[dict], columns: Iterable[str]) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = result_schema()
+    fields = [schema.field(c) for c in columns]
+    table = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows], schema=pa.schema(fields))
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+def shard_path(out_dir: str, index: int, what: str) -> str:
+    return storage.join(out_dir, "shards", f"shard-{index:05d}.{what}")
+
+
+def counts_of(results: list[dict]) -> dict[str, Any]:
+    acc = [r for r in results if r["status"] == "accepted"]
+    rej = [r for r in results if r["status"] != "accepted"]
+    return {
+        "inputs": len(results),
+        "accepted": len(acc),
+        "rejected": len(rej),
+        "accepted_by_kind": dict(collections.Counter(r["kind"] for r in acc)),
+        "rejected_by_kind": dict(collections.Counter(r["kind"] for r in rej)),
+        "rejected_by_reason": dict(collections.Counter(r["reason"] for r in rej)),
+        "rejected_by_kind_reason": dict(collections.Counter(f"{r['kind']}/{r['reason']}" for r in rej)),
+        "prompt_tokens": sum(int(r.get("prompt_tokens") or 0) for r in results),
+        "completion_tokens": sum(int(r.get("completion_tokens") or 0) for r in results),
+    }
+
+
+def write_shard(out_dir: str, shard: Shard, results: list[dict], triplets: list[dict] | None) -> dict:
+    """Write one finished shard; the ``.done.json`` marker goes last (it is the commit)."""
+    from hardpos.data.triplets import write_triplets
+
+    expected = {r["request_id"] for r in shard.requests} | {r["request_id"] for r in shard.input_rejects}
+    got = [r["request_id"] for r in results]
+    if len(got) != len(set(got)) or set(got) != expected:
+        missing, extra = expected - set(got), set(got) - expected
+        raise RuntimeError(f"shard {shard.index}: results do not match its requests exactly "
+                           f"(missing {sorted(missing)[:5]}, unexpected {sorted(extra)[:5]}, "
+                           f"duplicates {len(got) - len(set(got))})")
+    results = sorted(results, key=lambda r: (int(r["request_id"].split(":")[0]), r["request_id"]))
+    accepted = [r for r in results if r["status"] == "accepted"]
+    rejects = [r for r in results if r["status"] != "accepted"]
+    storage.write_bytes(shard_path(out_dir, shard.index, "accepted.parquet"), _parquet_bytes(accepted, ACCEPTED_COLUMNS))
+    storage.write_bytes(shard_path(out_dir, shard.index, "rejects.parquet"), _parquet_bytes(rejects, REJECT_COLUMNS))
+    counts = counts_of(results)
+    counts["captions"] = len(shard.captions)
+    if triplets is not None:
+        write_triplets(triplets, shard_path(out_dir, shard.index, "triplets.parquet")) if triplets else None
+        counts["triplets"] = len(triplets)
+        counts["triplets_with_positive"] = sum(1 for t in triplets if t["hard_positive"] is not None)
+        counts["triplets_with_negative"] = sum(1 for t in triplets if t["hard_negative"] is not None)
+    if counts["inputs"] != counts["accepted"] + counts["rejected"] or counts["inputs"] != shard.inputs:
+        raise RuntimeError(f"shard {shard.index}: conservation violated: {counts}")
+    storage.write_json(shard_path(out_dir, shard.index, "done.json"), counts)
+    return counts
+
+
+def done_shards(out_dir: str) -> set[int]:
+    prefix = storage.join(out_dir, "shards")
+    if not storage.exists(prefix) and not storage.is_s3(out_dir):
+        return set()
+    out = set()
+    for path in storage.list_files(prefix, suffix=".done.json"):
+        name = str(path).rsplit("/", 1)[-1]
+        try:
+            out.add(int(name.split(".")[0].split("-")[1]))
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
+def check_manifest(out_dir: str, manifest: dict) -> None:
+    """Write the manifest on the first run; on reruns refuse to mix different settings."""
+    path = storage.join(out_dir, "manifest.json")
+    if storage.exists(path):
+        old = storage.read_json(path)
+        diff = {k: (old.get(k), manifest.get(k)) for k in MANIFEST_KEYS if old.get(k) != manifest.get(k)}
+        if diff:
+            raise ConfigError(f"{out_dir} holds shards of a run with different settings {diff}; resume needs the "
+                              "same input, shard_size, prompts, engine, model and seed: use a new output_dir "
+                              "(or overwrite=true to start over)")
+        return
+    storage.write_json(path, manifest)
+
+
+def clear_output(out_dir: str) -> None:
+    """Remove shard files and merged outputs (``overwrite=true``)."""
+    if storage.is_s3(out_dir):
+        bucket, _ = storage.split_s3(out_dir)
+        client = storage.s3_client()
+        for uri in list(storage.list_files(storage.join(out_dir, "shards"))) + [
+                storage.join(out_dir, n) for n in ("manifest.json",)]:
+            client.delete_object(Bucket=bucket, Key=storage.split_s3(uri)[1])
+        return
+    import shutil
+
+    shutil.rmtree(storage.join(out_dir, "shards"), ignore_errors=True)
+    try:
+        os.remove(storage.join(out_dir, "manifest.json"))
+    except FileNotFoundError:
+        pass
+
+
+# --------------------------------------------------------------------------- merge
+def read_parquet_rows(uri: str) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(io.BytesIO(storage.read_bytes(uri))).to_pylist()
+
+
+def merge_outputs(out_dir: str, num_shards: int, join: bool, triplets_name: str) -> dict[str, str]:
+    """Concatenate every shard's files into the run's merged outputs (shard order)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hardpos.data.triplets import read_triplets, write_triplets
+
+    outputs = {}
+    for what in ("accepted", "rejects"):
+        tables = [pq.read_table(io.BytesIO(storage.read_bytes(shard_path(out_dir, i, f"{what}.parquet"))))
+                  for i in range(num_shards)]
+        table = pa.concat_tables(tables) if tables else pa.table({})
+        buf = io.BytesIO()
+        pq.write_table(table, buf)
+        outputs[what] = storage.write_bytes(storage.join(out_dir, f"{what}.parquet"), buf.getvalue())
+    if join:
+        rows = []
+        for i in range(num_shards):
+            p = shard_path(out_dir, i, "triplets.parquet")
+            if storage.exists(p):
+                rows.extend(read_triplets(p))
+        outputs["triplets"] = write_triplets(rows, storage.join(out_dir, triplets_name))
+    return outputs
+
+
+def sample_rows(out_dir: str, indices: list[int], n: int) -> dict[str, Any]:
+    """Up to ``n`` accepted pairs and up to ``n`` rejects per reason, from the first finished shards."""
+    accepted: list[dict] = []
+    rejects: dict[str, list[dict]] = collections.defaultdict(list)
+    for i in indices[:8]:
+        for r in read_parquet_rows(shard_path(out_dir, i, "accepted.parquet")):
+            if len(accepted) < n:
+                accepted.append({k: r[k] for k in ("kind", "caption", "text", "source")})
+        for r in read_parquet_rows(shard_path(out_dir, i, "rejects.parquet")):
+            if len(rejects[r["reason"]]) < n:
+                rejects[r["reason"]].append({k: r[k] for k in ("kind", "caption", "raw_output", "reason", "detail")})
+    return {"accepted": accepted, "rejected": dict(rejects)}
+
+
+def aggregate(counts: list[dict]) -> dict[str, Any]:
+    total: dict[str, Any] = {}
+    for c in counts:
+        for k, v in c.items():
+            if isinstance(v, dict):
+                bucket = total.setdefault(k, {})
+                for kk, vv in v.items():
+                    bucket[kk] = bucket.get(kk, 0) + vv
+            else:
+                total[k] = total.get(k, 0) + v
+    return total
+
+
+# --------------------------------------------------------------------------- driver
+@dataclasses.dataclass
+class RunStats:
+    shards_written: int = 0
+    captions: int = 0
+    counts: list[dict] = dataclasses.field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def run_shards(shards: list[Shard], make_dataset: Callable[[list[dict]], Any], out_dir: str,
+               on_shard: Callable[[Shard, list[dict]], dict]) -> RunStats:
+    """Stream the pipeline's results and commit each shard once all its rows are in.
+
+    ``make_dataset(requests)`` builds the Ray Dataset (engine + judge) over the requests of
+    ``shards``; ``on_shard(shard, results)`` writes one complete shard and returns its counts.
+    """
+    stats = RunStats()
+    start = time.time()
+    by_index = {s.index: s for s in shards}
+    buffers: dict[int, list[dict]] = {s.index: list(s.input_rejects) for s in shards}
+    remaining = {s.index: len(s.requests) for s in shards}
+
+    def commit(index: int) -> None:
+        counts = on_shard(by_index[index], buffers.pop(index))
+        stats.counts.append(counts)
+        stats.shards_written += 1
+        stats.captions += len(by_index[index].captions)
+        print(f"[generate] shard {index} done: {counts['accepted']}/{counts['inputs']} accepted "
+              f"({stats.shards_written}/{len(shards)} this run, {time.time() - start:.1f}s)", file=sys.stderr)
+
+    for index in [i for i, n in remaining.items() if n == 0]:
+        commit(index)
+    requests = [r for s in shards for r in s.requests]
+    if requests:
+        ds = make_dataset(requests)
+        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            for row in batch.to_pylist():
+                index = row["shard"]
+                if index not in remaining or index not in buffers:
+                    raise RuntimeError(f"pipeline returned a row for shard {index} that is not pending: {row['request_id']}")
+                buffers[index].append(row)
+                remaining[index] -= 1
+                if remaining[index] == 0:
+                    commit(index)
+    left = {i: n for i, n in remaining.items() if n and i in buffers}
+    if left:
+        raise RuntimeError(f"pipeline ended with rows missing for shards {left}")
+    stats.wall_s = time.time() - start
+    return stats

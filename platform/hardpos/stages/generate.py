@@ -1,0 +1,230 @@
+"""Generate hard positives (and optional LLM hard negatives) on Ray Data with vLLM, an
+OpenAI-compatible endpoint or the rule engine; validate every output; write sharded,
+resumable parquet (accepted / rejects with reasons) and the training triplets."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Literal
+
+from hardpos import storage
+from hardpos.config import ConfigError, JobConfig, TrackingConfig
+from hardpos.generate.engines import EngineConfig
+from hardpos.runtime import JobContext, init_ray
+
+
+@dataclasses.dataclass
+class JoinConfig:
+    """The join into training triplets (one row per accepted hard positive).
+
+    enabled: write triplets (per shard, merged into ``output`` when every shard is done).
+    negatives: where each triplet's hard negative comes from: "auto" (the dataset's own
+        negative when the source has one, e.g. NegCLIP neg_caption, else an accepted LLM
+        negative, else the rule engine), "dataset", "llm", "rules" or "none".
+    keep_unmatched: captions with no accepted positive still give one row (positive null)
+        so hard-negative training sees every caption.
+    output: merged triplet file name inside output_dir (.parquet or .jsonl).
+    """
+
+    enabled: bool = True
+    negatives: Literal["auto", "dataset", "llm", "rules", "none"] = "auto"
+    keep_unmatched: bool = True
+    output: str = "triplets.parquet"
+
+
+@dataclasses.dataclass
+class Config(JobConfig):
+    """generate stage.
+
+    input: caption source (COCO captions json, jsonl, parquet incl. triplet files, NegCLIP
+        tsv, SugarCrepe json; local or s3://).
+    limit: use only the first N captions (None: all).
+    image_root: folder/prefix that relative image paths are relative to (None: the input
+        file's folder); output image paths are written resolved (absolute / s3://).
+    prompts: prompt template file: a bundled name ("paper", "with_negatives") or a YAML
+        path/URI in the same format (hardpos/resources/prompts/paper.yaml).
+    kinds: keep only these prompt kinds (empty: all kinds in the file).
+    engine: which engine and its settings (engine.kind = rules | http | vllm).
+    shard_size: captions per output shard (the unit of resume).
+    max_shards: process at most this many pending shards in this run, then stop
+        (None: all). A later run with the same output_dir continues.
+    overwrite: delete this output_dir's shards first instead of resuming.
+    samples: accepted pairs (and rejects per reason) kept in samples.json.
+    join: the triplet join (see JoinConfig).
+    """
+
+    output_dir: str = "outputs/generate"
+    input: str = "outputs/world/finetune.parquet"
+    limit: int | None = None
+    image_root: str | None = None
+    prompts: str = "paper"
+    kinds: list[str] = dataclasses.field(default_factory=list)
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    shard_size: int = 1000
+    max_shards: int | None = None
+    overwrite: bool = False
+    samples: int = 20
+    join: JoinConfig = dataclasses.field(default_factory=JoinConfig)
+    tracking: TrackingConfig = dataclasses.field(default_factory=lambda: TrackingConfig(experiment="hardpos-generate"))
+
+
+def check_config(cfg: Config, templates) -> None:
+    """Everything that can be wrong with the config, before any work starts."""
+    from hardpos.data.validate import KINDS
+
+    unknown = [t.kind for t in templates if t.kind not in KINDS]
+    if unknown:
+        raise ConfigError(f"prompt kinds {unknown} have no validator; kinds must be one of {sorted(KINDS)}")
+    if cfg.shard_size < 1:
+        raise ConfigError(f"shard_size must be >= 1, got {cfg.shard_size}")
+    if cfg.max_shards is not None and cfg.max_shards < 1:
+        raise ConfigError(f"max_shards must be >= 1 or null, got {cfg.max_shards}")
+    if cfg.limit is not None and cfg.limit < 0:
+        raise ConfigError(f"limit must be >= 0 or null, got {cfg.limit}")
+    if cfg.engine.kind == "http":
+        from hardpos.generate.engines import build_http_processor_config
+
+        build_http_processor_config(cfg.engine.http)
+    elif cfg.engine.kind == "vllm":
+        from hardpos.generate.engines import build_vllm_processor_config
+
+        build_vllm_processor_config(cfg.engine.vllm)
+
+
+def run(cfg: Config, ctx: JobContext) -> dict:
+    from hardpos.data.captions import CaptionSourceError
+    from hardpos.generate import engines, pipeline
+    from hardpos.generate.prompts import fingerprint, load_prompts
+
+    templates = load_prompts(cfg.prompts, cfg.kinds or None)
+    check_config(cfg, templates)
+    try:
+        captions = pipeline.load_inputs(cfg.input, limit=cfg.limit, image_root=cfg.image_root)
+    except CaptionSourceError as exc:
+        raise ConfigError(str(exc)) from exc
+    source = engines.source_of(cfg.engine)
+    model = engines.model_name(cfg.engine)
+    shards = pipeline.plan(captions, templates, cfg.shard_size, source)
+    out = ctx.output_dir
+    if cfg.overwrite:
+        pipeline.clear_output(out)
+    pipeline.check_manifest(out, {
+        "input": cfg.input, "input_fingerprint": pipeline.input_fingerprint(captions), "num_captions": len(captions),
+        "shard_size": cfg.shard_size, "num_shards": len(shards), "prompts": cfg.prompts,
+        "prompts_fingerprint": fingerprint(templates), "kinds": [t.kind for t in templates],
+        "engine": cfg.engine.kind, "model": model, "seed": cfg.seed,
+    })
+    done = done_before = pipeline.done_shards(out)
+    pending = [s for s in shards if s.index not in done]
+    if cfg.max_shards is not None:
+        pending = pending[:cfg.max_shards]
+    print(f"[generate] {len(captions)} captions in {len(shards)} shards; {len(done)} already done, "
+          f"{len(pending)} to run with engine {cfg.engine.kind} ({model})", file=sys.stderr)
+
+    by_kind = {t.kind: t for t in templates}
+    picker = pipeline.NegativePicker(cfg.join.negatives, cfg.seed, pipeline.dataset_name(cfg.input),
+                                     cfg.engine.rules.lexicon)
+
+    def make_dataset(requests):
+        import ray
+
+        init_ray(cfg.ray)
+        # ~2 blocks per shard: rows stream back roughly shard by shard, so shards commit
+        # (and become resumable) continuously instead of at the end.
+        blocks = max(1, min(2 * len(pending), max(1, len(requests) // 8), 2000))
+        ds = ray.data.from_items(requests, override_num_blocks=blocks)
+        ds = engines.apply_engine(ds, cfg.engine, by_kind, seed=cfg.seed)
+        return ds.map_batches(pipeline.judge_batch, batch_format="pyarrow", batch_size=1024, num_cpus=0.25)
+
+    def on_shard(shard, results):
+        triplets = None
+        if cfg.join.enabled:
+            accepted = [r for r in results if r["status"] == "accepted"]
+            triplets = pipeline.join_triplets(shard.captions, accepted, picker, cfg.join.keep_unmatched)
+        counts = pipeline.write_shard(out, shard, results, triplets)
+        ctx.log_metrics({"shards_done": len(done) + stats_box["n"] + 1, "accepted": counts["accepted"],
+                         "rejected": counts["rejected"]}, step=shard.index)
+        stats_box["n"] += 1
+        return counts
+
+    stats_box = {"n": 0}
+    stats = pipeline.run_shards(pending, make_dataset, out, on_shard)
+
+    # Totals over every finished shard (this run and earlier ones), from the markers.
+    done = pipeline.done_shards(out)
+    all_counts = [storage.read_json(pipeline.shard_path(out, i, "done.json")) for i in sorted(done)]
+    total = pipeline.aggregate(all_counts)
+    run_counts = pipeline.aggregate(stats.counts)
+    complete = len(done) == len(shards)
+    if total.get("inputs", 0) != total.get("accepted", 0) + total.get("rejected", 0):
+        raise RuntimeError(f"conservation violated: inputs {total.get('inputs')} != accepted "
+                           f"{total.get('accepted')} + rejected {total.get('rejected')}")
+    outputs = {"shards": storage.join(out, "shards")}
+    if complete:
+        outputs.update(pipeline.merge_outputs(out, len(shards), cfg.join.enabled, cfg.join.output))
+    wall = max(stats.wall_s, 1e-9)
+    summary = {
+        "engine": cfg.engine.kind,
+        "model": model,
+        "source": source,
+        "input": cfg.input,
+        "prompts": cfg.prompts,
+        "kinds": [t.kind for t in templates],
+        "complete": complete,
+        "shards_total": len(shards),
+        "shards_done": len(done),
+        "shards_this_run": stats.shards_written,
+        "shards_skipped": len(done_before),
+        "captions": len(captions),
+        "captions_done": total.get("captions", 0),
+        "inputs": total.get("inputs", 0),
+        "accepted": total.get("accepted", 0),
+        "rejected": total.get("rejected", 0),
+        "accepted_by_kind": total.get("accepted_by_kind", {}),
+        "rejected_by_kind": total.get("rejected_by_kind", {}),
+        "rejected_by_reason": total.get("rejected_by_reason", {}),
+        "rejected_by_kind_reason": total.get("rejected_by_kind_reason", {}),
+        "triplets": total.get("triplets", 0),
+        "triplets_with_positive": total.get("triplets_with_positive", 0),
+        "triplets_with_negative": total.get("triplets_with_negative", 0),
+        "this_run": {
+            "captions": stats.captions,
+            "inputs": run_counts.get("inputs", 0),
+            "wall_s": round(stats.wall_s, 3),
+            "captions_per_s": round(stats.captions / wall, 2) if stats.captions else 0.0,
+            "requests_per_s": round(run_counts.get("inputs", 0) / wall, 2) if stats.captions else 0.0,
+            "completion_tokens": run_counts.get("completion_tokens", 0),
+            "prompt_tokens": run_counts.get("prompt_tokens", 0),
+            "tokens_per_s": (round(run_counts.get("completion_tokens", 0) / wall, 2)
+                             if run_counts.get("completion_tokens") else None),
+        },
+        "outputs": outputs,
+    }
+    summary["accept_rate"] = round(summary["accepted"] / summary["inputs"], 4) if summary["inputs"] else 0.0
+    ctx.log_metrics({
+        "inputs": summary["inputs"], "accepted": summary["accepted"], "rejected": summary["rejected"],
+        "accept_rate": summary["accept_rate"], "captions_per_s": summary["this_run"]["captions_per_s"],
+        "requests_per_s": summary["this_run"]["requests_per_s"],
+        **({"tokens_per_s": summary["this_run"]["tokens_per_s"]} if summary["this_run"]["tokens_per_s"] else {}),
+        **{f"accepted/{k}": v for k, v in summary["accepted_by_kind"].items()},
+        **{f"rejected/{k}": v for k, v in summary["rejected_by_reason"].items()},
+    })
+    if ctx.run is not None:
+        ctx.run.set_tags({"hardpos.engine": cfg.engine.kind, "hardpos.model": model})
+    if done:
+        samples = pipeline.sample_rows(out, sorted(done), cfg.samples)
+        outputs["samples"] = storage.write_json(storage.join(out, "samples.json"), samples)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "samples.json")
+            with open(path, "w") as fh:
+                json.dump(samples, fh, indent=2, ensure_ascii=False)
+            ctx.log_artifact(path)
+    print(f"[generate] {summary['accepted']}/{summary['inputs']} accepted; rejects by reason "
+          f"{summary['rejected_by_reason']}; {'complete' if complete else 'INCOMPLETE: rerun to resume'}",
+          file=sys.stderr)
+    return summary
+
