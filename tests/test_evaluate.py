@@ -146,3 +146,31 @@ def test_evaluate_stage_config_errors(tmp_path):
     bad.write_text("not json\n")
     assert main(["evaluate", f"output_dir={tmp_path}", "tracking.enabled=false", "device=cpu",
                  f"benchmarks=[{{name: b, path: {bad}}}]"]) == 2
+
+
+def test_ray_data_engine_equals_local_engine_and_retention(tmp_path, ray_session, tracking_uri):
+    """engine=ray_data (model actors on Ray Data) gives the local engine's per-item scores."""
+    import pyarrow.parquet as pq
+
+    from hardpos.config import load_config
+    from hardpos.runtime import execute
+    from hardpos.stages import evaluate as stage
+
+    rows = triplet_rows(10, seed=5)
+    rows[3] = {**rows[3], "image": "images/absent.png"}
+    path = write_triplets(tmp_path / "b", rows)
+    (tmp_path / "b" / "images" / "absent.png").unlink()
+    for colour in ("red", "blue"):
+        write_image(tmp_path / "zs" / colour / "x.png")
+    common = ["device=cpu", "seed=3", f"benchmarks=[{{name: t, path: {path}}}]",
+              f"retention.zeroshot=[{{name: zs, root: {tmp_path / 'zs'}, templates: ['a {{}} photo']}}]"]
+    local = execute("evaluate", load_config(stage.Config, None, [f"output_dir={tmp_path / 'local'}", *common]), quiet=True)
+    dist = execute("evaluate", load_config(stage.Config, None, [
+        f"output_dir={tmp_path / 'ray'}", "engine=ray_data", "ray_data.num_cpus=0.5", "ray_data.batch_size=3", *common]), quiet=True)
+    a = pq.read_table(tmp_path / "local" / "scores.parquet").to_pydict()
+    b = pq.read_table(tmp_path / "ray" / "scores.parquet").to_pydict()
+    assert a["item_id"] == b["item_id"] and "3" not in a["item_id"]
+    for col in ("s_c", "s_n", "s_p"):
+        np.testing.assert_allclose(a[col], b[col], atol=1e-6)
+    assert dist["metrics"]["t/n_missing_images"] == 1 == local["metrics"]["t/n_missing_images"]
+    assert dist["metrics"]["zeroshot/zs/n_images"] == 2 and "zeroshot/zs/top1" in local["metrics"]

@@ -1,0 +1,97 @@
+"""Zero-shot classification and image-text retrieval on small generated data: exact
+recall arithmetic on hand-built similarity matrices, and the end-to-end path."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from eval_util import COLOURS, tiny_model, write_image
+from hardpos.eval import retention as RT
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return tiny_model(seed=0)
+
+
+def test_topk_hits_strict_ranks():
+    sims = np.array([[0.9, 0.1, 0.2],    # target 0 best          -> rank 0
+                     [0.5, 0.5, 0.1],    # target 1 tied with 0   -> rank 1 (tie counts against)
+                     [0.3, 0.2, 0.1]])   # target 2 worst         -> rank 2
+    hits = RT.topk_hits(sims, np.array([0, 1, 2]), ks=(1, 2, 3))
+    assert hits[1].tolist() == [True, False, False]
+    assert hits[2].tolist() == [True, True, False]
+    assert hits[3].tolist() == [True, True, True]
+
+
+def _image_folder(root):
+    for colour, rgb in COLOURS.items():
+        for k in range(2):
+            write_image(root / colour / f"{k}.png", tuple(max(0, c - 20 * k) for c in rgb))
+    (root / "README.txt").write_text("not an image")
+    return root
+
+
+def test_zero_shot_matches_a_direct_computation(tmp_path, lm):
+    root = _image_folder(tmp_path / "folder")
+    spec = RT.ZeroShotSpec("colours", str(root), templates=["a photo of a {}.", "a {} thing"])
+    out = RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, spec, batch_size=3)
+    assert out["zeroshot/colours/n_images"] == 8 and out["zeroshot/colours/n_classes"] == 4
+    assert out["zeroshot/colours/top5"] == 1.0  # 4 classes: always within the top 5
+    # reference: per-template full-context encoding, mean, renormalise; argmax
+    from PIL import Image
+
+    names = sorted(COLOURS)
+    model = lm.model.eval()
+    with torch.no_grad():
+        cls = torch.stack([torch.nn.functional.normalize(model.encode_text(lm.tokenizer([t.format(c) for t in spec.templates]), normalize=True).mean(0), dim=0) for c in names])
+        correct = 0
+        for ci, c in enumerate(names):
+            for k in range(2):
+                f = model.encode_image(lm.preprocess_val(Image.open(root / c / f"{k}.png").convert("RGB"))[None], normalize=True)
+                correct += int((f @ cls.T).argmax() == ci)
+    assert out["zeroshot/colours/top1"] == pytest.approx(correct / 8)
+    with pytest.raises(RT.RetentionError, match="2 class names for 4"):
+        RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, RT.ZeroShotSpec("x", str(root), classnames=["a", "b"]))
+    with pytest.raises(RT.RetentionError, match="no class folders"):
+        RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, RT.ZeroShotSpec("x", str(tmp_path / "empty")))
+
+
+def test_retrieval_recalls_and_missing_images(tmp_path, lm):
+    folder = tmp_path / "ret"
+    rows = []
+    for i, colour in enumerate(COLOURS):
+        write_image(folder / "img" / f"{colour}.png", COLOURS[colour])
+        rows += [{"image": f"img/{colour}.png", "caption": f"a {colour} square"},
+                 {"image": f"img/{colour}.png", "caption": f"something {colour}"}]
+    rows.append({"image": "img/missing.png", "caption": "never scored"})
+    (folder / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = RT.retrieval(lm.model, lm.preprocess_val, lm.tokenizer, RT.RetrievalSpec("toy", str(folder / "captions.jsonl")))
+    assert out["retrieval/toy/n_images"] == 4 and out["retrieval/toy/n_captions"] == 8 and out["retrieval/toy/n_missing_images"] == 1
+    for k in (1, 5, 10):
+        assert 0.0 <= out[f"retrieval/toy/i2t_r{k}"] <= 1.0 and 0.0 <= out[f"retrieval/toy/t2i_r{k}"] <= 1.0
+    assert out["retrieval/toy/t2i_r5"] == 1.0 and out["retrieval/toy/i2t_r10"] == 1.0  # 4 images / 8 captions
+    # i2t R@1 by hand: the image's best own caption beats every other image's caption
+    from hardpos.eval.evaluator import encode_captions, score_pairs
+    from PIL import Image
+
+    imgs = [Image.open(folder / "img" / f"{c}.png") for c in COLOURS]
+    caps = [r["caption"] for r in rows[:-1]]
+    sims = np.stack([score_pairs(lm.model, lm.preprocess_val, lm.tokenizer, [im] * len(caps), caps) for im in imgs])
+    own = np.repeat(np.arange(4), 2)
+    i2t1 = np.mean([sims[i, own == i].max() > sims[i, own != i].max() for i in range(4)])
+    t2i1 = np.mean([sims[own[j], j] > np.delete(sims[:, j], own[j]).max() for j in range(8)])
+    assert out["retrieval/toy/i2t_r1"] == pytest.approx(i2t1) and out["retrieval/toy/t2i_r1"] == pytest.approx(t2i1)
+
+
+def test_retrieval_reads_coco_captions(tmp_path):
+    coco = {"images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}],
+            "annotations": [{"image_id": 1, "caption": "x"}, {"image_id": 2, "caption": "y"}, {"image_id": 1, "caption": "z"}]}
+    (tmp_path / "c.json").write_text(json.dumps(coco))
+    assert RT.read_caption_pairs(str(tmp_path / "c.json")) == [("a.jpg", "x"), ("b.jpg", "y"), ("a.jpg", "z")]
+    (tmp_path / "bad.json").write_text("[]")
+    with pytest.raises(RT.RetentionError, match="COCO captions"):
+        RT.read_caption_pairs(str(tmp_path / "bad.json"))
