@@ -174,3 +174,17 @@ def test_ray_data_engine_equals_local_engine_and_retention(tmp_path, ray_session
         np.testing.assert_allclose(a[col], b[col], atol=1e-6)
     assert dist["metrics"]["t/n_missing_images"] == 1 == local["metrics"]["t/n_missing_images"]
     assert dist["metrics"]["zeroshot/zs/n_images"] == 2 and "zeroshot/zs/top1" in local["metrics"]
+
+
+def test_shipped_configs_parse():
+    from pathlib import Path
+
+    from hardpos.config import load_config
+    from hardpos.stages import evaluate as stage
+
+    jobs = Path(__file__).resolve().parent.parent / "jobs" / "configs"
+    paper = load_config(stage.Config, jobs / "evaluate_paper.yaml")
+    assert [(b.name, b.kind) for b in paper.benchmarks] == [("replace", "replace"), ("swap", "swap"), ("sugarcrepe", "sugarcrepe")]
+    assert paper.model.arch == "ViT-B-32-quickgelu" and paper.model.pretrained == "openai"
+    default = load_config(stage.Config, jobs / "evaluate.yaml")
+    assert default.world == "outputs/world" and default.model.arch == "hardpos-tiny"
