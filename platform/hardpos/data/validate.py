@@ -115,10 +115,12 @@ def _is_chatter(original: str, cand: str) -> bool:
     if len(lines) > 1:
         return True
     stripped = cand.strip()
-    if stripped[:1] in _QUOTES or stripped[-1:] in _QUOTES or stripped.rstrip(".")[-1:] in _QUOTES:
-        # quoted answer ('"a man strolling"'); a quote in the original is fine
-        if not (stripped[:1] in _QUOTES and original.strip()[:1] == stripped[:1]):
-            return True
+    orig = original.strip()
+    # a quoted answer ('"a man strolling."'); quotes the original itself has are fine
+    if stripped[:1] in _QUOTES and orig[:1] not in _QUOTES:
+        return True
+    if stripped.rstrip(".")[-1:] in _QUOTES and orig.rstrip(".")[-1:] not in _QUOTES:
+        return True
     orig_low = original.lower()
     if _LEADING_CHATTER.match(stripped) and not _LEADING_CHATTER.match(original.strip()):
         return True
