@@ -188,3 +188,13 @@ def test_shipped_configs_parse():
     assert paper.model.arch == "ViT-B-32-quickgelu" and paper.model.pretrained == "openai"
     default = load_config(stage.Config, jobs / "evaluate.yaml")
     assert default.world == "outputs/world" and default.model.arch == "hardpos-tiny"
+
+
+def test_bench_naive_and_efficient_agree(shared_data):
+    """The measurement's two evaluators score identically (timing itself is not asserted)."""
+    from hardpos.eval.bench import run
+
+    out = run(n_rows=24, arch="hardpos-tiny", data_dir=str(shared_data), image_size=(40, 30), batch_size=16)
+    assert out["n_rows"] == 24 and out["n_distinct_images"] < 24
+    assert out["max_abs_score_diff"] < 1e-5
+    assert out["metrics_naive"] == pytest.approx(out["metrics_efficient"])

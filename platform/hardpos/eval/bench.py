@@ -1,0 +1,136 @@
+"""Benchmark: this evaluator vs a naive per-row evaluator, side by side on the same rows.
+
+The naive evaluator follows the paper's script (``run_eval.py``): two passes over the
+rows (original file, swapped file), DataLoader-style batches of ``naive_batch`` rows,
+each row's image decoded, preprocessed and encoded once *per caption pair* and both
+captions of the pair encoded at the full 77-token context. The efficient evaluator is
+:func:`hardpos.eval.evaluator.evaluate_benchmarks` (each distinct image and caption once,
+length-sorted, batch-trimmed text).
+
+Rows: the first ``n_rows / 2`` items of each REPLACE subset from the real annotation files,
+with stand-in JPEGs (``image_size``, random noise so decoding is not trivial) generated
+in a temporary folder at the referenced relative paths. Both evaluators must produce the
+same per-item scores (checked: ``max_abs_score_diff``) and the same metrics.
+
+    python -c "from hardpos.eval.bench import run; print(run(n_rows=2000))"
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _stand_in_jpegs(root: Path, rel_paths, size: tuple[int, int], seed: int) -> int:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    made = 0
+    for rel in sorted(set(rel_paths)):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # low-frequency noise upsampled: JPEG-compressible like a photo, still non-trivial to decode
+        small = rng.integers(0, 256, size=(size[1] // 8, size[0] // 8, 3), dtype=np.uint8)
+        Image.fromarray(small).resize(size, Image.BILINEAR).save(path, quality=90)
+        made += 1
+    return made
+
+
+def naive_scores(model, preprocess, tokenizer, items, *, device="cpu", batch_rows: int = 16) -> np.ndarray:
+    """[N, 3] (s_c, s_n, s_p) the paper's way: per pass, per batch of rows, every row's
+    image encoded again and its two captions encoded at full context (77 tokens)."""
+    import torch
+
+    from hardpos.eval.evaluator import load_image
+
+    out = np.zeros((len(items), 3))
+    with torch.no_grad():
+        for pass_, (first, second) in enumerate((("caption", "negative"), ("positive", "negative"))):
+            for start in range(0, len(items), batch_rows):
+                chunk = items[start:start + batch_rows]
+                imgs = torch.stack([preprocess(load_image(it.image, it.crop)) for it in chunk]).to(device)
+                i = model.encode_image(imgs, normalize=True)
+                t = model.encode_text(tokenizer([getattr(it, first) for it in chunk] + [getattr(it, second) for it in chunk]).to(device),
+                                      normalize=True)
+                k = len(chunk)
+                pos = (i * t[:k]).sum(-1).float().cpu().numpy()
+                neg = (i * t[k:]).sum(-1).float().cpu().numpy()
+                if pass_ == 0:
+                    out[start:start + k, 0], out[start:start + k, 1] = pos, neg
+                else:
+                    out[start:start + k, 2] = pos  # the swapped pass's negative is the same caption
+    return out
+
+
+def run(*, n_rows: int = 2000, arch: str = "ViT-B-32", data_dir: str | None = None, device: str = "cpu",
+        batch_size: int = 256, naive_batch: int = 16, image_size: tuple[int, int] = (500, 375),
+        num_threads: int | None = None, seed: int = 0) -> dict[str, Any]:
+    """Time the naive and the efficient evaluator on the same REPLACE rows and model.
+
+    data_dir: folder holding ``hard_positives/`` (default ``$HARDPOS_SHARED_DATA`` or
+    ``../shared/data`` next to the repository). Returns the timings, their ratio, the
+    dedup counts and the score agreement.
+    """
+    import os
+
+    import torch
+
+    from hardpos.eval.benchmarks import load_benchmark
+    from hardpos.eval.evaluator import benchmark_metrics, evaluate_benchmarks
+    from hardpos.eval.spec import BenchmarkSpec
+    from hardpos.model import ModelConfig, load_model
+
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    if data_dir is None:
+        data_dir = os.environ.get("HARDPOS_SHARED_DATA") or str(Path(__file__).resolve().parents[3].parent / "shared" / "data")
+    hp = Path(data_dir) / "hard_positives"
+    if not hp.is_dir():
+        raise FileNotFoundError(f"{hp} not found: pass data_dir= (the folder holding hard_positives/)")
+    torch.manual_seed(seed)
+    lm = load_model(ModelConfig(arch=arch), device=device)
+    model = lm.model.eval()
+    with tempfile.TemporaryDirectory(prefix="hardpos-evalbench-") as tmp:
+        root = Path(tmp)
+        spec = BenchmarkSpec("replace", "replace", str(hp), image_root=str(root), limit=n_rows // 2)
+        bench = load_benchmark(spec)
+        t0 = time.perf_counter()
+        n_images = _stand_in_jpegs(root, [it.image[len(str(root)) + 1:] for it in bench.items], image_size, seed)
+        gen_s = time.perf_counter() - t0
+        # warm-up both paths on a few rows (first-call allocations, thread pools)
+        naive_scores(model, lm.preprocess_val, lm.tokenizer, bench.items[:4], device=device, batch_rows=4)
+
+        t0 = time.perf_counter()
+        naive = naive_scores(model, lm.preprocess_val, lm.tokenizer, bench.items, device=device, batch_rows=naive_batch)
+        naive_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        report = evaluate_benchmarks(model, lm.preprocess_val, lm.tokenizer, [spec], device=device, batch_size=batch_size)
+        fast_s = time.perf_counter() - t0
+    res = report.results[0]
+    fast = np.stack([res.s_c, res.s_n, res.s_p], axis=1)
+    naive_metrics = benchmark_metrics("replace", [it.subset for it in bench.items], naive[:, 0], naive[:, 1], naive[:, 2],
+                                      "mean_of_subsets")
+    accs = ("orig_acc", "aug_acc", "brittleness")
+    return {
+        "arch": arch, "device": device, "torch_threads": torch.get_num_threads(), "n_rows": len(bench.items),
+        "n_distinct_images": res.n_distinct_images, "n_distinct_captions": res.n_distinct_captions,
+        "image_size": list(image_size), "stand_in_images": n_images, "stand_in_seconds": round(gen_s, 2),
+        "naive_seconds": round(naive_s, 3), "efficient_seconds": round(fast_s, 3),
+        "speedup": round(naive_s / fast_s, 2),
+        "naive_image_encodes": 2 * len(bench.items), "naive_text_encodes_at_77": 4 * len(bench.items),
+        "max_abs_score_diff": float(np.abs(naive - fast).max()),
+        "metrics_naive": {k: naive_metrics[f"replace/{k}"] for k in accs},
+        "metrics_efficient": {k: report.metrics[f"replace/{k}"] for k in accs},
+    }
+
+
+if __name__ == "__main__":  # pragma: no cover - a measurement, not a test
+    import json
+    import sys
+
+    kwargs = dict(arg.split("=", 1) for arg in sys.argv[1:])
+    typed = {k: (int(v) if v.isdigit() else v) for k, v in kwargs.items()}
+    print(json.dumps(run(**typed), indent=2))
