@@ -198,3 +198,25 @@ def test_bench_naive_and_efficient_agree(shared_data):
     assert out["n_rows"] == 24 and out["n_distinct_images"] < 24
     assert out["max_abs_score_diff"] < 1e-5
     assert out["metrics_naive"] == pytest.approx(out["metrics_efficient"])
+
+
+def test_every_image_missing_scores_nothing_and_does_not_crash(lm, tmp_path):
+    rows = triplet_rows(3, seed=6)
+    path = write_triplets(tmp_path / "b", rows, images=False)
+    res = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("t", "triplets", str(path))]).results[0]
+    assert res.metrics["t/n_items"] == 0 and "t/orig_acc" not in res.metrics
+    assert res.metrics["t/n_excluded_items"] == 3 and len(res.missing_images) == len({r["image"] for r in rows})
+
+
+def test_benchmark_and_images_on_s3(lm, tmp_path, s3_env):
+    from hardpos import storage
+
+    rows = triplet_rows(4, seed=7)
+    write_triplets(tmp_path / "b", rows)
+    prefix = f"s3://{s3_env}/bench"
+    storage.upload_dir(tmp_path / "b", prefix)
+    spec = BenchmarkSpec("s3", "triplets", f"{prefix}/bench.jsonl")
+    remote = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [spec]).results[0]
+    local = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("s3", "triplets", str(tmp_path / "b" / "bench.jsonl"))]).results[0]
+    assert remote.metrics["s3/n_items"] == 4 and remote.metrics["s3/n_missing_images"] == 0
+    np.testing.assert_allclose(remote.s_c, local.s_c, atol=1e-6)
