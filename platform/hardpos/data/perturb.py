@@ -261,9 +261,10 @@ class RulePerturber:
                 for target, _src in targets:
                     if polarity == "negative" and f" {target} " in present:
                         continue  # "a red and blue car" -> "a blue and blue car" is nonsense
-                    text = _apply(caption, [(toks[m.i].start, toks[m.j - 1].end, _case_like(target, old))])
-                    if _doubled_words(text) > _doubled_words(caption):
+                    words = target.split()
+                    if (m.j < len(toks) and toks[m.j].low == words[-1]) or (m.i > 0 and toks[m.i - 1].low == words[0]):
                         continue  # "laptop computer" -> "notebook computer computer"
+                    text = _apply(caption, [(toks[m.i].start, toks[m.j - 1].end, _case_like(target, old))])
                     yield Perturbation(text, "replace", f"{s.slot}:{s.cls} {m.form}->{target}")
 
     # -------------------------------------------------------------- SWAP negatives
@@ -450,11 +451,6 @@ class RulePerturber:
 
 
 # ---------------------------------------------------------------------- text edits
-def _doubled_words(text: str) -> int:
-    words = re.findall(r"[a-z]+", text.lower())
-    return sum(1 for a, b in zip(words, words[1:]) if a == b)
-
-
 def _fix_article(text: str, pos: int) -> str:
     """Fix "a"/"an" right before character ``pos`` for the word that now starts there."""
     m = re.search(r"(?:^|(?<=\s))(a|an|A|An|AN)(\s+)$", text[:pos])

@@ -1,0 +1,226 @@
+"""`hardpos perturb`: rule-based hard negatives and hard positives for a caption set.
+
+Input (``input=``): any caption source :func:`hardpos.data.captions.read_captions` reads
+(COCO captions json, jsonl/json, parquet, NegCLIP tsv, SugarCrepe json), a triplet file,
+or a synthetic world folder (its ``<split>.parquet``; the world's lexicon is then used so
+negatives stay in the world's vocabulary).
+
+Output (``output_dir``):
+
+* ``triplets.<fmt>``: one triplet row per non-empty caption, ``hard_negative`` and
+  ``hard_positive`` filled where the rules can (null otherwise), ``kind`` the REPLACE/SWAP
+  kind both were drawn from, ``source`` "rule", plus ``negative_slot`` / ``positive_slot``
+  (what changed).  Image paths are made resolvable from the output folder: relative paths
+  of triplet/world inputs are resolved against the input file's folder, others against
+  ``image_root`` when given (else kept as they are).
+* ``rejects.jsonl``: every input row that did not become a triplet, with a reason
+  ("empty").  ``inputs == written + rejected`` always holds and is logged.
+
+Summary: coverage (share of non-empty captions with at least one negative / positive of
+each kind, from the full rule output), the share of written rows with a negative /
+positive, and throughput in captions/s (rule work only, and end to end).  With
+``num_workers > 0`` the captions are perturbed by that many Ray tasks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Literal
+
+from hardpos.config import ConfigError, JobConfig
+from hardpos.runtime import JobContext
+
+
+@dataclasses.dataclass
+class Config(JobConfig):
+    """Rule perturbation job.
+
+    input: caption source, triplet file (.parquet/.jsonl with triplet columns) or world folder.
+    output_dir: where triplets.<fmt>, rejects.jsonl and summary.json go (local or s3://).
+    seed: seeds every per-caption choice (stable across machines and workers).
+    kinds: perturbation kinds a row may use ("replace", "swap").
+    negatives: fill hard_negative.
+    positives: fill hard_positive.
+    split: world split to read when input is a world folder ("finetune", "pretrain").
+    limit: only the first N input rows (None: all).
+    lexicon: "auto" (the world's lexicon for world inputs, else the full one), "default" or "world".
+    image_root: folder/URI that relative image paths of caption sources are relative to.
+    output_format: "parquet" or "jsonl".
+    num_workers: 0 perturbs in this process; N > 0 splits the captions over N Ray tasks.
+    """
+
+    input: str = ""
+    output_dir: str = "outputs/perturb"
+    kinds: list[str] = dataclasses.field(default_factory=lambda: ["replace", "swap"])
+    negatives: bool = True
+    positives: bool = True
+    split: str = "finetune"
+    limit: int | None = None
+    lexicon: Literal["auto", "default", "world"] = "auto"
+    image_root: str | None = None
+    output_format: Literal["parquet", "jsonl"] = "parquet"
+    num_workers: int = 0
+
+
+TRIPLET_INPUT_COLUMNS = {"caption", "hard_negative", "hard_positive", "kind", "source", "caption_id"}
+
+
+def _load_rows(cfg: Config) -> tuple[list[dict], str, bool]:
+    """(rows with caption_id/caption/image[/extra], the file read, is_world)."""
+    from hardpos import storage
+    from hardpos.data.captions import CaptionSourceError, read_captions
+    from hardpos.data.triplets import TripletFileError, read_triplets, resolve_image
+
+    src = cfg.input
+    if not src:
+        raise ConfigError("input is required: a caption file, a triplet file or a world folder")
+    is_world = False
+    if storage.exists(storage.join(src, "world.json")):
+        src = storage.join(src, f"{cfg.split}.parquet")
+        is_world = True
+        if not storage.exists(src):
+            raise ConfigError(f"world folder {cfg.input} has no split {cfg.split!r} ({src} is missing)")
+    base = src.rsplit("/", 1)[0] if "/" in src else "."
+    rows: list[dict] | None = None
+    if src.endswith((".parquet", ".jsonl")):
+        try:
+            triplets = read_triplets(src)
+        except TripletFileError:
+            triplets = None  # not a triplet file: read it as a caption source below
+        if triplets is not None:
+            rows = []
+            for t in triplets[: cfg.limit if cfg.limit is not None else None]:
+                extra = {k: v for k, v in t.items() if k not in TRIPLET_INPUT_COLUMNS and k != "image"}
+                image = resolve_image(t["image"], base) if t.get("image") else None
+                rows.append({**extra, "caption_id": t["caption_id"], "caption": t["caption"] or "", "image": image})
+            is_world = is_world or any(t.get("source") == "world" for t in triplets[:10])
+    if rows is None:
+        try:
+            rows = read_captions(src, limit=cfg.limit)
+        except CaptionSourceError as exc:
+            raise ConfigError(str(exc)) from exc
+        if cfg.image_root:
+            for r in rows:
+                if r["image"]:
+                    r["image"] = resolve_image(r["image"], base, image_root=cfg.image_root)
+    return rows, src, is_world
+
+
+def _perturb_chunk(captions: list[str], seed: int, kinds: list[str], want_neg: bool, want_pos: bool,
+                   world: bool) -> list[dict]:
+    """Pure per-caption work (runs in-process or in a Ray task)."""
+    from hardpos.data.perturb import RulePerturber
+    from hardpos.data.validate import validate
+    from hardpos.data.world import world_lexicon
+
+    rules = RulePerturber(seed=seed, lexicon=world_lexicon() if world else None)
+    out = []
+    for caption in captions:
+        negs = [p for p in rules.hard_negatives(caption) if p.kind in kinds] if want_neg else []
+        poss = [p for p in rules.hard_positives(caption) if p.kind in kinds] if want_pos else []
+        cov = {f"neg_{k}": any(p.kind == k for p in negs) for k in kinds}
+        cov.update({f"pos_{k}": any(p.kind == k for p in poss) for k in kinds})
+        # one kind per row: both members of the triplet come from the same REPLACE/SWAP family
+        both = [k for k in kinds if (not want_neg or cov[f"neg_{k}"]) and (not want_pos or cov[f"pos_{k}"])]
+        either = [k for k in kinds if cov.get(f"neg_{k}") or cov.get(f"pos_{k}")]
+        pool = both or either
+        kind = None
+        neg = pos = None
+        if pool:
+            import random
+
+            from hardpos.data.perturb import _stable_seed
+
+            kind = random.Random(_stable_seed(seed, "kind", caption)).choice(pool)
+            neg = rules.pick(caption, "negative", kind) if want_neg and cov.get(f"neg_{kind}") else None
+            pos = rules.pick(caption, "positive", kind) if want_pos and cov.get(f"pos_{kind}") else None
+            # defence in depth: a picked rule output the shared validator rejects is never written
+            if neg is not None and not validate(caption, neg.text, kind + "_negative").accepted:
+                neg = None
+            if pos is not None and not validate(caption, pos.text, kind).accepted:
+                pos = None
+        out.append({"kind": kind, "neg": neg.text if neg else None, "neg_slot": neg.slot if neg else None,
+                    "pos": pos.text if pos else None, "pos_slot": pos.slot if pos else None, "cov": cov})
+    return out
+
+
+def run(cfg: Config, ctx: JobContext) -> dict:
+    from hardpos import storage
+    from hardpos.data.triplets import make_triplet, write_triplets
+
+    bad = [k for k in cfg.kinds if k not in ("replace", "swap")]
+    if bad or not cfg.kinds:
+        raise ConfigError(f"kinds: must be a non-empty subset of ['replace', 'swap'], got {cfg.kinds}")
+    if not (cfg.negatives or cfg.positives):
+        raise ConfigError("at least one of negatives / positives must be true")
+    if cfg.num_workers < 0:
+        raise ConfigError("num_workers must be >= 0")
+
+    started = time.perf_counter()
+    rows, src, is_world = _load_rows(cfg)
+    world = cfg.lexicon == "world" or (cfg.lexicon == "auto" and is_world)
+    keep = [r for r in rows if isinstance(r["caption"], str) and r["caption"].strip()]
+    rejects = [{**r, "reason": "empty"} for r in rows if not (isinstance(r["caption"], str) and r["caption"].strip())]
+
+    t0 = time.perf_counter()
+    captions = [r["caption"] for r in keep]
+    args = (cfg.seed, list(cfg.kinds), cfg.negatives, cfg.positives, world)
+    if cfg.num_workers > 0 and captions:
+        import ray
+
+        from hardpos.runtime import init_ray
+
+        init_ray(cfg.ray)
+        task = ray.remote(num_cpus=1)(_perturb_chunk)
+        size = -(-len(captions) // cfg.num_workers)
+        refs = [task.remote(captions[i:i + size], *args) for i in range(0, len(captions), size)]
+        results = [x for chunk in ray.get(refs) for x in chunk]
+    else:
+        results = _perturb_chunk(captions, *args)
+    rule_s = time.perf_counter() - t0
+
+    out_rows = []
+    for r, res in zip(keep, results):
+        extra = {k: v for k, v in r.items() if k not in ("caption_id", "caption", "image")}
+        out_rows.append(make_triplet(
+            image=r["image"], caption=r["caption"], hard_negative=res["neg"], hard_positive=res["pos"],
+            kind=res["kind"] or "none", source="rule", caption_id=r["caption_id"],
+            **{**extra, "negative_slot": res["neg_slot"], "positive_slot": res["pos_slot"]}))
+    out_uri = write_triplets(out_rows, ctx.path(f"triplets.{cfg.output_format}"))
+    import json
+
+    storage.write_text(ctx.path("rejects.jsonl"), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
+    total_s = time.perf_counter() - started
+
+    n = len(keep)
+    coverage = {}
+    for key in (results[0]["cov"] if results else {}):
+        coverage[key] = round(sum(res["cov"][key] for res in results) / n, 4) if n else 0.0
+    coverage["neg_any"] = round(sum(any(v for k, v in res["cov"].items() if k.startswith("neg_")) for res in results) / n, 4) if n else 0.0
+    coverage["pos_any"] = round(sum(any(v for k, v in res["cov"].items() if k.startswith("pos_")) for res in results) / n, 4) if n else 0.0
+    filled = {
+        "with_negative": sum(1 for r in out_rows if r["hard_negative"]),
+        "with_positive": sum(1 for r in out_rows if r["hard_positive"]),
+        "with_both": sum(1 for r in out_rows if r["hard_negative"] and r["hard_positive"]),
+        "with_neither": sum(1 for r in out_rows if not r["hard_negative"] and not r["hard_positive"]),
+    }
+    kinds_written = {}
+    for r in out_rows:
+        kinds_written[r["kind"]] = kinds_written.get(r["kind"], 0) + 1
+    assert len(rows) == len(out_rows) + len(rejects)  # nothing is lost
+    summary = {
+        "input": cfg.input, "read": src, "lexicon": "world" if world else "default",
+        "inputs": len(rows), "written": len(out_rows), "rejected": len(rejects),
+        "rejects_by_reason": {"empty": len(rejects)} if rejects else {},
+        "coverage": coverage, "filled": filled, "kinds_written": kinds_written,
+        "captions_per_s_rules": round(n / rule_s, 1) if rule_s > 0 else None,
+        "captions_per_s_end_to_end": round(len(rows) / total_s, 1) if total_s > 0 else None,
+        "rule_seconds": round(rule_s, 3), "output": out_uri, "rejects": ctx.path("rejects.jsonl"),
+    }
+    ctx.log_metrics({**{f"coverage/{k}": v for k, v in coverage.items()},
+                     "inputs": len(rows), "written": len(out_rows), "rejected": len(rejects),
+                     "captions_per_s": summary["captions_per_s_rules"] or 0.0})
+    print(f"perturb: {len(rows)} inputs -> {len(out_rows)} triplets + {len(rejects)} rejects; "
+          f"{summary['captions_per_s_rules']} captions/s (rules), {summary['captions_per_s_end_to_end']} end to end")
+    print("coverage (share of non-empty captions): " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in coverage.items()))
+    return summary
