@@ -1,0 +1,1 @@
+"""The HardPos Ray Serve scoring app (see ``serve/app.py``). Imports nothing heavy."""
