@@ -374,9 +374,8 @@ def write_shard(out_dir: str, shard: Shard, results: list[dict], triplets: list[
 
 
 def done_shards(out_dir: str) -> set[int]:
+    """Indices of the shards whose ``.done.json`` marker exists."""
     prefix = storage.join(out_dir, "shards")
-    if not storage.exists(prefix) and not storage.is_s3(out_dir):
-        return set()
     out = set()
     for path in storage.list_files(prefix, suffix=".done.json"):
         name = str(path).rsplit("/", 1)[-1]

@@ -146,8 +146,10 @@ def run(cfg: Config, ctx: JobContext) -> dict:
             accepted = [r for r in results if r["status"] == "accepted"]
             triplets = pipeline.join_triplets(shard.captions, accepted, picker, cfg.join.keep_unmatched)
         counts = pipeline.write_shard(out, shard, results, triplets)
-        ctx.log_metrics({"shards_done": len(done) + stats_box["n"] + 1, "accepted": counts["accepted"],
-                         "rejected": counts["rejected"]}, step=shard.index)
+        # progress while it runs (the totals are logged under their plain names at the end)
+        ctx.log_metrics({"progress/shards_done": len(done_before) + stats_box["n"] + 1,
+                         "shard/accepted": counts["accepted"], "shard/rejected": counts["rejected"]},
+                        step=stats_box["n"])
         stats_box["n"] += 1
         return counts
 

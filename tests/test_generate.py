@@ -1,0 +1,378 @@
+"""The generate stage: prompts as data, engine config builders, the OpenAI-compatible stub,
+the real Ray Data pipeline (http against the stub on real NegCLIP captions, the rule
+engine), sharded exactly-once resume, bad inputs, S3 output, and a GPU-only vLLM run."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from openai_stub import OpenAIStub, behaviour, canned, free_port  # noqa: E402
+
+from hardpos.config import ConfigError, load_config  # noqa: E402
+from hardpos.generate import engines, pipeline  # noqa: E402
+from hardpos.generate.prompts import load_prompts  # noqa: E402
+
+NEGCLIP = "negclip/valid_neg_clip.tsv"
+
+
+def gen_config(tmp_path, *overrides, name="out"):
+    import hardpos.stages.generate as g
+
+    return load_config(g.Config, None, [f"output_dir={tmp_path / name}", "tracking.enabled=false", *overrides])
+
+
+def run_stage(cfg):
+    from hardpos.runtime import execute
+
+    return execute("generate", cfg, quiet=True)
+
+
+def http_overrides(stub, *extra):
+    return ["engine.kind=http", f"engine.http.url={stub.url}", "engine.http.model=stub-llm",
+            "engine.http.retry_wait_s=0.01", "engine.http.batch_size=16", *extra]
+
+
+def merged(out_dir, what):
+    return pipeline.read_parquet_rows(os.path.join(out_dir, f"{what}.parquet"))
+
+
+# --------------------------------------------------------------------------- prompts
+def test_paper_prompts_apply_replace_to_all_and_swap_to_short_and_captions():
+    templates = {t.kind: t for t in load_prompts("paper")}
+    assert list(templates) == ["replace", "swap"]
+    assert templates["replace"].polarity == templates["swap"].polarity == "positive"
+    fourteen = "A man and a woman " + " ".join(["word"] * 9) + "."  # 14 words
+    fifteen = "A man and a woman " + " ".join(["word"] * 10) + "."
+    assert templates["replace"].applies(fifteen) and templates["replace"].applies("A dog.")
+    assert templates["swap"].applies(fourteen)
+    assert not templates["swap"].applies(fifteen)          # the paper: fewer than 15 words
+    assert not templates["swap"].applies("A sandy beach.")  # "and" must be a whole word
+    msgs = templates["swap"].messages("A cat {x} and a dog.")
+    assert [m["role"] for m in msgs] == ["user", "assistant"] * 3 + ["user"]  # few-shot turns first
+    assert msgs[-1]["content"].endswith("Sentence: A cat {x} and a dog.")   # braces survive
+    assert "synonym" in templates["replace"].messages("A dog.")[-1]["content"]
+
+
+def test_prompt_files_include_filter_and_errors(tmp_path):
+    assert [t.kind for t in load_prompts("with_negatives")] == ["replace", "swap", "replace_negative", "swap_negative"]
+    neg = load_prompts("with_negatives", ["swap_negative"])
+    assert [t.polarity for t in neg] == ["negative"]
+    custom = tmp_path / "mine.yaml"
+    custom.write_text("include: paper.yaml\nprompts:\n  - kind: replace_negative\n    polarity: negative\n"
+                      "    user: 'Break it: {caption}'\n")
+    (tmp_path / "paper.yaml").write_text("prompts:\n  - kind: replace\n    user: 'Rewrite: {caption}'\n")
+    assert [t.kind for t in load_prompts(str(custom))] == ["replace", "replace_negative"]
+    with pytest.raises(ConfigError, match="not found"):
+        load_prompts(str(tmp_path / "missing.yaml"))
+    with pytest.raises(ConfigError, match="kinds"):
+        load_prompts("paper", ["nope"])
+    (tmp_path / "bad.yaml").write_text("prompts:\n  - kind: replace\n    user: 'no placeholder'\n")
+    with pytest.raises(ConfigError, match=r"\{caption\}"):
+        load_prompts(str(tmp_path / "bad.yaml"))
+
+
+# --------------------------------------------------------------------------- engine configs
+def test_vllm_processor_config_is_built_from_config():
+    cfg = engines.VLLMEngineConfig(model_source="/models/tiny", tensor_parallel_size=2, concurrency=3, batch_size=48,
+                                   chat_template=False, engine_kwargs={"max_num_seqs": 128})
+    pc = engines.build_vllm_processor_config(cfg)
+    assert type(pc).__name__ == "vLLMEngineProcessorConfig"
+    assert pc.model_source == "/models/tiny"
+    assert pc.concurrency == 3 and pc.batch_size == 48
+    assert pc.should_continue_on_error is True  # bad rows are rejects, never a crashed job
+    assert pc.chat_template_stage is False and pc.tokenize_stage is True and pc.detokenize_stage is True
+    kw = pc.engine_kwargs
+    assert kw["tensor_parallel_size"] == 2 and kw["pipeline_parallel_size"] == 1
+    assert kw["distributed_executor_backend"] == "ray" and kw["max_num_seqs"] == 128
+    assert kw["enable_prefix_caching"] is True
+    single = engines.build_vllm_processor_config(engines.VLLMEngineConfig())
+    assert "distributed_executor_backend" not in single.engine_kwargs and single.chat_template_stage is True
+    with pytest.raises(ConfigError, match="concurrency"):
+        engines.build_vllm_processor_config(engines.VLLMEngineConfig(concurrency=0))
+    pre = engines.VLLMPre({t.kind: t for t in load_prompts("paper")}, engines.SamplingConfig(max_tokens=20), True)
+    row = pre({"kind": "replace", "caption": "A dog."})
+    assert row["sampling_params"] == {"max_tokens": 20, "temperature": 0.0, "top_p": 1.0}
+    assert row["messages"][-1]["content"].endswith("Sentence: A dog.")
+    post = engines._normalise_vllm_row("llm:m", {"request_id": "0:replace", "__inference_error__": "boom"})
+    assert post["engine_error"] == "inference_error" and post["raw_output"] is None
+
+
+def test_http_processor_config_headers_retries_and_fractional_cpus():
+    cfg = engines.HttpEngineConfig(url="http://127.0.0.1:9/v1/chat/completions", api_key_env="MY_KEY",
+                                   headers={"X-Team": "hardpos"}, qps=20, max_retries=5, concurrency=3, num_cpus=0.5)
+    pc = engines.build_http_processor_config(cfg, environ={"MY_KEY": "sk-test"})
+    assert pc.url == cfg.url and pc.qps == 20 and pc.concurrency == 3
+    assert pc.headers == {"X-Team": "hardpos", "Authorization": "Bearer sk-test"}
+    assert pc.max_retries == 0  # retries live in ResilientSession (Ray's would raise when exhausted)
+    assert pc.http_request_stage == {"num_cpus": 0.5, "concurrency": 3}
+    session = pc.session_factory()
+    assert isinstance(session, engines.ResilientSession) and session.max_retries == 5
+    assert "Authorization" not in engines.build_http_processor_config(cfg, environ={}).headers
+    with pytest.raises(ConfigError, match="url"):
+        engines.build_http_processor_config(engines.HttpEngineConfig(url="localhost:8000"))
+    with pytest.raises(ConfigError, match="num_cpus"):
+        engines.build_http_processor_config(engines.HttpEngineConfig(num_cpus=0))
+
+
+def test_parse_chat_response_covers_every_outcome():
+    ok = {"choices": [{"message": {"content": "A big dog."}}], "usage": {"prompt_tokens": 9, "completion_tokens": 3}}
+    out = engines.parse_chat_response({"status": 200, "body": json.dumps(ok)})
+    assert out == {"raw_output": "A big dog.", "engine_error": None, "engine_detail": None, "prompt_tokens": 9,
+                   "completion_tokens": 3}
+    err = engines.parse_chat_response({"status": 500, "body": json.dumps({"error": {"message": "overloaded"}})})
+    assert err["engine_error"] == "http_error" and err["engine_detail"] == "HTTP 500: overloaded"
+    down = engines.parse_chat_response({"status": 0, "body": "", "error": "ClientConnectorError", "attempts": 4})
+    assert down["engine_error"] == "request_failed" and "4 attempt" in down["engine_detail"]
+    assert engines.parse_chat_response({"status": 200, "body": "<html>"})["engine_error"] == "bad_response"
+    assert engines.parse_chat_response({"status": 200, "body": "{}"})["engine_error"] == "bad_response"
+    null = engines.parse_chat_response({"status": 200, "body": json.dumps({"choices": [{"message": {"content": None}}]})})
+    assert null["engine_error"] is None and null["raw_output"] is None  # the validator calls it "empty"
+
+
+def test_resilient_session_retries_then_reports_instead_of_raising():
+    async def post(url, body, retries=2):
+        async with engines.ResilientSession(max_retries=retries, retry_wait_s=0.001, timeout_s=5) as session:
+            async with await session.post(url, data=json.dumps(body), headers={"Content-Type": "application/json"}) as r:
+                return await r.json()
+
+    def body(caption):
+        return {"model": "m", "messages": [{"role": "user", "content": f"Replace one word.\nSentence: {caption}"}]}
+
+    caps = [f"A photo of thing number {i} on a table." for i in range(200)]
+    flaky = next(c for c in caps if behaviour(c, "replace") == "flaky")
+    broken = next(c for c in caps if behaviour(c, "replace") == "error500")
+    with OpenAIStub() as stub:
+        env = asyncio.run(post(stub.url, body(flaky)))
+        assert env["status"] == 200 and env["attempts"] == 2  # 503 once, then the answer
+        env = asyncio.run(post(stub.url, body(broken)))
+        assert env["status"] == 500 and env["attempts"] == 1  # a 500 is an answer, not retried
+    env = asyncio.run(post(f"http://127.0.0.1:{free_port()}/v1/chat/completions", body("A dog."), retries=1))
+    assert env["status"] == 0 and env["attempts"] == 2 and "Error" in env["error"]
+
+
+# --------------------------------------------------------------------------- planning
+def test_plan_shards_requests_and_input_rejects():
+    templates = load_prompts("paper")
+    caps = [{"index": i, "caption_id": f"c{i}", "caption": c, "image": None, "negatives": []} for i, c in enumerate(
+        ["A cat and a dog.", "A red bus.", "", "Bad \ufffd bytes.", "Two men and a horse on a long road."])]
+    shards = pipeline.plan(caps, templates, 2, "rule")
+    assert [len(s.captions) for s in shards] == [2, 2, 1]
+    assert [r["request_id"] for r in shards[0].requests] == ["0:replace", "0:swap", "1:replace"]
+    assert [(r["reason"], r["kind"]) for r in shards[1].input_rejects] == [("empty", "input"), ("non_text", "input")]
+    assert [r["kind"] for r in shards[2].requests] == ["replace", "swap"]
+    assert sum(s.inputs for s in shards) == 3 + 2 + 2
+
+
+def test_write_shard_refuses_duplicates_and_gaps(tmp_path):
+    caps = [{"index": 0, "caption_id": "0", "caption": "A red bus.", "image": None, "negatives": []}]
+    shard = pipeline.plan(caps, load_prompts("paper"), 10, "rule")[0]
+    row = {**shard.requests[0], "raw_output": "A crimson bus.", "engine_error": None, "engine_detail": None,
+           "prompt_tokens": 0, "completion_tokens": 0, "source": "rule"}
+    good = pipeline.judge(row)
+    assert good["status"] == "accepted" and good["text"] == "A crimson bus."
+    with pytest.raises(RuntimeError, match="duplicates 1"):
+        pipeline.write_shard(str(tmp_path), shard, [good, good], None)
+    with pytest.raises(RuntimeError, match="missing"):
+        pipeline.write_shard(str(tmp_path), shard, [], None)
+    assert pipeline.done_shards(str(tmp_path)) == set()
+    counts = pipeline.write_shard(str(tmp_path), shard, [good], None)
+    assert counts["accepted"] == 1 and pipeline.done_shards(str(tmp_path)) == {0}
+
+
+# --------------------------------------------------------------------------- Ray: http end to end
+def expected_outcome(caption: str, kind: str) -> str:
+    """What the validator must say about the stub's canned answer (the stub's contract)."""
+    from hardpos.data.validate import validate
+
+    b = behaviour(caption.strip(), kind)  # the stub sees the caption as the prompt's stripped last line
+    if b == "error500":
+        return "http_error"
+    if b in ("good", "flaky"):
+        v = validate(caption, canned(caption.strip(), kind, 1)[1], kind)
+        return "accepted" if v.accepted else v.reason
+    return {"chatter": "chatter", "empty": "empty", "identical": "identical",
+            "multi": "not_a_swap" if kind == "swap" else "too_many_edits"}[b]
+
+
+def test_http_engine_end_to_end_on_real_negclip_captions(ray_session, shared_data, tmp_path, tracking_uri):
+    from hardpos import tracking
+    from hardpos.data.captions import read_captions
+    from hardpos.data.triplets import read_triplets
+
+    n = 240
+    source = str(shared_data / NEGCLIP)
+    captions = read_captions(source, limit=n)
+    templates = load_prompts("paper")
+    expected = collections.Counter()
+    for c in captions:
+        for t in templates:
+            if t.applies(c["caption"]):
+                expected[(t.kind, expected_outcome(c["caption"], t.kind))] += 1
+    n_requests = sum(expected.values())
+    # the stub fails a "flaky" (caption, kind) once, so a caption repeated in the data is retried once in all
+    n_flaky = len({(c["caption"].strip(), t.kind) for c in captions for t in templates if t.applies(c["caption"])
+                   and behaviour(c["caption"].strip(), t.kind) == "flaky"})
+    with OpenAIStub() as stub:
+        cfg = gen_config(tmp_path, f"input={source}", f"limit={n}", "shard_size=60", *http_overrides(stub),
+                         "tracking.enabled=true", "tracking.experiment=gen-test")
+        summary = run_stage(cfg)
+        assert stub.requests == n_requests + n_flaky  # each 503 retried exactly once; nothing else resent
+
+    assert summary["complete"] and summary["shards_total"] == 4 and summary["captions"] == n
+    assert summary["inputs"] == n_requests == summary["accepted"] + summary["rejected"]
+    got = collections.Counter()
+    for kind, count in summary["accepted_by_kind"].items():
+        got[(kind, "accepted")] += count
+    for key, count in summary["rejected_by_kind_reason"].items():
+        kind, reason = key.split("/")
+        got[(kind, reason)] += count
+    assert got == expected
+    # the stub's "good" answers are realistic: nearly all pass the validator
+    good = sum(1 for c in captions for t in templates if t.applies(c["caption"])
+               and behaviour(c["caption"].strip(), t.kind) in ("good", "flaky"))
+    assert sum(summary["accepted_by_kind"].values()) >= 0.85 * good
+    assert expected[("replace", "http_error")] > 0 and expected[("replace", "chatter")] > 0
+    assert summary["this_run"]["tokens_per_s"] > 0 and summary["this_run"]["captions_per_s"] > 0
+
+    out = summary["output_dir"]
+    accepted, rejects = merged(out, "accepted"), merged(out, "rejects")
+    assert len(accepted) == summary["accepted"] and len(rejects) == summary["rejected"]
+    assert len({r["request_id"] for r in accepted + rejects}) == n_requests
+    assert all(r["source"] == "llm:stub-llm" for r in accepted)
+    http_errors = [r for r in rejects if r["reason"] == "http_error"]
+    assert http_errors and all(r["detail"].startswith("HTTP 500") and r["raw_output"] is None for r in http_errors)
+    chatter = next(r for r in rejects if r["reason"] == "chatter")
+    assert chatter["raw_output"].startswith("Sure!")  # the raw output is kept for inspection
+
+    triplets = read_triplets(os.path.join(out, "triplets.parquet"))
+    with_pos = [t for t in triplets if t["hard_positive"] is not None]
+    assert len(with_pos) == len(accepted) == summary["triplets_with_positive"]
+    # NegCLIP carries its own negatives: the join uses them, and images resolve absolutely
+    assert all(t["negative_source"] == "dataset:valid_neg_clip" for t in triplets)
+    assert all(t["hard_negative"] for t in triplets) and all(os.path.isabs(t["image"]) for t in triplets)
+    assert {t["caption_id"] for t in triplets} == {c["caption_id"] for c in captions}
+
+    run = tracking.search_runs(tracking_uri, "gen-test")[0]
+    assert run.data.metrics["accepted"] == summary["accepted"] and run.data.tags["hardpos.engine"] == "http"
+    samples = json.loads(Path(out, "samples.json").read_text())
+    assert samples["accepted"] and "http_error" in samples["rejected"]
+
+
+def test_resume_after_interruption_is_exactly_once(ray_session, shared_data, tmp_path, monkeypatch):
+    source = str(shared_data / NEGCLIP)
+    base = [f"input={source}", "limit=50", "shard_size=10"]
+    with OpenAIStub() as stub:
+        http = http_overrides(stub)
+        first = run_stage(gen_config(tmp_path, *base, *http, "max_shards=2"))
+        assert not first["complete"] and first["shards_done"] == 2 and first["shards_this_run"] == 2
+        assert not Path(first["output_dir"], "triplets.parquet").exists()  # merged only when complete
+        out = first["output_dir"]
+
+        # crash in the middle of the next run, after one more shard was committed
+        real_write, calls = pipeline.write_shard, {"n": 0}
+
+        def crashing(*args, **kwargs):
+            result = real_write(*args, **kwargs)
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise KeyboardInterrupt("simulated interruption")
+            return result
+
+        monkeypatch.setattr(pipeline, "write_shard", crashing)
+        with pytest.raises(KeyboardInterrupt):
+            run_stage(gen_config(tmp_path, *base, *http_overrides(stub)))
+        monkeypatch.setattr(pipeline, "write_shard", real_write)
+        done = pipeline.done_shards(out)
+        assert len(done) == 3 and {0, 1} < done  # shards commit in completion order
+        # a shard whose files were written but whose marker was not must be redone
+        (extra,) = done - {0, 1}
+        os.remove(pipeline.shard_path(out, extra, "done.json"))
+
+        before = stub.requests
+        final = run_stage(gen_config(tmp_path, *base, *http_overrides(stub)))
+        redo_requests = stub.requests - before
+
+    assert final["complete"] and final["shards_skipped"] == 2 and final["shards_this_run"] == 3
+    captions = pipeline.load_inputs(source, limit=50)
+    shards = pipeline.plan(captions, load_prompts("paper"), 10, "llm:stub-llm")
+    planned = [r["request_id"] for s in shards for r in s.requests]
+    # the finished shards 0-1 were not sent again (flaky rows answered by now need no retry)
+    assert redo_requests == sum(len(s.requests) for s in shards[2:])
+    rows = merged(out, "accepted") + merged(out, "rejects")
+    ids = [r["request_id"] for r in rows]
+    assert len(ids) == len(set(ids)) == len(planned) and set(ids) == set(planned)
+    assert final["inputs"] == len(planned) == final["accepted"] + final["rejected"]
+    # changing the settings of a half-done output_dir is refused, not mixed
+    with pytest.raises(ConfigError, match="different settings"):
+        run_stage(gen_config(tmp_path, f"input={source}", "limit=50", "shard_size=20", *http))
+
+
+def test_bad_inputs_fail_before_work_or_become_row_rejects(ray_session, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hardpos.cli import main
+
+    assert main(["generate", f"input={tmp_path / 'missing.jsonl'}", f"output_dir={tmp_path / 'o1'}",
+                 "tracking.enabled=false"]) == 2
+    no_col = tmp_path / "nocol.tsv"
+    no_col.write_text("filepath\tneg_caption\na.jpg\t[]\n")
+    with pytest.raises(ConfigError, match="no caption column"):
+        run_stage(gen_config(tmp_path, f"input={no_col}", name="o2"))
+    latin = tmp_path / "latin1.jsonl"
+    latin.write_bytes('{"caption": "A caf\u00e9 table."}\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        run_stage(gen_config(tmp_path, f"input={latin}", name="o3"))
+    assert not (tmp_path / "o2" / "shards").exists() and not (tmp_path / "o3" / "shards").exists()
+
+    rows = pa.table({"caption": ["A red bus and a car.", "", "Bad \ufffd bytes."], "image": ["i0.png", None, "i2.png"]})
+    src = tmp_path / "caps.parquet"
+    pq.write_table(rows, src)
+    with OpenAIStub() as stub:
+        summary = run_stage(gen_config(tmp_path, f"input={src}", *http_overrides(stub), name="o4"))
+    assert summary["inputs"] == 4 and summary["rejected_by_kind"].get("input") == 2
+    assert summary["rejected_by_kind_reason"]["input/empty"] == 1
+    assert summary["rejected_by_kind_reason"]["input/non_text"] == 1
+    rejects = merged(summary["output_dir"], "rejects")
+    assert {r["caption_id"] for r in rejects if r["kind"] == "input"} == {"1", "2"}
+
+
+def test_s3_output_dir_resumes(ray_session, s3_env, tmp_path):
+    src = tmp_path / "caps.jsonl"
+    src.write_text("".join(json.dumps({"caption": f"A man holding umbrella number {i}.", "image": f"im{i}.png"}) + "\n"
+                           for i in range(12)))
+    with OpenAIStub() as stub:
+        over = [f"input={src}", "shard_size=4", *http_overrides(stub), f"output_dir=s3://{s3_env}/gen"]
+        first = run_stage(gen_config(tmp_path, *over, "max_shards=1"))
+        final = run_stage(gen_config(tmp_path, *over))
+    assert first["shards_done"] == 1 and final["complete"] and final["shards_this_run"] == 2
+    assert final["inputs"] == 12 == final["accepted"] + final["rejected"]
+    from hardpos.data.triplets import read_triplets
+
+    triplets = read_triplets(f"s3://{s3_env}/gen/triplets.parquet")
+    assert all(t["image"] == str(tmp_path / t["image"].rsplit("/", 1)[-1]) for t in triplets)
+
+
+# --------------------------------------------------------------------------- GPU: vLLM
+@pytest.mark.gpu
+def test_vllm_engine_runs_a_small_model(ray_session, shared_data, tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    pytest.importorskip("vllm", reason="vllm is not installed (pip install hardpos[vllm])")
+    model = os.environ.get("HARDPOS_VLLM_MODEL")
+    if not model:
+        pytest.skip("set HARDPOS_VLLM_MODEL to a small local instruct model (e.g. a Qwen2.5-0.5B-Instruct folder)")
+    summary = run_stage(gen_config(tmp_path, f"input={shared_data / NEGCLIP}", "limit=64", "shard_size=32",
+                                   "engine.kind=vllm", f"engine.vllm.model_source={model}",
+                                   "engine.vllm.max_model_len=1024", "engine.vllm.batch_size=32"))
+    assert summary["complete"] and summary["inputs"] == summary["accepted"] + summary["rejected"]
+    assert summary["accepted"] > 0 and summary["this_run"]["tokens_per_s"] > 0
