@@ -1,0 +1,273 @@
+"""Ray-free pieces of the scoring service (hardpos.serving): limits, decoding, captions,
+cache, verdicts, auth, config. Fast; the real HTTP app is tested in test_serve.py."""
+from __future__ import annotations
+
+import base64
+import io
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hardpos import serving as S
+from hardpos.config import ConfigError
+from serve_util import bomb_png, png_bytes
+
+LIM = S.ServingLimits(max_image_bytes=100_000, max_image_pixels=250_000, max_captions=4, max_caption_chars=50)
+
+
+def _status(fn, *args, **kwargs) -> tuple[int, str]:
+    with pytest.raises(S.ServingError) as info:
+        fn(*args, **kwargs)
+    return info.value.status, info.value.message
+
+
+# --------------------------------------------------------------------------- base64 / images
+def test_decode_base64_variants():
+    raw = png_bytes(0)
+    text = base64.b64encode(raw).decode()
+    assert S.decode_base64_image(text, LIM) == raw
+    assert S.decode_base64_image("data:image/png;base64," + text, LIM) == raw
+    wrapped = "\n".join(text[i:i + 76] for i in range(0, len(text), 76))  # MIME line wrapping
+    assert S.decode_base64_image(wrapped, LIM) == raw
+    assert S.decode_base64_image(base64.urlsafe_b64encode(b"\xfb\xff" * 10).decode(), LIM) == b"\xfb\xff" * 10
+
+
+@pytest.mark.parametrize("value,status,message", [
+    (None, 400, "image_b64 is missing"),
+    (123, 400, "must be a base64 string, got int"),
+    ("", 400, "image_b64 is empty"),
+    ("!!!!", 400, "not valid base64"),
+    ("abc", 400, "not valid base64"),  # bad padding
+    ("https://example.com/cat.png", 400, "URLs are not fetched"),
+    ("file:///etc/passwd", 400, "URLs are not fetched"),
+    ("data:image/png,abcd", 400, "data URL must look like"),
+    ("A" * 200_000, 413, "the limit is 100000 bytes"),
+])
+def test_decode_base64_errors(value, status, message):
+    got_status, got_message = _status(S.decode_base64_image, value, LIM)
+    assert got_status == status and message in got_message
+
+
+def test_open_image_accepts_modes_and_returns_rgb():
+    from PIL import Image
+
+    for mode in ("RGB", "RGBA", "L", "P"):
+        img = S.open_image(png_bytes(1, size=20, mode=mode), LIM)
+        assert img.mode == "RGB" and img.size == (20, 20)
+    buf = io.BytesIO()
+    Image.new("RGB", (30, 10), "red").save(buf, format="JPEG")
+    assert S.open_image(buf.getvalue(), LIM).getpixel((5, 5))[0] > 200
+
+
+@pytest.mark.parametrize("raw,status,message", [
+    (b"definitely not an image", 400, "not a decodable image"),
+    (png_bytes(2)[:100], 400, "truncated or corrupt"),
+    (b"\x89PNG" + bytes(100_001), 413, "the limit is 100000 bytes"),
+    (bomb_png(600, 600, rows=600), 413, "600x600 = 360000 pixels; the limit is 250000"),
+    (bomb_png(100_000, 100_000), 413, "pixels"),  # header-only bomb: refused before any decode
+])
+def test_open_image_errors(raw, status, message):
+    got_status, got_message = _status(S.open_image, raw, LIM)
+    assert got_status == status and message in got_message
+
+
+def test_decompression_bomb_is_refused_from_its_header_fast():
+    raw = bomb_png(20_000, 20_000, rows=200)  # 1.2 GB of pixels if decoded
+    assert len(raw) < 100_000
+    start = time.perf_counter()
+    status, _ = _status(S.open_image, raw, S.ServingLimits())
+    assert status == 413 and time.perf_counter() - start < 0.5
+
+
+def test_format_allowlist():
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buf, format="BMP")
+    assert S.open_image(buf.getvalue(), LIM).size == (8, 8)
+    status, message = _status(S.open_image, buf.getvalue(), S.ServingLimits(formats=["PNG"]))
+    assert status == 400 and "accepted formats: PNG" in message
+
+
+# --------------------------------------------------------------------------- captions
+@pytest.mark.parametrize("captions,message", [
+    (None, "captions is missing"),
+    ("a dog", "must be a list of strings, got str"),
+    ({"a": 1}, "must be a list of strings, got dict"),
+    ([], "captions is empty"),
+    (["a", 3], "captions[1] must be a string, got int"),
+    (["a", None], "captions[1] is missing"),
+    (["a", ""], "captions[1] is an empty caption"),
+    (["a"] * 5, "too many captions: 5 in captions; the limit is 4"),
+    (["x" * 51], "captions[0] is too long: 51 characters; the limit is 50"),
+])
+def test_validate_captions_errors(captions, message):
+    status, got = _status(S.validate_captions, captions, LIM)
+    assert status == 400 and message in got
+
+
+def test_validate_captions_ok_and_token_lengths():
+    import open_clip
+
+    from hardpos.model import register_model_configs
+
+    assert S.validate_captions(("a", "b c"), LIM) == ["a", "b c"]
+    register_model_configs()
+    tok = open_clip.get_tokenizer("hardpos-tiny")
+    assert S.token_count(tok, "a red circle") == 5  # 3 BPE tokens + start + end
+    S.check_token_lengths(tok, ["a red circle"], 32)
+    status, message = _status(S.check_token_lengths, tok, ["ok", " ".join(["dog"] * 31)], 32)
+    assert status == 400 and message == "captions[1] is too long: 33 tokens; this model's context length is 32"
+    assert S.token_count(object(), "x") is None  # tokenizers that cannot count are not checked
+
+
+# --------------------------------------------------------------------------- payloads
+def test_parse_payloads():
+    img = base64.b64encode(png_bytes(0)).decode()
+    raw, caps, soft = S.parse_score_payload({"image_b64": img, "captions": ["a"], "softmax": True}, LIM)
+    assert raw == png_bytes(0) and caps == ["a"] and soft is True
+    status, message = _status(S.parse_score_payload, {"image_b64": img, "captions": ["a"], "extra": 1}, LIM)
+    assert status == 400 and "unknown field(s) 'extra'" in message
+    _, texts = S.parse_compare_payload({"image_b64": img, "caption": "c", "hard_negative": "n", "hard_positive": None}, LIM)
+    assert texts == ["c", "n"]
+    items, soft = S.parse_batch_payload({"items": [{"image_b64": img, "captions": ["a"]}, {"image_b64": img}]}, LIM)
+    assert items[0] == (png_bytes(0), ["a"]) and soft is False
+    assert isinstance(items[1], S.ServingError) and items[1].message.startswith("items[1].captions is missing")
+    assert _status(S.parse_json_body, b"{oops")[1].startswith("the request body is not valid JSON")
+    assert _status(S.parse_json_body, b"  ")[1].startswith("the request body is empty")
+    assert _status(S.parse_flag, "perhaps", "softmax")[1] == "softmax must be a boolean, got 'perhaps'"
+    assert S.parse_flag("true", "x") is True and S.parse_flag("0", "x") is False and S.parse_flag(None, "x") is False
+
+
+# --------------------------------------------------------------------------- cache / stats
+def test_lru_cache_evicts_least_recently_used():
+    cache = S.LRUCache(2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1  # a is now the most recent
+    cache.put("c", 3)
+    assert "b" not in cache and cache.get("a") == 1 and cache.get("c") == 3
+    assert cache.get("b") is None
+    assert cache.stats() == {"entries": 2, "max_entries": 2, "hits": 3, "misses": 1, "hit_rate": 0.75}
+    off = S.LRUCache(0)
+    off.put("a", 1)
+    assert len(off) == 0
+
+
+def test_lru_cache_is_bounded_under_threads():
+    cache = S.LRUCache(50)
+
+    def work(offset):
+        for i in range(500):
+            cache.put((offset, i), i)
+            cache.get((offset, i - 1))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(cache) == 50
+
+
+def test_encode_with_cache_encodes_each_distinct_miss_once():
+    cache = S.LRUCache(10)
+    calls = []
+
+    def encode(keys):
+        calls.append(list(keys))
+        return [k.upper() for k in keys]
+
+    assert S.encode_with_cache(cache, ["a", "b", "a"], encode) == ["A", "B", "A"]
+    assert S.encode_with_cache(cache, ["b", "c", "a", "c"], encode) == ["B", "C", "A", "C"]
+    assert calls == [["a", "b"], ["c"]]
+    assert S.encode_with_cache(cache, ["a"], encode) == ["A"] and len(calls) == 2
+
+
+def test_batch_stats_summary():
+    stats = S.BatchStats()
+    for size in (1, 4, 4, 16):
+        stats.record(size)
+    assert stats.summary() == {"batches": 4, "items": 25, "max_batch_size_seen": 16, "mean_batch_size": 6.25,
+                               "histogram": {"1": 1, "4": 2, "16": 1}}
+
+
+# --------------------------------------------------------------------------- scores
+def test_softmax_matches_numpy():
+    import numpy as np
+
+    scores = [0.31, 0.29, -0.1]
+    logits = 100 * np.array(scores)
+    want = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    assert S.softmax(scores, 100.0) == pytest.approx(list(want))
+    assert sum(S.softmax([5.0, 5.0], 1000.0)) == pytest.approx(1.0)
+    assert S.softmax([], 1.0) == []
+
+
+@pytest.mark.parametrize("s_c,s_n,s_p,orig,aug,brittle", [
+    (0.9, 0.5, 0.8, True, True, False),     # right on both
+    (0.9, 0.5, 0.4, True, False, True),     # perturbation detector: beats the negative, rejects the positive
+    (0.4, 0.5, 0.9, False, False, True),    # the mirror case
+    (0.4, 0.5, 0.3, False, False, False),   # simply wrong
+    (0.5, 0.5, 0.9, False, False, False),   # a tie counts against the model
+    (0.9, 0.5, 0.5, True, False, False),    # s_p == s_n: not augmented-correct, not brittle (strict)
+])
+def test_verdicts_follow_design_section_5(s_c, s_n, s_p, orig, aug, brittle):
+    assert S.verdicts(s_c, s_n, s_p) == {"correct_original": orig, "correct_augmented": aug, "brittle": brittle}
+
+
+def test_verdicts_without_positive():
+    assert S.verdicts(0.2, 0.1) == {"correct_original": True, "correct_augmented": None, "brittle": None}
+
+
+# --------------------------------------------------------------------------- auth / errors / config
+def test_check_bearer():
+    digest = S.token_digest("t0k")
+    S.check_bearer(None, None)  # auth off
+    S.check_bearer("Bearer t0k", digest)
+    S.check_bearer("bearer  t0k ", digest)
+    for header, message in [(None, "missing bearer token"), ("Basic abc", "malformed"), ("Bearer", "malformed"),
+                            ("Bearer nope", "invalid bearer token")]:
+        status, got = _status(S.check_bearer, header, digest)
+        assert status == 401 and message in got
+
+
+def test_classify_load_error():
+    from mlflow.exceptions import MlflowException
+
+    assert S.classify_load_error("x", FileNotFoundError("model checkpoint not found: x")).status == 404
+    exc = MlflowException("Registered model alias champion not found.", error_code="RESOURCE_DOES_NOT_EXIST")
+    err = S.classify_load_error("models:/m@champion", exc)
+    assert err.status == 404 and "models:/m@champion" in err.message
+    err = S.classify_load_error("ckpt", RuntimeError("Error(s) in loading state_dict: size mismatch"))
+    assert err.status == 503 and "could not be loaded" in err.message
+
+
+def test_app_config_validation():
+    cfg = S.load_app_config({"batching": {"max_batch_size": 8}, "limits": {"max_captions": 3}})
+    assert cfg.batching.max_batch_size == 8 and cfg.limits.max_captions == 3
+    assert S.load_app_config({"batching": {"enabled": False}}).batching.effective_max_batch_size == 1
+    with pytest.raises(ConfigError, match="limits.max_captions must be > 0"):
+        S.load_app_config({"limits": {"max_captions": 0}})
+    with pytest.raises(ConfigError, match="max_ongoing_requests"):
+        S.load_app_config({"batching": {"max_batch_size": 32}, "model_deployment": {"max_ongoing_requests": 8}})
+    with pytest.raises(ConfigError):
+        S.load_app_config({"modle": "typo"})
+    with pytest.raises(ConfigError):
+        S.load_app_config({"device": "tpu"})
+
+
+def test_serve_config_yaml_is_a_valid_deploy_config():
+    from ray.serve.schema import ServeDeploySchema
+
+    path = Path(__file__).resolve().parent.parent / "serve" / "config.yaml"
+    data = yaml.safe_load(path.read_text())
+    ServeDeploySchema.model_validate(data)
+    app = data["applications"][0]
+    assert app["import_path"] == "serve.app:build_app"
+    cfg = S.load_app_config(app["args"])
+    assert cfg.model == "models:/hardpos-clip@champion"
+    assert (cfg.model_deployment.max_ongoing_requests or 0) >= cfg.batching.max_batch_size
