@@ -133,3 +133,127 @@ def test_paper_table_rederived_from_shared_files_matches_shipped(shared_data):
     assert {("red", "crimson"), ("white", "ivory"), ("large", "big"), ("wet", "damp")} <= att
     assert len(att) == 23 and len(rel) == 15  # paper: 24 attribute / 14 relation rules (see report)
     assert shipped["provenance"]["attributes_rows"] == 10575 and shipped["provenance"]["relations_rows"] == 16868
+
+
+# ---------------------------------------------------------------------------- the job
+def test_perturb_job_on_negclip_subprocess(shared_data, tmp_path, tracking_uri):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hardpos.data.triplets import read_triplets
+
+    repo = Path(__file__).resolve().parent.parent
+    out = tmp_path / "p"
+    proc = subprocess.run(
+        [sys.executable, str(repo / "jobs" / "perturb.py"), f"input={shared_data / 'negclip' / 'valid_neg_clip.tsv'}",
+         f"output_dir={out}", "limit=400"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "captions/s" in proc.stdout and "coverage" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["inputs"] == 400 == summary["written"] + summary["rejected"]
+    assert summary["coverage"]["neg_replace"] > 0.8 and summary["coverage"]["pos_replace"] > 0.7
+    assert summary["coverage"]["pos_swap"] > 0.05 and summary["captions_per_s_rules"] > 0
+    rows = read_triplets(str(out / "triplets.parquet"))
+    assert rows[0]["caption"] == "A child holding a flowered umbrella and petting a yak."
+    assert rows[0]["image"] == "coco/val2014/COCO_val2014_000000184613.jpg" and rows[0]["source"] == "rule"
+    filled = [r for r in rows if r["hard_negative"] and r["hard_positive"]]
+    assert len(filled) / len(rows) > 0.7
+    for r in filled:
+        assert validate(r["caption"], r["hard_positive"], r["kind"]).accepted
+        assert validate(r["caption"], r["hard_negative"], r["kind"] + "_negative").accepted
+        assert r["negative_slot"] and r["positive_slot"]
+
+
+def test_perturb_job_keeps_every_row_and_is_deterministic(tmp_path):
+    from hardpos import runtime
+    from hardpos.config import TrackingConfig
+    from hardpos.data.triplets import read_triplets
+    from hardpos.stages.perturb import Config
+
+    src = tmp_path / "caps.jsonl"
+    caps = ["A dog chasing a cat on the grass.", "", "   ", "zzz qqq", "A red car and a blue bus.",
+            "a man wearing glasses and holding a bottle"]
+    src.write_text("".join(json.dumps({"id": i, "caption": c, "image": f"{i}.jpg"}) + "\n" for i, c in enumerate(caps)))
+    off = TrackingConfig(enabled=False)
+    s1 = runtime.execute("perturb", Config(input=str(src), output_dir=str(tmp_path / "a"), tracking=off,
+                                           image_root="/data/coco"), quiet=True)
+    s2 = runtime.execute("perturb", Config(input=str(src), output_dir=str(tmp_path / "b"), tracking=off,
+                                           image_root="/data/coco", output_format="jsonl"), quiet=True)
+    assert s1["inputs"] == 6 and s1["written"] == 4 and s1["rejected"] == 2 and s1["rejects_by_reason"] == {"empty": 2}
+    rejects = [json.loads(x) for x in (tmp_path / "a" / "rejects.jsonl").read_text().splitlines()]
+    assert [r["caption_id"] for r in rejects] == ["1", "2"] and {r["reason"] for r in rejects} == {"empty"}
+    a = read_triplets(str(tmp_path / "a" / "triplets.parquet"))
+    b = read_triplets(str(tmp_path / "b" / "triplets.jsonl"))
+    assert a == b
+    by = {r["caption_id"]: r for r in a}
+    assert by["0"]["image"] == "/data/coco/0.jpg"
+    assert by["3"]["hard_negative"] is None and by["3"]["hard_positive"] is None and by["3"]["kind"] == "none"
+    assert s1["filled"]["with_neither"] == 1
+    swap_only = runtime.execute("perturb", Config(input=str(src), output_dir=str(tmp_path / "c"), tracking=off,
+                                                  kinds=["swap"]), quiet=True)
+    rows = read_triplets(str(tmp_path / "c" / "triplets.parquet"))
+    assert swap_only["coverage"].keys() >= {"neg_swap", "pos_swap"} and "neg_replace" not in swap_only["coverage"]
+    assert {r["kind"] for r in rows} <= {"swap", "none"}
+    assert {r["hard_positive"] for r in rows if r["caption_id"] == "5"} == {"a man holding a bottle and wearing glasses"}
+
+
+def test_perturb_job_on_a_world_with_ray_workers(tmp_path, ray_session):
+    from hardpos import runtime
+    from hardpos.config import TrackingConfig
+    from hardpos.data.triplets import read_triplets
+    from hardpos.data.world import Scene, WorldConfig, generate_world, truth
+    from hardpos.stages.perturb import Config
+
+    wcfg = WorldConfig(seed=1, n_pretrain=10, n_finetune=80, n_benchmark=0)
+    generate_world(wcfg, str(tmp_path / "world"))
+    off = TrackingConfig(enabled=False)
+    summary = runtime.execute("perturb", Config(input=str(tmp_path / "world"), output_dir=str(tmp_path / "p"),
+                                                num_workers=2, tracking=off), quiet=True)
+    assert summary["lexicon"] == "world" and summary["written"] == 80
+    local = runtime.execute("perturb", Config(input=str(tmp_path / "world"), output_dir=str(tmp_path / "q"),
+                                              tracking=off), quiet=True)
+    rows = read_triplets(str(tmp_path / "p" / "triplets.parquet"))
+    assert rows == read_triplets(str(tmp_path / "q" / "triplets.parquet"))  # Ray tasks == in-process
+    assert summary["coverage"] == local["coverage"]
+    from pathlib import Path
+
+    for r in rows:
+        assert Path(r["image"]).is_file()  # world-relative paths were resolved
+        scene = Scene.from_json(r["scene"])
+        if r["hard_positive"]:
+            assert truth(r["hard_positive"], scene, wcfg) is True
+    false = [truth(r["hard_negative"], Scene.from_json(r["scene"]), wcfg) is False for r in rows if r["hard_negative"]]
+    assert len(false) >= 75 and sum(false) / len(false) >= 0.95
+
+
+def test_perturb_job_s3_in_and_out(tmp_path, s3_env):
+    from hardpos import runtime, storage
+    from hardpos.config import TrackingConfig
+    from hardpos.data.triplets import read_triplets
+    from hardpos.stages.perturb import Config
+
+    src = f"s3://{s3_env}/in/caps.json"
+    storage.write_text(src, json.dumps([{"caption": "A black and white cat sitting on top of a toilet seat."}]))
+    out = f"s3://{s3_env}/out/p"
+    summary = runtime.execute("perturb", Config(input=src, output_dir=out, tracking=TrackingConfig(enabled=False)),
+                              quiet=True)
+    assert summary["written"] == 1
+    rows = read_triplets(f"{out}/triplets.parquet")
+    assert rows[0]["hard_negative"] and rows[0]["hard_positive"]
+
+
+def test_perturb_job_bad_input_is_a_config_error(tmp_path):
+    from hardpos import runtime
+    from hardpos.config import ConfigError, TrackingConfig
+    from hardpos.stages.perturb import Config
+
+    off = TrackingConfig(enabled=False)
+    with pytest.raises(ConfigError, match="input is required"):
+        runtime.execute("perturb", Config(output_dir=str(tmp_path / "x"), tracking=off), quiet=True)
+    with pytest.raises(ConfigError, match="not found"):
+        runtime.execute("perturb", Config(input=str(tmp_path / "none.json"), output_dir=str(tmp_path / "x"),
+                                          tracking=off), quiet=True)
+    with pytest.raises(ConfigError, match="kinds"):
+        runtime.execute("perturb", Config(input=str(tmp_path / "none.json"), kinds=["delete"],
+                                          output_dir=str(tmp_path / "x"), tracking=off), quiet=True)

@@ -16,7 +16,7 @@ Captions come from a small grammar in a canonical surface form:
 Meaning is exact and order-free: a list caption is true when distinct objects match its
 noun phrases; a relation caption when some ordered pair of distinct matching objects
 stands in that relation.  :func:`truth` evaluates any caption of the grammar, including the
-non-canonical synonyms ("crimson", "big", "over", "on the left side of") and conjunct
+non-canonical synonyms ("crimson", "big", "over", "left of") and conjunct
 orders, against a scene and returns True / False / None (None: a relation within the
 ambiguity margin, neither clearly true nor clearly false).
 
@@ -74,7 +74,7 @@ SYNONYMS = {
     "white": "ivory", "orange": "tangerine", "pink": "rosy", "brown": "chestnut", "gray": "grey",
     "large": "big", "small": "little",
     "above": "over", "below": "beneath",
-    "to the left of": "on the left side of", "to the right of": "on the right side of",
+    "to the left of": "left of", "to the right of": "right of",
 }
 RELATIONS = ("to the left of", "to the right of", "above", "below")
 SHAPES_ALL = ("circle", "square", "triangle", "diamond", "star")
