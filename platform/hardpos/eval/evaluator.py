@@ -337,8 +337,6 @@ def evaluate_loaded(model, preprocess: Callable, tokenizer: Callable, bench: Ben
     result_metrics = benchmark_metrics(bench.name, subsets, s_c, s_n, s_p, bench.aggregate)
     result_metrics[f"{bench.name}/n_missing_images"] = len(missing)
     result_metrics[f"{bench.name}/n_excluded_items"] = int((~ok).sum())
-    if not bench.has_positives:  # SugarCrepe: the positive-dependent figures do not exist
-        s_p = np.full(len(s_c), np.nan)
     return BenchmarkResult(
         name=bench.name, kind=bench.kind, aggregate=bench.aggregate, item_ids=item_ids, subsets=subsets,
         s_c=s_c, s_n=s_n, s_p=s_p, metrics=result_metrics, missing_images=missing,
