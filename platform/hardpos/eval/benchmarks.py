@@ -29,6 +29,10 @@ Formats (``BenchmarkSpec.kind``):
 
 Relative image paths resolve against ``spec.image_root`` or, when that is None, the
 benchmark file's folder (``<path>`` for folder kinds).
+
+``spec.limit`` keeps the first N items *of every subset* for REPLACE (N attributes + N
+relations) and SugarCrepe (N per category), so a quick run still covers every subset; the
+first N items overall for SWAP and triplet files.
 """
 from __future__ import annotations
 
