@@ -1,0 +1,74 @@
+"""Finetune an open_clip CLIP on triplets with the combined hard-negative + hard-positive
+loss, on Ray Train (TorchTrainer, DDP; gloo on CPU, NCCL on GPU).
+
+Writes <output_dir>/model (the final checkpoint, open_clip local-dir format), Ray Train's
+checkpoints under checkpoint.storage_path (default <output_dir>/ray_train), logs per-step
+loss terms and per-epoch validation/benchmark metrics to MLflow, and logs the final model
+as the MLflow model `model` of this run (load it with pretrained=runs:/<run_id>/model).
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hardpos.runtime import JobContext
+from hardpos.train.loop import TrainConfig, build_trainer, fit  # noqa: F401  (fit: API for the sweep)
+
+Config = TrainConfig
+
+
+def _numeric(metrics: dict[str, Any] | None) -> dict[str, float]:
+    from hardpos.tracking import numeric_metrics
+
+    return numeric_metrics(metrics or {})
+
+
+def run(cfg: Config, ctx: JobContext) -> dict:
+    """Train, export the final checkpoint to <output_dir>/model, log it as an MLflow model."""
+    from hardpos import storage
+    from hardpos.train.loop import MODEL_DIR
+
+    trainer, plan, cfg = build_trainer(cfg, run_logger=ctx.run)
+    if ctx.run is not None:
+        ctx.run.log_params({"plan": vars(plan)})
+    result = trainer.fit()
+    if result.error is not None:
+        raise RuntimeError(f"training failed: {result.error}") from result.error
+    if result.checkpoint is None:
+        raise RuntimeError("training finished without a checkpoint (no step was trained?)")
+    final_dir = ctx.path(MODEL_DIR)
+    model_uri = None
+    with result.checkpoint.as_directory() as ckpt_dir:
+        src = Path(ckpt_dir) / MODEL_DIR
+        with tempfile.TemporaryDirectory(prefix="hardpos-final-") as tmp:
+            local = Path(tmp) / MODEL_DIR
+            shutil.copytree(src, local)
+            if storage.is_s3(final_dir) or Path(final_dir).resolve() != local.resolve():
+                if not storage.is_s3(final_dir) and Path(final_dir).exists():
+                    shutil.rmtree(final_dir)
+                storage.upload_dir(local, final_dir)
+            if ctx.run is not None:
+                from hardpos.mlflow_model import log_model
+
+                model_uri = log_model(ctx.run, local)
+    metrics = _numeric(result.metrics)
+    steps = int(metrics.get("step", 0))
+    summary = {
+        "final_metrics": {k: v for k, v in metrics.items() if k not in ("step", "epoch")},
+        "checkpoint": final_dir,
+        "ray_checkpoint": result.checkpoint.path,
+        "model_uri": model_uri,
+        "steps": steps,
+        "epochs": int(metrics.get("epoch", 0)),
+        "steps_per_epoch": plan.steps_per_epoch,
+        "total_steps": plan.total_steps,
+        "global_batch": plan.global_batch,
+        "train_rows": plan.train_rows,
+        "val_rows": plan.val_rows,
+        "samples_per_s": metrics.get("perf/samples_per_s", 0.0),
+    }
+    print(f"trained {steps} steps; final loss/total {metrics.get('loss/total', float('nan')):.4f}, "
+          f"val/loss {metrics.get('val/loss', float('nan')):.4f}; model: {final_dir}")
+    return summary

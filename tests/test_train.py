@@ -1,0 +1,258 @@
+"""Training: the input pipeline pieces, the schedule, and real Ray Train runs on CPU
+(2 gloo workers): finetune + checkpoint + MLflow model, explicit resume, injected fault
+with automatic resume (S3 data and checkpoints on moto)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hardpos.config import ConfigError, load_config
+from hardpos.train.data import DataError, Preprocess, read_triplets_dataset, split_of, to_model_batch
+from hardpos.train.loop import TrainConfig, lr_factor, param_groups, plan_steps
+from train_util import write_triplets
+
+BASE = ["batch_size=8", "optim.lr=0.001", "optim.warmup_steps=2", "log_every=1", "data.shuffle_buffer=0",
+        "fault.max_failures=0"]
+
+
+# --------------------------------------------------------------------------- units
+def test_plan_steps_and_schedule():
+    cfg = load_config(TrainConfig, None, ["batch_size=8", "epochs=3", "scaling.num_workers=2"])
+    assert plan_steps(54, cfg) == (3, 9)  # 27 rows per worker -> 3 full batches of 8
+    assert plan_steps(54, dataclasses.replace(cfg, max_steps=5)) == (3, 5)
+    with pytest.raises(ConfigError, match="fewer than one global batch"):
+        plan_steps(15, cfg)
+    assert lr_factor(0, 4, 20) == pytest.approx(0.25)
+    assert lr_factor(3, 4, 20) == pytest.approx(1.0)
+    assert lr_factor(4, 4, 20) == pytest.approx(1.0)
+    assert lr_factor(12, 4, 20) == pytest.approx(0.5)
+    assert lr_factor(20, 4, 20) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_weight_decay_only_on_weight_matrices():
+    from hardpos.model import ModelConfig, load_model
+
+    model = load_model(ModelConfig()).model
+    decay, no_decay = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    no_decay_names = {names[id(p)] for p in no_decay["params"]}
+    assert "logit_scale" in no_decay_names
+    assert "ln_final.weight" in no_decay_names and "ln_final.bias" in no_decay_names
+    assert all(p.ndim >= 2 for p in decay["params"]) and decay["weight_decay"] == 0.1
+    assert no_decay["weight_decay"] == 0.0
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_bad_config_values_are_rejected():
+    with pytest.raises(ConfigError, match="batch_size must be >= 1"):
+        load_config(TrainConfig, None, ["batch_size=0"])
+    with pytest.raises(ConfigError, match="val_fraction"):
+        load_config(TrainConfig, None, ["data.val_fraction=1.5"])
+    with pytest.raises(ConfigError, match="precision"):
+        load_config(TrainConfig, None, ["precision=fp8"])
+
+
+def test_shipped_configs_load():
+    repo = Path(__file__).resolve().parent.parent
+    tiny = load_config(TrainConfig, repo / "jobs/configs/train.yaml")
+    assert tiny.model.arch == "hardpos-tiny" and tiny.scaling.num_workers == 2 and not tiny.scaling.use_gpu
+    paper = load_config(TrainConfig, repo / "jobs/configs/train_paper.yaml")
+    assert (paper.model.arch, paper.model.pretrained) == ("ViT-B-32-quickgelu", "openai")
+    assert (paper.scaling.num_workers, paper.scaling.use_gpu, paper.batch_size, paper.epochs) == (4, True, 128, 5)
+    assert paper.optim.lr == 5e-6
+
+
+def _preprocess_udf(base_dir):
+    from hardpos.model import ModelConfig, load_model
+
+    lm = load_model(ModelConfig())
+    return Preprocess(lm.preprocess_val, lm.tokenizer, 32, str(base_dir)), lm
+
+
+def test_preprocess_keeps_bad_rows_as_counted_rejects(tmp_path):
+    path, rows = write_triplets(tmp_path, n=3, bad=2)
+    rows.append({**rows[0], "caption": None})
+    udf, lm = _preprocess_udf(tmp_path)
+    batch = {k: np.array([r[k] for r in rows], dtype=object) for k in ("image", "caption", "hard_negative", "hard_positive")}
+    out = udf(batch)
+    assert out["ok"].tolist() == [True, True, True, False, False, False]
+    assert "missing_0" in out["error"][3] and "FileNotFoundError" in out["error"][3]
+    assert "corrupt_1" in out["error"][4]
+    assert out["error"][5] == "no caption"
+    assert out["image"].shape == (6, 3, 32, 32) and out["image"][:3].std() > 0
+    assert out["has_neg"].tolist() == [r["hard_negative"] is not None for r in rows]
+    # Tokens are the tokenizer's, one row per text.
+    assert torch.equal(torch.as_tensor(out["text_tokens"][0]).long(), lm.tokenizer([rows[0]["caption"]])[0])
+
+    mb = to_model_batch(out, batch_size=8)
+    assert mb["skipped"] == 3
+    assert mb["images"].shape == (8, 3, 32, 32)
+    assert mb["row_mask"].tolist() == [True] * 3 + [False] * 5
+    assert not (mb["neg_mask"] & ~mb["row_mask"]).any() and not (mb["pos_mask"] & ~mb["row_mask"]).any()
+    longest = max(len(lm.tokenizer([t])[0].nonzero()) for r in rows[:3] for t in (r["caption"], r["hard_negative"] or "", r["hard_positive"] or ""))
+    assert mb["text_tokens"].shape[1] == mb["neg_tokens"].shape[1] == longest
+
+
+def test_triplet_module_features_equal_separate_encoding(tmp_path):
+    from hardpos.model import encode_image, encode_text, tokenize
+    from hardpos.train.loop import _triplet_module
+
+    path, rows = write_triplets(tmp_path, n=6)
+    udf, lm = _preprocess_udf(tmp_path)
+    batch = {k: np.array([r[k] for r in rows], dtype=object) for k in ("image", "caption", "hard_negative", "hard_positive")}
+    mb = to_model_batch(udf(batch), batch_size=6)
+    net = _triplet_module()(lm.model).eval()
+    with torch.no_grad():
+        out = net(mb["images"], mb["text_tokens"], mb["neg_tokens"], mb["pos_tokens"], mb["neg_mask"], mb["pos_mask"])
+        text = encode_text(lm.model, tokenize(lm.tokenizer, [r["caption"] for r in rows]))
+        image = encode_image(lm.model, mb["images"])
+    torch.testing.assert_close(out["text"], text, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["image"], image)
+    for key, col, mask in (("negative", "hard_negative", mb["neg_mask"]), ("positive", "hard_positive", mb["pos_mask"])):
+        idx = [i for i, r in enumerate(rows) if r[col] is not None]
+        assert mask.nonzero().flatten().tolist() == idx
+        with torch.no_grad():
+            ref = encode_text(lm.model, tokenize(lm.tokenizer, [rows[i][col] for i in idx]))
+        torch.testing.assert_close(out[key][idx], ref, atol=1e-5, rtol=1e-5)
+        assert out[key][~mask].abs().sum() == 0
+
+
+def test_missing_or_malformed_training_data_is_a_clear_error(tmp_path):
+    with pytest.raises(DataError, match="training data not found"):
+        read_triplets_dataset(str(tmp_path / "nope.parquet"))
+
+
+def test_split_is_stable_and_roughly_proportional():
+    names = [f"images/{i}.png" for i in range(2000)]
+    val = [n for n in names if split_of(n, 0.1)]
+    assert 150 < len(val) < 250
+    assert val == [n for n in names if split_of(n, 0.1)]
+    assert not any(split_of(n, 0.0) for n in names)
+
+
+# --------------------------------------------------------------------------- Ray Train runs
+@pytest.fixture(scope="module")
+def trained(ray_session, tmp_path_factory):
+    """One 2-worker run (2 epochs, val split, per-epoch benchmark, MLflow) shared by tests."""
+    import os
+
+    from hardpos import runtime
+
+    root = tmp_path_factory.mktemp("train")
+    path, rows = write_triplets(root / "data", n=64, bad=4)
+    bench, _ = write_triplets(root / "bench", n=12, seed=3)
+    uri = f"sqlite:///{root / 'mlruns.db'}"
+    cfg = load_config(TrainConfig, None, [
+        *BASE, f"output_dir={root / 'out'}", f"data.train_path={path}", "data.val_fraction=0.15", "epochs=2",
+        f"tracking.tracking_uri={uri}", "tracking.experiment=test-train",
+        f"eval_benchmarks=[{{name: bench, kind: triplets, path: '{bench}'}}]"])
+    old = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    try:
+        summary = runtime.execute("train", cfg, quiet=True)
+    finally:
+        if old is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = old
+    return {"cfg": cfg, "summary": summary, "rows": rows, "root": root, "uri": uri}
+
+
+def test_two_workers_finetune_and_write_everything(trained):
+    from mlflow.tracking import MlflowClient
+
+    s, rows = trained["summary"], trained["rows"]
+    on_disk = json.loads((Path(s["output_dir"]) / "summary.json").read_text())
+    assert on_disk["steps"] == s["steps"]
+    train_rows = [r for r in rows if not split_of(r["image"], 0.15)]
+    assert s["train_rows"] == len(train_rows) and s["val_rows"] == len(rows) - len(train_rows)
+    spe = (len(train_rows) // 2) // 8
+    assert (s["steps_per_epoch"], s["steps"], s["epochs"], s["global_batch"]) == (spe, 2 * spe, 2, 16)
+    fm = s["final_metrics"]
+    for name in ("loss/total", "loss/contrastive", "loss/hard_negative", "loss/hard_positive", "val/loss",
+                 "bench/aug_acc", "bench/orig_acc", "bench/brittleness"):
+        assert name in fm and math.isfinite(fm[name]), name
+    assert s["samples_per_s"] > 0
+    # Bad images are counted, not fatal. equal=True splitting may drop the odd row, so at most.
+    bad_in_train = sum(1 for r in train_rows if r["caption_id"].startswith("bad"))
+    assert 0 < fm["data/skipped_rows"] <= bad_in_train
+    # Final checkpoint in open_clip local-dir format.
+    ckpt = Path(s["checkpoint"])
+    assert (ckpt / "open_clip_config.json").is_file() and (ckpt / "open_clip_model.safetensors").is_file()
+    assert json.loads((ckpt / "hardpos.json").read_text())["step"] == s["steps"]
+    # Ray Train checkpoints: one per epoch, named by step.
+    ray_dirs = sorted(p.name for p in Path(s["ray_checkpoint"]).parent.glob("checkpoint_*"))
+    assert ray_dirs == [f"checkpoint_{spe:09d}", f"checkpoint_{2 * spe:09d}"]
+    # MLflow (rank 0 only): per-step terms, epoch means that decrease, val loss per epoch.
+    client = MlflowClient(trained["uri"])
+    run_id = s["mlflow_run_id"]
+    steps = client.get_metric_history(run_id, "loss/hard_negative")
+    assert sorted(m.step for m in steps) == list(range(1, 2 * spe + 1))  # exactly one writer
+    for term in ("total", "contrastive", "hard_negative", "hard_positive"):
+        hist = sorted(client.get_metric_history(run_id, f"epoch/loss/{term}"), key=lambda m: m.step)
+        assert [m.step for m in hist] == [1, 2]
+        assert hist[1].value < hist[0].value, term
+    assert [m.step for m in client.get_metric_history(run_id, "val/loss")] == [1, 2]
+    assert len(client.get_metric_history(run_id, "bench/aug_acc")) == 2
+
+
+def test_logged_mlflow_model_loads_with_the_trained_weights(trained):
+    from safetensors.torch import load_file
+
+    from hardpos.model import ModelConfig, load_model
+
+    s = trained["summary"]
+    assert s["model_uri"] == f"runs:/{s['mlflow_run_id']}/model"
+    import os
+
+    os.environ["MLFLOW_TRACKING_URI"] = trained["uri"]
+    try:
+        lm = load_model(ModelConfig(pretrained=s["model_uri"]))
+    finally:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    saved = load_file(str(Path(s["checkpoint"]) / "open_clip_model.safetensors"))
+    state = lm.model.state_dict()
+    assert all(torch.equal(state[k], saved[k]) for k in saved)
+    assert lm.meta["step"] == s["steps"]
+
+
+def test_resume_from_continues_at_the_saved_step(trained):
+    from hardpos import runtime
+
+    cfg, s = trained["cfg"], trained["summary"]
+    ray_run = str(Path(s["ray_checkpoint"]).parent)  # a run folder: its latest checkpoint is used
+    cfg2 = dataclasses.replace(cfg, output_dir=str(trained["root"] / "out2"), epochs=3, resume_from=ray_run,
+                               eval_benchmarks=[], tracking=dataclasses.replace(cfg.tracking, enabled=False))
+    s2 = runtime.execute("train", cfg2, quiet=True)
+    spe = s["steps_per_epoch"]
+    assert s2["final_metrics"]["resumed_from_step"] == 2 * spe
+    assert (s2["steps"], s2["epochs"]) == (3 * spe, 3)
+    ray_dirs = sorted(p.name for p in Path(s2["ray_checkpoint"]).parent.glob("checkpoint_*"))
+    assert ray_dirs == [f"checkpoint_{3 * spe:09d}"]  # only the one new epoch was trained
+
+
+def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_env, tmp_path):
+    from hardpos import runtime, storage
+
+    bucket = s3_env
+    path, rows = write_triplets(tmp_path / "data", n=40)
+    storage.upload_dir(tmp_path / "data", f"s3://{bucket}/data")
+    cfg = load_config(TrainConfig, None, [
+        *BASE, "fault.max_failures=1", "epochs=2", "data.val_fraction=0", f"output_dir={tmp_path / 'out'}",
+        f"data.train_path=s3://{bucket}/data/triplets.parquet", f"checkpoint.storage_path=s3://{bucket}/ckpt",
+        "tracking.enabled=false"])
+    spe = (40 // 2) // 8
+    cfg = dataclasses.replace(cfg, fault=dataclasses.replace(cfg.fault, fail_at_step=spe + 1))
+    s = runtime.execute("train", cfg, quiet=True)
+    assert (tmp_path / "out" / ".fault_injected").read_text().startswith(f"failed once at step {spe + 1}")
+    assert s["final_metrics"]["resumed_from_step"] == spe  # restarted from the epoch-1 checkpoint
+    assert (s["steps"], s["epochs"]) == (2 * spe, 2)
+    ckpts = sorted({u.split("/")[-2] for u in storage.list_files(f"s3://{bucket}/ckpt") if u.endswith("train_state.pt")})
+    assert ckpts == [f"checkpoint_{spe:09d}", f"checkpoint_{2 * spe:09d}"]
+    assert (Path(s["checkpoint"]) / "open_clip_model.safetensors").is_file()
