@@ -220,3 +220,25 @@ def test_benchmark_and_images_on_s3(lm, tmp_path, s3_env):
     local = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("s3", "triplets", str(tmp_path / "b" / "bench.jsonl"))]).results[0]
     assert remote.metrics["s3/n_items"] == 4 and remote.metrics["s3/n_missing_images"] == 0
     np.testing.assert_allclose(remote.s_c, local.s_c, atol=1e-6)
+
+
+def test_jobs_evaluate_on_the_generated_synthetic_world(tmp_path):
+    """Done-when: the evaluate job over the real synthetic world's three benchmarks."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hardpos.data.world import WorldConfig, generate_world
+
+    world = tmp_path / "world"
+    generate_world(WorldConfig(n_pretrain=5, n_finetune=5, n_benchmark=40, image_size=32), str(world))
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, str(repo / "jobs" / "evaluate.py"), "--config", str(repo / "jobs/configs/evaluate.yaml"),
+                           f"world={world}", f"output_dir={tmp_path / 'out'}", "tracking.enabled=false", "device=cpu"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    for name in ("world_replace_attribute", "world_replace_relation", "world_swap"):
+        assert summary["metrics"][f"{name}/n_items"] > 0 and summary["metrics"][f"{name}/n_missing_images"] == 0
+        assert 0.0 <= summary["metrics"][f"{name}/brittleness"] <= 1.0
