@@ -228,10 +228,14 @@ class RulePerturber:
             # "an orange cat" (colour) vs "an orange on a plate" (fruit)
             want = "adj" if self._is_content(nxt) else "noun"
             senses = tuple(s for s in senses if s.pos == want or s.pos not in ("adj", "noun"))
+        prev = toks[i - 1] if i > 0 else None
         kept = []
         for s in senses:
             if s.pos == "noun" and self._is_content(nxt) and not self.lexicon.is_noun(nxt.low) and nxt.low not in self.lexicon.adjectives:
                 # noun used as a modifier of an unknown noun ("dog food", "bus stop"): leave it alone
+                continue
+            if s.pos == "noun" and self._is_content(prev) and prev.low not in self.lexicon.adjectives:
+                # head of a compound ("bath tub", "park bench", "dog cake"): replacing it makes nonsense
                 continue
             if s.needs_object_check and not self._object_ok(toks, j):
                 continue
@@ -245,7 +249,12 @@ class RulePerturber:
             k += 1
         if k >= len(toks) or not self._is_content(toks[k]):
             return False
-        return toks[k].low not in self.lexicon.on_blocklist and toks[k].low.rstrip("s") not in self.lexicon.on_blocklist
+        block = self.lexicon.on_blocklist
+        while k < len(toks) and self._is_content(toks[k]):  # the whole compound: "a sport field"
+            if toks[k].low in block or toks[k].low.rstrip("s") in block:
+                return False
+            k += 1
+        return True
 
     # -------------------------------------------------------------- REPLACE
     def _replace(self, caption: str, toks: list[_Tok], matches: list[_Match], polarity: str) -> Iterable[Perturbation]:
