@@ -125,14 +125,17 @@ class HttpEngineConfig:
 class RulesEngineConfig:
     """The CPU rule engine (hardpos.data.perturb.RulePerturber).
 
-    batch_size: rows per map_batches task.
-    num_cpus: CPUs per task.
-    lexicon: optional lexicon path/URI for the perturber (None: the bundled one).
+    batch_size: rows per map_batches call.
+    num_cpus: CPUs per rule actor.
+    max_workers: most rule actors (the pool autoscales from 1).
+    lexicon: "auto" (the world's lexicon when the input is a synthetic world, else the full
+        one), "default" or "world".
     """
 
-    batch_size: int = 512
+    batch_size: int = 256
     num_cpus: float = 1.0
-    lexicon: str | None = None
+    max_workers: int = 64
+    lexicon: Literal["auto", "default", "world"] = "auto"
 
 
 @dataclasses.dataclass
@@ -463,38 +466,41 @@ def _rule_kind(kind: str) -> tuple[str, str]:
 
 
 def row_seed(seed: int, caption_id: str, kind: str) -> int:
-    """A per-row seed so rule outputs do not depend on batching (resume-stable)."""
+    """A stable per-row seed (Python's hash() is salted per process)."""
     return int.from_bytes(hashlib.sha256(f"{seed}\x00{caption_id}\x00{kind}".encode()).digest()[:4], "little")
 
 
+def rule_lexicon(world_dir: str | None):
+    """The rule lexicon: the synthetic world's (restricted to its words) or the full default."""
+    if not world_dir:
+        return None
+    from hardpos.data.world import config_from_world, world_lexicon
+
+    return world_lexicon(config_from_world(world_dir))
+
+
 class RulesBatch:
-    """``map_batches`` callable: the rule engine over a batch of request rows (pyarrow)."""
+    """``map_batches`` callable: the rule engine over a batch of request rows (pyarrow).
 
-    def __init__(self, seed: int, lexicon: str | None = None):
-        self.seed, self.lexicon = seed, lexicon
-        self._perturbers: dict[int, Any] = {}
+    ``RulePerturber.pick`` seeds its choice with (seed, polarity, kind, caption), so the
+    output of a row does not depend on batching, workers or resume.
+    """
 
-    def _perturber(self, seed: int):
+    def __init__(self, seed: int, world_dir: str | None = None):
         from hardpos.data.perturb import RulePerturber
 
-        # One perturber per seed would be slow; reseed a cached one per row instead when it
-        # exposes a RNG, else build one per row (correct either way).
-        if self.lexicon:
-            return RulePerturber(seed=seed, lexicon=self.lexicon)
-        return RulePerturber(seed=seed)
+        self.rules = RulePerturber(seed=seed, lexicon=rule_lexicon(world_dir))
 
     def __call__(self, batch):
         import pyarrow as pa
 
-        rows = batch.to_pylist()
         out = []
-        for row in rows:
+        for row in batch.to_pylist():
             polarity, rule_kind = _rule_kind(row["kind"])
             res = {**{c: row.get(c) for c in REQUEST_COLUMNS}, "raw_output": None, "engine_error": None,
                    "engine_detail": None, "prompt_tokens": 0, "completion_tokens": 0, "source": "rule"}
             try:
-                p = self._perturber(row_seed(self.seed, row["caption_id"], row["kind"])).pick(
-                    row["caption"], polarity, rule_kind)
+                p = self.rules.pick(row["caption"], polarity, rule_kind)
             except Exception as exc:  # noqa: BLE001 - one bad caption must not kill the job
                 res.update(engine_error="inference_error", engine_detail=f"{type(exc).__name__}: {exc}"[:300])
             else:
@@ -517,15 +523,21 @@ def engine_schema():
     ])
 
 
-def apply_rules(ds, cfg: EngineConfig, seed: int):
-    return ds.map_batches(RulesBatch, fn_constructor_args=(seed, cfg.rules.lexicon), batch_format="pyarrow",
-                          batch_size=cfg.rules.batch_size, num_cpus=cfg.rules.num_cpus, concurrency=(1, 64))
+def apply_rules(ds, cfg: EngineConfig, seed: int, world_dir: str | None = None):
+    from ray.data import ActorPoolStrategy
+
+    return ds.map_batches(RulesBatch, fn_constructor_args=(seed, world_dir), batch_format="pyarrow",
+                          batch_size=cfg.rules.batch_size, num_cpus=cfg.rules.num_cpus,
+                          compute=ActorPoolStrategy(min_size=1, max_size=cfg.rules.max_workers))
 
 
-def apply_engine(ds, cfg: EngineConfig, templates: dict, seed: int = 0):
-    """Dispatch to the configured engine (see the module docstring for the contract)."""
+def apply_engine(ds, cfg: EngineConfig, templates: dict, seed: int = 0, world_dir: str | None = None):
+    """Dispatch to the configured engine (see the module docstring for the contract).
+
+    world_dir: a synthetic world folder; the rule engine then uses the world's lexicon.
+    """
     if cfg.kind == "rules":
-        return apply_rules(ds, cfg, seed)
+        return apply_rules(ds, cfg, seed, world_dir)
     if cfg.kind == "http":
         return apply_http(ds, cfg, templates)
     if cfg.kind == "vllm":

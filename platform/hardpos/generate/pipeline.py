@@ -245,21 +245,24 @@ def judge_batch(batch):
 class NegativePicker:
     """The hard negative for a (caption, kind): dataset > LLM > rules under mode "auto"."""
 
-    def __init__(self, mode: str, seed: int, dataset: str, lexicon: str | None = None):
-        self.mode, self.seed, self.dataset, self.lexicon = mode, seed, dataset, lexicon
+    def __init__(self, mode: str, seed: int, dataset: str, world_dir: str | None = None):
+        self.mode, self.seed, self.dataset, self.world_dir = mode, seed, dataset, world_dir
         self._rules = None
 
-    def _rule(self, caption: str, caption_id: str, kind: str) -> str | None:
+    def _rule(self, caption: str, kind: str) -> str | None:
         from hardpos.data.perturb import RulePerturber
+        from hardpos.data.validate import validate
 
         if self._rules is None:
-            self._rules = RulePerturber(seed=self.seed, **({"lexicon": self.lexicon} if self.lexicon else {}))
-        base = kind.split("_")[0]
+            self._rules = RulePerturber(seed=self.seed, lexicon=engines.rule_lexicon(self.world_dir))
         try:
-            p = self._rules.pick(caption, "negative", base) or self._rules.pick(caption, "negative")
+            p = self._rules.pick(caption, "negative", kind) or self._rules.pick(caption, "negative")
         except Exception:  # noqa: BLE001 - a caption the rules cannot parse has no rule negative
             return None
-        return p.text if p is not None else None
+        # the shared validator vets rule negatives too (as the perturb stage does)
+        if p is None or not validate(caption, p.text, f"{p.kind}_negative").accepted:
+            return None
+        return p.text
 
     def pick(self, cap: dict, kind: str, llm_negatives: dict[str, str]) -> tuple[str | None, str | None]:
         """(negative text, its source) or (None, None)."""
@@ -274,7 +277,7 @@ class NegativePicker:
             if text:
                 return text, llm_negatives.get("__source__")
         if self.mode in ("auto", "rules"):
-            text = self._rule(cap["caption"], cap["caption_id"], base)
+            text = self._rule(cap["caption"], base if base in ("replace", "swap") else "replace")
             if text:
                 return text, "rule"
         return None, None

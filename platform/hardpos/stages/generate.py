@@ -41,7 +41,9 @@ class Config(JobConfig):
     """generate stage.
 
     input: caption source (COCO captions json, jsonl, parquet incl. triplet files, NegCLIP
-        tsv, SugarCrepe json; local or s3://).
+        tsv, SugarCrepe json; local or s3://), or a synthetic world folder (reads its
+        ``<split>.parquet``; the rule engine then uses the world's lexicon).
+    split: the world split read when input is a world folder.
     limit: use only the first N captions (None: all).
     image_root: folder/prefix that relative image paths are relative to (None: the input
         file's folder); output image paths are written resolved (absolute / s3://).
@@ -58,7 +60,8 @@ class Config(JobConfig):
     """
 
     output_dir: str = "outputs/generate"
-    input: str = "outputs/world/finetune.parquet"
+    input: str = "outputs/world"
+    split: str = "finetune"
     limit: int | None = None
     image_root: str | None = None
     prompts: str = "paper"
@@ -95,6 +98,23 @@ def check_config(cfg: Config, templates) -> None:
         build_vllm_processor_config(cfg.engine.vllm)
 
 
+def resolve_input(cfg: Config) -> tuple[str, str | None]:
+    """(the caption file to read, the world folder whose lexicon the rules use or None)."""
+    src, world_dir = cfg.input, None
+    if storage.exists(storage.join(src, "world.json")):
+        world_dir, src = src, storage.join(src, f"{cfg.split}.parquet")
+        if not storage.exists(src):
+            raise ConfigError(f"world folder {cfg.input} has no split {cfg.split!r} ({src} is missing)")
+    else:
+        parent = src.rsplit("/", 1)[0] if "/" in src else "."
+        if storage.exists(storage.join(parent, "world.json")):
+            world_dir = parent
+    mode = cfg.engine.rules.lexicon
+    if mode == "world" and world_dir is None:
+        raise ConfigError(f"engine.rules.lexicon=world needs a synthetic world input; {cfg.input} is not one")
+    return src, (world_dir if mode in ("auto", "world") else None)
+
+
 def run(cfg: Config, ctx: JobContext) -> dict:
     from hardpos.data.captions import CaptionSourceError
     from hardpos.generate import engines, pipeline
@@ -102,8 +122,9 @@ def run(cfg: Config, ctx: JobContext) -> dict:
 
     templates = load_prompts(cfg.prompts, cfg.kinds or None)
     check_config(cfg, templates)
+    source_uri, world_dir = resolve_input(cfg)
     try:
-        captions = pipeline.load_inputs(cfg.input, limit=cfg.limit, image_root=cfg.image_root)
+        captions = pipeline.load_inputs(source_uri, limit=cfg.limit, image_root=cfg.image_root)
     except CaptionSourceError as exc:
         raise ConfigError(str(exc)) from exc
     source = engines.source_of(cfg.engine)
@@ -113,7 +134,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     if cfg.overwrite:
         pipeline.clear_output(out)
     pipeline.check_manifest(out, {
-        "input": cfg.input, "input_fingerprint": pipeline.input_fingerprint(captions), "num_captions": len(captions),
+        "input": source_uri, "input_fingerprint": pipeline.input_fingerprint(captions), "num_captions": len(captions),
         "shard_size": cfg.shard_size, "num_shards": len(shards), "prompts": cfg.prompts,
         "prompts_fingerprint": fingerprint(templates), "kinds": [t.kind for t in templates],
         "engine": cfg.engine.kind, "model": model, "seed": cfg.seed,
@@ -126,8 +147,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
           f"{len(pending)} to run with engine {cfg.engine.kind} ({model})", file=sys.stderr)
 
     by_kind = {t.kind: t for t in templates}
-    picker = pipeline.NegativePicker(cfg.join.negatives, cfg.seed, pipeline.dataset_name(cfg.input),
-                                     cfg.engine.rules.lexicon)
+    picker = pipeline.NegativePicker(cfg.join.negatives, cfg.seed, pipeline.dataset_name(source_uri), world_dir)
 
     def make_dataset(requests):
         import ray
@@ -137,7 +157,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         # (and become resumable) continuously instead of at the end.
         blocks = max(1, min(2 * len(pending), max(1, len(requests) // 8), 2000))
         ds = ray.data.from_items(requests, override_num_blocks=blocks)
-        ds = engines.apply_engine(ds, cfg.engine, by_kind, seed=cfg.seed)
+        ds = engines.apply_engine(ds, cfg.engine, by_kind, seed=cfg.seed, world_dir=world_dir)
         return ds.map_batches(pipeline.judge_batch, batch_format="pyarrow", batch_size=1024, num_cpus=0.25)
 
     def on_shard(shard, results):
@@ -173,7 +193,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         "engine": cfg.engine.kind,
         "model": model,
         "source": source,
-        "input": cfg.input,
+        "input": source_uri,
+        "lexicon": "world" if world_dir else "default",
         "prompts": cfg.prompts,
         "kinds": [t.kind for t in templates],
         "complete": complete,
