@@ -396,6 +396,72 @@ def test_k8s_settings_come_from_the_configmap_and_secret():
     assert not re.search(r"AKIA[0-9A-Z]{16}", text), "an AWS access key is committed"
 
 
+# Field names of the KubeRay ray.io/v1 API (json tags of raycluster/rayjob/rayservice
+# types, including newer optional ones): a misspelt key is silently dropped by the API
+# server's pruning, so catch it here. Required keys are those without `omitempty`.
+KUBERAY_FIELDS = {
+    "RayClusterSpec": ({"headGroupSpec"}, {
+        "headGroupSpec", "workerGroupSpecs", "rayVersion", "enableInTreeAutoscaling", "autoscalerOptions",
+        "headServiceAnnotations", "suspend", "gcsFaultToleranceOptions", "managedBy", "authOptions",
+        "upgradeStrategy"}),
+    "HeadGroupSpec": ({"rayStartParams", "template"}, {
+        "serviceType", "headService", "enableIngress", "rayStartParams", "template", "resources", "labels"}),
+    "WorkerGroupSpec": ({"groupName", "minReplicas", "maxReplicas", "rayStartParams", "template"}, {
+        "groupName", "replicas", "minReplicas", "maxReplicas", "numOfHosts", "rayStartParams", "template",
+        "scaleStrategy", "idleTimeoutSeconds", "suspend", "resources", "labels"}),
+    "AutoscalerOptions": (set(), {
+        "resources", "image", "imagePullPolicy", "env", "envFrom", "volumeMounts", "securityContext",
+        "idleTimeoutSeconds", "upscalingMode", "version"}),
+    "RayJobSpec": (set(), {
+        "activeDeadlineSeconds", "backoffLimit", "rayClusterSpec", "submitterPodTemplate", "metadata",
+        "clusterSelector", "submitterConfig", "managedBy", "deletionStrategy", "entrypoint", "runtimeEnvYAML",
+        "jobId", "submissionMode", "entrypointResources", "entrypointNumCpus", "entrypointNumGpus",
+        "ttlSecondsAfterFinished", "shutdownAfterJobFinishes", "suspend", "schedule"}),
+    "RayServiceSpec": ({"rayClusterConfig"}, {
+        "serveConfigV2", "rayClusterConfig", "serviceUnhealthySecondThreshold",
+        "deploymentUnhealthySecondThreshold", "serveService", "upgradeStrategy", "excludeHeadPodFromServeSvc",
+        "rayClusterDeletionDelaySeconds"}),
+    "Container": ({"name", "image"}, {
+        "name", "image", "imagePullPolicy", "command", "args", "env", "envFrom", "ports", "resources",
+        "volumeMounts", "securityContext", "lifecycle", "livenessProbe", "readinessProbe", "startupProbe",
+        "workingDir"}),
+}
+
+
+def check_fields(kind: str, obj: dict[str, Any], where: str) -> None:
+    required, allowed = KUBERAY_FIELDS[kind]
+    assert set(obj) <= allowed, f"{where}: unknown {kind} field(s) {sorted(set(obj) - allowed)}"
+    assert required <= set(obj), f"{where}: {kind} lacks {sorted(required - set(obj))}"
+
+
+def check_cluster_spec(spec: dict[str, Any], where: str) -> None:
+    check_fields("RayClusterSpec", spec, where)
+    check_fields("HeadGroupSpec", spec["headGroupSpec"], f"{where}.headGroupSpec")
+    for i, group in enumerate(spec.get("workerGroupSpecs", [])):
+        check_fields("WorkerGroupSpec", group, f"{where}.workerGroupSpecs[{i}]")
+    if "autoscalerOptions" in spec:
+        check_fields("AutoscalerOptions", spec["autoscalerOptions"], f"{where}.autoscalerOptions")
+    assert all(isinstance(v, str) for g in [spec["headGroupSpec"], *spec.get("workerGroupSpecs", [])]
+               for v in g["rayStartParams"].values()), f"{where}: rayStartParams values must be strings"
+
+
+def test_kuberay_manifests_use_only_known_fields():
+    for path, doc in kuberay_objects():
+        kind, spec = doc["kind"], doc.get("spec")
+        if kind == "RayCluster":
+            check_cluster_spec(spec, path.name)
+        elif kind == "RayJob":
+            check_fields("RayJobSpec", spec, path.name)
+            assert ("rayClusterSpec" in spec) != ("clusterSelector" in spec), f"{path.name}: a cluster or a selector"
+            if "rayClusterSpec" in spec:
+                check_cluster_spec(spec["rayClusterSpec"], f"{path.name}.rayClusterSpec")
+        elif kind == "RayService":
+            check_fields("RayServiceSpec", spec, path.name)
+            check_cluster_spec(spec["rayClusterConfig"], f"{path.name}.rayClusterConfig")
+        for where, c in containers(doc):
+            check_fields("Container", c, f"{path.name}{where}")
+
+
 def test_raycluster_cpu_head_and_autoscaled_gpu_group():
     ((path, rc),) = by_kind("RayCluster")
     ((_, svc),) = by_kind("RayService")
