@@ -80,7 +80,10 @@ def _load_rows(cfg: Config) -> tuple[list[dict], str, bool]:
         is_world = True
         if not storage.exists(src):
             raise ConfigError(f"world folder {cfg.input} has no split {cfg.split!r} ({src} is missing)")
-    base = src.rsplit("/", 1)[0] if "/" in src else "."
+    import os
+
+    # the folder relative image paths of a triplet/world file are relative to (absolute when local)
+    base = src.rsplit("/", 1)[0] if storage.is_s3(src) else os.path.dirname(os.path.abspath(src))
     rows: list[dict] | None = None
     if src.endswith((".parquet", ".jsonl")):
         try:
