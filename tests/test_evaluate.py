@@ -242,3 +242,13 @@ def test_jobs_evaluate_on_the_generated_synthetic_world(tmp_path):
     for name in ("world_replace_attribute", "world_replace_relation", "world_swap"):
         assert summary["metrics"][f"{name}/n_items"] > 0 and summary["metrics"][f"{name}/n_missing_images"] == 0
         assert 0.0 <= summary["metrics"][f"{name}/brittleness"] <= 1.0
+
+
+def test_harness_suite_runs_without_shared_data(tmp_path, monkeypatch):
+    """`hardpos benchmark suite=evaluate quick=true` works for users without ../shared/data."""
+    from hardpos.eval.bench import evaluate_bench
+
+    monkeypatch.setenv("HARDPOS_SHARED_DATA", str(tmp_path / "absent"))
+    (row,) = evaluate_bench(quick=True)
+    assert row["suite"] == "evaluate" and row["max_abs_score_diff"] < 1e-5 and row["ratio_median"] > 0
+    assert "16 rows" in row["case"]

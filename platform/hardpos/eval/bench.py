@@ -39,6 +39,36 @@ def _stand_in_jpegs(root: Path, rel_paths, size: tuple[int, int], seed: int) -> 
     return made
 
 
+def default_data_dir() -> Path:
+    import os
+
+    return Path(os.environ.get("HARDPOS_SHARED_DATA") or Path(__file__).resolve().parents[3].parent / "shared" / "data")
+
+
+def replace_source(data_dir: str | None, fallback: Path, n_rows: int) -> Path:
+    """The real REPLACE folder (``<data_dir>/hard_positives``) when present, else a
+    synthetic one in the paper's format with the real files' shape (~3 items per image)."""
+    import json
+
+    hp = Path(data_dir) / "hard_positives" if data_dir else default_data_dir() / "hard_positives"
+    if hp.is_dir():
+        return hp
+    if data_dir:
+        raise FileNotFoundError(f"{hp} not found: pass data_dir= (the folder holding hard_positives/)")
+    words = ["red", "blue", "green", "wooden", "tall", "small", "sitting", "walking"]
+    for sub in ("attributes", "relations"):
+        orig, swapped = [], []
+        for i in range(max(1, n_rows // 2)):
+            img, a, b = str(i // 3), words[i % 8], words[(i + 3) % 8]
+            base = {"image_id": img, "false_caption": f"{b} thing number {i % 3}", "image_path": f"data/VG_100K/{img}.jpg"}
+            orig.append({**base, "true_caption": f"{a} thing number {i % 3}"})
+            swapped.append({**base, "true_caption": f"thing number {i % 3} that is {a}"})
+        for folder, rows in (("data", orig), ("swapped_data", swapped)):
+            (fallback / folder).mkdir(parents=True, exist_ok=True)
+            (fallback / folder / f"vl_checklist_{sub}.json").write_text(json.dumps(rows))
+    return fallback
+
+
 def naive_scores(model, preprocess, tokenizer, items, *, device="cpu", batch_rows: int = 16) -> np.ndarray:
     """[N, 3] (s_c, s_n, s_p) the paper's way: per pass, per batch of rows, every row's
     image encoded again and its two captions encoded at full context (77 tokens)."""
@@ -68,14 +98,12 @@ def naive_scores(model, preprocess, tokenizer, items, *, device="cpu", batch_row
 def run(*, n_rows: int = 2000, arch: str = "ViT-B-32", data_dir: str | None = None, device: str = "cpu",
         batch_size: int = 256, naive_batch: int = 16, image_size: tuple[int, int] = (500, 375),
         num_threads: int | None = None, seed: int = 0) -> dict[str, Any]:
-    """Time the naive and the efficient evaluator on the same REPLACE rows and model.
+    """Time the naive and the efficient evaluator once each on the same REPLACE rows and model.
 
     data_dir: folder holding ``hard_positives/`` (default ``$HARDPOS_SHARED_DATA`` or
-    ``../shared/data`` next to the repository). Returns the timings, their ratio, the
-    dedup counts and the score agreement.
+    ``../shared/data`` next to the repository; a synthetic REPLACE folder when absent).
+    Returns the timings, their ratio, the dedup counts and the score agreement.
     """
-    import os
-
     import torch
 
     from hardpos.eval.benchmarks import load_benchmark
@@ -85,16 +113,12 @@ def run(*, n_rows: int = 2000, arch: str = "ViT-B-32", data_dir: str | None = No
 
     if num_threads:
         torch.set_num_threads(num_threads)
-    if data_dir is None:
-        data_dir = os.environ.get("HARDPOS_SHARED_DATA") or str(Path(__file__).resolve().parents[3].parent / "shared" / "data")
-    hp = Path(data_dir) / "hard_positives"
-    if not hp.is_dir():
-        raise FileNotFoundError(f"{hp} not found: pass data_dir= (the folder holding hard_positives/)")
     torch.manual_seed(seed)
     lm = load_model(ModelConfig(arch=arch), device=device)
     model = lm.model.eval()
     with tempfile.TemporaryDirectory(prefix="hardpos-evalbench-") as tmp:
         root = Path(tmp)
+        hp = replace_source(data_dir, root / "synthetic_replace", n_rows)
         spec = BenchmarkSpec("replace", "replace", str(hp), image_root=str(root), limit=n_rows // 2)
         bench = load_benchmark(spec)
         t0 = time.perf_counter()
@@ -125,6 +149,51 @@ def run(*, n_rows: int = 2000, arch: str = "ViT-B-32", data_dir: str | None = No
         "metrics_naive": {k: naive_metrics[f"replace/{k}"] for k in accs},
         "metrics_efficient": {k: report.metrics[f"replace/{k}"] for k in accs},
     }
+
+
+def evaluate_bench(*, quick: bool = False, repeats: int = 1, n_rows: int | None = None, arch: str | None = None,
+                   data_dir: str | None = None, device: str = "cpu") -> list[dict[str, Any]]:
+    """The benchmark harness's ``evaluate`` suite (``hardpos benchmark suite=evaluate``):
+    naive vs efficient evaluator alternated ``repeats`` times on the same rows
+    (:func:`hardpos.benchutil.compare_alternating`); ``quick`` = tiny model, 16 rows."""
+    import torch
+
+    from hardpos.benchutil import compare_alternating
+    from hardpos.eval.benchmarks import load_benchmark
+    from hardpos.eval.evaluator import evaluate_benchmarks
+    from hardpos.eval.spec import BenchmarkSpec
+    from hardpos.model import ModelConfig, load_model
+
+    arch = arch or ("hardpos-tiny" if quick else "ViT-B-32")
+    n_rows = n_rows or (16 if quick else 400)
+    image_size = (40, 30) if quick else (500, 375)
+    torch.manual_seed(0)
+    lm = load_model(ModelConfig(arch=arch), device=device)
+    model = lm.model.eval()
+    with tempfile.TemporaryDirectory(prefix="hardpos-evalbench-") as tmp:
+        root = Path(tmp)
+        hp = replace_source(data_dir, root / "synthetic_replace", n_rows)
+        spec = BenchmarkSpec("replace", "replace", str(hp), image_root=str(root), limit=n_rows // 2)
+        bench = load_benchmark(spec)
+        _stand_in_jpegs(root, [it.image[len(str(root)) + 1:] for it in bench.items], image_size, 0)
+        out: dict[str, Any] = {}
+
+        def optimised():
+            out["fast"] = evaluate_benchmarks(model, lm.preprocess_val, lm.tokenizer, [spec], device=device).results[0]
+
+        def baseline():
+            out["naive"] = naive_scores(model, lm.preprocess_val, lm.tokenizer, bench.items, device=device)
+
+        naive_scores(model, lm.preprocess_val, lm.tokenizer, bench.items[:4], device=device, batch_rows=4)  # warm-up
+        row = compare_alternating(optimised, baseline, repeats=repeats, warmup=0, work_items=len(bench.items))
+    fast = out["fast"]
+    diff = float(np.abs(out["naive"] - np.stack([fast.s_c, fast.s_n, fast.s_p], axis=1)).max())
+    if diff > 1e-3:
+        raise AssertionError(f"naive and efficient evaluators disagree (max score difference {diff})")
+    row.update(suite="evaluate", max_abs_score_diff=diff,
+               case=(f"{arch} REPLACE {len(bench.items)} rows, {fast.n_distinct_images} distinct images, "
+                     f"{fast.n_distinct_captions} captions: dedup+index vs image per pair + 77-token text"))
+    return [row]
 
 
 if __name__ == "__main__":  # pragma: no cover - a measurement, not a test
