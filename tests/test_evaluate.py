@@ -252,3 +252,18 @@ def test_harness_suite_runs_without_shared_data(tmp_path, monkeypatch):
     (row,) = evaluate_bench(quick=True)
     assert row["suite"] == "evaluate" and row["max_abs_score_diff"] < 1e-5 and row["ratio_median"] > 0
     assert "16 rows" in row["case"]
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_scores_close_to_cpu_fp32(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    rows = triplet_rows(16, seed=8)
+    path = write_triplets(tmp_path / "b", rows)
+    spec = [BenchmarkSpec("t", "triplets", str(path))]
+    lm = tiny_model(seed=0)
+    cpu = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec).results[0]
+    lm.model.cuda()
+    gpu = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, device="cuda").results[0]
+    np.testing.assert_allclose(gpu.s_c, cpu.s_c, atol=2e-2)  # bf16 autocast
+    assert gpu.metrics["t/n_items"] == 16
