@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from hardpos.runtime import JobContext
 from hardpos.train.loop import TrainConfig, build_trainer, fit  # noqa: F401  (fit: API for the sweep)
@@ -25,12 +25,16 @@ def _numeric(metrics: dict[str, Any] | None) -> dict[str, float]:
     return numeric_metrics(metrics or {})
 
 
-def run(cfg: Config, ctx: JobContext) -> dict:
-    """Train, export the final checkpoint to <output_dir>/model, log it as an MLflow model."""
+def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = ()) -> dict:
+    """Train, export the final checkpoint to <output_dir>/model, log it as an MLflow model.
+
+    ``callbacks``: extra Ray Train callbacks (the sweep passes its Tune report callback, so a
+    sweep trial is this exact function, not a copy of it).
+    """
     from hardpos import storage
     from hardpos.train.loop import MODEL_DIR
 
-    trainer, plan, cfg = build_trainer(cfg, run_logger=ctx.run)
+    trainer, plan, cfg = build_trainer(cfg, callbacks=callbacks, run_logger=ctx.run)
     if ctx.run is not None:
         ctx.run.log_params({"plan": vars(plan)})
     result = trainer.fit()
@@ -53,6 +57,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
                 from hardpos.mlflow_model import log_model
 
                 model_uri = log_model(ctx.run, local)
+                # The registry finds a run's model through this tag (see hardpos.registry).
+                ctx.run.set_tags({"hardpos.model_uri": model_uri})
     metrics = _numeric(result.metrics)
     steps = int(metrics.get("step", 0))
     summary = {
