@@ -42,6 +42,8 @@ from hardpos.data.lexicon import Lexicon, Sense, load_lexicon
 _TOKEN = re.compile(r"[A-Za-z]+(?:['\-][A-Za-z]+)*|\d+(?:\.\d+)?|[^\sA-Za-z\d]")
 _BOUNDARY_PUNCT = {",", ".", ";", ":", "!", "?", "(", ")", '"'}
 _COORD = {"and", "or", ","}
+#: attribute classes any visible thing can have (cross-class attribute swaps stay within these)
+_VISUAL = frozenset({"color", "material", "size", "pattern"})
 KINDS = ("replace", "swap")
 POLARITIES = ("negative", "positive")
 
@@ -131,6 +133,8 @@ class RulePerturber:
                                        "five", "six", "several", "many", "his", "her", "their", "its", "my", "one",
                                        "another", "each", "every", "few"})
         self._linkers = lex.function_words - self._determiners - {"and", "or", "but"}
+        # adjectives proper (lexicon attribute classes), as opposed to noun modifiers like "tennis", "teddy"
+        self._attr_adjs = frozenset(f for f, ss in lex.senses.items() if any(x.pos == "adj" for x in ss))
         self._cache: dict[str, tuple[list[Perturbation], list[Perturbation]]] = {}
 
     # ------------------------------------------------------------------ public API
@@ -234,7 +238,7 @@ class RulePerturber:
             if s.pos == "noun" and self._is_content(nxt) and not self.lexicon.is_noun(nxt.low) and nxt.low not in self.lexicon.adjectives:
                 # noun used as a modifier of an unknown noun ("dog food", "bus stop"): leave it alone
                 continue
-            if s.pos == "noun" and self._is_content(prev) and prev.low not in self.lexicon.adjectives:
+            if s.pos == "noun" and self._is_content(prev) and prev.low not in self._attr_adjs:
                 # head of a compound ("bath tub", "park bench", "dog cake"): replacing it makes nonsense
                 continue
             if s.needs_object_check and not self._object_ok(toks, j):
@@ -303,8 +307,11 @@ class RulePerturber:
                 if sa.cls == sb.cls:
                     if sa.group == sb.group:
                         continue  # synonyms
-                elif not (self._sole_adjective(toks, ma, ha) and self._sole_adjective(toks, mb, hb)):
-                    continue  # "a large red circle": swapping size with another NP's colour gives "a blue red circle"
+                elif not (sa.cls in _VISUAL and sb.cls in _VISUAL and self._sole_adjective(toks, ma, ha)
+                          and self._sole_adjective(toks, mb, hb)):
+                    # "a large red circle": swapping size with another NP's colour gives "a blue red circle";
+                    # state words fit only their nouns ("a young girl on a wooden floor" -> "a wooden girl")
+                    continue
                 ta = caption[toks[ma.i].start:toks[ma.j - 1].end]
                 tb = caption[toks[mb.i].start:toks[mb.j - 1].end]
                 text = _swap(caption, (toks[ma.i].start, toks[ma.j - 1].end), (toks[mb.i].start, toks[mb.j - 1].end), ta, tb)
@@ -313,7 +320,8 @@ class RulePerturber:
     def _sole_adjective(self, toks: list[_Tok], m: _Match, head: int) -> bool:
         """The adjective sits right before its noun and no other adjective modifies that noun."""
         before = toks[m.i - 1] if m.i > 0 else None
-        return head == m.j and not (before is not None and before.low in self.lexicon.adjectives)
+        return head == m.j and not (before is not None and (before.low in self.lexicon.adjectives
+                                                            or before.low in _COORD))
 
     def _coordinated(self, toks: list[_Tok], i: int, j: int) -> bool:
         """True when tokens strictly between i and j only join conjuncts ("a dog and a cat")."""
@@ -328,8 +336,16 @@ class RulePerturber:
             before = toks[m.i - 1] if m.i > 0 else None
             after = toks[m.j] if m.j < len(toks) else None
             if self._is_content(after) or (before is not None and self._is_content(before)
-                                           and before.low not in self.lexicon.adjectives):
-                continue  # part of a compound ("street sign", "luggage bag", "serving dish")
+                                           and before.low not in self._attr_adjs):
+                continue  # part of a compound ("street sign", "luggage bag", "serving dish", "teddy bear")
+            if (after is not None and after.low == "of") or (m.i >= 2 and toks[m.i - 2].low == "of"
+                                                                 and toks[m.i - 1].low in self._determiners) \
+                    or (before is not None and before.low == "of"):
+                continue  # containers and contents stay put ("a cup of coffee" -> "a cup of laptop" is absurd)
+            if after is not None and after.alpha and after.low.endswith("ed"):
+                continue  # "snow covered field": the noun modifies a participle
+            if len({s.number for s in m.senses if s.pos == "noun"}) > 1:
+                continue  # "glasses" (drinking glasses or spectacles): number unknown, agreement would break
             for s in m.senses:
                 if s.pos == "noun" and s.kind:
                     nouns.append((m, s))
@@ -377,8 +393,10 @@ class RulePerturber:
         before = toks[i - 1] if i - 1 >= 0 else None
         if before is not None and not self._boundary(before):
             return None  # an unknown word (a verb? an adjective?) precedes: structure unclear
-        if before is not None and before.low in ("and", "or"):
-            return None  # "gray and black raccoon and ...": nested coordination, leave it
+        if before is not None and before.low in ("and", "or", "of"):
+            # "gray and black raccoon and ...": nested coordination; "a couple of goats and a goose",
+            # "a body of water and mountains": the quantity/container noun does not move. Leave both.
+            return None
         return i, k
 
     def _right_np(self, toks: list[_Tok], k: int) -> tuple[int, int] | None:
@@ -411,14 +429,17 @@ class RulePerturber:
                 continue
             prev, nxt = toks[k - 1], toks[k + 1]
             # adjectives: "a black and white cat"
-            adj_prev = prev.low in self.lexicon.adjectives and not self.lexicon.is_noun(prev.low)
-            adj_next = nxt.low in self.lexicon.adjectives and not self.lexicon.is_noun(nxt.low)
+            adj_prev, adj_next = prev.low in self.lexicon.adjectives, nxt.low in self.lexicon.adjectives
+            pure = not self.lexicon.is_noun(prev.low) and not self.lexicon.is_noun(nxt.low)
             if adj_prev and adj_next and prev.low != nxt.low:
                 after = toks[k + 2] if k + 2 < len(toks) else None
-                if self._is_content(after):
+                if self._is_content(after) and (pure or not self.lexicon.is_noun(nxt.low)):
+                    # "an orange and white fish": colour words before a noun, even when one is also a noun
                     yield Perturbation(_swap(caption, (prev.start, prev.end), (nxt.start, nxt.end), prev.text, nxt.text),
                                        "swap", "conjuncts:adjectives")
-                continue
+                    continue
+                if pure:
+                    continue  # predicate adjectives ("is black and white."): nothing to swap as noun phrases
             # verb phrases: "wearing glasses and holding a bottle"
             if self._is_ing_verb(nxt):
                 p = k - 1
