@@ -112,7 +112,7 @@ def test_http_processor_config_headers_retries_and_fractional_cpus():
     assert pc.url == cfg.url and pc.qps == 20 and pc.concurrency == 3
     assert pc.headers == {"X-Team": "hardpos", "Authorization": "Bearer sk-test"}
     assert pc.max_retries == 0  # retries live in ResilientSession (Ray's would raise when exhausted)
-    assert pc.http_request_stage == {"num_cpus": 0.5, "concurrency": 3}
+    assert pc.http_request_stage == {"num_cpus": 0.5, "concurrency": (3, 3)}  # a fixed pool of 3 actors
     session = pc.session_factory()
     assert isinstance(session, engines.ResilientSession) and session.max_retries == 5
     assert "Authorization" not in engines.build_http_processor_config(cfg, environ={}).headers

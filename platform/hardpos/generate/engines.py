@@ -375,7 +375,9 @@ def build_http_processor_config(cfg: HttpEngineConfig, environ: dict[str, str] |
         concurrency=cfg.concurrency,
         batch_size=cfg.batch_size,
         session_factory=resilient_session_factory(cfg),
-        http_request_stage={"num_cpus": cfg.num_cpus, "concurrency": cfg.concurrency},
+        # A fixed pool (n, n): an autoscaling pool starts with one actor and only grows on
+        # backlog, which for latency-bound requests leaves most of the concurrency unused.
+        http_request_stage={"num_cpus": cfg.num_cpus, "concurrency": (cfg.concurrency, cfg.concurrency)},
     )
 
 

@@ -1,0 +1,158 @@
+"""Throughput of the generate stage, measured side by side (``benchmark suite=generate``).
+
+Cases (each pair alternates in one process, see :func:`hardpos.benchutil.compare_alternating`):
+
+* rules: the full stage on Ray Data (rule actors, validation, sharded parquet, triplet
+  join) vs a plain in-process loop (``RulePerturber.pick`` + ``validate``, no output).
+  On a 2-core machine Ray's fixed start-up cost dominates; the row says so by its ratio.
+* http: the full stage with ``engine.http.concurrency`` actors against the OpenAI-compatible
+  stub (``tests/openai_stub.py``) with a fixed per-request latency vs a sequential client
+  (one ``requests.post`` at a time, the paper's "plain pipeline" shape).
+
+:func:`generate_bench` returns rows for the harness; :func:`measure_stage` runs the stage
+once and returns its captions/s, requests/s and tokens/s.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[3]
+STUB = REPO / "tests" / "openai_stub.py"
+NEGCLIP = REPO.parent / "shared" / "data" / "negclip" / "valid_neg_clip.tsv"
+
+
+def load_stub():
+    """The OpenAI-compatible test stub module (tests/openai_stub.py), or None when absent."""
+    if not STUB.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("hardpos_openai_stub", STUB)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def caption_file(n: int, tmp: str) -> str:
+    """A jsonl of n real NegCLIP captions (repeated if needed), else synthetic ones."""
+    caps: list[str] = []
+    if NEGCLIP.is_file():
+        from hardpos.data.captions import read_captions
+
+        caps = [r["caption"] for r in read_captions(str(NEGCLIP)) if r["caption"].strip()]
+    if not caps:
+        words = "a man riding a red bike and a small dog walking on a sunny street".split()
+        caps = [" ".join(words[: 6 + i % 10]) for i in range(200)]
+    caps = (caps * (n // len(caps) + 1))[:n]
+    path = Path(tmp) / f"captions-{n}.jsonl"
+    path.write_text("".join(json.dumps({"caption_id": str(i), "caption": c}) + "\n" for i, c in enumerate(caps)))
+    return str(path)
+
+
+def measure_stage(input_uri: str, output_dir: str, overrides: list[str]) -> dict[str, Any]:
+    """Run the generate stage once (fresh output, no MLflow) and return its throughput figures."""
+    import hardpos.stages.generate as g
+    from hardpos.config import load_config
+    from hardpos.runtime import execute
+
+    cfg = load_config(g.Config, None, [f"input={input_uri}", f"output_dir={output_dir}", "overwrite=true",
+                                       "tracking.enabled=false", *overrides])
+    summary = execute("generate", cfg, quiet=True)
+    return {**summary["this_run"], "inputs": summary["inputs"], "accepted": summary["accepted"],
+            "elapsed_s": summary["elapsed_s"]}
+
+
+def inprocess_rules(input_uri: str, seed: int = 0) -> int:
+    """The baseline: rules + validator over the captions in this process, nothing written."""
+    from hardpos.data.captions import read_captions
+    from hardpos.data.perturb import RulePerturber
+    from hardpos.data.validate import validate
+    from hardpos.generate.prompts import load_prompts
+
+    templates = load_prompts("paper")
+    rules = RulePerturber(seed=seed)
+    accepted = 0
+    for row in read_captions(input_uri):
+        for t in templates:
+            if t.applies(row["caption"]):
+                p = rules.pick(row["caption"], "positive", t.kind)
+                accepted += bool(p and validate(row["caption"], p.text, t.kind).accepted)
+    return accepted
+
+
+def sequential_http(input_uri: str, url: str, model: str = "stub-llm") -> int:
+    """The baseline: one chat/completions request at a time from one client."""
+    import requests
+
+    from hardpos.data.captions import read_captions
+    from hardpos.generate.engines import SamplingConfig, chat_payload
+    from hardpos.generate.prompts import load_prompts
+
+    templates = load_prompts("paper")
+    done = 0
+    with requests.Session() as session:
+        for row in read_captions(input_uri):
+            for t in templates:
+                if t.applies(row["caption"]):
+                    session.post(url, json=chat_payload(model, t.messages(row["caption"]), SamplingConfig()), timeout=60)
+                    done += 1
+    return done
+
+
+def generate_bench(quick: bool = False, repeats: int = 3, latency_s: float = 0.02, http_concurrency: int = 4
+                   ) -> list[dict[str, Any]]:
+    """Rows for the benchmark harness (see the module docstring)."""
+    from hardpos.benchutil import compare_alternating
+
+    n_rules, n_http = (200, 40) if quick else (4839, 400)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="hardpos-genbench-") as tmp:
+        src = caption_file(n_rules, tmp)
+        last: dict[str, Any] = {}
+
+        def rules_stage():
+            last.update(measure_stage(src, f"{tmp}/rules", ["engine.kind=rules", "shard_size=1000"]))
+
+        row = compare_alternating(rules_stage, lambda: inprocess_rules(src), repeats=repeats, warmup=0,
+                                  work_items=n_rules)
+        row.update(case=f"rules: Ray Data stage vs in-process loop, {n_rules} captions (captions/s)",
+                   stage_captions_per_s=last.get("captions_per_s"))
+        rows.append(row)
+
+        stub_mod = load_stub()
+        if stub_mod is None:
+            rows.append({"case": "http: skipped (tests/openai_stub.py not found)", "value": None})
+            return rows
+        src_http = caption_file(n_http, tmp)
+        with stub_mod.OpenAIStub(latency_s=latency_s) as stub:
+            over = ["engine.kind=http", f"engine.http.url={stub.url}", "engine.http.model=stub-llm",
+                    f"engine.http.concurrency={http_concurrency}", "engine.http.batch_size=8",
+                    "engine.http.retry_wait_s=0.01", "shard_size=100"]
+            last_http: dict[str, Any] = {}
+
+            def http_stage():
+                last_http.update(measure_stage(src_http, f"{tmp}/http", over))
+
+            t0 = time.perf_counter()
+            n_req = sequential_http(src_http, stub.url)
+            seq_s = time.perf_counter() - t0
+            row = compare_alternating(http_stage, lambda: sequential_http(src_http, stub.url), repeats=repeats,
+                                      warmup=0, work_items=n_http)
+            row.update(case=f"http: Ray Data stage ({http_concurrency} actors) vs sequential client, {n_http} "
+                            f"captions / {n_req} requests, stub latency {latency_s * 1000:.0f} ms (captions/s)",
+                       stage_captions_per_s=last_http.get("captions_per_s"),
+                       stage_requests_per_s=last_http.get("requests_per_s"),
+                       stage_tokens_per_s=last_http.get("tokens_per_s"),
+                       sequential_requests_per_s=round(n_req / seq_s, 2))
+            rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":  # python -m hardpos.generate.bench [quick]
+    import sys
+
+    result = generate_bench(quick="quick" in sys.argv[1:], repeats=3)
+    print(json.dumps(result, indent=1, default=str))
