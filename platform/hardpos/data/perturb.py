@@ -136,6 +136,11 @@ class RulePerturber:
         # adjectives proper (lexicon attribute classes), as opposed to noun modifiers like "tennis", "teddy"
         self._attr_adjs = frozenset(f for f, ss in lex.senses.items() if any(x.pos == "adj" for x in ss))
         self._cache: dict[str, tuple[list[Perturbation], list[Perturbation]]] = {}
+        # first word of every lexicon form -> the longest form starting with it (cheap phrase matching)
+        self._starts: dict[str, int] = {}
+        for form in lex.senses:
+            words = form.split(" ")
+            self._starts[words[0]] = max(self._starts.get(words[0], 0), len(words))
 
     # ------------------------------------------------------------------ public API
     def hard_negatives(self, caption: str) -> list[Perturbation]:
@@ -196,10 +201,11 @@ class RulePerturber:
         i = 0
         while i < len(toks):
             found = None
-            for n in range(min(lex.max_phrase, len(toks) - i), 0, -1):
-                if not all(t.alpha for t in toks[i:i + n]):
+            longest = self._starts.get(toks[i].low, 0)
+            for n in range(min(longest, len(toks) - i), 0, -1):
+                if n > 1 and not all(t.alpha for t in toks[i:i + n]):
                     continue
-                form = " ".join(t.low for t in toks[i:i + n])
+                form = " ".join(t.low for t in toks[i:i + n]) if n > 1 else toks[i].low
                 senses = lex.lookup(form)
                 if senses:
                     found = (n, form, senses)

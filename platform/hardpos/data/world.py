@@ -539,6 +539,7 @@ def _generate_local(cfg: WorldConfig, out: Path) -> dict:
     from hardpos.data.triplets import make_triplet, write_triplets
 
     started = time.perf_counter()
+    cpu_started = time.process_time()  # CPU seconds of this process (all threads): comparable on a shared box
     timings: dict[str, float] = {}
     scenes: dict[str, list[Scene]] = {}
     counts = {"pretrain": cfg.n_pretrain, "finetune": cfg.n_finetune, "benchmark": cfg.n_benchmark}
@@ -598,6 +599,7 @@ def _generate_local(cfg: WorldConfig, out: Path) -> dict:
         write_triplets(bench[subset], str(out / "benchmark" / f"{subset}.parquet"))
     timings["write_s"] = time.perf_counter() - t0
     total = time.perf_counter() - started
+    cpu_total = time.process_time() - cpu_started
     n_scenes = sum(counts.values())
     noncanon = sum(v for k, v in forms.items() if k != "canonical")
     stats = {
@@ -610,6 +612,8 @@ def _generate_local(cfg: WorldConfig, out: Path) -> dict:
                               for n in range(cfg.min_objects, cfg.max_objects + 1)},
         "seconds": round(total, 3),
         "scenes_per_s": round(n_scenes / total, 1) if total > 0 else None,
+        "cpu_seconds": round(cpu_total, 3),
+        "scenes_per_cpu_s": round(n_scenes / cpu_total, 1) if cpu_total > 0 else None,
         "timings": {k: round(v, 3) for k, v in timings.items()},
     }
     world = {"config": dataclasses.asdict(cfg), "stats": stats, "vocabulary": vocabulary(cfg),

@@ -57,7 +57,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     metrics["pretrain_noncanonical_share"] = stats["pretrain_noncanonical_share"]
     ctx.log_metrics(metrics)
     total = sum(stats["scenes"].values())
-    print(f"world: {total} scenes in {stats['seconds']:.1f}s ({stats['scenes_per_s']} scenes/s); "
+    print(f"world: {total} scenes in {stats['seconds']:.1f}s ({stats['scenes_per_s']} scenes/s wall, "
+          f"{stats['scenes_per_cpu_s']} per CPU-second); "
           f"benchmark items {stats['benchmark_items']}; non-canonical pretrain captions "
           f"{stats['pretrain_noncanonical']} ({100 * stats['pretrain_noncanonical_share']:.2f}%)")
     return stats
