@@ -197,7 +197,7 @@ class ScoringModel:
         self._error: S.ServingError | None = None
         self._poller: asyncio.Task | None = None
         self._reload_lock: asyncio.Lock | None = None
-        self._reload_token = self.cfg.reload_token
+        self._reload_token: str | None = None  # set by the first reconfigure() (Serve calls it after __init__)
         self._apply_batching(self.cfg.batching)
         try:
             self._state = self._load()
@@ -219,9 +219,9 @@ class ScoringModel:
             from hardpos.config import from_dict
 
             self._apply_batching(from_dict(S.BatchingConfig, user_config["batching"]))
-        token = str(user_config.get("reload_token", self._reload_token))
-        if token != self._reload_token:
-            self._reload_token = token
+        token = str(user_config.get("reload_token", self._reload_token or ""))
+        previous, self._reload_token = self._reload_token, token
+        if previous is not None and token != previous:  # not on the first call, right after __init__
             await self.reload(force=True)
 
     # ---- loading
@@ -680,7 +680,9 @@ def build_app(args: dict[str, Any] | None = None):
     # Ship this module's classes by value: replicas then need only the installed `hardpos`
     # package, not the repository's serve/ folder on their path.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    config = dataclasses.asdict(cfg)
+    # What can change without restarting replicas (reload_token, batching) travels only in the
+    # model's user_config: a `serve deploy` that changes just those reconfigures in place.
+    config = dataclasses.asdict(dataclasses.replace(cfg, reload_token="", batching=S.BatchingConfig(max_batch_size=1)))
     batch = cfg.batching.effective_max_batch_size
     model_kwargs = _deployment_kwargs(cfg.model_deployment, max(64, 2 * batch))
     model_kwargs["user_config"] = {"reload_token": cfg.reload_token, "batching": dataclasses.asdict(cfg.batching)}

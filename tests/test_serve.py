@@ -17,6 +17,7 @@ from conftest import free_port
 from serve_util import b64, bomb_png, png_bytes, register_checkpoint, tiny_checkpoint
 
 MODEL_NAME = "hardpos-clip-test"
+LATE_MODEL = "registered-later"
 TOKEN = "s3cret-test-token"
 TOKEN_ENV = "HARDPOS_SERVE_TEST_TOKEN"
 CAPTIONS = ["a red circle and a blue square", "a blue square and a red circle", "a green triangle", "two dogs"]
@@ -49,16 +50,20 @@ def app(ray_session, tmp_path_factory):
         "model_deployment": {"num_cpus": 0.5},
         "ingress_deployment": {"num_cpus": 0.1},
     }
-    os.environ[TOKEN_ENV] = TOKEN  # read by build_app (digest baked into the app)
+    # Polls its alias every second: it must come up by itself once the model is registered.
+    missing_cfg = {**base_cfg, "model": f"models:/{LATE_MODEL}@champion", "auth_token_env": "", "reload_poll_s": 1.0,
+                   "model_deployment": {"num_cpus": 0.1}, "ingress_deployment": {"num_cpus": 0.05}}
+    os.environ[TOKEN_ENV] = TOKEN  # read by build_app (only its digest is baked into the app)
     try:
-        serve.run(build_app(base_cfg), name="hardpos-test", route_prefix="/", blocking=False)
+        main_app = build_app(base_cfg)
     finally:
         del os.environ[TOKEN_ENV]
-    missing_cfg = {**base_cfg, "model": "models:/no-such-model@champion", "auth_token_env": "",
-                   "model_deployment": {"num_cpus": 0.1}, "ingress_deployment": {"num_cpus": 0.05}}
-    serve.run(build_app(missing_cfg), name="hardpos-missing", route_prefix="/missing", blocking=False)
+    # Both apps deploy concurrently (replica start-up dominates this module's time).
+    serve.run_many([serve.RunTarget(main_app, name="hardpos-test", route_prefix="/"),
+                    serve.RunTarget(build_app(missing_cfg), name="hardpos-missing", route_prefix="/missing")])
     try:
-        yield {"url": f"http://127.0.0.1:{port}", "uri": uri, "root": root, "ckpt": ckpt1, "version": version}
+        yield {"url": f"http://127.0.0.1:{port}", "uri": uri, "root": root, "ckpt": ckpt1, "version": version,
+               "cfg": base_cfg}
     finally:
         serve.shutdown()
 
@@ -221,14 +226,27 @@ def test_bearer_auth(app):
     assert requests.get(app["url"] + "/healthz", timeout=30).status_code == 200  # probes stay open
 
 
-def test_unknown_model_is_404_with_a_clear_message(app):
+def test_unknown_model_is_404_then_served_once_registered(app):
+    import time
+
     import requests
 
     health = requests.get(app["url"] + "/missing/healthz", timeout=30)
-    assert health.status_code == 503 and "no-such-model" in health.json()["detail"]
+    assert health.status_code == 503 and LATE_MODEL in health.json()["detail"]
     resp = requests.post(app["url"] + "/missing/v1/score", json={"image_b64": GOOD, "captions": ["a"]}, timeout=30)
     assert resp.status_code == 404, resp.text
-    assert "models:/no-such-model@champion" in resp.json()["detail"] and "not found" in resp.json()["detail"]
+    assert f"models:/{LATE_MODEL}@champion" in resp.json()["detail"] and "not found" in resp.json()["detail"]
+    # Register it: the replica's alias poll (reload_poll_s=1) loads it with no redeploy.
+    version = register_checkpoint(app["uri"], LATE_MODEL, app["ckpt"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        health = requests.get(app["url"] + "/missing/healthz", timeout=30)
+        if health.status_code == 200:
+            break
+        time.sleep(0.5)
+    assert health.status_code == 200 and health.json()["version"] == version, health.text
+    resp = requests.post(app["url"] + "/missing/v1/score", json={"image_b64": GOOD, "captions": ["a"]}, timeout=30)
+    assert resp.status_code == 200 and resp.json()["model"]["name"] == LATE_MODEL
 
 
 def test_200_concurrent_requests_all_succeed_and_are_batched(app):
@@ -257,6 +275,20 @@ def test_200_concurrent_requests_all_succeed_and_are_batched(app):
     assert after["text_cache"]["hits"] > 0  # captions repeat: served from the cache
 
 
+def test_loadgen_measures_the_running_app(app, monkeypatch):
+    from hardpos.loadgen import LoadgenConfig, measure
+
+    monkeypatch.setenv("HARDPOS_LOADGEN_TEST_TOKEN", TOKEN)
+    cfg = LoadgenConfig(concurrency=[1, 4], requests_per_level=12, warmup_requests=2, images=3, image_size=40,
+                        captions_per_request=3, caption_pool=8, token_env="HARDPOS_LOADGEN_TEST_TOKEN")
+    result = measure(cfg, base_url=app["url"])
+    assert [lv["concurrency"] for lv in result["levels"]] == [1, 4]
+    for level in result["levels"]:
+        assert level["requests"] == 12 and level["ok"] == 12 and level["errors"] == 0
+        assert level["scores_per_s"] == pytest.approx(3 * level["requests_per_s"], rel=1e-3)
+        assert 0 < level["p50_ms"] <= level["p99_ms"]
+
+
 def test_reload_picks_up_a_new_champion(app):
     import requests
 
@@ -273,3 +305,25 @@ def test_reload_picks_up_a_new_champion(app):
     np.testing.assert_allclose(new["scores"], _local_scores(ckpt2, [raw], CAPTIONS)[0], atol=1e-5)
     assert not np.allclose(new["scores"], old["scores"], atol=1e-3)  # really a different model
     assert requests.get(app["url"] + "/healthz", timeout=30).json()["version"] == v2
+
+
+def test_user_config_reload_token_and_batching_apply_in_place(app):
+    """What `serve deploy` does when only the user_config changed: reconfigure() on the live
+    replica object. Driven directly on the deployment class (no Serve needed for this)."""
+    from serve.app import ScoringModel
+
+    cfg = {**app["cfg"], "model": f"models:/{MODEL_NAME}/1"}  # pinned: the alias moved meanwhile
+    replica = ScoringModel.func_or_class(cfg)
+
+    async def drive():
+        await replica.reconfigure({"reload_token": "a", "batching": {"max_batch_size": 4}})
+        first = replica._state
+        await replica.reconfigure({"reload_token": "a", "batching": {"max_batch_size": 8}})
+        same = replica._state
+        await replica.reconfigure({"reload_token": "b", "batching": {"max_batch_size": 8}})
+        return first, same, replica._state
+
+    first, same, reloaded = asyncio.run(drive())
+    assert first is same  # same token: no reload (a batching change alone never reloads)
+    assert reloaded is not first and reloaded.info["version"] == "1"  # new token: a fresh load
+    assert replica._batching.max_batch_size == 8

@@ -271,3 +271,39 @@ def test_serve_config_yaml_is_a_valid_deploy_config():
     cfg = S.load_app_config(app["args"])
     assert cfg.model == "models:/hardpos-clip@champion"
     assert (cfg.model_deployment.max_ongoing_requests or 0) >= cfg.batching.max_batch_size
+
+
+# --------------------------------------------------------------------------- load generator (pure parts)
+def test_loadgen_is_loopback_only():
+    from hardpos.loadgen import check_loopback, main
+
+    for url in ("http://127.0.0.1:8000", "http://127.8.9.10/x", "http://localhost:1", "http://[::1]:8000"):
+        assert check_loopback(url) == url
+    for url in ("http://10.0.0.1:8000", "https://example.com", "http://0.0.0.0:8000", "ftp://127.0.0.1", "127.0.0.1:8000"):
+        with pytest.raises(ValueError):
+            check_loopback(url)
+    assert main(["url=http://192.168.1.1:8000"]) == 2  # refused before any request
+
+
+def test_loadgen_percentiles_and_summary():
+    from hardpos.loadgen import percentile, summarize
+
+    assert percentile([], 50) is None
+    assert percentile([3.0], 99) == 3.0
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 99) == pytest.approx(99.01)
+    out = summarize([0.01, 0.02, 0.03], [200, 200, 200, 503], elapsed_s=0.5, concurrency=2, scores_per_request=4)
+    assert out["ok"] == 3 and out["errors"] == 1 and out["status_counts"] == {"200": 3, "503": 1}
+    assert out["requests_per_s"] == pytest.approx(6.0) and out["scores_per_s"] == pytest.approx(24.0)
+    assert out["p50_ms"] == pytest.approx(20.0)
+
+
+def test_loadgen_payloads_are_valid_requests():
+    from hardpos.loadgen import LoadgenConfig, make_payloads
+
+    payloads = make_payloads(LoadgenConfig(images=3, image_size=40, captions_per_request=3, caption_pool=10))
+    lim = S.ServingLimits()
+    for body in payloads[:6]:
+        raw, caps, _ = S.parse_score_payload(body, lim)
+        assert S.open_image(raw, lim).size == (40, 40) and len(caps) == 3 and len(set(caps)) == 3
