@@ -1,0 +1,149 @@
+"""hardpos.model (the one loader/encoder) and hardpos.mlflow_model (the logged model)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hardpos.model import (CONFIG_NAME, ModelConfig, encode_text, load_model, save_checkpoint, tokenize,
+                           trim_tokens)
+
+CAPTIONS = ["a red circle to the left of a blue square", "a dog", "two crimson triangles above a small green circle"]
+
+
+def _same_state(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("arch", ["hardpos-tiny", "ViT-B-32"])
+def test_batch_length_text_encoding_equals_full_context(arch):
+    torch.manual_seed(0)
+    lm = load_model(ModelConfig(arch=arch))
+    model = lm.model.eval()
+    full = lm.tokenizer(CAPTIONS)  # padded to the context length (77 for ViT-B-32)
+    trimmed = tokenize(lm.tokenizer, CAPTIONS)
+    assert full.shape[1] == lm.context_length and trimmed.shape[1] < 16
+    with torch.no_grad():
+        ref = model.encode_text(full, normalize=True)
+        ours = encode_text(model, trimmed)
+    assert (ours - ref).abs().max().item() <= 1e-6
+
+
+def test_trim_tokens_keeps_the_longest_sequence():
+    tokens = torch.tensor([[5, 6, 7, 0, 0], [5, 6, 0, 0, 0]])
+    assert trim_tokens(tokens).tolist() == [[5, 6, 7], [5, 6, 0]]
+
+
+def test_checkpoint_roundtrip_local_and_s3(tmp_path, s3_env):
+    from hardpos import storage
+
+    torch.manual_seed(1)
+    lm = load_model(ModelConfig(arch="hardpos-tiny"))
+    ckpt = save_checkpoint(lm.model, lm.model_cfg, tmp_path / "ckpt", {"arch": lm.arch, "note": "x"})
+    assert {p.name for p in ckpt.iterdir()} == {"open_clip_config.json", "open_clip_model.safetensors", "hardpos.json"}
+    local = load_model(ModelConfig(pretrained=str(ckpt)))
+    assert _same_state(local.model, lm.model) and local.meta["note"] == "x" and local.arch == "hardpos-tiny"
+    uri = f"s3://{s3_env}/models/tiny"
+    storage.upload_dir(ckpt, uri)
+    remote = load_model(ModelConfig(pretrained=uri))
+    assert _same_state(remote.model, lm.model) and remote.meta["note"] == "x"
+    # Plain open_clip loads the same folder too (open_clip's local-dir format).
+    import open_clip
+
+    plain = open_clip.create_model(f"local-dir:{ckpt}")
+    assert _same_state(plain, lm.model)
+
+
+def test_quick_gelu_is_automatic_for_openai_weights(monkeypatch):
+    import open_clip
+
+    calls = []
+    real = open_clip.create_model_and_transforms
+
+    def fake(arch, pretrained=None, force_quick_gelu=False, **kwargs):
+        calls.append((arch, pretrained, force_quick_gelu))
+        return real("hardpos-tiny", force_quick_gelu=force_quick_gelu)
+
+    monkeypatch.setattr(open_clip, "create_model_and_transforms", fake)
+    lm = load_model(ModelConfig(arch="ViT-B-32", pretrained="openai"))  # no download: faked
+    assert calls[-1] == ("ViT-B-32", "openai", True) and lm.model_cfg.get("quick_gelu") is True
+    load_model(ModelConfig(arch="ViT-B-32-quickgelu", pretrained="openai"))
+    assert calls[-1] == ("ViT-B-32-quickgelu", "openai", False)  # the arch already has it
+    load_model(ModelConfig(arch="ViT-B-32", pretrained="laion2b_s34b_b79k"))
+    assert calls[-1][2] is False
+    load_model(ModelConfig(arch="ViT-B-32", pretrained="laion2b_s34b_b79k", force_quick_gelu=True))
+    assert calls[-1][2] is True
+
+
+def test_saved_quick_gelu_survives_reload(tmp_path):
+    from open_clip.transformer import QuickGELU
+
+    lm = load_model(ModelConfig(arch="hardpos-tiny", force_quick_gelu=True))
+    assert any(isinstance(m, QuickGELU) for m in lm.model.modules())
+    ckpt = save_checkpoint(lm.model, lm.model_cfg, tmp_path / "q")
+    assert json.loads((ckpt / CONFIG_NAME).read_text())["model_cfg"]["quick_gelu"] is True
+    again = load_model(ModelConfig(pretrained=str(ckpt)))
+    assert any(isinstance(m, QuickGELU) for m in again.model.modules())
+
+
+def test_missing_checkpoints_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model checkpoint not found"):
+        load_model(ModelConfig(pretrained=str(tmp_path / "nope" / "model.safetensors")))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="without open_clip_config.json"):
+        load_model(ModelConfig(pretrained=str(tmp_path / "empty")))
+
+
+# --------------------------------------------------------------------------- MLflow model
+def test_mlflow_model_roundtrip_runs_registry_and_pyfunc(tmp_path, tracking_uri):
+    import mlflow
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+    from PIL import Image
+
+    from hardpos import tracking
+    from hardpos.config import TrackingConfig
+    from hardpos.mlflow_model import log_model
+
+    torch.manual_seed(2)
+    lm = load_model(ModelConfig(arch="hardpos-tiny"))
+    ckpt = save_checkpoint(lm.model, lm.model_cfg, tmp_path / "ckpt", {"arch": lm.arch, "step": 7})
+    run = tracking.start_run(TrackingConfig(tracking_uri=tracking_uri, experiment="t-model"), "t")
+    uri = log_model(run, ckpt)
+    assert uri == f"runs:/{run.run_id}/model"
+    client = MlflowClient(tracking_uri)
+    assert client.get_run(run.run_id).info.status == "RUNNING"  # untouched by log_model
+
+    from_run = load_model(ModelConfig(pretrained=uri))
+    assert _same_state(from_run.model, lm.model) and from_run.meta["step"] == 7
+
+    mlflow.set_tracking_uri(tracking_uri)
+    version = mlflow.register_model(uri, "hardpos-test")
+    client.set_registered_model_alias("hardpos-test", "champion", version.version)
+    champion = load_model(ModelConfig(pretrained="models:/hardpos-test@champion"))
+    assert _same_state(champion.model, lm.model)
+
+    # The pyfunc scores (image, caption) pairs; a missing image is a per-row reject.
+    Image.new("RGB", (32, 32), (200, 20, 20)).save(tmp_path / "red.png")
+    pyfunc = mlflow.pyfunc.load_model(uri)
+    df = pd.DataFrame({"image": [str(tmp_path / "red.png"), str(tmp_path / "red.png"), str(tmp_path / "gone.png")],
+                       "caption": ["a red square", "a blue circle", "a red square"]})
+    out = pyfunc.predict(df)
+    assert out["error"].tolist()[:2] == ["", ""] and "gone.png" in out["error"][2]
+    with torch.no_grad():
+        from hardpos.model import encode_image
+
+        img = encode_image(lm.model.eval(), lm.preprocess_val(Image.open(tmp_path / "red.png").convert("RGB"))[None])
+        txt = encode_text(lm.model, tokenize(lm.tokenizer, ["a red square", "a blue circle"]))
+    assert out["score"][:2].tolist() == pytest.approx((txt @ img[0]).tolist(), abs=1e-5)
+    tracking.end_run(run)
+
+
+def test_log_model_rejects_a_folder_without_a_checkpoint(tmp_path, tracking_uri):
+    from hardpos.mlflow_model import log_model
+
+    with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
+        log_model("0" * 32, tmp_path, tracking_uri)
