@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,7 +100,7 @@ def test_every_yaml_config_in_the_repo_loads_into_its_stage():
     """jobs/configs/<stage>*.yaml must load into that stage's Config without errors."""
     files = sorted((REPO / "jobs" / "configs").glob("*.yaml"))
     for path in files:
-        stage = path.stem.split("_")[0]
+        stage = re.split(r"[_-]", path.stem)[0]
         module = runtime.stage_module(stage)
         load_config(module.Config, path)
 
