@@ -125,16 +125,14 @@ class HttpEngineConfig:
 class RulesEngineConfig:
     """The CPU rule engine (hardpos.data.perturb.RulePerturber).
 
-    batch_size: rows per map_batches call.
-    num_cpus: CPUs per rule actor.
-    max_workers: most rule actors (the pool autoscales from 1).
+    batch_size: rows per map_batches task.
+    num_cpus: CPUs per rule task (Ray runs as many tasks as the cluster's CPUs allow).
     lexicon: "auto" (the world's lexicon when the input is a synthetic world, else the full
         one), "default" or "world".
     """
 
     batch_size: int = 256
     num_cpus: float = 1.0
-    max_workers: int = 64
     lexicon: Literal["auto", "default", "world"] = "auto"
 
 
@@ -481,37 +479,46 @@ def rule_lexicon(world_dir: str | None):
     return world_lexicon(config_from_world(world_dir))
 
 
-class RulesBatch:
-    """``map_batches`` callable: the rule engine over a batch of request rows (pyarrow).
+_PERTURBERS: dict[tuple[int, str | None], Any] = {}
 
-    ``RulePerturber.pick`` seeds its choice with (seed, polarity, kind, caption), so the
-    output of a row does not depend on batching, workers or resume.
-    """
 
-    def __init__(self, seed: int, world_dir: str | None = None):
+def _perturber(seed: int, world_dir: str | None):
+    """One RulePerturber per (seed, lexicon) per worker process, reused across tasks."""
+    key = (seed, world_dir)
+    if key not in _PERTURBERS:
         from hardpos.data.perturb import RulePerturber
 
-        self.rules = RulePerturber(seed=seed, lexicon=rule_lexicon(world_dir))
+        _PERTURBERS[key] = RulePerturber(seed=seed, lexicon=rule_lexicon(world_dir))
+    return _PERTURBERS[key]
 
-    def __call__(self, batch):
-        import pyarrow as pa
 
-        out = []
-        for row in batch.to_pylist():
-            polarity, rule_kind = _rule_kind(row["kind"])
-            res = {**{c: row.get(c) for c in REQUEST_COLUMNS}, "raw_output": None, "engine_error": None,
-                   "engine_detail": None, "prompt_tokens": 0, "completion_tokens": 0, "source": "rule"}
-            try:
-                p = self.rules.pick(row["caption"], polarity, rule_kind)
-            except Exception as exc:  # noqa: BLE001 - one bad caption must not kill the job
-                res.update(engine_error="inference_error", engine_detail=f"{type(exc).__name__}: {exc}"[:300])
+def rules_batch(batch, seed: int = 0, world_dir: str | None = None):
+    """``map_batches`` function: the rule engine over a batch of request rows (pyarrow).
+
+    A plain task, not an actor: tasks reuse Ray's pooled workers (no per-run actor start-up)
+    and the perturber is cached per worker. ``RulePerturber.pick`` seeds its choice with
+    (seed, polarity, kind, caption), so a row's output does not depend on batching,
+    workers or resume.
+    """
+    import pyarrow as pa
+
+    rules = _perturber(seed, world_dir)
+    out = []
+    for row in batch.to_pylist():
+        polarity, rule_kind = _rule_kind(row["kind"])
+        res = {**{c: row.get(c) for c in REQUEST_COLUMNS}, "raw_output": None, "engine_error": None,
+               "engine_detail": None, "prompt_tokens": 0, "completion_tokens": 0, "source": "rule"}
+        try:
+            p = rules.pick(row["caption"], polarity, rule_kind)
+        except Exception as exc:  # noqa: BLE001 - one bad caption must not kill the job
+            res.update(engine_error="inference_error", engine_detail=f"{type(exc).__name__}: {exc}"[:300])
+        else:
+            if p is None:
+                res.update(engine_error="no_rule", engine_detail=f"no {polarity} {rule_kind} rule applies")
             else:
-                if p is None:
-                    res.update(engine_error="no_rule", engine_detail=f"no {polarity} {rule_kind} rule applies")
-                else:
-                    res["raw_output"] = p.text
-            out.append(res)
-        return pa.Table.from_pylist(out, schema=engine_schema())
+                res["raw_output"] = p.text
+        out.append(res)
+    return pa.Table.from_pylist(out, schema=engine_schema())
 
 
 def engine_schema():
@@ -526,11 +533,8 @@ def engine_schema():
 
 
 def apply_rules(ds, cfg: EngineConfig, seed: int, world_dir: str | None = None):
-    from ray.data import ActorPoolStrategy
-
-    return ds.map_batches(RulesBatch, fn_constructor_args=(seed, world_dir), batch_format="pyarrow",
-                          batch_size=cfg.rules.batch_size, num_cpus=cfg.rules.num_cpus,
-                          compute=ActorPoolStrategy(min_size=1, max_size=cfg.rules.max_workers))
+    return ds.map_batches(rules_batch, fn_kwargs={"seed": seed, "world_dir": world_dir}, batch_format="pyarrow",
+                          batch_size=cfg.rules.batch_size, num_cpus=cfg.rules.num_cpus)
 
 
 def apply_engine(ds, cfg: EngineConfig, templates: dict, seed: int = 0, world_dir: str | None = None):
