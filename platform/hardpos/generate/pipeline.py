@@ -487,6 +487,7 @@ class RunStats:
     captions: int = 0
     counts: list[dict] = dataclasses.field(default_factory=list)
     wall_s: float = 0.0
+    commit_s: float = 0.0  # driver time spent joining + writing shards (inside wall_s)
 
 
 def run_shards(shards: list[Shard], make_dataset: Callable[[list[dict]], Any], out_dir: str,
@@ -503,7 +504,9 @@ def run_shards(shards: list[Shard], make_dataset: Callable[[list[dict]], Any], o
     remaining = {s.index: len(s.requests) for s in shards}
 
     def commit(index: int) -> None:
+        t0 = time.time()
         counts = on_shard(by_index[index], buffers.pop(index))
+        stats.commit_s += time.time() - t0
         stats.counts.append(counts)
         stats.shards_written += 1
         stats.captions += len(by_index[index].captions)

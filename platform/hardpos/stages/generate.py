@@ -218,6 +218,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
             "captions": stats.captions,
             "inputs": run_counts.get("inputs", 0),
             "wall_s": round(stats.wall_s, 3),
+            "join_and_write_s": round(stats.commit_s, 3),
             "captions_per_s": round(stats.captions / wall, 2) if stats.captions else 0.0,
             "requests_per_s": round(run_counts.get("inputs", 0) / wall, 2) if stats.captions else 0.0,
             "completion_tokens": run_counts.get("completion_tokens", 0),
