@@ -187,6 +187,36 @@ def test_write_shard_refuses_duplicates_and_gaps(tmp_path):
     assert counts["accepted"] == 1 and pipeline.done_shards(str(tmp_path)) == {0}
 
 
+def test_join_takes_negatives_from_dataset_then_llm_then_rules():
+    caps = [
+        {"index": 0, "caption_id": "a", "caption": "A red bus on a street.", "image": "/i/0.png",
+         "negatives": ["A blue bus on a street."]},
+        {"index": 1, "caption_id": "b", "caption": "A man holding a red umbrella.", "image": "/i/1.png", "negatives": []},
+        {"index": 2, "caption_id": "c", "caption": "A black dog next to a white cat.", "image": "/i/2.png",
+         "negatives": []},
+    ]
+
+    def acc(i, kind, polarity, text):
+        return {"request_id": f"{i}:{kind}", "kind": kind, "polarity": polarity, "text": text, "source": "llm:m"}
+
+    accepted = [acc(0, "replace", "positive", "A red coach on a street."),
+                acc(1, "replace", "positive", "A guy holding a red umbrella."),
+                acc(1, "replace_negative", "negative", "A man holding a green umbrella.")]
+    auto = pipeline.join_triplets(caps, accepted, pipeline.NegativePicker("auto", 0, "src"))
+    by_id = {t["caption_id"]: t for t in auto}
+    assert by_id["a"]["hard_negative"] == "A blue bus on a street." and by_id["a"]["negative_source"] == "dataset:src"
+    assert by_id["b"]["hard_negative"] == "A man holding a green umbrella." and by_id["b"]["negative_source"] == "llm:m"
+    assert by_id["b"]["hard_positive"] == "A guy holding a red umbrella." and by_id["b"]["source"] == "llm:m"
+    # no positive for "c": one hard-negative-only row from the rule engine
+    assert by_id["c"]["hard_positive"] is None and by_id["c"]["negative_source"] == "rule"
+    assert by_id["c"]["hard_negative"] and by_id["c"]["hard_negative"] != caps[2]["caption"]
+    rules_only = pipeline.join_triplets(caps, accepted, pipeline.NegativePicker("rules", 0, "src"), keep_unmatched=False)
+    assert [t["caption_id"] for t in rules_only] == ["a", "b"]
+    assert all(t["negative_source"] == "rule" for t in rules_only)
+    none = pipeline.join_triplets(caps, accepted, pipeline.NegativePicker("none", 0, "src"))
+    assert [t["hard_negative"] for t in none] == [None, None]  # unmatched captions need a negative to be kept
+
+
 # --------------------------------------------------------------------------- Ray: http end to end
 def expected_outcome(caption: str, kind: str) -> str:
     """What the validator must say about the stub's canned answer (the stub's contract)."""

@@ -273,7 +273,8 @@ class NegativePicker:
             i = engines.row_seed(self.seed, cap["caption_id"], "negative") % len(cap["negatives"])
             return cap["negatives"][i], f"dataset:{self.dataset}"
         if self.mode in ("auto", "llm"):
-            text = llm_negatives.get(f"{base}_negative") or next(iter(llm_negatives.values()), None)
+            others = [v for k, v in llm_negatives.items() if not k.startswith("__")]
+            text = llm_negatives.get(f"{base}_negative") or next(iter(others), None)
             if text:
                 return text, llm_negatives.get("__source__")
         if self.mode in ("auto", "rules"):
