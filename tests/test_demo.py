@@ -1,0 +1,121 @@
+"""The demo: the whole pipeline (world -> pretrain -> generate -> 3 finetunes -> evaluate ->
+register -> table + chart) through the real stages on the session's local Ray, at a tiny
+scale. Asserts on the structure of the result, not on the science."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from hardpos import demo_report as R
+
+MODELS = ["pretrained", "captions-only", "hn-only", "hp+hn"]
+
+
+def _metrics(orig: float, aug: float, brittle: float, s: float) -> dict[str, float]:
+    out = {}
+    for k, prefix in enumerate(("world_replace_attribute", "world_replace_relation", "world_swap")):
+        out.update({f"{prefix}/orig_acc": orig + 0.1 * k, f"{prefix}/aug_acc": aug, f"{prefix}/brittleness": brittle,
+                    f"{prefix}/mean_s_c": s, f"{prefix}/mean_s_n": s - 0.1, f"{prefix}/mean_s_p": s + 0.1 * k})
+    return out
+
+
+def test_table_row_replace_is_the_mean_of_its_subsets_and_swap_is_swap():
+    row = R.table_row(_metrics(0.5, 0.3, 0.2, 0.25))
+    assert set(R.COLUMNS) <= set(row)
+    assert row["replace/orig_acc"] == pytest.approx((0.5 + 0.6) / 2)
+    assert row["swap/orig_acc"] == pytest.approx(0.7)
+    assert row["replace/mean_s_p"] == pytest.approx((0.25 + 0.35) / 2)
+    assert row["swap/mean_s_p"] == pytest.approx(0.45)
+    assert row["objective"] == pytest.approx((0.3 + 0.3) / 2)
+    assert row["world_replace_relation/orig_acc"] == pytest.approx(0.6)
+
+
+def test_table_row_names_a_missing_metric():
+    m = _metrics(0.5, 0.3, 0.2, 0.25)
+    del m["world_swap/brittleness"]
+    with pytest.raises(KeyError, match="world_swap/brittleness"):
+        R.table_row(m)
+
+
+def test_aggregate_mean_and_sample_std_over_seeds_and_markdown_shows_spread(tmp_path):
+    seeds = [{"a": R.table_row(_metrics(o, 0.3, 0.2, 0.25))} for o in (0.4, 0.5, 0.6)]
+    mean, std = R.aggregate(seeds)
+    assert mean["a"]["swap/orig_acc"] == pytest.approx(0.7)
+    assert std["a"]["swap/orig_acc"] == pytest.approx(0.1)
+    assert std["a"]["swap/aug_acc"] == pytest.approx(0.0)
+    md = R.markdown_table(mean, std, title="t")
+    assert "| a | 55.0 ± 10.0 | 30.0 ± 0.0 |" in md
+    png = R.write_chart(mean, str(tmp_path / "c.png"), std)
+    assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert R.best_model({"x": {"objective": 0.2}, "y": {"objective": 0.3}}) == "y"
+
+
+def test_demo_config_rejects_bad_variants():
+    from hardpos.config import ConfigError, load_config
+    from hardpos.stages import demo
+
+    with pytest.raises(ConfigError, match="unique"):
+        load_config(demo.Config, None, ["variants=[{name: a}, {name: a}]"])
+    with pytest.raises(ConfigError, match="pretrained"):
+        load_config(demo.Config, None, ["variants=[{name: pretrained}]"])
+
+
+def test_demo_runs_the_whole_pipeline_small(ray_session, tracking_uri, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from hardpos.config import load_config
+    from hardpos.model import ModelConfig, load_model
+    from hardpos.runtime import execute
+    from hardpos.stages import demo
+
+    cfg = load_config(demo.Config, None, [
+        f"output_dir={tmp_path / 'demo'}",
+        "world.n_pretrain=96", "world.n_finetune=64", "world.n_benchmark=24", "world.image_size=32",
+        "pretrain.steps=3", "pretrain.batch_size=16", "pretrain.num_workers=1", "pretrain.warmup_steps=1",
+        "finetune.steps=2", "finetune.batch_size=16", "finetune.num_workers=1", "finetune.warmup_steps=1",
+        "eval_batch_size=64",
+    ])
+    summary = execute("demo", cfg)
+
+    # every model trained and evaluated; every table cell present and a valid number
+    assert list(summary["rows"]) == MODELS
+    for model, row in summary["rows"].items():
+        for col in R.COLUMNS:
+            assert math.isfinite(row[col]), (model, col)
+            if col.rsplit("/", 1)[1] in R.PERCENT:
+                assert 0.0 <= row[col] <= 1.0, (model, col)
+        assert row["replace/aug_acc"] <= row["replace/orig_acc"] + 1e-9
+    out = Path(summary["output_dir"])
+    md = (out / "results.md").read_text()
+    for model in MODELS:
+        assert f"| {model} |" in md
+    assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert summary["world_reused"] is False
+
+    # the champion is the best finetuned model, registered and loadable
+    champion = summary["champion"]
+    assert champion in MODELS[1:]
+    assert summary["rows"][champion]["objective"] == max(summary["rows"][m]["objective"] for m in MODELS[1:])
+    client = MlflowClient(tracking_uri)
+    version = client.get_model_version_by_alias("hardpos-clip", "champion")
+    assert version.run_id == summary["models"][champion]["run_id"]
+    lm = load_model(ModelConfig(arch="hardpos-tiny", pretrained="models:/hardpos-clip@champion"))
+    assert lm.arch == "hardpos-tiny"
+
+    # MLflow: one experiment, every stage a finished child of the demo run
+    demo_run = client.get_run(summary["mlflow_run_id"])
+    exp = demo_run.info.experiment_id
+    children = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{demo_run.info.run_id}'")
+    stages = sorted(r.data.tags["hardpos.stage"] for r in children)
+    assert stages == sorted(["world", "train", "generate", "train", "train", "train", "evaluate", "evaluate",
+                             "evaluate", "evaluate", "register"])
+    assert all(r.info.status == "FINISHED" for r in children)
+    assert {r.info.run_name for r in children if r.data.tags["hardpos.stage"] == "train"} == set(MODELS)
+
+    # a second demo reuses the world (same config) and regenerates it when the config changes
+    assert demo._world_matches(summary["world_dir"], cfg.world)
+    assert not demo._world_matches(summary["world_dir"], dataclasses.replace(cfg.world, seed=cfg.world.seed + 1))
+    assert not demo._world_matches(str(tmp_path / "absent"), cfg.world)
