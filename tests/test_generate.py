@@ -391,6 +391,12 @@ def test_resume_after_interruption_is_exactly_once(ray_session, shared_data, tmp
     # changing the settings of a half-done output_dir is refused, not mixed
     with pytest.raises(ConfigError, match="different settings"):
         run_stage(gen_config(tmp_path, f"input={source}", "limit=40", "shard_size=20", *http))
+    # overwrite=true starts over: no shard or merged file of the old run survives a partial rerun
+    again = run_stage(gen_config(tmp_path, f"input={source}", "limit=40", "shard_size=20", "engine.kind=rules",
+                                 "overwrite=true", "max_shards=1"))
+    assert again["shards_done"] == 1 and not again["complete"]
+    assert sorted(os.listdir(out)) == ["manifest.json", "samples.json", "shards", "summary.json"]
+    assert len(os.listdir(os.path.join(out, "shards"))) == 4  # one shard: accepted, rejects, triplets, marker
 
 
 def test_bad_inputs_fail_before_work_or_become_row_rejects(ray_session, tmp_path):

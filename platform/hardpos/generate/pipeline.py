@@ -404,22 +404,26 @@ def check_manifest(out_dir: str, manifest: dict) -> None:
     storage.write_json(path, manifest)
 
 
-def clear_output(out_dir: str) -> None:
-    """Remove shard files and merged outputs (``overwrite=true``)."""
+MERGED = ("manifest.json", "accepted.parquet", "rejects.parquet", "samples.json")
+
+
+def clear_output(out_dir: str, extra: Iterable[str] = ()) -> None:
+    """Remove shard files, the manifest and merged outputs (``overwrite=true``)."""
+    names = [*MERGED, *extra]
     if storage.is_s3(out_dir):
         bucket, _ = storage.split_s3(out_dir)
         client = storage.s3_client()
-        for uri in list(storage.list_files(storage.join(out_dir, "shards"))) + [
-                storage.join(out_dir, n) for n in ("manifest.json",)]:
-            client.delete_object(Bucket=bucket, Key=storage.split_s3(uri)[1])
+        for uri in [*storage.list_files(storage.join(out_dir, "shards")), *(storage.join(out_dir, n) for n in names)]:
+            client.delete_object(Bucket=bucket, Key=storage.split_s3(uri)[1])  # deleting a missing key is a no-op
         return
     import shutil
 
     shutil.rmtree(storage.join(out_dir, "shards"), ignore_errors=True)
-    try:
-        os.remove(storage.join(out_dir, "manifest.json"))
-    except FileNotFoundError:
-        pass
+    for name in names:
+        try:
+            os.remove(storage.join(out_dir, name))
+        except FileNotFoundError:
+            pass
 
 
 # --------------------------------------------------------------------------- merge

@@ -132,7 +132,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     shards = pipeline.plan(captions, templates, cfg.shard_size, source)
     out = ctx.output_dir
     if cfg.overwrite:
-        pipeline.clear_output(out)
+        pipeline.clear_output(out, [cfg.join.output])
     pipeline.check_manifest(out, {
         "input": source_uri, "input_fingerprint": pipeline.input_fingerprint(captions), "num_captions": len(captions),
         "shard_size": cfg.shard_size, "num_shards": len(shards), "prompts": cfg.prompts,
