@@ -49,6 +49,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError
 
 from hardpos import serving as S
 
@@ -334,7 +336,7 @@ class ScoringModel:
             "model": {k: v for k, v in (state.info if state else {"source": self.cfg.model}).items() if k != "tags"},
             "batching": {"enabled": self._batching.enabled,
                          "max_batch_size": self._batching.effective_max_batch_size,
-                         "batch_wait_timeout_s": self._batching.batch_wait_timeout_s,
+                         "batch_wait_timeout_s": self._batching.batch_wait_timeout_s if self._batching.enabled else 0.0,
                          **self.stats.summary()},
             "text_cache": state.cache.stats() if state else None,
             "replica": serve.get_replica_context().replica_id.unique_id,
@@ -533,6 +535,10 @@ class ScoringAPI:
         except asyncio.TimeoutError:
             response.cancel()
             raise S.ServingError(503, f"the model did not answer within {self.limits.request_timeout_s:g} s; retry later") from None
+        except BackPressureError:
+            raise S.ServingError(503, "the model deployment is at capacity (max_ongoing_requests); retry later") from None
+        except RayActorError as exc:  # replica died / restarting: the client should retry, not see a 500
+            raise S.ServingError(503, f"the model replica is unavailable ({type(exc).__name__}); retry later") from None
 
     async def _score_one(self, image: bytes, captions: list[str]) -> dict[str, Any]:
         # Validate the image here (cheap header checks first) so bad input never reaches the
@@ -647,10 +653,11 @@ class ScoringAPI:
 # --------------------------------------------------------------------------- builder
 
 
-def _deployment_kwargs(opts: S.DeploymentOptions, default_max_ongoing: int) -> dict[str, Any]:
+def _deployment_kwargs(opts: S.DeploymentOptions, default_max_ongoing: int, access_log: bool = True) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": opts.num_cpus, "num_gpus": opts.num_gpus},
         "max_ongoing_requests": opts.max_ongoing_requests or default_max_ongoing,
+        "logging_config": {"enable_access_log": access_log},
     }
     if opts.autoscaling.enabled:
         a = opts.autoscaling
@@ -684,11 +691,11 @@ def build_app(args: dict[str, Any] | None = None):
     # model's user_config: a `serve deploy` that changes just those reconfigures in place.
     config = dataclasses.asdict(dataclasses.replace(cfg, reload_token="", batching=S.BatchingConfig(max_batch_size=1)))
     batch = cfg.batching.effective_max_batch_size
-    model_kwargs = _deployment_kwargs(cfg.model_deployment, max(64, 2 * batch))
+    model_kwargs = _deployment_kwargs(cfg.model_deployment, max(64, 2 * batch), cfg.access_log)
     model_kwargs["user_config"] = {"reload_token": cfg.reload_token, "batching": dataclasses.asdict(cfg.batching)}
     model = ScoringModel.options(name="ScoringModel", **model_kwargs).bind(config)
     # The ingress holds many requests in flight (they wait on the model), hence its higher cap.
-    ingress_kwargs = _deployment_kwargs(cfg.ingress_deployment, max(256, 4 * batch))
+    ingress_kwargs = _deployment_kwargs(cfg.ingress_deployment, max(256, 4 * batch), cfg.access_log)
     return ScoringAPI.options(name="ScoringAPI", **ingress_kwargs).bind(model, config, digest)
 
 

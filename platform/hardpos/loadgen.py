@@ -288,7 +288,7 @@ def compare_batching(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     port = _serve_port(port)
     base = {
-        "model": source, "arch": cfg.arch, "reload_poll_s": 0, "auth_token_env": "",
+        "model": source, "arch": cfg.arch, "reload_poll_s": 0, "auth_token_env": "", "access_log": False,
         "limits": {"max_captions": max(64, cfg.captions_per_request)},
         "model_deployment": {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus,
                              "max_ongoing_requests": max(64, 2 * cfg.max_batch_size, 2 * max(cfg.concurrency))},

@@ -133,6 +133,7 @@ class ServeAppConfig:
     device: auto (GPU when one is assigned) | cpu | cuda.
     bf16: bf16 autocast on GPU.
     text_cache_size: LRU entries of caption embeddings per replica (0 disables).
+    access_log: Serve's per-request access log lines (off for load tests: they cost CPU).
     auth_token_env: environment variable holding the bearer token; when it is set (in the
         process that builds the app or in the ingress replica) every /v1 route needs
         ``Authorization: Bearer <token>`` (401 otherwise). /healthz stays open.
@@ -149,6 +150,7 @@ class ServeAppConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = True
     text_cache_size: int = 10_000
+    access_log: bool = True
     auth_token_env: str = "HARDPOS_SERVE_TOKEN"
     limits: ServingLimits = dataclasses.field(default_factory=ServingLimits)
     batching: BatchingConfig = dataclasses.field(default_factory=BatchingConfig)
