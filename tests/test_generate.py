@@ -448,7 +448,7 @@ def test_s3_output_dir_resumes(ray_session, s3_env, tmp_path):
 
 # --------------------------------------------------------------------------- GPU: vLLM
 @pytest.mark.gpu
-def test_vllm_engine_runs_a_small_model(ray_session, shared_data, tmp_path):
+def test_vllm_engine_runs_a_small_model(shared_data, tmp_path, request):
     import shutil
 
     if shutil.which("nvidia-smi") is None:
@@ -458,8 +458,14 @@ def test_vllm_engine_runs_a_small_model(ray_session, shared_data, tmp_path):
         pytest.skip("no CUDA GPU")
     pytest.importorskip("vllm", reason="vllm is not installed (pip install hardpos[vllm])")
     model = os.environ.get("HARDPOS_VLLM_MODEL")
+    cached = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub" / \
+        "models--Qwen--Qwen2.5-0.5B-Instruct"
+    if not model and cached.is_dir():
+        model = "Qwen/Qwen2.5-0.5B-Instruct"  # the placeholder of jobs/configs/generate_vllm.yaml, already cached
     if not model:
-        pytest.skip("set HARDPOS_VLLM_MODEL to a small local instruct model (e.g. a Qwen2.5-0.5B-Instruct folder)")
+        pytest.skip("no small instruct model available offline: set HARDPOS_VLLM_MODEL to a local model folder "
+                    "(e.g. Qwen2.5-0.5B-Instruct) or cache Qwen/Qwen2.5-0.5B-Instruct")
+    request.getfixturevalue("ray_session")  # only now: skipping must not cost a Ray start
     summary = run_stage(gen_config(tmp_path, f"input={shared_data / NEGCLIP}", "limit=64", "shard_size=32",
                                    "engine.kind=vllm", f"engine.vllm.model_source={model}",
                                    "engine.vllm.max_model_len=1024", "engine.vllm.batch_size=32"))
