@@ -81,10 +81,14 @@ def test_generate_survives_a_node_kill_with_every_row_exactly_once(tmp_path):
 
 @pytest.mark.slow
 def test_train_resumes_from_the_last_checkpoint_after_a_node_kill(tmp_path):
-    s = _run_scenarios(tmp_path, "train", timeout=540)["scenarios"]["train"]
+    s = _run_scenarios(tmp_path, "train", timeout=900)["scenarios"]["train"]
     assert s["failures_injected"] == 1, s
     assert s["recovered"] and s["steps"] == s["expected_steps"], s
-    assert s["resumed_from_step"] is not None and 0 < s["resumed_from_step"] <= s["killed_at_step"], s
+    # Killed in epoch 2 just as a mid-epoch checkpoint was written: the run resumes from the
+    # last checkpoint Ray Train had committed (that one, or the end of epoch 1), never step 0.
+    spe = s["expected_steps"] // 2
+    assert s["killed_after_checkpoint"] > spe, s
+    assert s["resumed_from_step"] is not None and spe <= s["resumed_from_step"] <= s["killed_after_checkpoint"], s
     assert s["mlflow_missing_steps"] == 0, s
 
 

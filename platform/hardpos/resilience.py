@@ -126,6 +126,10 @@ class SimCluster:
             "dashboard_agent_listen_port": free_port(), "include_dashboard": False,
             "object_store_memory": 200 * 1024 * 1024,
         })
+        # Every process of this cluster (raylets inherit this environment, their workers
+        # too) must find *this* GCS: Ray's address auto-detection picks the newest of all
+        # Rays on the machine (e.g. Ray Train's placement-group cleaner would watch another).
+        os.environ["RAY_ADDRESS"] = self.cluster.address
         self.nodes = [self.add_node() for _ in range(workers)]
         ray.init(address=self.cluster.address)
         self.killed = 0
@@ -272,26 +276,25 @@ def train_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, Any
     ])
     spe = (rows // 2) // 4
     total = 2 * spe
-    kill_after = spe + spe // 2  # mid-epoch 2, after at least one mid-epoch checkpoint
+    # Kill in epoch 2, right after its first mid-epoch checkpoint (checkpoint.every_steps=2):
+    # the run must resume from that checkpoint, not from the epoch boundary or step 0.
+    kill_after = spe + 2
     os.environ["MLFLOW_TRACKING_URI"] = uri
-    client = MlflowClient(uri)
     seen: dict[str, Any] = {}
 
-    def logged_step() -> int:
-        exp = client.get_experiment_by_name("resilience-train")
-        runs = client.search_runs(exp.experiment_id) if exp else []
-        if not runs:
-            return 0
-        return max((m.step for m in client.get_metric_history(runs[0].info.run_id, "loss/total")), default=0)
+    def checkpoint_step() -> int:
+        steps = [int(p.name.rsplit("_", 1)[1]) for p in out.glob("ray_train/*/checkpoint_*")
+                 if p.name.rsplit("_", 1)[1].isdigit()]
+        return max(steps, default=0)
 
     def ready() -> bool:
-        seen["step"] = logged_step()
+        seen["step"] = checkpoint_step()
         return seen["step"] >= kill_after
 
     started = time.time()
     thread, result = _in_thread(lambda: runtime.execute("train", cfg, quiet=True))
-    box = _kill_when(sim, thread, ready, lambda: sim.nodes[-1], 300, f"step {kill_after}")
-    box["killed_at_step"] = seen.get("step")
+    box = _kill_when(sim, thread, ready, lambda: sim.nodes[-1], 600, f"a checkpoint at step {kill_after}")
+    box["killed_after_checkpoint"] = seen.get("step")
     thread.join()
     if "error" in result:
         raise result["error"]
@@ -302,13 +305,11 @@ def train_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, Any
     return {
         "failures_injected": 1 if "kill_t" in box else 0,
         "killer_error": box.get("killer_error"),
-        "killed_at_step": box.get("killed_at_step"),
+        "killed_after_checkpoint": box.get("killed_after_checkpoint"),
         "resumed_from_step": fm.get("resumed_from_step"),
         "recovered": summary.get("status") == "ok" and summary.get("steps") == total,
         "steps": summary.get("steps"),
         "expected_steps": total,
-        "steps_redone": (box["killed_at_step"] - fm["resumed_from_step"])
-        if box.get("killed_at_step") is not None and fm.get("resumed_from_step") is not None else None,
         "mlflow_duplicated_steps": len(duplicated_steps(steps)),
         "mlflow_missing_steps": len(missing_steps(steps, total)),
         "wall_s": round(time.time() - started, 1),
@@ -417,7 +418,7 @@ def serve_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, Any
     import requests
     import torch
     from ray import serve
-    from ray.util.state import list_actors
+    from ray._private import state as ray_state
 
     from hardpos.model import ModelConfig, load_model, save_checkpoint
 
@@ -459,9 +460,11 @@ def serve_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, Any
     thread = threading.Thread(target=load, daemon=True)
     thread.start()
     _wait_for(lambda: sum(ok for _, ok in events) >= 20, 120, "20 successful requests before the kill")
-    replicas = [a for a in list_actors(filters=[("state", "=", "ALIVE")])
-                if "ScoringModel" in (a.class_name or "")]
-    nodes = {a.node_id for a in replicas}
+    # The GCS actor table (no dashboard needed): which nodes host a ScoringModel replica.
+    table = ray_state.actors()
+    replicas = [a for a in table.values()
+                if a.get("State") == "ALIVE" and "ScoringModel" in (a.get("ActorClassName") or "")]
+    nodes = {a["Address"]["NodeID"] for a in replicas}
     victim = next(n for n in list(sim.nodes) if n.node_id in nodes)
     kill_t = time.time()
     sim.kill(victim)
