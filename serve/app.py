@@ -541,9 +541,10 @@ class ScoringAPI:
             raise S.ServingError(503, f"the model replica is unavailable ({type(exc).__name__}); retry later") from None
 
     async def _score_one(self, image: bytes, captions: list[str]) -> dict[str, Any]:
-        # Validate the image here (cheap header checks first) so bad input never reaches the
-        # model replicas; decoding runs in a thread to keep this replica's loop responsive.
-        await asyncio.to_thread(S.open_image, image, self.limits)
+        # Header checks here (size, format, pixel count: no pixels decoded) keep oversized and
+        # non-image input away from the model replicas; the replica decodes once, and reports a
+        # truncated/corrupt image as this item's 400.
+        S.check_image_header(image, self.limits)
         return await self._call("score", image, captions)
 
     @staticmethod

@@ -307,3 +307,12 @@ def test_loadgen_payloads_are_valid_requests():
     for body in payloads[:6]:
         raw, caps, _ = S.parse_score_payload(body, lim)
         assert S.open_image(raw, lim).size == (40, 40) and len(caps) == 3 and len(set(caps)) == 3
+
+
+def test_check_image_header_decodes_nothing():
+    assert S.check_image_header(png_bytes(0, size=30), LIM) == (30, 30)
+    # A truncated file passes the header check (its pixels are never read here)...
+    assert S.check_image_header(png_bytes(2)[:100], LIM) == (48, 48)
+    # ...while size, format and pixel-count limits are enforced.
+    assert _status(S.check_image_header, b"nope", LIM)[0] == 400
+    assert _status(S.check_image_header, bomb_png(100_000, 100_000), LIM)[0] == 413

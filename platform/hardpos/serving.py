@@ -248,6 +248,13 @@ def decode_base64_image(data: Any, limits: ServingLimits, field: str = "image_b6
     return raw
 
 
+def check_image_header(raw: bytes, limits: ServingLimits, field: str = "image") -> tuple[int, int]:
+    """Cheap checks that decode no pixels: byte size (413), format from the header (400 when
+    not an image), width x height against ``max_image_pixels`` (413: the decompression-bomb
+    guard). Returns (width, height). The HTTP ingress runs this; the model replica decodes."""
+    return _open_checked(raw, limits, field, decode=False).size
+
+
 def open_image(raw: bytes, limits: ServingLimits, field: str = "image"):
     """Decode ``raw`` into an RGB :class:`PIL.Image.Image`, refusing oversized or bogus input.
 
@@ -256,6 +263,10 @@ def open_image(raw: bytes, limits: ServingLimits, field: str = "image"):
     decoded: the decompression-bomb guard), then the actual decode (400 when truncated or
     corrupt). Multi-frame images use their first frame.
     """
+    return _open_checked(raw, limits, field, decode=True)
+
+
+def _open_checked(raw: bytes, limits: ServingLimits, field: str, decode: bool = False):
     from PIL import Image, UnidentifiedImageError
 
     if len(raw) > limits.max_image_bytes:
@@ -278,6 +289,8 @@ def open_image(raw: bytes, limits: ServingLimits, field: str = "image"):
         if width * height > limits.max_image_pixels:
             raise ServingError(
                 413, f"{field} is {width}x{height} = {width * height} pixels; the limit is {limits.max_image_pixels} pixels")
+        if not decode:
+            return img  # header parsed, no pixels decoded
         try:
             img.seek(0)
             img.load()
