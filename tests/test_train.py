@@ -77,7 +77,7 @@ def _preprocess_udf(base_dir):
 
 def test_preprocess_keeps_bad_rows_as_counted_rejects(tmp_path):
     path, rows = write_triplets(tmp_path, n=3, bad=2)
-    rows.append({**rows[0], "caption": None})
+    rows = rows[2:] + rows[:2] + [{**rows[2], "caption": None}]
     udf, lm = _preprocess_udf(tmp_path)
     batch = {k: np.array([r[k] for r in rows], dtype=object) for k in ("image", "caption", "hard_negative", "hard_positive")}
     out = udf(batch)
@@ -179,15 +179,15 @@ def test_two_workers_finetune_and_write_everything(trained):
                  "bench/aug_acc", "bench/orig_acc", "bench/brittleness"):
         assert name in fm and math.isfinite(fm[name]), name
     assert s["samples_per_s"] > 0
-    # Bad images are counted, not fatal. equal=True splitting may drop the odd row, so at most.
+    # Bad images (the file's first rows, so inside the first batches) are counted, not fatal.
     bad_in_train = sum(1 for r in train_rows if r["caption_id"].startswith("bad"))
-    assert 0 < fm["data/skipped_rows"] <= bad_in_train
+    assert bad_in_train > 0 and fm["data/skipped_rows"] == bad_in_train
     # Final checkpoint in open_clip local-dir format.
     ckpt = Path(s["checkpoint"])
     assert (ckpt / "open_clip_config.json").is_file() and (ckpt / "open_clip_model.safetensors").is_file()
     assert json.loads((ckpt / "hardpos.json").read_text())["step"] == s["steps"]
     # Ray Train checkpoints: one per epoch, named by step.
-    ray_dirs = sorted(p.name for p in Path(s["ray_checkpoint"]).parent.glob("checkpoint_*"))
+    ray_dirs = sorted(p.name for p in Path(s["ray_checkpoint"]).parent.glob("checkpoint_*") if p.is_dir())
     assert ray_dirs == [f"checkpoint_{spe:09d}", f"checkpoint_{2 * spe:09d}"]
     # MLflow (rank 0 only): per-step terms, epoch means that decrease, val loss per epoch.
     client = MlflowClient(trained["uri"])
@@ -222,6 +222,7 @@ def test_logged_mlflow_model_loads_with_the_trained_weights(trained):
     assert lm.meta["step"] == s["steps"]
 
 
+@pytest.mark.slow  # a second Ray Train run (~1 min idle, several on a loaded 2-core box)
 def test_resume_from_continues_at_the_saved_step(trained):
     from hardpos import runtime
 
@@ -233,10 +234,11 @@ def test_resume_from_continues_at_the_saved_step(trained):
     spe = s["steps_per_epoch"]
     assert s2["final_metrics"]["resumed_from_step"] == 2 * spe
     assert (s2["steps"], s2["epochs"]) == (3 * spe, 3)
-    ray_dirs = sorted(p.name for p in Path(s2["ray_checkpoint"]).parent.glob("checkpoint_*"))
+    ray_dirs = sorted(p.name for p in Path(s2["ray_checkpoint"]).parent.glob("checkpoint_*") if p.is_dir())
     assert ray_dirs == [f"checkpoint_{3 * spe:09d}"]  # only the one new epoch was trained
 
 
+@pytest.mark.slow  # a Ray Train run plus a worker-group restart
 def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_env, tmp_path):
     from hardpos import runtime, storage
 

@@ -21,8 +21,8 @@ def draw(path: Path, colour: str, shape: str, size: int = 32) -> None:
 
 
 def write_triplets(folder: Path, n: int = 64, seed: int = 0, *, bad: int = 0, fmt: str = "parquet") -> tuple[Path, list[dict]]:
-    """``n`` triplet rows (image paths relative to the file) + ``bad`` rows whose image is
-    missing or corrupt.  Every 4th row lacks a positive, every 5th a negative."""
+    """``bad`` rows whose image is missing or corrupt, then ``n`` good triplet rows (image
+    paths relative to the file). Every 4th good row lacks a positive, every 5th a negative."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -42,14 +42,16 @@ def write_triplets(folder: Path, n: int = 64, seed: int = 0, *, bad: int = 0, fm
             "hard_positive": None if i % 4 == 3 else f"a {SYNONYMS[colour]} {shape}",
             "kind": "replace", "source": "rule", "caption_id": str(i),
         })
+    bad_rows = []
     for j in range(bad):
         if j % 2 == 0:
             rel = f"images/missing_{j}.png"
         else:
             rel = f"images/corrupt_{j}.png"
             (folder / rel).write_bytes(b"not a png")
-        rows.append({"image": rel, "caption": "a red circle", "hard_negative": "a blue circle", "hard_positive": None,
-                     "kind": "replace", "source": "rule", "caption_id": f"bad{j}"})
+        bad_rows.append({"image": rel, "caption": "a red circle", "hard_negative": "a blue circle",
+                         "hard_positive": None, "kind": "replace", "source": "rule", "caption_id": f"bad{j}"})
+    rows = bad_rows + rows  # first, so they land in the first batches (not a dropped tail)
     path = folder / f"triplets.{fmt}"
     if fmt == "parquet":
         pq.write_table(pa.Table.from_pylist(rows), path)

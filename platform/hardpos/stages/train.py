@@ -25,6 +25,14 @@ def _numeric(metrics: dict[str, Any] | None) -> dict[str, float]:
     return numeric_metrics(metrics or {})
 
 
+def _checkpoint_uri(checkpoint) -> str:
+    """A Ray Checkpoint's location as a URI (pyarrow S3 paths carry no scheme)."""
+    fs = getattr(checkpoint, "filesystem", None)
+    if fs is not None and getattr(fs, "type_name", "") == "s3":
+        return f"s3://{checkpoint.path}"
+    return str(checkpoint.path)
+
+
 def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = ()) -> dict:
     """Train, export the final checkpoint to <output_dir>/model, log it as an MLflow model.
 
@@ -64,7 +72,7 @@ def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = ()) -> dict:
     summary = {
         "final_metrics": {k: v for k, v in metrics.items() if k not in ("step", "epoch")},
         "checkpoint": final_dir,
-        "ray_checkpoint": result.checkpoint.path,
+        "ray_checkpoint": _checkpoint_uri(result.checkpoint),
         "model_uri": model_uri,
         "steps": steps,
         "epochs": int(metrics.get("epoch", 0)),

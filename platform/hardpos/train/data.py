@@ -75,6 +75,30 @@ def _base_dir(path: str) -> str:
     return p if storage.is_s3(p) else os.path.abspath(p)
 
 
+def worker_filesystem(uri: str) -> tuple[Any, str]:
+    """``storage.arrow_filesystem`` for use inside Ray tasks/actors.
+
+    With an S3 endpoint override (MinIO/moto-style dev setups) and credentials in the
+    driver's environment, the filesystem carries them explicitly: Ray Data read tasks and
+    Ray Train's controller run in processes that did not inherit the driver's environment.
+    On AWS proper, nothing is embedded and each node's own credential chain is used.
+    """
+    from urllib.parse import urlparse
+
+    from hardpos import storage
+
+    fs, path = storage.arrow_filesystem(uri)
+    key = os.environ.get("AWS_ACCESS_KEY_ID")
+    if storage.is_s3(uri) and storage.endpoint_url() and key:
+        import pyarrow.fs as pafs
+
+        endpoint = urlparse(storage.endpoint_url() or "")
+        fs = pafs.S3FileSystem(access_key=key, secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
+                               session_token=os.environ.get("AWS_SESSION_TOKEN"), region=storage.region(),
+                               endpoint_override=endpoint.netloc or None, scheme=endpoint.scheme or "https")
+    return fs, path
+
+
 def read_triplets_dataset(path: str, *, limit: int | None = None):
     """A Ray Dataset of triplet rows (columns checked; missing N/P columns become null)."""
     import ray.data
@@ -83,7 +107,7 @@ def read_triplets_dataset(path: str, *, limit: int | None = None):
 
     if not storage.exists(path):
         raise DataError(f"training data not found: {path} (for the embedded default, run `hardpos world` first)")
-    fs, fs_path = storage.arrow_filesystem(path)
+    fs, fs_path = worker_filesystem(path)
     low = path.lower().rstrip("/")
     try:
         if low.endswith((".jsonl", ".json")):

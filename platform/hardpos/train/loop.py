@@ -282,9 +282,9 @@ def find_resume_checkpoint(uri: str) -> str:
 def _ray_checkpoint(uri: str):
     import ray.train
 
-    from hardpos import storage
+    from hardpos.train.data import worker_filesystem
 
-    fs, path = storage.arrow_filesystem(uri)
+    fs, path = worker_filesystem(uri)
     return ray.train.Checkpoint(path=path, filesystem=fs)
 
 
@@ -363,6 +363,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     # Resume: Ray Train's latest checkpoint (after a failure, or resume_from_checkpoint).
     step, resumed_from = 0, None
     checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None and config.get("resume_from"):
+        # Explicit resume_from (Ray Train V2 deprecates resume_from_checkpoint=: the
+        # train function loads it). A restart after a failure prefers the run's own latest.
+        checkpoint = _ray_checkpoint(config["resume_from"])
     if checkpoint is not None:
         with checkpoint.as_directory() as ckpt_dir:
             state = load_train_state(ckpt_dir, clip)
@@ -383,7 +387,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     val_shard = ray.train.get_dataset_shard("val") if config.get("has_val") else None
 
     meta_base = {"arch": lm.arch, "source": cfg.model.pretrained or "random", "loss": dataclasses.asdict(cfg.loss)}
-    skipped_total = 0
+    skipped_total, warned = 0, 0
     train_time, train_rows = 0.0, 0.0
     start_epoch = step // spe
     last_metrics: dict[str, Any] = {}
@@ -410,7 +414,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 continue
             batch = to_model_batch(raw, cfg.batch_size, device)
             skipped += batch["skipped"]
-            if batch["skipped"] and rank == 0 and skipped_total + skipped <= 5 * batch["skipped"]:
+            if batch["skipped"] and rank == 0 and warned < 3:  # a few examples, not a flood
+                warned += 1
                 errs = [e for e in raw["error"] if e][:3]
                 log.warning("skipping %d bad row(s) in a batch, e.g. %s", batch["skipped"], errs)
             terms = step_forward(net, batch, cfg.loss, autocast_ctx)
@@ -558,7 +563,10 @@ def storage_location(cfg: TrainConfig) -> tuple[str, Any]:
 
     uri = cfg.checkpoint.storage_path or storage.join(cfg.output_dir, "ray_train")
     if storage.is_s3(uri):
-        fs, path = storage.arrow_filesystem(uri)
+        from hardpos.train.data import worker_filesystem
+
+        # Ray Train's controller actor does not get the workers' runtime_env.
+        fs, path = worker_filesystem(uri)
         return path, fs
     Path(uri).mkdir(parents=True, exist_ok=True)
     return str(Path(uri).resolve()), None
@@ -598,17 +606,16 @@ def build_trainer(cfg: TrainConfig, *, callbacks: Sequence[Any] = (), run_logger
     ds_map = {"train": datasets.train}
     if datasets.val is not None:
         ds_map["val"] = datasets.val
-    resume = _ray_checkpoint(find_resume_checkpoint(cfg.resume_from)) if cfg.resume_from else None
+    resume = find_resume_checkpoint(cfg.resume_from) if cfg.resume_from else None
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"cfg": cfg, "run_logger": run_logger, "steps_per_epoch": spe, "total_steps": total,
-                           "has_val": datasets.val is not None},
+                           "has_val": datasets.val is not None, "resume_from": resume},
         torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.scaling.num_workers, use_gpu=cfg.scaling.use_gpu,
                                                resources_per_worker=resources),
         run_config=run_config,
         datasets=ds_map,
-        resume_from_checkpoint=resume,
     )
     return trainer, plan, cfg
 
