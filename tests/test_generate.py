@@ -37,7 +37,9 @@ def run_stage(cfg):
 
 def http_overrides(stub, *extra):
     return ["engine.kind=http", f"engine.http.url={stub.url}", "engine.http.model=stub-llm",
-            "engine.http.retry_wait_s=0.01", "engine.http.batch_size=16", *extra]
+            "engine.http.retry_wait_s=0.01", "engine.http.batch_size=16",
+            # the preflight request would shift the stub's exact request counts; tested on its own
+            "engine.http.preflight=false", *extra]
 
 
 def merged(out_dir, what):
@@ -156,6 +158,23 @@ def test_resilient_session_retries_then_reports_instead_of_raising():
         assert env["status"] == 500 and env["attempts"] == 1  # a 500 is an answer, not retried
     env = asyncio.run(post(f"http://127.0.0.1:{free_port()}/v1/chat/completions", body("A dog."), retries=1))
     assert env["status"] == 0 and env["attempts"] == 2 and "Error" in env["error"]
+
+
+def test_http_preflight_fails_fast_on_an_unusable_endpoint(tmp_path):
+    payload = {"model": "m", "messages": [{"role": "user", "content": "Replace one word.\nSentence: A red bus."}]}
+    dead = engines.HttpEngineConfig(url=f"http://127.0.0.1:{free_port()}/v1/chat/completions", timeout_s=5)
+    with pytest.raises(ConfigError, match="unreachable"):
+        engines.preflight(dead, payload)
+    with OpenAIStub() as stub:
+        assert engines.preflight(engines.HttpEngineConfig(url=stub.url), payload)["status"] == 200
+        with pytest.raises(ConfigError, match="no chat/completions route"):
+            engines.preflight(engines.HttpEngineConfig(url=f"{stub.base_url}/completions"), payload)
+    # through the stage: the job stops before writing anything
+    src = tmp_path / "caps.jsonl"
+    src.write_text(json.dumps({"caption": "A red bus."}) + "\n")
+    with pytest.raises(ConfigError, match="unreachable"):
+        run_stage(gen_config(tmp_path, f"input={src}", "engine.kind=http", f"engine.http.url={dead.url}"))
+    assert not (tmp_path / "out" / "shards").exists() and not (tmp_path / "out" / "manifest.json").exists()
 
 
 # --------------------------------------------------------------------------- planning

@@ -106,6 +106,9 @@ class HttpEngineConfig:
     batch_size: rows per actor batch.
     num_cpus: CPUs reserved per HTTP actor; fractional so a small cluster never deadlocks
         (actors mostly wait on the network).
+    preflight: send one real request from the driver before the job starts; an unreachable
+        endpoint, a wrong route (404) or a refused key (401/403) is then a clear error up
+        front instead of every row becoming a reject after its retries.
     """
 
     url: str = "http://127.0.0.1:8000/v1/chat/completions"
@@ -119,6 +122,7 @@ class HttpEngineConfig:
     concurrency: int = 2
     batch_size: int = 16
     num_cpus: float = 0.25
+    preflight: bool = True
 
 
 @dataclasses.dataclass
@@ -377,6 +381,33 @@ def build_http_processor_config(cfg: HttpEngineConfig, environ: dict[str, str] |
         # backlog, which for latency-bound requests leaves most of the concurrency unused.
         http_request_stage={"num_cpus": cfg.num_cpus, "concurrency": (cfg.concurrency, cfg.concurrency)},
     )
+
+
+def preflight(cfg: HttpEngineConfig, payload: dict, environ: dict[str, str] | None = None) -> dict:
+    """One request from the driver; raises ConfigError when the endpoint cannot serve the job.
+
+    Returns ``{"status", "latency_s"}``. Any other status (200, a 500 for this prompt, a
+    429) means the endpoint is there: those are per-row outcomes, not configuration errors.
+    """
+    import time
+
+    import requests
+
+    headers = {"Content-Type": "application/json", **http_headers(cfg, environ)}
+    start = time.perf_counter()
+    try:
+        resp = requests.post(cfg.url, json=payload, headers=headers, timeout=cfg.timeout_s)
+    except requests.RequestException as exc:
+        raise ConfigError(f"engine.http.url {cfg.url} is unreachable ({type(exc).__name__}: {exc}); "
+                          "start the server or fix the URL (engine.http.preflight=false skips this check)") from exc
+    latency = time.perf_counter() - start
+    if resp.status_code in (401, 403):
+        raise ConfigError(f"{cfg.url} refused the request (HTTP {resp.status_code}); set the API key in "
+                          f"${cfg.api_key_env or '<engine.http.api_key_env>'}")
+    if resp.status_code in (404, 405):
+        raise ConfigError(f"{cfg.url} has no chat/completions route (HTTP {resp.status_code}); the URL must end in "
+                          "/v1/chat/completions")
+    return {"status": resp.status_code, "latency_s": round(latency, 4)}
 
 
 def chat_payload(model: str, messages: list[dict], s: SamplingConfig) -> dict:

@@ -130,6 +130,14 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     source = engines.source_of(cfg.engine)
     model = engines.model_name(cfg.engine)
     shards = pipeline.plan(captions, templates, cfg.shard_size, source)
+    # an unusable endpoint is a clear error before any work or output
+    preflight = None
+    if cfg.engine.kind == "http" and cfg.engine.http.preflight:
+        first = next((r for s in shards for r in s.requests), None)
+        if first is not None:
+            t = {t.kind: t for t in templates}[first["kind"]]
+            preflight = engines.preflight(cfg.engine.http, engines.chat_payload(
+                cfg.engine.http.model, t.messages(first["caption"]), cfg.engine.sampling))
     out = ctx.output_dir
     if cfg.overwrite:
         pipeline.clear_output(out, [cfg.join.output])
@@ -228,6 +236,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         },
         "outputs": outputs,
     }
+    if preflight is not None:
+        summary["http_preflight"] = preflight
     summary["accept_rate"] = round(summary["accepted"] / summary["inputs"], 4) if summary["inputs"] else 0.0
     ctx.log_metrics({
         "inputs": summary["inputs"], "accepted": summary["accepted"], "rejected": summary["rejected"],
