@@ -1,0 +1,242 @@
+"""Ray Tune sweep over any train-config key (default: the paper's hard-negative weight grid
+with w_pos = 1, plus an HN-only control). Every trial is a full run of the train stage in a
+nested MLflow run; the sweep ends with a Table-3-style comparison, a trade-off plot, the
+Pareto front, and the best model registered as ``champion``."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from hardpos import compare, registry, runtime, storage, sweep, tracking
+from hardpos.config import ConfigError, JobConfig, from_dict, load_config, set_dotted, to_dict
+from hardpos.runtime import JobContext
+
+
+def _paper_grid() -> dict[str, Any]:
+    return {"loss.w_neg": {"grid_search": [0.0, 0.25, 0.5, 0.75, 1.0]}, "loss.w_pos": 1.0}
+
+
+@dataclasses.dataclass
+class Config(JobConfig):
+    """train_config: YAML file of the train stage the trials start from (None: its defaults).
+    train_overrides: dotted train-config overrides applied to every trial (before the search space).
+    search_space: dotted train key -> constant | {grid_search: [...]} | {choice: [...]} |
+        {uniform|loguniform|randint: [low, high]}.
+    extra_trials: override dicts appended to the grid (default: the HN-only control).
+    num_samples: Tune samples per grid entry (for the sampled keys).
+    objective_metrics: the objective is their mean (default: augmented accuracy on REPLACE and SWAP).
+    metric / mode: what Tune and the registry optimise (``objective`` = the mean above).
+    scheduler: ``fifo`` or ``asha`` (early stopping on ``metric`` per epoch).
+    asha_grace_period / asha_max_t: ASHA's epochs before stopping / maximum epochs.
+    max_concurrent_trials: trials at once (each holds its Ray Train workers).
+    trial_driver_cpus: CPU of each trial's driver (fractional, so drivers never starve workers).
+    max_failures: retries of a failed trial (Tune FailureConfig).
+    time_budget_s: stop launching trials after this many seconds (None: no limit).
+    pareto: metric -> max|min; the report marks the trials no other trial beats on all of them.
+    register: register the best trial's model (champion) and the runner-up (challenger).
+    model_name: registered model name.
+    """
+
+    output_dir: str = "outputs/sweep"
+    train_config: str | None = "jobs/configs/train.yaml"
+    train_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    search_space: dict[str, Any] = dataclasses.field(default_factory=_paper_grid)
+    extra_trials: list[dict[str, Any]] = dataclasses.field(default_factory=lambda: [{"loss.w_pos": 0.0, "loss.w_neg": 1.0}])
+    num_samples: int = 1
+    objective_metrics: list[str] = dataclasses.field(default_factory=lambda: ["replace/aug_acc", "swap/aug_acc"])
+    metric: str = "objective"
+    mode: Literal["max", "min"] = "max"
+    scheduler: Literal["fifo", "asha"] = "fifo"
+    asha_grace_period: int = 1
+    asha_max_t: int = 100
+    max_concurrent_trials: int = 1
+    trial_driver_cpus: float = 0.5
+    max_failures: int = 1
+    time_budget_s: float | None = None
+    pareto: dict[str, str] = dataclasses.field(default_factory=lambda: {"objective": "max", "replace/brittleness": "min", "swap/brittleness": "min"})
+    register: bool = True
+    model_name: str = "hardpos-clip"
+
+
+# --------------------------------------------------------------------------- config plumbing
+def train_module():
+    return runtime.stage_module("train")
+
+
+def base_train_dict(cfg: Config) -> dict[str, Any]:
+    """The trials' shared train config as a plain dict (validated)."""
+    module = train_module()
+    path = cfg.train_config
+    if path and not storage.is_s3(path) and not Path(path).exists():
+        raise ConfigError(f"train_config not found: {path}")
+    base = load_config(module.Config, path, [f"{k}={_yaml(v)}" for k, v in cfg.train_overrides.items()])
+    return to_dict(base)
+
+
+def _yaml(value: Any) -> str:
+    import json
+
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def trial_train_config(base: dict[str, Any], overrides: dict[str, Any]):
+    """Base train dict + one trial's dotted overrides -> a validated train Config."""
+    import copy
+
+    data = copy.deepcopy(base)
+    for key, value in overrides.items():
+        set_dotted(data, key, value)
+    return from_dict(train_module().Config, data)
+
+
+def validate_space(cfg: Config, base: dict[str, Any]) -> int:
+    """Every grid entry must make a valid train config: typos fail before any trial runs."""
+    grid, sampled, constant = sweep.split_search_space(cfg.search_space)
+    points = sweep.grid_points(grid, constant, cfg.extra_trials)
+    for point in points:
+        trial_train_config(base, point)
+    for key, (kind, args) in sampled.items():
+        trial_train_config(base, {key: args[0]})
+    return len(points) * cfg.num_samples
+
+
+# --------------------------------------------------------------------------- the trial
+def _objective_callback(terms: list[str]):
+    """TuneReportCallback that adds ``objective`` (mean of ``terms``) to every report."""
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    class ObjectiveReportCallback(TuneReportCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            metrics = [dict(m) for m in metrics]
+            value = sweep.objective(metrics[0], terms)
+            if value is not None:
+                metrics[0]["objective"] = value
+            super().after_report(run_context, metrics, checkpoint)
+
+    return ObjectiveReportCallback()
+
+
+def run_trial(tune_config: dict[str, Any], *, base: dict[str, Any], output_dir: str, tracking_cfg: dict[str, Any],
+              parent_run_id: str | None, objective_terms: list[str]) -> None:
+    """One Tune trial = one run of the train stage (its own nested MLflow run)."""
+    from ray import tune
+
+    ctx = tune.get_context()
+    overrides = sweep.trial_overrides(tune_config)
+    train_cfg = trial_train_config(base, overrides)
+    name = ctx.get_trial_name()
+    train_cfg = dataclasses.replace(
+        train_cfg,
+        output_dir=storage.join(output_dir, "trials", name),
+        tracking=dataclasses.replace(train_cfg.tracking, **{**tracking_cfg, "run_name": name}),
+    )
+    module = train_module()
+    callback = _objective_callback(objective_terms)
+
+    def run_fn(cfg, run_ctx):
+        summary = module.run(cfg, run_ctx, callbacks=[callback])
+        value = sweep.objective(summary.get("final_metrics", {}), objective_terms)
+        if value is not None:
+            run_ctx.log_metrics({"objective": value})
+            summary["objective"] = value
+        if run_ctx.run is not None:
+            run_ctx.run.set_tags({"hardpos.sweep_overrides": overrides})
+        return summary
+
+    runtime.execute("train", train_cfg, parent_run_id=parent_run_id, run_fn=run_fn, quiet=True)
+
+
+# --------------------------------------------------------------------------- the stage
+def run(cfg: Config, ctx: JobContext) -> dict:
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    base = base_train_dict(cfg)
+    n_trials = validate_space(cfg, base)
+    runtime.init_ray(cfg.ray)
+    tracking_cfg = {
+        "tracking_uri": tracking.resolve_tracking_uri(cfg.tracking.tracking_uri),
+        "experiment": cfg.tracking.experiment,
+        "enabled": cfg.tracking.enabled,
+    }
+    trainable = tune.with_resources(
+        functools.partial(run_trial, base=base, output_dir=ctx.output_dir, tracking_cfg=tracking_cfg,
+                          parent_run_id=ctx.run_id, objective_terms=list(cfg.objective_metrics)),
+        {"CPU": cfg.trial_driver_cpus},
+    )
+    scheduler = (
+        ASHAScheduler(time_attr="training_iteration", grace_period=cfg.asha_grace_period, max_t=cfg.asha_max_t)
+        if cfg.scheduler == "asha" else FIFOScheduler()
+    )
+    fs, tune_path = storage.arrow_filesystem(storage.join(ctx.output_dir, "tune"))
+    tuner = tune.Tuner(
+        trainable,
+        param_space=sweep.to_tune_space(cfg.search_space, cfg.extra_trials),
+        tune_config=tune.TuneConfig(
+            metric=cfg.metric, mode=cfg.mode, scheduler=scheduler, num_samples=cfg.num_samples,
+            max_concurrent_trials=cfg.max_concurrent_trials, time_budget_s=cfg.time_budget_s,
+        ),
+        run_config=tune.RunConfig(
+            name="tune", storage_path=str(Path(tune_path).parent), storage_filesystem=fs,
+            failure_config=tune.FailureConfig(max_failures=cfg.max_failures), verbose=1,
+        ),
+    )
+    grid = tuner.fit()
+
+    failed = [{"trial": r.path.rsplit("/", 1)[-1] if r.path else None, "config": sweep.trial_overrides(r.config or {}),
+               "error": f"{type(r.error).__name__}: {r.error}"[:2000]} for r in grid if r.error is not None]
+    rows = compare.collect_runs(tracking_cfg["tracking_uri"], cfg.tracking.experiment, ctx.run_id) if ctx.run_id else []
+    finished = [r for r in rows if r["status"] == "FINISHED"]
+    front = sweep.pareto_front(finished, cfg.pareto)
+    table = compare.markdown_table(finished, pareto=front)
+    artifacts = write_comparison(finished, table, ctx)
+    print(table)
+    if failed:
+        print(f"WARNING: {len(failed)} of {n_trials} trials failed:", file=sys.stderr)
+        for f in failed:
+            print(f"  {f['trial']} {f['config']}: {f['error'][:300]}", file=sys.stderr)
+    if not finished:
+        raise RuntimeError(f"all {n_trials} trials failed; first error: {failed[0]['error'] if failed else 'unknown'}")
+
+    ranked = [r for r in finished if isinstance(r.get(cfg.metric), float) and math.isfinite(r[cfg.metric])]
+    ranked.sort(key=lambda r: r[cfg.metric], reverse=cfg.mode == "max")
+    summary: dict[str, Any] = {
+        "trials": n_trials,
+        "finished": len(finished),
+        "failed": failed,
+        "metric": cfg.metric,
+        "best": {k: v for k, v in ranked[0].items()} if ranked else None,
+        "pareto_front": [finished[i]["run_name"] for i in front],
+        "table": table,
+        "artifacts": artifacts,
+        "rows": finished,
+    }
+    if cfg.register and ranked:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_cfg["tracking_uri"])
+        champion = registry.register(client, client.get_run(ranked[0]["run_id"]), cfg.model_name, "champion", metric=cfg.metric)
+        summary["champion"] = dataclasses.asdict(champion)
+        summary["model_uri"] = f"models:/{cfg.model_name}@champion"
+        if len(ranked) > 1:
+            challenger = registry.register(client, client.get_run(ranked[1]["run_id"]), cfg.model_name, "challenger", metric=cfg.metric)
+            summary["challenger"] = dataclasses.asdict(challenger)
+        print(f"champion: {ranked[0]['run_name']} ({cfg.metric}={ranked[0][cfg.metric]:.4f}) -> {summary['model_uri']}")
+    return summary
+
+
+def write_comparison(rows: list[dict[str, Any]], table: str, ctx: JobContext) -> list[str]:
+    """comparison.md + tradeoff.png: drawn locally, copied to output_dir, logged to MLflow."""
+    import tempfile
+
+    local = Path(tempfile.mkdtemp(prefix="hardpos-compare-"))
+    (local / "comparison.md").write_text(table + "\n")
+    compare.tradeoff_plot(rows, local / "tradeoff.png")
+    written = storage.upload_dir(local, ctx.output_dir)
+    for path in sorted(local.iterdir()):
+        ctx.log_artifact(path)
+    return written

@@ -1,0 +1,164 @@
+"""A real Ray Tune sweep: each trial is a Ray Train run of the train stage, tracked as a
+nested MLflow run; then the comparison, the Pareto front and the registry (champion)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hardpos import runtime
+from hardpos.config import ConfigError, load_config
+
+from conftest import free_port
+from train_util import write_triplets
+
+
+def _sweep_cfg(tmp_path: Path, triplets: Path, tracking_uri: str, extra: list[str] = ()):
+    module = runtime.stage_module("sweep")
+    bench = {"kind": "triplets", "path": str(triplets)}
+    overrides = {
+        "data.train_path": str(triplets), "data.val_fraction": 0.0, "epochs": 1, "batch_size": 16,
+        "scaling.num_workers": 1, "scaling.cpus_per_worker": 0.5, "optim.warmup_steps": 1,
+        "eval_benchmarks": [{"name": "replace", **bench}, {"name": "swap", **bench}],
+    }
+    return load_config(module.Config, None, [
+        f"output_dir={tmp_path / 'sweep'}",
+        "train_config=jobs/configs/train.yaml",
+        f"train_overrides={json.dumps(overrides)}",
+        'search_space={"loss.w_neg": {"grid_search": [0.0, 1.0]}, "loss.w_pos": 1.0}',
+        "extra_trials=[]",
+        f"tracking.tracking_uri={tracking_uri}",
+        "tracking.experiment=sweep-test",
+        "model_name=sweep-clip",
+        *extra,
+    ])
+
+
+def _check_sweep(summary: dict, tracking_uri: str, out: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    import torch
+
+    from hardpos.model import ModelConfig, encode_text, load_model, tokenize
+
+    assert summary["trials"] == 2 and summary["finished"] == 2 and summary["failed"] == []
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name("sweep-test")
+    parent = client.get_run(summary["mlflow_run_id"])
+    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted(float(c.data.params["loss.w_neg"]) for c in children) == [0.0, 1.0]
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert {"replace/aug_acc", "swap/brittleness", "objective", "loss/total"} <= set(child.data.metrics)
+        # per-epoch metrics are logged once per epoch: Tune bookkeeping adds no duplicates
+        assert len(client.get_metric_history(child.info.run_id, "replace/aug_acc")) == 1
+    assert (out / "comparison.md").read_text().count("\n") == 4  # header, rule, 2 trials
+    assert (out / "tradeoff.png").stat().st_size > 1000
+    # the champion alias resolves to the best trial, and its model loads and scores
+    version = client.get_model_version_by_alias("sweep-clip", "champion")
+    best = max(c.data.metrics["objective"] for c in children)
+    assert client.get_run(version.run_id).data.metrics["objective"] == best
+    lm = load_model(ModelConfig(pretrained="models:/sweep-clip@champion"))
+    with torch.no_grad():
+        feats = encode_text(lm.model.eval(), tokenize(lm.tokenizer, ["a red circle", "a crimson circle"]))
+    assert torch.isfinite(feats).all() and feats.shape[0] == 2
+    assert client.get_model_version_by_alias("sweep-clip", "challenger").run_id != version.run_id
+
+
+def test_sweep_on_sqlite_store(tmp_path, ray_session, tracking_uri, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    triplets, _ = write_triplets(tmp_path / "data", n=48)
+    cfg = _sweep_cfg(tmp_path, triplets, tracking_uri)
+    summary = runtime.execute("sweep", cfg, quiet=True)
+    _check_sweep(summary, tracking_uri, tmp_path / "sweep")
+    assert summary["model_uri"] == "models:/sweep-clip@champion"
+    assert set(summary["pareto_front"]) <= {r["run_name"] for r in summary["rows"]}
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real `mlflow server` on 127.0.0.1 (sqlite backend, local artifact store); stopped by PID."""
+    import requests
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+         "--artifacts-destination", str(tmp_path / "server-artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                if requests.get(f"{url}/health", timeout=2).ok:
+                    break
+            except requests.RequestException:
+                pass
+            if proc.poll() is not None:
+                pytest.fail(f"mlflow server exited with {proc.returncode}")
+            time.sleep(0.5)
+        else:
+            pytest.fail("mlflow server did not answer /health within 90 s")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.mark.slow
+def test_sweep_against_a_real_mlflow_server(tmp_path, ray_session, mlflow_server, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    triplets, _ = write_triplets(tmp_path / "data", n=48)
+    summary = runtime.execute("sweep", _sweep_cfg(tmp_path, triplets, mlflow_server), quiet=True)
+    _check_sweep(summary, mlflow_server, tmp_path / "sweep")
+
+
+def test_register_and_compare_stages_on_a_real_mlflow_server(tmp_path, mlflow_server, monkeypatch):
+    """The registry path against a server: log a model in a train-like run, register it, load it back."""
+    import torch
+
+    from hardpos import tracking
+    from hardpos.config import TrackingConfig
+    from hardpos.mlflow_model import log_model
+    from hardpos.model import ModelConfig, load_model, save_checkpoint
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    torch.manual_seed(0)
+    lm = load_model(ModelConfig(arch="hardpos-tiny"))
+    ckpt = save_checkpoint(lm.model, lm.model_cfg, tmp_path / "ckpt", {"arch": lm.arch})
+    run = tracking.start_run(TrackingConfig(experiment="reg-test"), "trial-a", tags={"hardpos.stage": "train"})
+    uri = log_model(run, ckpt)
+    run.set_tags({"hardpos.model_uri": uri})
+    run.log_metrics({"objective": 0.7, "replace/aug_acc": 0.6, "swap/aug_acc": 0.8})
+    tracking.end_run(run)
+
+    reg = runtime.stage_module("register")
+    summary = runtime.execute("register", load_config(reg.Config, None, [
+        f"output_dir={tmp_path / 'reg'}", "tracking.experiment=reg-test", "name=reg-clip"]), quiet=True)
+    assert summary["champion"]["run_id"] == run.run_id and "challenger" not in summary
+    loaded = load_model(ModelConfig(pretrained="models:/reg-clip@champion"))
+    ref = lm.model.state_dict()
+    assert all(torch.equal(v, ref[k]) for k, v in loaded.model.state_dict().items())
+
+    cmp = runtime.stage_module("compare")
+    out = runtime.execute("compare", load_config(cmp.Config, None, [
+        f"output_dir={tmp_path / 'cmp'}", "tracking.experiment=reg-test"]), quiet=True)
+    assert out["runs"] == 1 and "| trial-a |" in out["table"]
+
+
+def test_search_space_typos_fail_before_any_trial(tmp_path, tracking_uri, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    module = runtime.stage_module("sweep")
+    cfg = load_config(module.Config, None, [f"output_dir={tmp_path}", 'search_space={"loss.w_nag": {"grid_search": [0, 1]}}'])
+    with pytest.raises(ConfigError, match="loss.w_nag"):
+        runtime.execute("sweep", cfg, quiet=True)
