@@ -42,7 +42,8 @@ ACCEPTED_COLUMNS = ("request_id", "shard", "caption_id", "caption", "kind", "pol
 REJECT_COLUMNS = ("request_id", "shard", "caption_id", "caption", "kind", "polarity", "reason", "detail", "raw_output",
                   "source")
 INPUT_KIND = "input"  # kind of rejects for input rows that never reach an engine
-MANIFEST_KEYS = ("input_fingerprint", "num_captions", "shard_size", "prompts_fingerprint", "engine", "model", "seed")
+MANIFEST_KEYS = ("input_fingerprint", "num_captions", "shard_size", "prompts_fingerprint", "engine", "model", "seed",
+                 "join")
 
 
 # --------------------------------------------------------------------------- inputs

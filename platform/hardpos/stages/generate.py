@@ -146,6 +146,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         "shard_size": cfg.shard_size, "num_shards": len(shards), "prompts": cfg.prompts,
         "prompts_fingerprint": fingerprint(templates), "kinds": [t.kind for t in templates],
         "engine": cfg.engine.kind, "model": model, "seed": cfg.seed,
+        "join": {"enabled": cfg.join.enabled, "negatives": cfg.join.negatives, "keep_unmatched": cfg.join.keep_unmatched},
     })
     done = done_before = pipeline.done_shards(out)
     pending = [s for s in shards if s.index not in done]
