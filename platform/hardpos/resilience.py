@@ -276,8 +276,9 @@ def train_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, Any
     ])
     spe = (rows // 2) // 4
     total = 2 * spe
-    # Kill in epoch 2, right after its first mid-epoch checkpoint (checkpoint.every_steps=2):
-    # the run must resume from that checkpoint, not from the epoch boundary or step 0.
+    # Kill in epoch 2 as soon as its first mid-epoch checkpoint folder appears
+    # (checkpoint.every_steps=2): the run must resume from the last checkpoint Ray Train had
+    # committed by then (that one, or the end of epoch 1), never from step 0.
     kill_after = spe + 2
     os.environ["MLFLOW_TRACKING_URI"] = uri
     seen: dict[str, Any] = {}
