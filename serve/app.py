@@ -189,6 +189,7 @@ def _split_registry_uri(uri: str) -> tuple[str, str | None, str | None] | None:
     return None  # models:/m-<id> (an MLflow 3 logged model): loaded as is
 
 
+@serve.deployment
 class ScoringModel:
     """Holds one model version and scores (image bytes, captions) requests in batches."""
 
@@ -699,5 +700,3 @@ def build_app(args: dict[str, Any] | None = None):
     ingress_kwargs = _deployment_kwargs(cfg.ingress_deployment, max(256, 4 * batch), cfg.access_log)
     return ScoringAPI.options(name="ScoringAPI", **ingress_kwargs).bind(model, config, digest)
 
-
-ScoringModel = serve.deployment(ScoringModel)
