@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,8 +64,11 @@ def _run_scenarios(tmp_path: Path, *names: str, timeout: int) -> dict:
     env.pop("RAY_ADDRESS", None)
     env.pop("MLFLOW_TRACKING_URI", None)
     out = tmp_path / "resilience"
-    proc = subprocess.run([sys.executable, "-m", "hardpos.resilience", str(out), *names, "--quick"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "hardpos.resilience", str(out), *names, "--quick"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     summary_path = out / "summary.json"
     assert summary_path.is_file(), f"no summary.json (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
     return json.loads(summary_path.read_text())
