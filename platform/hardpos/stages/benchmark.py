@@ -3,7 +3,7 @@
 ``python jobs/benchmark.py suite=<name>`` (or ``suite=all``) prints a Markdown table and
 writes summary.json. Each suite alternates the two paths in one process and reports the
 median ratio with min/max (see :mod:`hardpos.benchutil`). Suites: text, train_step,
-evaluate, serve, generate, gpu (CUDA only). ``quick=true`` shrinks every suite to a smoke
+evaluate, serve, generate, gpu (CUDA only), resilience (node loss; figures, not ratios). ``quick=true`` shrinks every suite to a smoke
 run (used by the test suite to keep the harness working; its numbers mean nothing).
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ from hardpos.benchutil import compare_alternating, format_table
 from hardpos.config import JobConfig
 from hardpos.runtime import JobContext
 
-Suite = Literal["all", "text", "train_step", "evaluate", "serve", "generate", "gpu"]
-SUITES = ("text", "train_step", "evaluate", "serve", "generate", "gpu")
+Suite = Literal["all", "text", "train_step", "evaluate", "serve", "generate", "gpu", "resilience"]
+SUITES = ("text", "train_step", "evaluate", "serve", "generate", "gpu", "resilience")
 
 
 @dataclasses.dataclass
@@ -111,6 +111,32 @@ def gpu_suite(cfg: Config) -> list[dict[str, Any]]:
     return _optional_suite("hardpos.train.bench", "gpu_bench")(cfg)
 
 
+def resilience_suite(cfg: Config) -> list[dict[str, Any]]:
+    """Node-loss scenarios on a simulated multi-node cluster (see :mod:`hardpos.resilience`).
+
+    Runs in a child process with a private RAY_TMPDIR: it starts and tears down its own
+    cluster, which must not meet this process's Ray (if any).
+    """
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix="hardpos-resilience-"))
+    env = {**os.environ, "RAY_TMPDIR": str(out / "ray")}
+    env.pop("RAY_ADDRESS", None)
+    args = [sys.executable, "-m", "hardpos.resilience", str(out / "run"), *(["--quick"] if cfg.quick else [])]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"resilience run failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    rows = [{"suite": "resilience", "case": "totals", "value": {k: summary.get(k) for k in
+             ("failures_injected", "recovered", "rows_lost", "failed_requests")}}]
+    for name, figures in summary.get("scenarios", {}).items():
+        rows.append({"suite": "resilience", "case": name, "value": figures})
+    return rows
+
+
 SUITE_FUNCTIONS: dict[str, Callable[[Config], list[dict[str, Any]]]] = {
     "text": text_suite,
     "train_step": _optional_suite("hardpos.train.bench", "train_step_bench"),
@@ -118,6 +144,7 @@ SUITE_FUNCTIONS: dict[str, Callable[[Config], list[dict[str, Any]]]] = {
     "serve": _optional_suite("hardpos.loadgen", "serve_bench"),
     "generate": _optional_suite("hardpos.generate.bench", "generate_bench"),
     "gpu": gpu_suite,
+    "resilience": resilience_suite,
 }
 
 
