@@ -54,9 +54,9 @@ class _Cfg(JobConfig):
 def test_yaml_then_dotted_overrides(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"steps": 5, "loss": {"w_neg": 0.25}, "output_dir": "x"}))
-    cfg = load_config(_Cfg, path, ["loss.w_pos=0", "names=[replace,swap]", "note=null", "tracking.experiment=e1"])
+    cfg = load_config(_Cfg, path, ["loss.w_pos=0", "loss.w_neg=1e-3", "names=[replace,swap]", "note=null", "tracking.experiment=e1"])
     assert cfg.steps == 5
-    assert cfg.loss == _Loss(w_pos=0.0, w_neg=0.25)
+    assert cfg.loss == _Loss(w_pos=0.0, w_neg=0.001)
     assert isinstance(cfg.loss.w_pos, float)
     assert cfg.names == ["replace", "swap"]
     assert cfg.note is None and cfg.output_dir == "x" and cfg.tracking.experiment == "e1"
@@ -70,6 +70,7 @@ def test_yaml_then_dotted_overrides(tmp_path):
         ("steps=many", "steps: expected an integer"),
         ("steps=1.5", "steps: expected an integer"),
         ("loss.w_pos=[1]", "loss.w_pos: expected a number"),
+        ("loss.w_pos=1e-3x", "loss.w_pos: expected a number"),
         ("names=abc", "names: expected a list"),
         ("loss=3", "loss: expected a mapping"),
         ("justakey", "not of the form dotted.key=value"),

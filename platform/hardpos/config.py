@@ -9,12 +9,14 @@ Contract (every stage):
   Override values are parsed as YAML scalars/flow collections, so ``loss.w_neg=0.5``,
   ``benchmarks=[replace,swap]`` and ``model.pretrained=null`` all do what they say.
 * Unknown keys, wrong types and bad choices raise :class:`ConfigError` naming the key,
-  before any work starts.  ``int`` is accepted where ``float`` is declared; nothing
-  else is coerced silently (``"3"`` is not an int).
+  before any work starts.  ``int`` is accepted where ``float`` is declared, and so is
+  scientific notation that YAML 1.1 leaves as text (``1e-3``); nothing else is coerced
+  silently (``"3"`` is not an int).
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 import yaml
 
 T = TypeVar("T")
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 class ConfigError(ValueError):
@@ -203,6 +206,9 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
     if value is None:
         raise ConfigError(f"{key}: must not be null")
     if tp is float:
+        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            # YAML 1.1 reads "1e-3" (no dot) as a string; for a float field it is a number.
+            return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         return float(value)
