@@ -239,7 +239,7 @@ def test_resume_from_continues_at_the_saved_step(trained):
 
 
 @pytest.mark.slow  # a Ray Train run plus a worker-group restart
-def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_env, tmp_path):
+def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_env, tmp_path, tracking_uri):
     from hardpos import runtime, storage
 
     bucket = s3_env
@@ -248,7 +248,7 @@ def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_e
     cfg = load_config(TrainConfig, None, [
         *BASE, "fault.max_failures=1", "epochs=2", "data.val_fraction=0", f"output_dir={tmp_path / 'out'}",
         f"data.train_path=s3://{bucket}/data/triplets.parquet", f"checkpoint.storage_path=s3://{bucket}/ckpt",
-        "tracking.enabled=false"])
+        f"tracking.tracking_uri={tracking_uri}"])
     spe = (40 // 2) // 8
     cfg = dataclasses.replace(cfg, fault=dataclasses.replace(cfg.fault, fail_at_step=spe + 1))
     s = runtime.execute("train", cfg, quiet=True)
@@ -258,3 +258,11 @@ def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_e
     ckpts = sorted({u.split("/")[-2] for u in storage.list_files(f"s3://{bucket}/ckpt") if u.endswith("train_state.pt")})
     assert ckpts == [f"checkpoint_{spe:09d}", f"checkpoint_{2 * spe:09d}"]
     assert (Path(s["checkpoint"]) / "open_clip_model.safetensors").is_file()
+    # step spe + 1 was logged, then the worker failed and trained it again after the
+    # restart: MLflow still holds every step exactly once
+    from mlflow.tracking import MlflowClient
+
+    history = MlflowClient(tracking_uri).get_metric_history(s["mlflow_run_id"], "loss/total")
+    assert sorted(m.step for m in history) == list(range(1, 2 * spe + 1))
+    epochs = MlflowClient(tracking_uri).get_metric_history(s["mlflow_run_id"], "epoch")
+    assert sorted(m.step for m in epochs) == [1, 2]

@@ -116,6 +116,15 @@ class RunLogger:
         for start in range(0, len(items), 500):
             client.log_batch(self.run_id, metrics=items[start:start + 500])
 
+    def last_step(self, metric: str) -> int:
+        """The highest step logged for ``metric`` (0 when it was never logged).
+
+        A worker that resumes after a failure uses it to skip steps it already logged,
+        so a metric's history never holds the same step twice.
+        """
+        history = self._client().get_metric_history(self.run_id, metric)
+        return max((m.step for m in history), default=0)
+
     def set_tags(self, tags: dict[str, Any]) -> None:
         client = self._client()
         for key, value in tags.items():

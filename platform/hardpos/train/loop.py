@@ -386,6 +386,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     train_shard = ray.train.get_dataset_shard("train")
     val_shard = ray.train.get_dataset_shard("val") if config.get("has_val") else None
 
+    # After a restart the steps between the checkpoint and the failure are trained again;
+    # their metrics were already logged, so rank 0 logs only steps beyond what MLflow holds.
+    logged_step = logger.last_step("loss/total") if logger is not None and resumed_from is not None else 0
+    logged_epoch = logger.last_step("epoch") if logger is not None and resumed_from is not None else 0
+
     meta_base = {"arch": lm.arch, "source": cfg.model.pretrained or "random", "loss": dataclasses.asdict(cfg.loss)}
     skipped_total, warned = 0, 0
     train_time, train_rows = 0.0, 0.0
@@ -432,7 +437,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             values = loss_metrics({k: v for k, v in terms.items() if not k.startswith("_")})
             for k, v in values.items():
                 sums[k] = sums.get(k, 0.0) + v
-            if logger is not None and (step % cfg.log_every == 0 or step == total):
+            if logger is not None and step > logged_step and (step % cfg.log_every == 0 or step == total):
                 logger.log_metrics({**values, "lr": scheduler.get_last_lr()[0],
                                     "logit_scale": float(unwrap(net).logit_scale.exp())}, step=step)
             _maybe_inject_fault(cfg, step, rank, world)
@@ -454,7 +459,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         metrics["perf/samples_per_s"] = train_rows / train_time if train_time > 0 else 0.0
         if resumed_from is not None:
             metrics["resumed_from_step"] = resumed_from
-        if logger is not None:
+        if logger is not None and epoch + 1 > logged_epoch:
             # Per-step loss/* histories use the global step; the epoch means go under
             # epoch/loss/* so the two x-axes never mix in one MLflow metric.
             logger.log_metrics({(f"epoch/{k}" if k.startswith("loss/") else k): v
