@@ -178,6 +178,22 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
+def parse_jsonl(text: str, uri: str, error: type[Exception] = StorageError) -> list[dict]:
+    """JSON-lines text -> one dict per non-blank line; ``error(message)`` names the bad line."""
+    records = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise error(f"{uri}: line {n} is not JSON: {exc}") from exc
+        if not isinstance(record, dict):
+            raise error(f"{uri}: line {n} is not a JSON object")
+        records.append(record)
+    return records
+
+
 def exists(uri: str | os.PathLike) -> bool:
     uri = str(uri)
     if is_s3(uri):

@@ -121,17 +121,7 @@ def _json(text: str, uri: str) -> list[dict]:
 
 
 def _jsonl(text: str, uri: str) -> list[dict]:
-    records = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CaptionSourceError(f"{uri}: line {n} is not JSON: {exc}") from exc
-        if not isinstance(rec, dict):
-            raise CaptionSourceError(f"{uri}: line {n} is not a JSON object")
-        records.append(rec)
+    records = storage.parse_jsonl(text, uri, CaptionSourceError)
     return _from_records(records, uri) if records else []
 
 

@@ -121,17 +121,7 @@ def read_triplets(uri: str) -> list[dict]:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise TripletFileError(f"{uri}: not UTF-8 text") from exc
-        rows = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TripletFileError(f"{uri}: line {n} is not JSON: {exc}") from exc
-            if not isinstance(row, dict):
-                raise TripletFileError(f"{uri}: line {n} is not a JSON object")
-            rows.append(row)
+        rows = storage.parse_jsonl(text, uri, TripletFileError)
     else:
         import pyarrow.parquet as pq
 
