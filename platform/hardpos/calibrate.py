@@ -42,6 +42,8 @@ class ProbeConfig:
     warmup: warmup steps of both phases.
     variants: name -> [w_pos, w_neg] (captions-only uses w = [0, 0] on captions without negatives).
     threads: torch CPU threads.
+    pretrained: start from this checkpoint (e.g. a demo's <output_dir>/pretrain/model) and
+        skip the pretraining phase.
     """
 
     world_dir: str = "outputs/world"
@@ -58,6 +60,7 @@ class ProbeConfig:
     variants: dict[str, list[float]] = dataclasses.field(
         default_factory=lambda: {"captions-only": [0.0, 0.0], "hn-only": [0.0, 1.0], "hp+hn": [1.0, 1.0]})
     threads: int = 2
+    pretrained: str | None = None
 
 
 def _load_images(paths: list[str], preprocess) -> "Any":
@@ -104,7 +107,7 @@ def _train(clip, images, caps, negs, poss, tokenizer, steps: int, batch: int, lr
         sched.step()
         clamp_logit_scale(net)
         if (step + 1) % log_every == 0 or step + 1 == steps:
-            print(f"  step {step + 1}/{steps} loss {float(terms['total']):.3f} ({time.time() - t0:.0f}s)",
+            print(f"  step {step + 1}/{steps} loss {float(terms['total'].detach()):.3f} ({time.time() - t0:.0f}s)",
                   file=sys.stderr, flush=True)
 
 
@@ -123,10 +126,10 @@ def probe(cfg: ProbeConfig) -> dict[str, Any]:
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     world = Path(cfg.world_dir)
-    lm = load_model(ModelConfig(arch=cfg.arch))
+    lm = load_model(ModelConfig(arch=cfg.arch, pretrained=cfg.pretrained))
     t0 = time.time()
-    pre = pq.read_table(world / "pretrain.parquet", columns=["image", "caption"]).to_pylist()
-    pre_imgs = _load_images([str(world / r["image"]) for r in pre], lm.preprocess_val)
+    pre = [] if cfg.pretrained else pq.read_table(world / "pretrain.parquet", columns=["image", "caption"]).to_pylist()
+    pre_imgs = _load_images([str(world / r["image"]) for r in pre], lm.preprocess_val) if pre else None
     trip = pq.read_table(cfg.triplets, columns=["image", "caption", "hard_negative", "hard_positive"]).to_pylist()
     trip_base = Path(cfg.triplets).parent
     paths = sorted({r["image"] for r in trip})
@@ -148,10 +151,11 @@ def probe(cfg: ProbeConfig) -> dict[str, Any]:
         return R.table_row(m)
 
     rows: dict[str, dict[str, float]] = {}
-    print(f"pretraining {cfg.pretrain_steps} steps ...", file=sys.stderr)
-    nothing = [None] * len(pre)
-    _train(lm.model, pre_imgs, [r["caption"] for r in pre], nothing, nothing, lm.tokenizer, cfg.pretrain_steps,
-           cfg.pretrain_batch, cfg.pretrain_lr, cfg.warmup, 0.0, 0.0, False, cfg.seed)
+    if not cfg.pretrained:
+        print(f"pretraining {cfg.pretrain_steps} steps ...", file=sys.stderr)
+        nothing = [None] * len(pre)
+        _train(lm.model, pre_imgs, [r["caption"] for r in pre], nothing, nothing, lm.tokenizer, cfg.pretrain_steps,
+               cfg.pretrain_batch, cfg.pretrain_lr, cfg.warmup, 0.0, 0.0, False, cfg.seed)
     rows["pretrained"] = evaluate(lm.model)
     base_state = copy.deepcopy(lm.model.state_dict())
     for name, (w_pos, w_neg) in cfg.variants.items():
@@ -179,13 +183,17 @@ class SeedsConfig:
     seeds: one demo per seed; the seed is both the training seed and the world seed.
     output_dir: demo outputs go to <output_dir>/seed<k>; the aggregate to results_seeds.*.
     vary_world: False keeps world.seed fixed (only the training seed varies).
-    demo: extra demo config overrides (dotted keys) for every seed.
+    demo: extra demo config overrides (dotted keys) for every seed; "{seed}" in a string
+        value is replaced by the seed.
+    resume: reuse a seed whose <output_dir>/seed<k>/summary.json says it finished (so an
+        interrupted measurement continues); false reruns every seed.
     """
 
     seeds: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2])
     output_dir: str = "outputs/calibrate"
     vary_world: bool = True
     demo: dict[str, Any] = dataclasses.field(default_factory=dict)
+    resume: bool = True
 
 
 def seeds(cfg: SeedsConfig) -> dict[str, Any]:
@@ -198,12 +206,19 @@ def seeds(cfg: SeedsConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     per_seed, summaries = [], {}
     for s in cfg.seeds:
-        overrides = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in cfg.demo.items()]
+        # string values may name the seed: demo.pretrained=outputs/calibrate/seed{seed}/pretrain/model
+        overrides = [f"{k}={json.dumps(v) if not isinstance(v, str) else v.replace('{seed}', str(s))}"
+                     for k, v in cfg.demo.items()]
         overrides += [f"seed={s}", f"output_dir={out / f'seed{s}'}"]
         if cfg.vary_world:
             overrides.append(f"world.seed={s}")
-        dcfg = load_config(demo.Config, None, overrides)
-        summary = execute("demo", dcfg)
+        done = out / f"seed{s}" / "summary.json"
+        if cfg.resume and done.exists() and json.loads(done.read_text()).get("status") == "ok":
+            summary = json.loads(done.read_text())  # finished earlier: a rerun only adds missing seeds
+            print(f"seed {s}: reusing {done}", file=sys.stderr)
+        else:
+            dcfg = load_config(demo.Config, None, overrides)
+            summary = execute("demo", dcfg)
         per_seed.append(summary["rows"])
         summaries[s] = {"champion": summary["champion"], "pipeline_s": summary["pipeline_s"],
                         "timings_s": summary["timings_s"]}

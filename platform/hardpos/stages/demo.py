@@ -105,6 +105,9 @@ class Config(JobConfig):
         config equals ``world``.
     arch: the open_clip architecture trained from scratch (hardpos-tiny: 32 px, ~5M params).
     pretrain: the from-scratch "pretraining" phase (plain CLIP loss on the pretrain split).
+    pretrained: use this checkpoint (a local dir, s3://, runs:/ or models:/ URI) as the
+        pretrained base and skip step 2 (e.g. an earlier demo's <output_dir>/pretrain/model,
+        to compare finetuning settings on the same base); None pretrains from scratch.
     finetune: the finetuning phase shared by every variant.
     variants: the finetuned models (default: captions-only control, HN-only, HP+HN).
     generate_engine: engine of the generate stage: rules | http | vllm (http/vllm need
@@ -124,6 +127,7 @@ class Config(JobConfig):
     world: WorldConfig = dataclasses.field(default_factory=_default_world)
     world_dir: str | None = None
     arch: str = "hardpos-tiny"
+    pretrained: str | None = None
     pretrain: PhaseConfig = dataclasses.field(default_factory=lambda: PhaseConfig(steps=600, batch_size=64, lr=5e-4, warmup_steps=50))
     finetune: PhaseConfig = dataclasses.field(default_factory=lambda: PhaseConfig(steps=150, batch_size=64, lr=1e-4, warmup_steps=10))
     variants: list[Variant] = dataclasses.field(default_factory=_default_variants)
@@ -284,8 +288,13 @@ def run(cfg: Config, ctx: JobContext) -> dict:
 
     world_dir, reused = p.world()
 
-    pre = p.train("pretrained", "2/7 pretrain tiny CLIP from scratch", f"{world_dir}/pretrain.parquet", cfg.pretrain,
-                  pretrained=None, w_pos=0.0, w_neg=0.0, negclip_columns=False, output_dir=ctx.path("pretrain"))
+    if cfg.pretrained:
+        _say(f"2/7 pretrain: skipped, the base is pretrained={cfg.pretrained}")
+        pre = {"checkpoint": cfg.pretrained, "mlflow_run_id": None, "model_uri": None}
+    else:
+        pre = p.train("pretrained", "2/7 pretrain tiny CLIP from scratch", f"{world_dir}/pretrain.parquet",
+                      cfg.pretrain, pretrained=None, w_pos=0.0, w_neg=0.0, negclip_columns=False,
+                      output_dir=ctx.path("pretrain"))
     base_ckpt = pre["checkpoint"]
 
     gen = p.generate(world_dir, regenerate=not reused)
