@@ -44,6 +44,7 @@ class ProbeConfig:
     threads: torch CPU threads.
     pretrained: start from this checkpoint (e.g. a demo's <output_dir>/pretrain/model) and
         skip the pretraining phase.
+    output: also write the rows (model -> table row) as JSON here (for aggregating seeds).
     """
 
     world_dir: str = "outputs/world"
@@ -61,6 +62,7 @@ class ProbeConfig:
         default_factory=lambda: {"captions-only": [0.0, 0.0], "hn-only": [0.0, 1.0], "hp+hn": [1.0, 1.0]})
     threads: int = 2
     pretrained: str | None = None
+    output: str | None = None
 
 
 def _load_images(paths: list[str], preprocess) -> "Any":
@@ -172,6 +174,8 @@ def probe(cfg: ProbeConfig) -> dict[str, Any]:
                    cfg.finetune_lr, cfg.warmup, w_pos, w_neg, True, cfg.seed + 1)
         rows[name] = evaluate(lm.model)
     print(R.markdown_table(rows, title=f"probe: {json.dumps(dataclasses.asdict(cfg))}"))
+    if cfg.output:
+        Path(cfg.output).write_text(json.dumps({"config": dataclasses.asdict(cfg), "rows": rows}, indent=2))
     return rows
 
 
