@@ -438,7 +438,6 @@ def _instructions(uri: str, cfg: Config, best: str, registered: dict, files: dic
     except Exception:  # noqa: BLE001 - the instructions are a convenience
         caps = ["a large red circle and a small blue square", "a large blue circle and a small red square",
                 "a small blue square and a large red circle"]
-    body = json.dumps({"captions": caps}).replace("'", "'\\''")
     lines += [
         "then score a world image against its caption, hard negative and hard positive:",
         f"  curl -s http://127.0.0.1:8000/v1/score -F image=@{img or 'IMAGE.png'} "
@@ -446,5 +445,4 @@ def _instructions(uri: str, cfg: Config, best: str, registered: dict, files: dic
         "  # or JSON: curl -s -H 'content-type: application/json' http://127.0.0.1:8000/v1/score "
         f"-d '{{\"image_b64\": \"'$(base64 -w0 {img or 'IMAGE.png'})'\", \"captions\": {json.dumps(caps)}}}'",
     ]
-    del body
     return "\n".join(lines)
