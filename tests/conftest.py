@@ -73,6 +73,11 @@ def s3_env(s3_server, monkeypatch):
 @pytest.fixture
 def tracking_uri(tmp_path, monkeypatch) -> str:
     """A private MLflow SQLite store for one test (also exported as MLFLOW_TRACKING_URI)."""
+    from mlflow.tracking._tracking_service import utils as mlflow_uri
+
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    # MLflow's process-global tracking URI beats the env var once anything sets it; start
+    # each test unset (so the env var rules) and undo whatever the test sets.
+    monkeypatch.setattr(mlflow_uri, "_tracking_uri", None)
     return uri

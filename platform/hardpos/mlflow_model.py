@@ -95,19 +95,16 @@ def log_model(run: Any, checkpoint_dir: str | os.PathLike, tracking_uri: str | N
     uri = tracking.resolve_tracking_uri(uri)
     client = MlflowClient(uri)
     status = client.get_run(run_id).info.status
-    previous_uri = mlflow.get_tracking_uri()
     code = Path(__file__).parent / "train" / "pyfunc_model.py"
-    mlflow.set_tracking_uri(uri)
-    try:
-        with mlflow.start_run(run_id=run_id):
-            mlflow.pyfunc.log_model(
-                name=ARTIFACT_PATH,
-                python_model=str(code),
-                artifacts={"checkpoint": str(checkpoint_dir)},
-                pip_requirements=list(PIP_REQUIREMENTS),  # explicit: inference would load the model
-            )
-    finally:
-        mlflow.set_tracking_uri(previous_uri)
+    # log_model works on MLflow's global "active run": point the global tracking URI at this
+    # run's store only for the call.
+    with tracking.use_tracking_uri(uri), mlflow.start_run(run_id=run_id):
+        mlflow.pyfunc.log_model(
+            name=ARTIFACT_PATH,
+            python_model=str(code),
+            artifacts={"checkpoint": str(checkpoint_dir)},
+            pip_requirements=list(PIP_REQUIREMENTS),  # explicit: inference would load the model
+        )
     if status == "RUNNING":
         client.update_run(run_id, status="RUNNING")
     return f"runs:/{run_id}/{ARTIFACT_PATH}"

@@ -120,7 +120,12 @@ def resolve_source(pretrained: str) -> Path | str:
     if pretrained.startswith(("models:/", "runs:/", "mlflow-artifacts:")):
         import mlflow
 
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=pretrained))
+        from hardpos.tracking import resolve_tracking_uri, use_tracking_uri
+
+        # Resolve against the store HardPos's stages log to ($MLFLOW_TRACKING_URI, else
+        # sqlite:///<cwd>/mlruns.db), not MLflow's own default (./mlflow.db).
+        with use_tracking_uri(resolve_tracking_uri()):
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=pretrained))
         found = find_checkpoint_dir(local)
         if found is None:
             raise FileNotFoundError(f"{pretrained}: no {CONFIG_NAME} found in the MLflow artifacts ({local})")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from hardpos import tracking
+
 MODEL_URI_TAG = "hardpos.model_uri"
 
 
@@ -67,7 +69,9 @@ def register(
     except Exception:  # noqa: BLE001 - mlflow raises RestException/MlflowException for "not found"
         client.create_registered_model(name, description="HardPos CLIP finetuned with hard negatives and hard positives")
     source, model_id = model_source(client, uri, run)
-    with _global_tracking_uri(client.tracking_uri):
+    # MLflow's SQL registry resolves models:/<model_id> sources through the *global*
+    # tracking store, not the client's.
+    with tracking.use_tracking_uri(client.tracking_uri):
         version = client.create_model_version(name, source=source, run_id=run.info.run_id, model_id=model_id)
     tags: dict[str, Any] = {f"metric.{k}": f"{v:.6g}" for k, v in sorted(run.data.metrics.items()) if "/" in k and not k.startswith("loss/")}
     tags.update({f"param.{k}": v for k, v in run.data.params.items() if k.startswith(("data.", "model.", "loss."))})
@@ -99,15 +103,6 @@ def model_source(client, uri: str, run) -> tuple[str, str | None]:
     if uri.startswith("models:/m-"):
         return uri, uri[len("models:/"):]
     return uri, None
-
-
-def _global_tracking_uri(uri: str):
-    """MLflow's SQL registry resolves ``models:/<model_id>`` sources through the *global*
-    tracking store, not the client's; point it at the client's store for the call
-    (MLflow's own context manager restores the previous value, unset included)."""
-    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
-
-    return _use_tracking_uri(uri)
 
 
 def set_alias(client, name: str, alias: str, version: str) -> None:

@@ -10,13 +10,14 @@ touching MLflow's global "active run" state.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from hardpos.config import TrackingConfig, flatten
 
@@ -40,6 +41,30 @@ def _local_artifact_root(tracking_uri: str) -> str | None:
         db = Path(tracking_uri[len("sqlite:///"):])
         return (db.parent / "mlartifacts").resolve().as_uri()
     return None
+
+
+@contextlib.contextmanager
+def use_tracking_uri(uri: str) -> Iterator[None]:
+    """Point MLflow's process-global tracking URI at ``uri`` for a block.
+
+    For the few MLflow APIs that only read global state (``log_model`` on the active run,
+    ``models:/`` downloads, registry source resolution). ``mlflow.set_tracking_uri`` also
+    writes ``$MLFLOW_TRACKING_URI`` (and *unsets* it when given None), so both the global
+    and the environment variable are restored exactly afterwards.
+    """
+    import mlflow
+    from mlflow.tracking._tracking_service import utils as mlflow_uri
+
+    saved_global, saved_env = mlflow_uri._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow_uri._tracking_uri = saved_global
+        if saved_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved_env
 
 
 def ensure_experiment(name: str, tracking_uri: str) -> str:
