@@ -222,7 +222,6 @@ def test_logged_mlflow_model_loads_with_the_trained_weights(trained):
     assert lm.meta["step"] == s["steps"]
 
 
-@pytest.mark.slow  # a second Ray Train run (~1 min idle, several on a loaded 2-core box)
 def test_resume_from_continues_at_the_saved_step(trained):
     from hardpos import runtime
 
@@ -238,7 +237,6 @@ def test_resume_from_continues_at_the_saved_step(trained):
     assert ray_dirs == [f"checkpoint_{3 * spe:09d}"]  # only the one new epoch was trained
 
 
-@pytest.mark.slow  # a Ray Train run plus a worker-group restart
 def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_env, tmp_path, tracking_uri):
     from hardpos import runtime, storage
 
