@@ -16,6 +16,7 @@ same per-item scores (checked: ``max_abs_score_diff``) and the same metrics.
 """
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from pathlib import Path
@@ -95,6 +96,31 @@ def naive_scores(model, preprocess, tokenizer, items, *, device="cpu", batch_row
     return out
 
 
+@contextlib.contextmanager
+def stand_in_replace(*, arch: str, n_rows: int, data_dir: str | None, device: str, image_size: tuple[int, int],
+                     seed: int = 0):
+    """(loaded model, BenchmarkSpec, Benchmark, n stand-in images, seconds to write them) for
+    ``n_rows`` REPLACE rows with stand-in JPEGs at their relative paths, in a temp folder that
+    lives as long as the ``with`` block. Shared by :func:`run` and :func:`evaluate_bench`."""
+    import torch
+
+    from hardpos.eval.benchmarks import load_benchmark
+    from hardpos.eval.spec import BenchmarkSpec
+    from hardpos.model import ModelConfig, load_model
+
+    torch.manual_seed(seed)
+    lm = load_model(ModelConfig(arch=arch), device=device)
+    lm.model.eval()
+    with tempfile.TemporaryDirectory(prefix="hardpos-evalbench-") as tmp:
+        root = Path(tmp)
+        hp = replace_source(data_dir, root / "synthetic_replace", n_rows)
+        spec = BenchmarkSpec("replace", "replace", str(hp), image_root=str(root), limit=n_rows // 2)
+        bench = load_benchmark(spec)
+        t0 = time.perf_counter()
+        n_images = _stand_in_jpegs(root, [it.image[len(str(root)) + 1:] for it in bench.items], image_size, seed)
+        yield lm, spec, bench, n_images, time.perf_counter() - t0
+
+
 def run(*, n_rows: int = 2000, arch: str = "ViT-B-32", data_dir: str | None = None, device: str = "cpu",
         batch_size: int = 256, naive_batch: int = 16, image_size: tuple[int, int] = (500, 375),
         num_threads: int | None = None, seed: int = 0) -> dict[str, Any]:
@@ -106,24 +132,13 @@ def run(*, n_rows: int = 2000, arch: str = "ViT-B-32", data_dir: str | None = No
     """
     import torch
 
-    from hardpos.eval.benchmarks import load_benchmark
     from hardpos.eval.evaluator import benchmark_metrics, evaluate_benchmarks
-    from hardpos.eval.spec import BenchmarkSpec
-    from hardpos.model import ModelConfig, load_model
 
     if num_threads:
         torch.set_num_threads(num_threads)
-    torch.manual_seed(seed)
-    lm = load_model(ModelConfig(arch=arch), device=device)
-    model = lm.model.eval()
-    with tempfile.TemporaryDirectory(prefix="hardpos-evalbench-") as tmp:
-        root = Path(tmp)
-        hp = replace_source(data_dir, root / "synthetic_replace", n_rows)
-        spec = BenchmarkSpec("replace", "replace", str(hp), image_root=str(root), limit=n_rows // 2)
-        bench = load_benchmark(spec)
-        t0 = time.perf_counter()
-        n_images = _stand_in_jpegs(root, [it.image[len(str(root)) + 1:] for it in bench.items], image_size, seed)
-        gen_s = time.perf_counter() - t0
+    with stand_in_replace(arch=arch, n_rows=n_rows, data_dir=data_dir, device=device, image_size=image_size,
+                          seed=seed) as (lm, spec, bench, n_images, gen_s):
+        model = lm.model
         # warm-up both paths on a few rows (first-call allocations, thread pools)
         naive_scores(model, lm.preprocess_val, lm.tokenizer, bench.items[:4], device=device, batch_rows=4)
 
@@ -156,26 +171,15 @@ def evaluate_bench(*, quick: bool = False, repeats: int = 1, n_rows: int | None 
     """The benchmark harness's ``evaluate`` suite (``hardpos benchmark suite=evaluate``):
     naive vs efficient evaluator alternated ``repeats`` times on the same rows
     (:func:`hardpos.benchutil.compare_alternating`); ``quick`` = tiny model, 16 rows."""
-    import torch
-
     from hardpos.benchutil import compare_alternating
-    from hardpos.eval.benchmarks import load_benchmark
     from hardpos.eval.evaluator import evaluate_benchmarks
-    from hardpos.eval.spec import BenchmarkSpec
-    from hardpos.model import ModelConfig, load_model
 
     arch = arch or ("hardpos-tiny" if quick else "ViT-B-32")
     n_rows = n_rows or (16 if quick else 400)
     image_size = (40, 30) if quick else (500, 375)
-    torch.manual_seed(0)
-    lm = load_model(ModelConfig(arch=arch), device=device)
-    model = lm.model.eval()
-    with tempfile.TemporaryDirectory(prefix="hardpos-evalbench-") as tmp:
-        root = Path(tmp)
-        hp = replace_source(data_dir, root / "synthetic_replace", n_rows)
-        spec = BenchmarkSpec("replace", "replace", str(hp), image_root=str(root), limit=n_rows // 2)
-        bench = load_benchmark(spec)
-        _stand_in_jpegs(root, [it.image[len(str(root)) + 1:] for it in bench.items], image_size, 0)
+    with stand_in_replace(arch=arch, n_rows=n_rows, data_dir=data_dir, device=device,
+                          image_size=image_size) as (lm, spec, bench, _, _):
+        model = lm.model
         out: dict[str, Any] = {}
 
         def optimised():
