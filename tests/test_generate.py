@@ -358,6 +358,14 @@ def test_rules_engine_on_a_synthetic_world_uses_its_lexicon_and_rule_negatives(r
     triplets = read_triplets(os.path.join(summary["output_dir"], "triplets.parquet"))
     with_neg = [t for t in triplets if t["hard_negative"]]
     assert with_neg and all(t["negative_source"] == "rule" for t in with_neg)
+    # the rule negatives computed on the workers (fused with the rule engine) are exactly
+    # what the driver-side join computes for the same (caption, kind)
+    from hardpos.data.perturb import RulePerturber
+    from hardpos.generate.engines import rule_lexicon
+
+    rules = RulePerturber(seed=0, lexicon=rule_lexicon(str(world)))
+    for t in triplets:
+        assert t["hard_negative"] == pipeline.rule_negative(rules, t["caption"], pipeline.base_kind(t["kind"]))
     # images were written resolved, so the train stage finds them from the output folder
     assert all(os.path.isabs(t["image"]) and os.path.exists(t["image"]) for t in triplets)
     assert resolve_image(triplets[0]["image"], summary["output_dir"]) == triplets[0]["image"]

@@ -513,8 +513,9 @@ def rule_lexicon(world_dir: str | None):
 _PERTURBERS: dict[tuple[int, str | None], Any] = {}
 
 
-def _perturber(seed: int, world_dir: str | None):
-    """One RulePerturber per (seed, lexicon) per worker process, reused across tasks."""
+def cached_perturber(seed: int, world_dir: str | None):
+    """One RulePerturber per (seed, lexicon) per worker process, reused across tasks (and
+    across the fused rules -> judge stages, whose rule negatives then hit its per-caption cache)."""
     key = (seed, world_dir)
     if key not in _PERTURBERS:
         from hardpos.data.perturb import RulePerturber
@@ -533,7 +534,7 @@ def rules_batch(batch, seed: int = 0, world_dir: str | None = None):
     """
     import pyarrow as pa
 
-    rules = _perturber(seed, world_dir)
+    rules = cached_perturber(seed, world_dir)
     out = []
     for row in batch.to_pylist():
         polarity, rule_kind = _rule_kind(row["kind"])

@@ -7,8 +7,11 @@ Flow (one code path for every engine)::
          (caption, applicable prompt kind); bad input rows become rejects right here
       -> ray.data.from_items(requests of the shards not yet done)
       -> engines.apply_engine()                  Ray Data: rules / http / vllm
-      -> map_batches(judge_batch)                Ray Data: hardpos.data.validate on every row
-      -> driver collects rows per shard; a complete shard is written atomically
+      -> map_batches(judge_batch)                Ray Data: hardpos.data.validate on every row,
+                                                 plus the join's rule negatives (fused with
+                                                 the rule engine into one task)
+      -> driver collects rows per shard, joins triplets (dataset > LLM > rule negative);
+         a complete shard is written atomically
          (accepted / rejects / triplets parquet, then the ``.done.json`` marker)
       -> when every shard is done: merged accepted.parquet, rejects.parquet,
          triplets.parquet (the training input) and samples.json
@@ -29,7 +32,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from hardpos import storage
 from hardpos.config import ConfigError
@@ -229,20 +232,63 @@ def result_schema():
     import pyarrow as pa
 
     schema = engines.engine_schema()
-    for name in ("status", "reason", "detail", "text"):
+    for name in ("status", "reason", "detail", "text", "rule_negative"):
         schema = schema.append(pa.field(name, pa.string()))
     return schema
 
 
-def judge_batch(batch):
-    """``map_batches`` form of :func:`judge` (pyarrow in, pyarrow out, fixed schema)."""
+def judge_batch(batch, rule_negatives: dict | None = None):
+    """``map_batches`` form of :func:`judge` (pyarrow in, pyarrow out, fixed schema).
+
+    rule_negatives: ``{"seed": int, "world_dir": str | None}`` to also attach each row's rule
+    hard negative for its base kind (column ``rule_negative``, see :func:`rule_negative`),
+    so the join needs no rule work on the driver; None leaves the column null. Run in the
+    same task as the rule engine, the perturber's per-caption cache makes this nearly free.
+    """
     import pyarrow as pa
 
-    rows = [judge({c: r.get(c) for c in engines.REQUEST_COLUMNS + engines.ENGINE_COLUMNS}) for r in batch.to_pylist()]
+    rules = engines.cached_perturber(rule_negatives["seed"], rule_negatives["world_dir"]) if rule_negatives else None
+    rows = []
+    for r in batch.to_pylist():
+        row = judge({c: r.get(c) for c in engines.REQUEST_COLUMNS + engines.ENGINE_COLUMNS})
+        row["rule_negative"] = rule_negative(rules, row["caption"], base_kind(row["kind"])) if rules else None
+        rows.append(row)
     return pa.Table.from_pylist(rows, schema=result_schema())
 
 
 # --------------------------------------------------------------------------- join
+def base_kind(kind: str) -> str:
+    """"replace_positive" / "replace_negative" / "replace" -> "replace" (likewise swap)."""
+    base = kind.split("_")[0]
+    return base if base in ("replace", "swap") else "replace"
+
+
+def rule_negative(rules, caption: str, kind: str) -> str | None:
+    """The rule engine's hard negative for ``caption``: one of ``kind`` if the rules make one,
+    else of any kind; vetted by the shared validator (as the perturb stage does); None when
+    the rules make none or cannot parse the caption. Deterministic (seeded per caption), so
+    workers and the driver agree on it.
+    """
+    from hardpos.data.validate import validate
+
+    if not isinstance(caption, str):
+        return None
+    try:
+        p = rules.pick(caption, "negative", kind) or rules.pick(caption, "negative")
+    except Exception:  # noqa: BLE001 - a caption the rules cannot parse has no rule negative
+        return None
+    if p is None or not validate(caption, p.text, f"{p.kind}_negative").accepted:
+        return None
+    return p.text
+
+
+def rule_negatives_of(results: Iterable[dict]) -> dict[tuple[str, str], str | None]:
+    """(caption index, base kind) -> the rule negative the workers attached to a result row
+    (:func:`judge_batch` with ``rule_negatives``); rows without the column are skipped."""
+    return {(r["request_id"].split(":", 1)[0], base_kind(r["kind"])): r["rule_negative"]
+            for r in results if "rule_negative" in r and r["kind"] != INPUT_KIND}
+
+
 class NegativePicker:
     """The hard negative for a (caption, kind): dataset > LLM > rules under mode "auto"."""
 
@@ -250,23 +296,28 @@ class NegativePicker:
         self.mode, self.seed, self.dataset, self.world_dir = mode, seed, dataset, world_dir
         self._rules = None
 
-    def _rule(self, caption: str, kind: str) -> str | None:
-        from hardpos.data.perturb import RulePerturber
-        from hardpos.data.validate import validate
+    @property
+    def wants_rule_negatives(self) -> bool:
+        """Whether the join may fall back to rule negatives (worth computing on the workers)."""
+        return self.mode in ("auto", "rules")
 
+    def _rule(self, cap: dict, kind: str, known: Mapping[tuple[str, str], str | None]) -> str | None:
+        key = (str(cap["index"]), kind)
+        if key in known:
+            return known[key]
         if self._rules is None:
-            self._rules = RulePerturber(seed=self.seed, lexicon=engines.rule_lexicon(self.world_dir))
-        try:
-            p = self._rules.pick(caption, "negative", kind) or self._rules.pick(caption, "negative")
-        except Exception:  # noqa: BLE001 - a caption the rules cannot parse has no rule negative
-            return None
-        # the shared validator vets rule negatives too (as the perturb stage does)
-        if p is None or not validate(caption, p.text, f"{p.kind}_negative").accepted:
-            return None
-        return p.text
+            from hardpos.data.perturb import RulePerturber
 
-    def pick(self, cap: dict, kind: str, llm_negatives: dict[str, str]) -> tuple[str | None, str | None]:
-        """(negative text, its source) or (None, None)."""
+            self._rules = RulePerturber(seed=self.seed, lexicon=engines.rule_lexicon(self.world_dir))
+        return rule_negative(self._rules, cap["caption"], kind)
+
+    def pick(self, cap: dict, kind: str, llm_negatives: dict[str, str],
+             known: Mapping[tuple[str, str], str | None] = {}) -> tuple[str | None, str | None]:  # noqa: B006 - read only
+        """(negative text, its source) or (None, None).
+
+        known: rule negatives already computed on the workers (:func:`rule_negatives_of`);
+        anything not in it is computed here with the same :func:`rule_negative`.
+        """
         if self.mode == "none":
             return None, None
         base = kind.split("_")[0]
@@ -279,18 +330,23 @@ class NegativePicker:
             if text:
                 return text, llm_negatives.get("__source__")
         if self.mode in ("auto", "rules"):
-            text = self._rule(cap["caption"], base if base in ("replace", "swap") else "replace")
+            text = self._rule(cap, base_kind(kind), known)
             if text:
                 return text, "rule"
         return None, None
 
 
 def join_triplets(captions: list[dict], accepted: list[dict], picker: NegativePicker,
-                  keep_unmatched: bool = True) -> list[dict]:
+                  keep_unmatched: bool = True, rule_negatives: Mapping[tuple[str, str], str | None] = {}  # noqa: B006
+                  ) -> list[dict]:
     """Training triplets for one shard: one row per accepted hard positive, with a hard
     negative from the dataset, an accepted LLM negative or the rule engine (see
     :class:`NegativePicker`). Captions without a positive keep one row (positive null)
-    when ``keep_unmatched``, so hard-negative-only training sees them too."""
+    when ``keep_unmatched``, so hard-negative-only training sees them too.
+
+    rule_negatives: the workers' rule negatives (:func:`rule_negatives_of` over the shard's
+    results); the same values are computed here for whatever it lacks, so it changes the
+    speed of the join, never its output."""
     from hardpos.data.triplets import make_triplet
 
     by_caption: dict[str, list[dict]] = collections.defaultdict(list)
@@ -305,11 +361,11 @@ def join_triplets(captions: list[dict], accepted: list[dict], picker: NegativePi
             llm_neg["__source__"] = next(r["source"] for r in rows if r["polarity"] == "negative")
         common = {"image": cap["image"], "caption": cap["caption"], "caption_id": cap["caption_id"]}
         for p in positives:
-            neg, neg_source = picker.pick(cap, p["kind"], llm_neg)
+            neg, neg_source = picker.pick(cap, p["kind"], llm_neg, rule_negatives)
             out.append(make_triplet(**common, hard_negative=neg, hard_positive=p["text"], kind=p["kind"],
                                     source=p["source"], negative_source=neg_source))
         if not positives and keep_unmatched and isinstance(cap["caption"], str) and cap["caption"].strip():
-            neg, neg_source = picker.pick(cap, "replace", llm_neg)
+            neg, neg_source = picker.pick(cap, "replace", llm_neg, rule_negatives)
             if neg is not None:
                 out.append(make_triplet(**common, hard_negative=neg, hard_positive=None, kind="replace",
                                         source=neg_source, negative_source=neg_source))
