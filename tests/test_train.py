@@ -49,6 +49,35 @@ def test_weight_decay_only_on_weight_matrices():
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
+def test_fused_adamw_makes_the_same_update_as_the_per_parameter_loop():
+    import copy
+
+    import torch
+
+    from hardpos.model import ModelConfig, load_model
+    from hardpos.train.loop import OptimConfig, build_optimizer
+
+    torch.manual_seed(0)
+    fused_model = load_model(ModelConfig()).model
+    loop_model, before = copy.deepcopy(fused_model), copy.deepcopy(fused_model)
+    fused, loop = (build_optimizer(m, OptimConfig(lr=1e-2, fused=f)) for m, f in ((fused_model, True),
+                                                                                 (loop_model, False)))
+    assert fused.defaults["fused"] and not loop.defaults["fused"]
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        grads = [torch.randn(p.shape, generator=g) for p in fused_model.parameters()]
+        for model, opt in ((fused_model, fused), (loop_model, loop)):
+            for p, grad in zip(model.parameters(), grads):
+                p.grad = grad.clone()
+            opt.step()
+    moved = max((a - b).abs().max().item() for a, b in zip(fused_model.parameters(), before.parameters()))
+    diff = max((a - b).abs().max().item() for a, b in zip(fused_model.parameters(), loop_model.parameters()))
+    assert moved > 1e-3 and diff < 1e-5
+    # a checkpointed state of either kind loads into the other
+    loop.load_state_dict(fused.state_dict())
+    fused.load_state_dict(loop.state_dict())
+
+
 def test_bad_config_values_are_rejected():
     with pytest.raises(ConfigError, match="batch_size must be >= 1"):
         load_config(TrainConfig, None, ["batch_size=0"])

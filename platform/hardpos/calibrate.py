@@ -77,11 +77,11 @@ def _train(clip, images, caps, negs, poss, tokenizer, steps: int, batch: int, lr
     import torch
 
     from hardpos.model import tokenize
-    from hardpos.train.loop import _triplet_module, lr_factor, param_groups
+    from hardpos.train.loop import OptimConfig, _triplet_module, build_optimizer, lr_factor
     from hardpos.train.loss import LossConfig, clamp_logit_scale, combined_loss
 
     net = _triplet_module()(clip).train()
-    opt = torch.optim.AdamW(param_groups(clip, 0.1), lr=lr, betas=(0.9, 0.98), eps=1e-6)
+    opt = build_optimizer(clip, OptimConfig(lr=lr, weight_decay=0.1, beta1=0.9, beta2=0.98, eps=1e-6))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, steps))
     loss_cfg = LossConfig(w_pos=w_pos, w_neg=w_neg, negclip_columns=negclip)
     g = torch.Generator().manual_seed(seed)

@@ -110,6 +110,7 @@ def _train_step_rows(suite: str, arch: str, batch_size: int, repeats: int, devic
     labels = {
         "combined_vs_clip": "combined-loss step (batch-length) vs plain CLIP step (77 tokens)",
         "combined_padding": "combined-loss step: batch-length vs 77-token text",
+        "fused_adamw": "combined-loss step: fused AdamW vs per-parameter AdamW",
         "text_tower_padding": f"text tower: {out['text_tokens_batch']} vs {out['text_tokens_full']} tokens",
     }
     rows = []

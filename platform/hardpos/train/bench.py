@@ -6,10 +6,13 @@
 * ``combined_vs_clip``: a full HardPos training step (one forward through
   :class:`TripletCLIP` encoding images + captions + negatives + positives with
   batch-length text, combined loss, backward, AdamW step) against a plain open_clip CLIP
-  step (``model(images, 77-token captions)`` + ``ClipLoss``, backward, AdamW step).
+  step (``model(images, 77-token captions)`` + ``ClipLoss``, backward, AdamW step; both
+  with the training loop's fused AdamW).
   Samples/s counts images; the combined step runs the text tower on up to 3x the texts.
 * ``combined_padding``: the same combined step with batch-length text vs text padded to
   the full context, i.e. what batch-length padding buys inside training.
+* ``fused_adamw``: the same combined step with the loop's fused AdamW vs torch's default
+  per-parameter AdamW (:func:`hardpos.train.loop.build_optimizer`).
 * ``text_tower_padding``: forward-only text features, batch-length vs full context.
 
 Every function returns a flat dict of numbers (and the case names) for the harness.
@@ -50,7 +53,7 @@ def bench_train_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: 
 
     from hardpos.benchutil import compare_alternating
     from hardpos.model import ModelConfig, encode_text, load_model
-    from hardpos.train.loop import _triplet_module, param_groups
+    from hardpos.train.loop import OptimConfig, _triplet_module, build_optimizer
     from hardpos.train.loss import LossConfig, combined_loss
 
     if threads:
@@ -59,19 +62,21 @@ def bench_train_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: 
     lm = load_model(ModelConfig(arch=arch), device=device)
     model = lm.model.train()
     net = _triplet_module()(model)
-    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-6)
+    # the training loop's optimiser (fused AdamW), and the per-parameter loop it replaced
+    opt = build_optimizer(model, OptimConfig(lr=1e-6))
+    opt_loop = build_optimizer(model, OptimConfig(lr=1e-6, fused=False))
     images, t77, n77, p77, tb, nb, pb = (x.to(device) for x in _batch(lm, batch_size))
     mask = torch.ones(batch_size, dtype=torch.bool, device=device)
     clip_loss = ClipLoss()
 
-    def combined(text, neg, pos):
+    def combined(text, neg, pos, optimizer=opt):
         def step():
             out = net(images, text, neg, pos, mask, mask)
             terms = combined_loss(out["image"], out["text"], out["negative"], out["positive"], mask, mask,
                                   out["logit_scale"], LossConfig())
-            opt.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
             terms["total"].backward()
-            opt.step()
+            optimizer.step()
         return step
 
     def plain_clip():
@@ -94,6 +99,8 @@ def bench_train_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: 
                                                 work_items=batch_size),
         "combined_padding": compare_alternating(combined(tb, nb, pb), combined(t77, n77, p77), repeats=repeats,
                                                 warmup=warmup, work_items=batch_size),
+        "fused_adamw": compare_alternating(combined(tb, nb, pb), combined(tb, nb, pb, opt_loop), repeats=repeats,
+                                           warmup=warmup, work_items=batch_size),
         "text_tower_padding": compare_alternating(text_only(text_all_b), text_only(text_all_77), repeats=repeats,
                                                   warmup=warmup, work_items=3 * batch_size),
     }

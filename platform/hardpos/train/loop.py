@@ -57,6 +57,8 @@ class OptimConfig:
     beta1, beta2, eps: AdamW parameters.
     warmup_steps: linear warmup from 0 to ``lr``; then cosine decay to 0 at the last step.
     grad_clip: max global gradient norm (0 disables clipping).
+    fused: torch's fused AdamW kernel (CPU and CUDA) instead of a per-parameter loop; the
+        same update up to float rounding (see :func:`build_optimizer`).
     """
 
     lr: float = 1e-4
@@ -66,6 +68,7 @@ class OptimConfig:
     eps: float = 1e-6
     warmup_steps: int = 10
     grad_clip: float = 1.0
+    fused: bool = True
 
 
 @dataclasses.dataclass
@@ -213,6 +216,23 @@ def param_groups(model, weight_decay: float) -> list[dict[str, Any]]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def build_optimizer(model, cfg: OptimConfig):
+    """AdamW over :func:`param_groups` of ``model`` (build it once the parameters are on
+    their device: the fused kernel keeps its state there).
+
+    Fused by default: one kernel per parameter group instead of a Python loop of ~10 ops
+    per tensor. The optimiser step was 45% of a hardpos-tiny training step on CPU (the
+    49k-token embedding dominates a tiny model); fused, the whole step ran 1.5x faster
+    (hardpos-tiny, batch 32) and 1.24x (ViT-B-32, batch 16) on 2 CPU cores: ``python
+    jobs/benchmark.py suite=train_step`` reports it as its own row.
+    """
+    import torch
+
+    fused = cfg.fused and all(p.device.type in ("cpu", "cuda") for p in model.parameters())
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                             eps=cfg.eps, fused=fused or None)
+
+
 def lr_factor(step: int, warmup: int, total: int) -> float:
     """Linear warmup over ``warmup`` steps, then cosine from 1 to 0 at ``total``."""
     if step < warmup:
@@ -355,13 +375,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     torch.manual_seed(cfg.seed)
     lm = load_model(cfg.model, device="cpu")
     clip = lm.model
-    optimizer = torch.optim.AdamW(param_groups(clip, cfg.optim.weight_decay), lr=cfg.optim.lr,
-                                  betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, cfg.optim.warmup_steps, total))
 
     # Resume: Ray Train's latest checkpoint (after a failure, or resume_from_checkpoint).
-    step, resumed_from = 0, None
+    step, resumed_from, state = 0, None, None
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None and config.get("resume_from"):
         # Explicit resume_from (Ray Train V2 deprecates resume_from_checkpoint=: the
@@ -370,19 +386,19 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if checkpoint is not None:
         with checkpoint.as_directory() as ckpt_dir:
             state = load_train_state(ckpt_dir, clip)
-        # Optimizer state is loaded before prepare_model moves the model: it maps by index.
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
         step = resumed_from = int(state["step"])
         if rank == 0:
             log.warning("resuming from step %d (%s)", step, checkpoint.path)
 
     net = ray.train.torch.prepare_model(_triplet_module()(clip))
-    if device.type == "cuda":  # AdamW state follows the parameters' device
-        for st in optimizer.state.values():
-            for k, v in st.items():
-                if isinstance(v, torch.Tensor) and k != "step":
-                    st[k] = v.to(device)
+    # Built after prepare_model moved the parameters: loading its state then puts every
+    # state tensor on the parameters' device (the fused kernel wants them all there).
+    optimizer = build_optimizer(clip, cfg.optim)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, cfg.optim.warmup_steps, total))
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
     train_shard = ray.train.get_dataset_shard("train")
     val_shard = ray.train.get_dataset_shard("val") if config.get("has_val") else None
 
