@@ -289,6 +289,14 @@ def test_loadgen_measures_the_running_app(app, monkeypatch):
         assert 0 < level["p50_ms"] <= level["p99_ms"]
 
 
+def test_loadgen_refuses_replicas_the_cluster_cannot_hold(ray_session):
+    from hardpos.loadgen import LoadgenConfig, compare_batching
+
+    # would deploy one app and wait forever for the second (seen with num_cpus=1 on 2 CPUs)
+    with pytest.raises(ValueError, match=r"need 2\.2 CPU \(cluster has 2\); lower num_cpus"):
+        compare_batching(LoadgenConfig(num_cpus=1.0))
+
+
 def test_reload_picks_up_a_new_champion(app):
     import requests
 

@@ -80,7 +80,7 @@ class LoadgenConfig:
     num_cpus: float = 0.5
     num_gpus: float = 0.0
     max_batch_size: int = 32
-    batch_wait_timeout_s: float = 0.005
+    batch_wait_timeout_s: float = 0.0
     seed: int = 0
 
 
@@ -279,9 +279,20 @@ def compare_batching(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
 
     from hardpos import runtime
 
+    import ray
+
     cfg = cfg or LoadgenConfig()
     build_app = _import_build_app()
     runtime.init_ray()
+    # Two apps (model + ingress each) must fit at once, or the second never starts and its
+    # warm-up requests wait forever: say so now instead.
+    need = {"CPU": 2 * (cfg.num_cpus + 0.1), "GPU": 2 * cfg.num_gpus}
+    have = ray.cluster_resources()
+    short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
+    if short:
+        raise ValueError("loadgen: batched and unbatched apps need " + ", ".join(
+            f"{v:g} {k} (cluster has {h:g})" for k, (v, h) in short.items())
+            + "; lower num_cpus / num_gpus per replica")
     workdir = Path(tempfile.mkdtemp(prefix="hardpos-loadgen-"))
     source = _model_source(cfg, workdir)
     port = _free_port()
