@@ -2,7 +2,6 @@
 image/caption is encoded once, missing/corrupt images are excluded and listed."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest

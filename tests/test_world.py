@@ -1,5 +1,4 @@
 """The synthetic world: exact ground truth, verified benchmarks, determinism, layout, the job."""
-import dataclasses
 import json
 import random
 from pathlib import Path

@@ -202,7 +202,6 @@ class SeedsConfig:
 
 def seeds(cfg: SeedsConfig) -> dict[str, Any]:
     """Run the demo per seed (each through runtime.execute) and aggregate mean / spread."""
-    from hardpos import demo_report as R
     from hardpos.runtime import execute
     from hardpos.stages import demo
 

@@ -1,7 +1,10 @@
 """Caption sources for the perturb and generate stages.
 
-``read_captions(uri)`` returns rows ``{"caption_id": str, "caption": str, "image": str | None}``
-from any supported format, detected from the extension and then the content:
+``read_captions(uri)`` returns rows ``{"caption_id": str, "caption": str, "image": str | None,
+"negatives": list[str]}`` from any supported format, detected from the extension and then
+the content. ``negatives`` are the hard negatives the source itself carries (NegCLIP
+``neg_caption``, a Python list literal; SugarCrepe ``negative_caption``; triplet files'
+``hard_negative``), ``[]`` where it has none:
 
 ========================  =========================================================
 COCO captions json        ``{"images": [...], "annotations": [...]}``; caption_id is the
@@ -25,6 +28,7 @@ empty are kept (as ``""``) so the caller can count them as rejects ("empty").
 """
 from __future__ import annotations
 
+import ast
 import csv
 import io
 import json
@@ -35,19 +39,39 @@ from hardpos import storage
 CAPTION_COLUMNS = ("caption", "title", "text", "true_caption", "sentence")
 ID_COLUMNS = ("caption_id", "id", "idx", "image_id")
 IMAGE_COLUMNS = ("image", "filepath", "image_path", "filename", "file_name", "image_file")
+NEGATIVE_COLUMNS = ("hard_negative", "neg_caption", "negative_caption")
 
 
 class CaptionSourceError(ValueError):
     """A caption source is missing, unreadable or has no caption column."""
 
 
-def _row(caption_id: Any, caption: Any, image: Any) -> dict:
+def _row(caption_id: Any, caption: Any, image: Any, negatives: Any = None) -> dict:
     if caption is None or (isinstance(caption, float) and caption != caption):
         caption = ""
     elif not isinstance(caption, str):
         caption = str(caption)
     image = None if image is None or (isinstance(image, str) and not image.strip()) else str(image)
-    return {"caption_id": str(caption_id), "caption": caption, "image": image}
+    return {"caption_id": str(caption_id), "caption": caption, "image": image, "negatives": negative_list(negatives)}
+
+
+def negative_list(value: Any) -> list[str]:
+    """A source's negatives cell as a list of non-empty strings: a list, one string, or a
+    list literal in a string (NegCLIP's ``"['a', 'b']"``); anything else is ``[]``."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [v.strip() for v in value if isinstance(v, str) and v.strip()]
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                parsed = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                return [text]
+            return negative_list(parsed if isinstance(parsed, (list, tuple)) else [])
+        return [text] if text else []
+    return []
 
 
 def _pick(columns: Iterable[str], wanted: tuple[str, ...]) -> str | None:
@@ -67,10 +91,12 @@ def _from_records(records: list[dict], uri: str, columns: Iterable[str] | None =
     ident = _pick(columns, ID_COLUMNS)
     # image_id is only an id fallback when nothing better exists; never use it as the image
     img = _pick(columns, IMAGE_COLUMNS)
+    neg = _pick(columns, NEGATIVE_COLUMNS)
     out = []
     for i, rec in enumerate(records):
         cid = rec.get(ident) if ident else None
-        out.append(_row(i if cid is None or cid == "" else cid, rec.get(cap), rec.get(img) if img else None))
+        out.append(_row(i if cid is None or cid == "" else cid, rec.get(cap), rec.get(img) if img else None,
+                        rec.get(neg) if neg else None))
     return out
 
 
@@ -102,7 +128,7 @@ def _json(text: str, uri: str) -> list[dict]:
         values = list(obj.values())
         if values and all(isinstance(v, dict) for v in values[:50]) and any("caption" in v for v in values[:50]):
             # SugarCrepe: {idx: {filename, caption, negative_caption}}
-            return [_row(k, v.get("caption"), v.get("filename")) for k, v in obj.items()]
+            return [_row(k, v.get("caption"), v.get("filename"), v.get("negative_caption")) for k, v in obj.items()]
         for key in ("data", "rows", "captions"):
             if isinstance(obj.get(key), list):
                 obj = obj[key]

@@ -23,12 +23,10 @@ twice. Conservation ``inputs == accepted + rejected`` is checked per shard and o
 """
 from __future__ import annotations
 
-import ast
 import collections
 import dataclasses
 import hashlib
 import io
-import json
 import os
 import sys
 import time
@@ -37,7 +35,7 @@ from typing import Any, Callable, Iterable, Mapping
 from hardpos import storage
 from hardpos.config import ConfigError
 from hardpos.generate import engines
-from hardpos.generate.prompts import PromptTemplate, fingerprint
+from hardpos.generate.prompts import PromptTemplate
 
 RESULT_COLUMNS = engines.REQUEST_COLUMNS + engines.ENGINE_COLUMNS + ("status", "reason", "detail", "text")
 ACCEPTED_COLUMNS = ("request_id", "shard", "caption_id", "caption", "kind", "polarity", "text", "raw_output", "source",
@@ -57,66 +55,6 @@ def input_fingerprint(captions: list[dict]) -> str:
     return h.hexdigest()[:16]
 
 
-def dataset_negatives(uri: str, n: int) -> list[list[str]] | None:
-    """Hard negatives the source itself carries, aligned with ``read_captions`` row order.
-
-    NegCLIP tsv ``neg_caption`` (a Python list literal), SugarCrepe ``negative_caption``,
-    triplet files' ``hard_negative``. None when the source has none (or rows do not align).
-    """
-    low = uri.lower()
-    out: list[list[str]] | None = None
-    try:
-        if low.endswith((".tsv", ".csv")):
-            import csv
-
-            text = storage.read_bytes(uri).decode("utf-8-sig")
-            reader = csv.DictReader(io.StringIO(text), delimiter="\t" if low.endswith(".tsv") else ",")
-            if "neg_caption" not in (reader.fieldnames or []):
-                return None
-            out = [_as_list(r.get("neg_caption")) for r in reader if any(v for v in r.values())]
-        elif low.endswith(".parquet"):
-            import pyarrow.parquet as pq
-
-            table = pq.read_table(io.BytesIO(storage.read_bytes(uri)))
-            if "hard_negative" not in table.column_names:
-                return None
-            out = [_as_list(v) for v in table.column("hard_negative").to_pylist()]
-        elif low.endswith(".jsonl"):
-            recs = [json.loads(line) for line in storage.read_text(uri).splitlines() if line.strip()]
-            if not any(isinstance(r, dict) and r.get("hard_negative") for r in recs):
-                return None
-            out = [_as_list(r.get("hard_negative")) for r in recs]
-        elif low.endswith(".json"):
-            obj = json.loads(storage.read_text(uri))
-            if isinstance(obj, dict) and obj and all(isinstance(v, dict) for v in list(obj.values())[:50]) \
-                    and any("negative_caption" in v for v in list(obj.values())[:50]):
-                out = [_as_list(v.get("negative_caption")) for v in obj.values()]
-            else:
-                return None
-    except Exception:  # noqa: BLE001 - negatives are optional; read_captions already vetted the file
-        return None
-    if out is None or len(out) != n:
-        return None
-    return out
-
-
-def _as_list(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return [v.strip() for v in value if isinstance(v, str) and v.strip()]
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                parsed = ast.literal_eval(text)
-                return _as_list(parsed if isinstance(parsed, (list, tuple)) else [])
-            except (ValueError, SyntaxError):
-                return [text]
-        return [text] if text else []
-    return []
-
-
 def load_inputs(uri: str, *, limit: int | None = None, image_root: str | None = None) -> list[dict]:
     """Caption rows for the pipeline: ``index, caption_id, caption, image, negatives``.
 
@@ -128,10 +66,7 @@ def load_inputs(uri: str, *, limit: int | None = None, image_root: str | None = 
     from hardpos.data.captions import read_captions
     from hardpos.data.triplets import resolve_image
 
-    rows = read_captions(uri, limit=None)
-    negatives = dataset_negatives(uri, len(rows))
-    if limit is not None:
-        rows = rows[:limit]
+    rows = read_captions(uri, limit=limit)
     base_dir = uri.rsplit("/", 1)[0] if storage.is_s3(uri) else os.path.dirname(os.path.abspath(uri))
     out = []
     for i, row in enumerate(rows):
@@ -139,7 +74,7 @@ def load_inputs(uri: str, *, limit: int | None = None, image_root: str | None = 
         if image:
             image = resolve_image(image, base_dir, image_root)
         out.append({"index": i, "caption_id": str(row["caption_id"]), "caption": row["caption"], "image": image,
-                    "negatives": negatives[i] if negatives else []})
+                    "negatives": row["negatives"]})
     return out
 
 

@@ -410,7 +410,6 @@ def p_world(ctx: JobContext, cfg: Config) -> str:
 
 def _instructions(uri: str, cfg: Config, best: str, registered: dict, files: dict, elapsed: float) -> str:
     model_uri = registered.get("model_uri", f"models:/{cfg.register_name}@champion")
-    store = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
     lines = [
         f"Champion: {best} -> {model_uri} (version {registered.get('champion', {}).get('version')})",
         f"Table: {files.get('results_md')}   chart: {files.get('chart', '(disabled)')}",

@@ -8,7 +8,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from typing import Literal
 
 from hardpos import storage
