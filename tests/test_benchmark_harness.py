@@ -37,3 +37,15 @@ def test_unknown_suite_is_a_config_error():
     module = runtime.stage_module("benchmark")
     with pytest.raises(ConfigError, match="suite"):
         load_config(module.Config, None, ["suite=nope"])
+
+
+def test_gpu_suite_and_vllm_rows_say_why_they_did_not_run(monkeypatch):
+    import torch
+
+    module = runtime.stage_module("benchmark")
+    cfg = load_config(module.Config, None, ["suite=gpu", "tracking.enabled=false"])
+    if not torch.cuda.is_available():
+        assert module.gpu_suite(cfg) == [{"suite": "gpu", "case": "skipped: no CUDA device", "value": None}]
+    monkeypatch.delenv("HARDPOS_VLLM_MODEL", raising=False)
+    (row,) = module.vllm_rows(10)  # vllm missing, or no model named: never a download
+    assert row["value"] is None and row["case"].startswith("vLLM: skipped (")

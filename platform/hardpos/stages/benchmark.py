@@ -145,12 +145,61 @@ def evaluate_suite(cfg: Config) -> list[dict[str, Any]]:
 
 
 def gpu_suite(cfg: Config) -> list[dict[str, Any]]:
-    """CUDA only: train samples/s per GPU for ViT-B-32 (bf16 autocast in the train loop)."""
+    """CUDA only: ViT-B-32 train samples/s per GPU (combined loss, bf16 autocast as in the
+    train loop), the evaluator's items/s on the GPU, and vLLM captions/s through the
+    generate stage when vllm is installed and ``$HARDPOS_VLLM_MODEL`` names a model that is
+    already on the machine (nothing is downloaded). Serve scores/s on the GPU come from the
+    serve suite, which deploys ViT-B-32 on the GPU when CUDA is present."""
     import torch
 
     if not torch.cuda.is_available():
         return [{"suite": "gpu", "case": "skipped: no CUDA device", "value": None}]
-    return _train_step_rows("gpu", cfg.text_arch, 128, cfg.repeats, device="cuda")
+    return (_train_step_rows("gpu", cfg.text_arch, 128, cfg.repeats, device="cuda")
+            + [_gpu_evaluate_row(cfg)] + vllm_rows(2000))
+
+
+def _gpu_evaluate_row(cfg: Config) -> dict[str, Any]:
+    import statistics
+    import time
+
+    import torch
+
+    from hardpos.eval.bench import stand_in_replace
+    from hardpos.eval.evaluator import evaluate_benchmarks
+
+    with stand_in_replace(arch=cfg.text_arch, n_rows=cfg.evaluate_rows, data_dir=None, device="cuda",
+                          image_size=(500, 375)) as (lm, spec, bench, _, _):
+        times = []
+        for _ in range(1 + max(1, cfg.evaluate_repeats)):  # the first run warms up CUDA and is dropped
+            t0 = time.perf_counter()
+            evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [spec], device="cuda")
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+    seconds = statistics.median(times[1:])
+    return {"suite": "gpu", "case": f"evaluate: {cfg.text_arch} REPLACE {len(bench.items)} rows (items/s, bf16)",
+            "value": round(len(bench.items) / seconds, 1), "seconds": seconds}
+
+
+def vllm_rows(n_captions: int) -> list[dict[str, Any]]:
+    """vLLM captions/s of the generate stage on ``n_captions`` NegCLIP captions, or a row
+    saying why it was skipped (vllm not installed, no ``$HARDPOS_VLLM_MODEL``)."""
+    import importlib.util
+    import os
+    import tempfile
+
+    model = os.environ.get("HARDPOS_VLLM_MODEL")
+    if importlib.util.find_spec("vllm") is None:
+        return [{"suite": "gpu", "case": "vLLM: skipped (not installed: pip install 'hardpos[vllm]')", "value": None}]
+    if not model:
+        return [{"suite": "gpu", "case": "vLLM: skipped (set HARDPOS_VLLM_MODEL to a local model path or cached id)",
+                 "value": None}]
+    from hardpos.generate.bench import caption_file, measure_stage
+
+    with tempfile.TemporaryDirectory(prefix="hardpos-vllmbench-") as tmp:
+        figures = measure_stage(caption_file(n_captions, tmp), f"{tmp}/out",
+                                ["engine.kind=vllm", f"engine.vllm.model_source={model}", "shard_size=1000"])
+    return [{"suite": "gpu", "case": f"vLLM {model}: generate stage, {n_captions} captions (captions/s, end to end)",
+             "value": figures["captions_per_s"], **{k: v for k, v in figures.items() if k != "captions_per_s"}}]
 
 
 def resilience_suite(cfg: Config) -> list[dict[str, Any]]:

@@ -15,10 +15,13 @@
   per-parameter AdamW (:func:`hardpos.train.loop.build_optimizer`).
 * ``text_tower_padding``: forward-only text features, batch-length vs full context.
 
-Every function returns a flat dict of numbers (and the case names) for the harness.
+On CUDA every path runs under bf16 autocast (as the training loop does) and is timed to
+``torch.cuda.synchronize()``. Every function returns a flat dict of numbers (and the case
+names) for the harness.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 
@@ -68,28 +71,42 @@ def bench_train_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: 
     images, t77, n77, p77, tb, nb, pb = (x.to(device) for x in _batch(lm, batch_size))
     mask = torch.ones(batch_size, dtype=torch.bool, device=device)
     clip_loss = ClipLoss()
+    cuda = torch.device(device).type == "cuda"
+
+    def autocast():
+        # as the training loop does on GPU (precision "auto"): bf16 autocast, fp32 weights
+        return torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+
+    def sync():
+        if cuda:  # CUDA runs asynchronously: a step is timed to its end, not its launch
+            torch.cuda.synchronize()
 
     def combined(text, neg, pos, optimizer=opt):
         def step():
-            out = net(images, text, neg, pos, mask, mask)
-            terms = combined_loss(out["image"], out["text"], out["negative"], out["positive"], mask, mask,
-                                  out["logit_scale"], LossConfig())
+            with autocast():
+                out = net(images, text, neg, pos, mask, mask)
+                terms = combined_loss(out["image"], out["text"], out["negative"], out["positive"], mask, mask,
+                                      out["logit_scale"], LossConfig())
             optimizer.zero_grad(set_to_none=True)
             terms["total"].backward()
             optimizer.step()
+            sync()
         return step
 
     def plain_clip():
-        img, txt, scale = model(images, t77)
-        loss = clip_loss(img, txt, scale)
+        with autocast():
+            img, txt, scale = model(images, t77)
+            loss = clip_loss(img, txt, scale)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        sync()
 
     def text_only(tokens):
         def fwd():
-            with torch.no_grad():
+            with torch.no_grad(), autocast():
                 encode_text(model, tokens)
+            sync()
         return fwd
 
     text_all_b = torch.cat([tb, nb, pb])
