@@ -37,7 +37,6 @@ from hardpos.config import ConfigError
 from hardpos.generate import engines
 from hardpos.generate.prompts import PromptTemplate
 
-RESULT_COLUMNS = engines.REQUEST_COLUMNS + engines.ENGINE_COLUMNS + ("status", "reason", "detail", "text")
 ACCEPTED_COLUMNS = ("request_id", "shard", "caption_id", "caption", "kind", "polarity", "text", "raw_output", "source",
                     "prompt_tokens", "completion_tokens")
 REJECT_COLUMNS = ("request_id", "shard", "caption_id", "caption", "kind", "polarity", "reason", "detail", "raw_output",
