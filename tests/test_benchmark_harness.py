@@ -49,3 +49,12 @@ def test_gpu_suite_and_vllm_rows_say_why_they_did_not_run(monkeypatch):
     monkeypatch.delenv("HARDPOS_VLLM_MODEL", raising=False)
     (row,) = module.vllm_rows(10)  # vllm missing, or no model named: never a download
     assert row["value"] is None and row["case"].startswith("vLLM: skipped (")
+
+
+def test_evaluate_items_row_times_the_evaluator():
+    # the gpu suite's evaluate row, on the CPU with the tiny model (the same code path)
+    module = runtime.stage_module("benchmark")
+    cfg = load_config(module.Config, None, ["text_arch=hardpos-tiny", "evaluate_rows=8", "tracking.enabled=false"])
+    row = module.evaluate_items_row(cfg, "cpu", image_size=(40, 30))
+    assert row["case"].startswith("evaluate: hardpos-tiny REPLACE 8 rows on cpu")
+    assert row["value"] == round(8 / row["seconds"], 1) and row["value"] > 0

@@ -155,10 +155,14 @@ def gpu_suite(cfg: Config) -> list[dict[str, Any]]:
     if not torch.cuda.is_available():
         return [{"suite": "gpu", "case": "skipped: no CUDA device", "value": None}]
     return (_train_step_rows("gpu", cfg.text_arch, 128, cfg.repeats, device="cuda")
-            + [_gpu_evaluate_row(cfg)] + vllm_rows(2000))
+            + [evaluate_items_row(cfg, "cuda")] + vllm_rows(2000))
 
 
-def _gpu_evaluate_row(cfg: Config) -> dict[str, Any]:
+def evaluate_items_row(cfg: Config, device: str = "cuda", image_size: tuple[int, int] = (500, 375)
+                       ) -> dict[str, Any]:
+    """The evaluator's items/s on ``device`` (bf16 on CUDA): ``cfg.text_arch`` over
+    ``cfg.evaluate_rows`` stand-in REPLACE rows, median of ``evaluate_repeats`` timed runs
+    after one warm-up run."""
     import statistics
     import time
 
@@ -167,16 +171,17 @@ def _gpu_evaluate_row(cfg: Config) -> dict[str, Any]:
     from hardpos.eval.bench import stand_in_replace
     from hardpos.eval.evaluator import evaluate_benchmarks
 
-    with stand_in_replace(arch=cfg.text_arch, n_rows=cfg.evaluate_rows, data_dir=None, device="cuda",
-                          image_size=(500, 375)) as (lm, spec, bench, _, _):
+    with stand_in_replace(arch=cfg.text_arch, n_rows=cfg.evaluate_rows, data_dir=None, device=device,
+                          image_size=image_size) as (lm, spec, bench, _, _):
         times = []
-        for _ in range(1 + max(1, cfg.evaluate_repeats)):  # the first run warms up CUDA and is dropped
+        for _ in range(1 + max(1, cfg.evaluate_repeats)):  # the first run warms up and is dropped
             t0 = time.perf_counter()
-            evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [spec], device="cuda")
-            torch.cuda.synchronize()
+            evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [spec], device=device)
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
     seconds = statistics.median(times[1:])
-    return {"suite": "gpu", "case": f"evaluate: {cfg.text_arch} REPLACE {len(bench.items)} rows (items/s, bf16)",
+    return {"suite": "gpu", "case": f"evaluate: {cfg.text_arch} REPLACE {len(bench.items)} rows on {device} (items/s)",
             "value": round(len(bench.items) / seconds, 1), "seconds": seconds}
 
 
