@@ -293,3 +293,18 @@ def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_e
     assert sorted(m.step for m in history) == list(range(1, 2 * spe + 1))
     epochs = MlflowClient(tracking_uri).get_metric_history(s["mlflow_run_id"], "epoch")
     assert sorted(m.step for m in epochs) == [1, 2]
+
+
+def test_decode_tasks_ask_for_no_more_cpu_than_the_workers_leave():
+    from hardpos.train.loop import decode_task_cpus
+
+    cfg = load_config(TrainConfig, None, ["scaling.num_workers=2", "scaling.cpus_per_worker=0.5"])
+    assert decode_task_cpus(cfg, 8.0) == 1.0
+    assert decode_task_cpus(cfg, 2.0) == 1.0  # standalone on a 2-core machine: 1 CPU left
+    # a sweep's trial driver holds 0.5 more: a 1-CPU decode task would never be scheduled
+    assert decode_task_cpus(cfg, 2.0, reserved_cpus=0.5) == 0.5
+    assert decode_task_cpus(cfg, 1.0) == 1.0  # nothing left (autoscaling): 1, with a warning
+    pinned = load_config(TrainConfig, None, ["scaling.num_workers=2", "data.decode_cpus=0.25"])
+    assert decode_task_cpus(pinned, 2.0, reserved_cpus=0.5) == 0.25
+    with pytest.raises(ConfigError, match="decode_cpus"):
+        load_config(TrainConfig, None, ["data.decode_cpus=0"])

@@ -121,18 +121,29 @@ def _objective_callback(terms: list[str]):
 
 
 def run_trial(tune_config: dict[str, Any], *, base: dict[str, Any], output_dir: str, tracking_cfg: dict[str, Any],
-              parent_run_id: str | None, objective_terms: list[str]) -> None:
-    """One Tune trial = one run of the train stage (its own nested MLflow run)."""
+              parent_run_id: str | None, objective_terms: list[str], driver_cpus: float = 0.0,
+              concurrent_trials: int = 1) -> None:
+    """One Tune trial = one run of the train stage (its own nested MLflow run).
+
+    driver_cpus / concurrent_trials: what this trial's driver holds and how many trials
+    share the cluster, so its data decode tasks ask for no more CPU than its share leaves.
+    """
+    import ray
     from ray import tune
+
+    from hardpos.train.loop import decode_task_cpus
 
     ctx = tune.get_context()
     overrides = sweep.trial_overrides(tune_config)
     train_cfg = trial_train_config(base, overrides)
     name = ctx.get_trial_name()
+    share = ray.cluster_resources().get("CPU", 0.0) / max(1, concurrent_trials)
+    decode_cpus = decode_task_cpus(train_cfg, share, reserved_cpus=driver_cpus)
     train_cfg = dataclasses.replace(
         train_cfg,
         output_dir=storage.join(output_dir, "trials", name),
         tracking=dataclasses.replace(train_cfg.tracking, **{**tracking_cfg, "run_name": name}),
+        data=dataclasses.replace(train_cfg.data, decode_cpus=decode_cpus),
     )
     module = train_module()
     callback = _objective_callback(objective_terms)
@@ -165,7 +176,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     }
     trainable = tune.with_resources(
         functools.partial(run_trial, base=base, output_dir=ctx.output_dir, tracking_cfg=tracking_cfg,
-                          parent_run_id=ctx.run_id, objective_terms=list(cfg.objective_metrics)),
+                          parent_run_id=ctx.run_id, objective_terms=list(cfg.objective_metrics),
+                          driver_cpus=cfg.trial_driver_cpus, concurrent_trials=cfg.max_concurrent_trials),
         {"CPU": cfg.trial_driver_cpus},
     )
     scheduler = (

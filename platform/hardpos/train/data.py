@@ -48,6 +48,9 @@ class DataConfig:
         file's own folder).
     limit: use only the first N rows of ``train_path`` (None: all); for smoke runs.
     shuffle_buffer: rows in each worker's local shuffle buffer (0: no shuffling).
+    decode_cpus: CPUs each Ray Data decode/preprocess task asks for; None: 1, or the CPUs
+        the training workers (and a sweep's trial driver) leave free when that is less, so
+        a decode task can always be scheduled (see ``hardpos.train.loop.decode_task_cpus``).
     """
 
     train_path: str = "outputs/world/finetune.parquet"
@@ -56,8 +59,11 @@ class DataConfig:
     image_root: str | None = None
     limit: int | None = None
     shuffle_buffer: int = 512
+    decode_cpus: float | None = None
 
     def __post_init__(self) -> None:
+        if self.decode_cpus is not None and not self.decode_cpus > 0:
+            raise ValueError(f"data.decode_cpus must be > 0 (or null for automatic), got {self.decode_cpus}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
         if self.shuffle_buffer < 0:
@@ -225,12 +231,14 @@ class Datasets:
 
 
 def build_datasets(cfg: DataConfig, preprocess_train: Callable, preprocess_val: Callable, tokenizer: Callable,
-                   image_size: int, *, batch_size: int = 64, env: dict[str, str] | None = None) -> Datasets:
+                   image_size: int, *, batch_size: int = 64, env: dict[str, str] | None = None,
+                   num_cpus: float = 1.0) -> Datasets:
     """Lazy train/val Ray Datasets (decode + preprocess + tokenise in Ray Data tasks).
 
     The triplet rows themselves (text and image paths, no pixels) are materialised in the
     object store once; images are decoded lazily, every epoch (fresh augmentation).
     ``env``: environment variables for the decode tasks (e.g. the S3 endpoint).
+    ``num_cpus``: CPUs per decode task.
     """
     base = _base_dir(cfg.train_path)
     raw = read_triplets_dataset(cfg.train_path, limit=cfg.limit)
@@ -257,7 +265,9 @@ def build_datasets(cfg: DataConfig, preprocess_train: Callable, preprocess_val: 
         # hold CPUs the training workers need on a small machine.
         udf = Preprocess(preprocess=pp, tokenizer=tokenizer, image_size=image_size, base_dir=base_dir,
                          image_root=cfg.image_root)
-        remote_args = {"runtime_env": {"env_vars": env}} if env else {}
+        remote_args: dict[str, Any] = {"num_cpus": num_cpus}
+        if env:
+            remote_args["runtime_env"] = {"env_vars": env}
         return ds.map_batches(udf, batch_size=batch_size, batch_format="numpy", **remote_args)
 
     train = mapped(train_raw, base, preprocess_train)

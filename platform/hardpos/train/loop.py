@@ -608,7 +608,8 @@ def build_trainer(cfg: TrainConfig, *, callbacks: Sequence[Any] = (), run_logger
     image_size = lm.model.visual.image_size
     image_size = image_size[0] if isinstance(image_size, (tuple, list)) else int(image_size)
     datasets = build_datasets(cfg.data, lm.preprocess_train, lm.preprocess_val, lm.tokenizer, image_size,
-                              batch_size=cfg.batch_size, env=forwarded_env(include_tracking=False))
+                              batch_size=cfg.batch_size, env=forwarded_env(include_tracking=False),
+                              num_cpus=decode_task_cpus(cfg, ray.cluster_resources().get("CPU", 0.0)))
     spe, total = plan_steps(datasets.train_rows, cfg)
     plan = Plan(datasets.train_rows, datasets.val_rows, spe, total, cfg.batch_size * cfg.scaling.num_workers)
     storage_path, fs = storage_location(cfg)
@@ -639,6 +640,29 @@ def build_trainer(cfg: TrainConfig, *, callbacks: Sequence[Any] = (), run_logger
         datasets=ds_map,
     )
     return trainer, plan, cfg
+
+
+def decode_task_cpus(cfg: TrainConfig, cluster_cpus: float, reserved_cpus: float = 0.0) -> float:
+    """CPUs per Ray Data decode task: ``data.decode_cpus`` when set; else 1, or what the
+    training workers and ``reserved_cpus`` (a sweep's trial driver) leave of
+    ``cluster_cpus`` when that is less. A decode task asking for more than is left is
+    never scheduled: the workers then wait for data forever (seen in a sweep on 2 CPUs:
+    0.5 driver + 2 x 0.5 workers left 0.5 for 1-CPU decode tasks). When nothing is left
+    (an autoscaling cluster before its nodes join), 1 with a warning.
+    """
+    if cfg.data.decode_cpus is not None:
+        return float(cfg.data.decode_cpus)
+    workers = cfg.scaling.num_workers * cfg.scaling.cpus_per_worker
+    free = cluster_cpus - reserved_cpus - workers
+    if free >= 1.0:
+        return 1.0
+    if free >= 0.01:
+        return math.floor(free * 100) / 100
+    log.warning("the cluster's %.2f CPUs leave none for data decoding beside %d workers x %.2f CPUs%s: decode "
+                "tasks wait for a node with a free CPU (lower scaling.cpus_per_worker or set data.decode_cpus)",
+                cluster_cpus, cfg.scaling.num_workers, cfg.scaling.cpus_per_worker,
+                f" and {reserved_cpus:g} reserved" if reserved_cpus else "")
+    return 1.0
 
 
 def fit(cfg: TrainConfig, *, callbacks: Sequence[Any] = (), run_logger=None):
