@@ -63,6 +63,24 @@ def test_demo_config_rejects_bad_variants():
         load_config(demo.Config, None, ["variants=[{name: pretrained}]"])
 
 
+def test_every_demo_invocation_trains_under_ray_train_names_of_its_own(tmp_path):
+    # A reused name would make Ray Train continue the earlier, finished run: a second demo
+    # with other settings would then keep the first one's models without training.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hardpos.stages import demo
+
+    pq.write_table(pa.table({"image": ["a.png"] * 4, "caption": ["a red cube"] * 4}), tmp_path / "t.parquet")
+    names = []
+    for _ in range(2):
+        pipeline = demo._Pipeline(demo.Config(output_dir=str(tmp_path)), ctx=None)
+        pipeline.execute = lambda stage, cfg, label: names.append(cfg.run_name) or {}
+        pipeline.train("hp+hn", "finetune", str(tmp_path / "t.parquet"), demo.PhaseConfig(steps=1, batch_size=1),
+                       pretrained=None, w_pos=1.0, w_neg=1.0, negclip_columns=False, output_dir=str(tmp_path / "ft"))
+    assert len(set(names)) == 2 and all(n.startswith(demo._slug("hp+hn") + "-") for n in names)
+
+
 def test_demo_runs_the_whole_pipeline_small(ray_session, tracking_uri, tmp_path):
     from mlflow.tracking import MlflowClient
 

@@ -30,6 +30,7 @@ import json
 import math
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
@@ -162,6 +163,10 @@ class _Pipeline:
     def __init__(self, cfg: Config, ctx: JobContext):
         self.cfg, self.ctx = cfg, ctx
         self.timings: dict[str, float] = {}
+        # Ray Train continues a run whose name already exists in its storage path, so a
+        # second demo with other settings would silently keep the first one's finetunes:
+        # every invocation trains under names of its own.
+        self.invocation = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
 
     def tracking(self, run_name: str) -> TrackingConfig:
         return dataclasses.replace(self.cfg.tracking, run_name=run_name)
@@ -211,7 +216,7 @@ class _Pipeline:
             scaling=ScalingSection(num_workers=phase.num_workers, cpus_per_worker=phase.cpus_per_worker),
             # the loop stops at max_steps; enough epochs that the steps are always reached
             epochs=_epochs_for(data_path, phase), batch_size=phase.batch_size, max_steps=phase.steps,
-            log_every=max(1, min(20, phase.steps // 10)), run_name=name,
+            log_every=max(1, min(20, phase.steps // 10)), run_name=f"{_slug(name)}-{self.invocation}",
         )
         return self.execute("train", tcfg, label)
 
