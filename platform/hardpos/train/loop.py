@@ -222,9 +222,9 @@ def build_optimizer(model, cfg: OptimConfig):
 
     Fused by default: one kernel per parameter group instead of a Python loop of ~10 ops
     per tensor. The optimiser step was 45% of a hardpos-tiny training step on CPU (the
-    49k-token embedding dominates a tiny model); fused, the whole step ran 1.5x faster
-    (hardpos-tiny, batch 32) and 1.24x (ViT-B-32, batch 16) on 2 CPU cores: ``python
-    jobs/benchmark.py suite=train_step`` reports it as its own row.
+    49k-token embedding dominates a tiny model); fused, the whole step ran 1.33-1.53x
+    faster (hardpos-tiny, batch 32) and 1.08-1.24x (ViT-B-32, batch 16) on 2 CPU cores
+    across runs: ``python jobs/benchmark.py suite=train_step`` reports it as its own row.
     """
     import torch
 
