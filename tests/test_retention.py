@@ -95,3 +95,15 @@ def test_retrieval_reads_coco_captions(tmp_path):
     (tmp_path / "bad.json").write_text("[]")
     with pytest.raises(RT.RetentionError, match="COCO captions"):
         RT.read_caption_pairs(str(tmp_path / "bad.json"))
+
+
+def test_retrieval_reads_jsonl_pairs_and_names_bad_lines(tmp_path):
+    good = tmp_path / "c.jsonl"
+    good.write_text('{"image": "a.jpg", "caption": "x"}\n\n{"image": "b.jpg", "caption": "y"}\n')
+    assert RT.read_caption_pairs(str(good)) == [("a.jpg", "x"), ("b.jpg", "y")]
+    for name, text, match in [("bad.jsonl", '{"image": "a.jpg", "caption": "x"}\n{oops\n', "line 2 is not JSON"),
+                              ("list.jsonl", '["a.jpg", "x"]\n', "line 1 is not a JSON object"),
+                              ("nocap.jsonl", '{"image": "a.jpg", "caption": ""}\n', "row 1 needs non-empty")]:
+        (tmp_path / name).write_text(text)
+        with pytest.raises(RT.RetentionError, match=match):
+            RT.read_caption_pairs(str(tmp_path / name))

@@ -142,18 +142,11 @@ def read_caption_pairs(uri: str) -> list[tuple[str, str]]:
         raise RetentionError(f"captions file not found: {uri}")
     text = storage.read_text(uri)
     if uri.endswith(".jsonl"):
-        pairs = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise RetentionError(f"{uri} line {n}: not JSON: {exc}") from exc
-            if not isinstance(row, dict) or not row.get("image") or not row.get("caption"):
-                raise RetentionError(f"{uri} line {n}: needs non-empty 'image' and 'caption'")
-            pairs.append((str(row["image"]), str(row["caption"])))
-        return pairs
+        rows = storage.parse_jsonl(text, uri, RetentionError)
+        for n, row in enumerate(rows, 1):
+            if not row.get("image") or not row.get("caption"):
+                raise RetentionError(f"{uri}: row {n} needs non-empty 'image' and 'caption'")
+        return [(str(row["image"]), str(row["caption"])) for row in rows]
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
