@@ -218,9 +218,10 @@ def rule_negative(rules, caption: str, kind: str) -> str | None:
 
 def rule_negatives_of(results: Iterable[dict]) -> dict[tuple[str, str], str | None]:
     """(caption index, base kind) -> the rule negative the workers attached to a result row
-    (:func:`judge_batch` with ``rule_negatives``); rows without the column are skipped."""
+    (:func:`judge_batch` with ``rule_negatives``); rows without the column (input rejects,
+    which never reach the workers) are skipped."""
     return {(r["request_id"].split(":", 1)[0], base_kind(r["kind"])): r["rule_negative"]
-            for r in results if "rule_negative" in r and r["kind"] != INPUT_KIND}
+            for r in results if "rule_negative" in r}
 
 
 class NegativePicker:
