@@ -27,7 +27,7 @@ def reference(I, T, N, P, s, cfg):
     B = len(I)
     neg_idx = [i for i in range(B) if N[i] is not None]
     pos_idx = [i for i in range(B) if P[i] is not None]
-    cols = [T[j] for j in range(B)] + ([N[j] for j in neg_idx] if cfg.negclip_columns else [])
+    cols = [T[j] for j in range(B)] + ([N[j] for j in neg_idx] if cfg.negclip_columns and cfg.w_neg > 0 else [])
     i2t = [_ce([s * _dot(I[i], c) for c in cols], i) for i in range(B)]
     t2i = [_ce([s * _dot(T[i], I[j]) for j in range(B)], i) for i in range(B)]
     con = (sum(i2t) / B + sum(t2i) / B) / 2
@@ -164,15 +164,56 @@ def test_padding_rows_change_nothing():
 def test_zero_weight_removes_a_term_exactly():
     batch = _random_batch(seed=6)
     feats = batch["image"].clone().requires_grad_(True)
-    out = combined_loss(**{**batch, "image": feats}, cfg=LossConfig(w_pos=1.0, w_neg=0.0))
+    out = combined_loss(**{**batch, "image": feats}, cfg=LossConfig(w_pos=1.0, w_kl=0.0, w_neg=0.5))
     (g0,) = torch.autograd.grad(out["total"], feats)
-    assert float(out["hard_negative"]) > 0  # still computed and logged
     feats2 = batch["image"].clone().requires_grad_(True)
-    ref = combined_loss(**{**batch, "image": feats2}, cfg=LossConfig(w_pos=1.0, w_neg=1.0))
-    without = ref["contrastive"] + ref["hard_positive"]
+    ref = combined_loss(**{**batch, "image": feats2}, cfg=LossConfig(w_pos=1.0, w_neg=0.5, w_kl=1.0))
+    without = ref["contrastive"] + ref["hard_positive"] + 0.5 * ref["hard_negative"]
     (g1,) = torch.autograd.grad(without, feats2)
+    assert float(ref["kl"]) > 0  # still computed and logged
     assert torch.equal(out["total"], without)
     assert torch.equal(g0, g1)
+
+
+def test_w_neg_zero_means_no_hard_negatives_at_all():
+    """The paper's "0 HN" row: no 2-way term AND no NegCLIP columns; the negatives' features
+    get exactly zero gradient, whatever they hold."""
+    batch = _random_batch(seed=8)
+    assert bool(batch["neg_mask"].any())
+    neg = batch["negative"].clone().requires_grad_(True)
+    image = batch["image"].clone().requires_grad_(True)
+    out = combined_loss(**{**batch, "negative": neg, "image": image}, cfg=LossConfig(w_pos=1.0, w_neg=0.0))
+    g_neg, g_img = torch.autograd.grad(out["total"], [neg, image], allow_unused=True, materialize_grads=True)
+    assert torch.count_nonzero(g_neg) == 0
+    assert torch.count_nonzero(g_img) > 0
+    assert float(out["hard_negative"]) > 0  # still computed and logged as a diagnostic
+    # the total equals plain CLIP (no columns) + the positive term
+    plain = combined_loss(**batch, cfg=LossConfig(w_pos=1.0, w_neg=1.0, negclip_columns=False))
+    assert float(out["contrastive"]) == pytest.approx(float(plain["contrastive"]), abs=1e-6)
+    assert float(out["total"]) == pytest.approx(float(plain["contrastive"] + plain["hard_positive"]), abs=1e-6)
+    # any other negatives give the same total: they cannot influence it
+    other = combined_loss(**{**batch, "negative": torch.randn_like(batch["negative"])},
+                          cfg=LossConfig(w_pos=1.0, w_neg=0.0))
+    assert torch.equal(other["total"], out["total"])
+
+
+@pytest.mark.parametrize("w_neg", [0.25, 1.0])
+def test_any_positive_w_neg_adds_the_negclip_columns_unweighted(w_neg):
+    batch = _random_batch(seed=9)
+    neg = batch["negative"].clone().requires_grad_(True)
+    out = combined_loss(**{**batch, "negative": neg}, cfg=LossConfig(w_pos=1.0, w_neg=w_neg))
+    (g,) = torch.autograd.grad(out["total"], neg)
+    assert torch.count_nonzero(g) > 0
+    # the columns do not scale with w_neg (TSVLC/SVLC): the contrastive term is the same at every w_neg > 0
+    full = combined_loss(**batch, cfg=LossConfig(w_pos=1.0, w_neg=1.0))
+    plain = combined_loss(**batch, cfg=LossConfig(w_pos=1.0, w_neg=w_neg, negclip_columns=False))
+    assert float(out["contrastive"]) == pytest.approx(float(full["contrastive"]), abs=1e-6)
+    assert float(out["contrastive"]) != pytest.approx(float(plain["contrastive"]), abs=1e-4)
+
+
+def test_pos_over_neg_needs_hard_negatives():
+    with pytest.raises(ValueError, match="w_pos_over_neg"):
+        LossConfig(w_neg=0.0, w_pos_over_neg=0.5)
 
 
 def test_negative_weight_is_rejected():

@@ -17,7 +17,8 @@ and masked rows are left out of every mean.
 Terms (each returned under its own name; ``loss/<name>`` when logged):
 
 * ``contrastive``   CLIP + NegCLIP columns: mean of CE(s*I*[T ; N_valid]^T, i) and
-                    CE(s*T*I^T, i).  ``negclip_columns=False`` removes the N columns.
+                    CE(s*T*I^T, i).  The N columns are present only when hard negatives
+                    are in use (``w_neg > 0``) and ``negclip_columns`` is True.
 * ``hard_negative`` 2-way CE over s*[<I_i,T_i>, <I_i,N_i>], target 0; mean over rows with a
                     negative (0 when none).
 * ``hard_positive`` over the valid positives only: mean of CE(s*I*P^T, own index) and
@@ -29,6 +30,17 @@ Terms (each returned under its own name; ``loss/<name>`` when logged):
 
 A term whose weight is 0 is not added at all (not multiplied by 0), so it is removed
 exactly: a NaN/inf in an unused term cannot leak into ``total`` or the gradients.
+
+How ``w_neg`` and the NegCLIP columns relate (the paper's Table 3 grid). The paper's
+finetuning follows TSVLC/SVLC: hard negatives enter the loss twice, as extra contrastive
+columns (unweighted, as in NegCLIP) and as the 2-way term weighted by ``w_neg``. Its
+ablation row "0 HN" is a model trained with *no* hard negatives at all (its original
+accuracy falls below the base's), so here ``w_neg = 0`` means exactly that: no columns, no
+2-way term, and the gradient of ``total`` with respect to the negative features is exactly
+0. For ``w_neg > 0`` the columns are on (unless ``negclip_columns=False``) and only the
+2-way term scales with the weight; so the grid 0 / .25 / .5 / .75 / 1 moves from "hard
+positives only" to full HN+HP training, as the paper's table does. ``pos_over_neg`` also
+reads the negatives, so it is refused together with ``w_neg = 0``.
 
 Why not ``open_clip.loss.ClipLoss`` directly: its B x B image/text matrix is exactly our
 text->image half (and the image->text half without NegCLIP columns; the tests check we
@@ -63,10 +75,14 @@ class LossConfig:
 
     w_pos: weight of the hard-positive (analogy) term; the paper fixes 1 (0 = "HN-only").
     w_neg: weight of the hard-negative 2-way term; the paper sweeps {0, .25, .5, .75, 1}.
-    w_pos_over_neg: weight of the optional positive-over-negative 2-way term (default off).
+        0 = no hard negatives at all: no 2-way term AND no NegCLIP columns (the paper's
+        "0 HN" row is trained on hard positives only).
+    w_pos_over_neg: weight of the optional positive-over-negative 2-way term (default off;
+        needs hard negatives, so it must stay 0 when w_neg is 0).
     w_kl: weight of SVLC's optional KL(uniform || softmax[<I,T>, <I,P>]) term (default off).
-    negclip_columns: add the valid hard negatives as extra text columns of the contrastive
-        image->text term (NegCLIP). False = plain CLIP contrastive.
+    negclip_columns: when w_neg > 0, also add the valid hard negatives as extra text columns
+        of the contrastive image->text term (NegCLIP, unweighted, as TSVLC/SVLC do). False =
+        plain CLIP contrastive whatever w_neg is. Ignored when w_neg is 0.
     """
 
     w_pos: float = 1.0
@@ -80,6 +96,20 @@ class LossConfig:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"loss.{name} must be a finite number >= 0, got {value}")
+        if self.w_neg == 0 and self.w_pos_over_neg != 0:
+            raise ValueError(
+                f"loss.w_pos_over_neg={self.w_pos_over_neg} reads the hard negatives, but loss.w_neg=0 "
+                "means training without hard negatives; set loss.w_neg > 0 or loss.w_pos_over_neg=0")
+
+    @property
+    def uses_negatives(self) -> bool:
+        """True when hard negatives reach the loss at all (``w_neg > 0``)."""
+        return self.w_neg > 0
+
+    @property
+    def negative_columns(self) -> bool:
+        """True when the contrastive term gets the NegCLIP columns (negatives in use and switched on)."""
+        return self.negclip_columns and self.uses_negatives
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -148,7 +178,7 @@ def combined_loss(
 
     # Contrastive: image -> [T ; N] columns (N only where valid), text -> image.
     i_t = s * image @ text.T
-    if cfg.negclip_columns:
+    if cfg.negative_columns:
         i_cols = torch.cat([i_t, s * image @ negative.T], dim=1)
         col_mask = torch.cat([rows, n])
     else:
