@@ -137,3 +137,20 @@ def test_demo_runs_the_whole_pipeline_small(ray_session, tracking_uri, tmp_path)
     assert demo._world_matches(summary["world_dir"], cfg.world)
     assert not demo._world_matches(summary["world_dir"], dataclasses.replace(cfg.world, seed=cfg.world.seed + 1))
     assert not demo._world_matches(str(tmp_path / "absent"), cfg.world)
+
+
+def test_epochs_for_reads_the_row_count_on_every_supported_python(tmp_path):
+    """Regression: `with storage.local_copy(...)` crashed on Python 3.13 (Path lost its
+    context-manager protocol); the epoch count comes from the parquet metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hardpos.stages.demo import PhaseConfig, _epochs_for
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"caption": [f"c{i}" for i in range(1000)]}), path)
+    phase = PhaseConfig(steps=100, batch_size=25, num_workers=2, val_fraction=0.0)
+    # 1000 rows * 0.95 slack = 950 -> 950 // 2 // 25 = 19 steps per epoch -> ceil(100 / 19) = 6
+    assert _epochs_for(str(path), phase) == 6
+    with pytest.raises(FileNotFoundError):
+        _epochs_for(str(tmp_path / "missing.parquet"), phase)

@@ -274,8 +274,8 @@ def _epochs_for(data_path: str, phase: PhaseConfig) -> int:
 
     from hardpos import storage
 
-    with storage.local_copy(data_path) as local:
-        rows = pq.ParquetFile(local).metadata.num_rows
+    # local_copy returns a plain Path (no context manager: Python 3.13 removed Path's).
+    rows = pq.ParquetFile(storage.local_copy(data_path)).metadata.num_rows
     rows = int(rows * (1.0 - phase.val_fraction) * 0.95)  # the val split is by hash: leave slack
     spe = max(1, rows // phase.num_workers // phase.batch_size)
     return max(1, math.ceil(phase.steps / spe))
