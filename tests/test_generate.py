@@ -303,7 +303,11 @@ def test_http_engine_end_to_end_on_real_negclip_captions(ray_session, shared_dat
 
     triplets = read_triplets(os.path.join(out, "triplets.parquet"))
     with_pos = [t for t in triplets if t["hard_positive"] is not None]
-    assert len(with_pos) == len(accepted) == summary["triplets_with_positive"]
+    # one row per caption (join.positives "one"): a caption's positives share one row
+    with_positive = {r["caption_id"] for r in accepted}
+    assert len(with_pos) == len(with_positive) == summary["triplets_with_positive"] == summary["captions_with_positive"]
+    assert summary["positives_unused"] == len(accepted) - len(with_pos)
+    assert len(triplets) == len({t["caption_id"] for t in triplets})
     # NegCLIP carries its own negatives: the join uses them, and images resolve absolutely
     assert all(t["negative_source"] == "dataset:valid_neg_clip" for t in triplets)
     assert all(t["hard_negative"] for t in triplets) and all(os.path.isabs(t["image"]) for t in triplets)
@@ -342,7 +346,10 @@ def test_rules_engine_over_all_negclip_captions_conserves_rows(ray_session, shar
                                               "length", "chatter", "non_text"}
     assert summary["accepted_by_kind"]["replace"] > 0.7 * 4839 and summary["accepted_by_kind"]["swap"] > 0
     triplets = read_triplets(os.path.join(out, "triplets.parquet"))
-    assert sum(t["hard_positive"] is not None for t in triplets) == len(accepted)
+    # one row per caption (join.positives "one"), whichever of its positives the seeded rule picked
+    assert sum(t["hard_positive"] is not None for t in triplets) == len({r["caption_id"] for r in accepted})
+    assert len(triplets) == len({t["caption_id"] for t in triplets}) == summary["triplets"]
+    assert summary["positives_unused"] == summary["captions_with_several_positives"] > 0
     assert len({t["caption_id"] for t in triplets}) > 0.95 * 4839
 
 

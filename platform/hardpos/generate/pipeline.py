@@ -10,7 +10,9 @@ Flow (one code path for every engine)::
       -> map_batches(judge_batch)                Ray Data: hardpos.data.validate on every row,
                                                  plus the join's rule negatives (fused with
                                                  the rule engine into one task)
-      -> driver collects rows per shard, joins triplets (dataset > LLM > rule negative);
+      -> driver collects rows per shard, joins triplets: one row per caption with the
+         positive a seeded rule picks (or one per accepted positive with join.positives
+         "all"), its hard negative from dataset > LLM > rule negative;
          a complete shard is written atomically
          (accepted / rejects / triplets parquet, then the ``.done.json`` marker)
       -> when every shard is done: merged accepted.parquet, rejects.parquet,
@@ -271,40 +273,112 @@ class NegativePicker:
         return None, None
 
 
-def join_triplets(captions: list[dict], accepted: list[dict], picker: NegativePicker,
-                  keep_unmatched: bool = True, rule_negatives: Mapping[tuple[str, str], str | None] = {}  # noqa: B006
-                  ) -> list[dict]:
-    """Training triplets for one shard: one row per accepted hard positive, with a hard
-    negative from the dataset, an accepted LLM negative or the rule engine (see
-    :class:`NegativePicker`). Captions without a positive keep one row (positive null)
-    when ``keep_unmatched``, so hard-negative-only training sees them too.
+POSITIVES_MODES = ("one", "all")
+
+
+def positive_choice(seed: int, caption_id: str, n: int) -> int:
+    """Index of the hard positive a caption trains with under ``positives="one"``.
+
+    The rule: ``sha256(f"{seed}\\x00{caption_id}\\x00positive")`` (its first 4 bytes,
+    little-endian; :func:`hardpos.generate.engines.row_seed`) modulo ``n``, over the
+    caption's accepted positives sorted by kind ("replace" < "swap"). It depends only on
+    the seed and the caption id, never on the order the engine answered in, so reruns,
+    resumes and any sharding give the same row; another seed may pick another positive.
+    """
+    if n < 1:
+        raise ValueError(f"positive_choice needs at least one positive, got n={n}")
+    return engines.row_seed(seed, caption_id, "positive") % n
+
+
+def join_caption(cap: dict, rows: list[dict], picker: NegativePicker, positives: str = "one",
+                 keep_unmatched: bool = True, rule_negatives: Mapping[tuple[str, str], str | None] = {}  # noqa: B006
+                 ) -> list[dict]:
+    """The triplet rows of one caption from its accepted engine rows (any order). Pure
+    apart from the rule engine the picker may run.
+
+    positives: "one" gives at most one row: the positive :func:`positive_choice` picks
+    (seeded with ``picker.seed``, the stage's seed) over the caption's accepted positives
+    sorted by kind, as the paper pairs each training caption with one hard positive and
+    one hard negative; "all" gives one row per accepted positive, in kind order.
+    Each row's hard negative is picked for that row's positive kind (``picker.pick``).
+    A caption with no accepted positive gives one row with a null positive (when
+    ``keep_unmatched`` and a negative exists), so hard-negative-only training sees it.
+
+    Every row records the choice: ``n_positives`` (the caption's accepted positives),
+    ``positive_kinds`` (their kinds, comma-joined, in the order the index counts) and
+    ``positive_index`` (0-based index of this row's positive in that order; null on a
+    negative-only row). ``kind``/``source`` are the chosen positive's.
+    """
+    from hardpos.data.triplets import make_triplet
+
+    if positives not in POSITIVES_MODES:
+        raise ValueError(f"positives must be one of {POSITIVES_MODES}, got {positives!r}")
+    rows = sorted(rows, key=lambda r: r["kind"])  # a stable order, whatever order the engine answered in
+    pos = [r for r in rows if r["polarity"] == "positive"]
+    llm_neg = {r["kind"]: r["text"] for r in rows if r["polarity"] == "negative"}
+    if llm_neg:
+        llm_neg["__source__"] = next(r["source"] for r in rows if r["polarity"] == "negative")
+    common = {"image": cap["image"], "caption": cap["caption"], "caption_id": cap["caption_id"],
+              "n_positives": len(pos), "positive_kinds": ",".join(r["kind"] for r in pos) or None}
+    if pos:
+        chosen = range(len(pos)) if positives == "all" else [positive_choice(picker.seed, cap["caption_id"], len(pos))]
+        out = []
+        for i in chosen:
+            p = pos[i]
+            neg, neg_source = picker.pick(cap, p["kind"], llm_neg, rule_negatives)
+            out.append(make_triplet(**common, hard_negative=neg, hard_positive=p["text"], kind=p["kind"],
+                                    source=p["source"], negative_source=neg_source, positive_index=i))
+        return out
+    if keep_unmatched and isinstance(cap["caption"], str) and cap["caption"].strip():
+        neg, neg_source = picker.pick(cap, "replace", llm_neg, rule_negatives)
+        if neg is not None:
+            return [make_triplet(**common, hard_negative=neg, hard_positive=None, kind="replace", source=neg_source,
+                                 negative_source=neg_source, positive_index=None)]
+    return []
+
+
+def join_by_caption(captions: list[dict], accepted: list[dict], picker: NegativePicker, positives: str = "one",
+                    keep_unmatched: bool = True, rule_negatives: Mapping[tuple[str, str], str | None] = {}  # noqa: B006
+                    ) -> list[list[dict]]:
+    """:func:`join_caption` for every caption of a shard: one list of rows per caption, in
+    caption order (what :func:`join_counts` counts).
 
     rule_negatives: the workers' rule negatives (:func:`rule_negatives_of` over the shard's
     results); the same values are computed here for whatever it lacks, so it changes the
     speed of the join, never its output."""
-    from hardpos.data.triplets import make_triplet
-
     by_caption: dict[str, list[dict]] = collections.defaultdict(list)
     for row in accepted:
         by_caption[row["request_id"].split(":", 1)[0]].append(row)
-    out = []
-    for cap in captions:
-        rows = by_caption.get(str(cap["index"]), [])
-        positives = [r for r in rows if r["polarity"] == "positive"]
-        llm_neg = {r["kind"]: r["text"] for r in rows if r["polarity"] == "negative"}
-        if llm_neg:
-            llm_neg["__source__"] = next(r["source"] for r in rows if r["polarity"] == "negative")
-        common = {"image": cap["image"], "caption": cap["caption"], "caption_id": cap["caption_id"]}
-        for p in positives:
-            neg, neg_source = picker.pick(cap, p["kind"], llm_neg, rule_negatives)
-            out.append(make_triplet(**common, hard_negative=neg, hard_positive=p["text"], kind=p["kind"],
-                                    source=p["source"], negative_source=neg_source))
-        if not positives and keep_unmatched and isinstance(cap["caption"], str) and cap["caption"].strip():
-            neg, neg_source = picker.pick(cap, "replace", llm_neg, rule_negatives)
-            if neg is not None:
-                out.append(make_triplet(**common, hard_negative=neg, hard_positive=None, kind="replace",
-                                        source=neg_source, negative_source=neg_source))
-    return out
+    return [join_caption(cap, by_caption.get(str(cap["index"]), []), picker, positives, keep_unmatched,
+                         rule_negatives) for cap in captions]
+
+
+def join_triplets(captions: list[dict], accepted: list[dict], picker: NegativePicker,
+                  keep_unmatched: bool = True, rule_negatives: Mapping[tuple[str, str], str | None] = {},  # noqa: B006
+                  positives: str = "one") -> list[dict]:
+    """Training triplets for one shard, flat in caption order (see :func:`join_caption`):
+    with ``positives="one"`` (the default) at most one row per caption."""
+    return [t for rows in join_by_caption(captions, accepted, picker, positives, keep_unmatched, rule_negatives)
+            for t in rows]
+
+
+def join_counts(per_caption: list[list[dict]]) -> dict[str, Any]:
+    """What the join made of a shard's captions (summed over shards by :func:`aggregate`):
+
+    ``triplets_per_caption`` / ``positives_per_caption``: histograms ``{"n": captions}``
+    of rows written and accepted positives per caption; ``captions_with_positive`` and
+    ``captions_with_several_positives`` (> 1 accepted positive: under "one" only one of
+    them trains); ``positives_unused``: accepted positives in no row.
+    """
+    n_pos = [rows[0]["n_positives"] if rows else 0 for rows in per_caption]
+    used = sum(1 for rows in per_caption for t in rows if t["hard_positive"] is not None)
+    return {
+        "triplets_per_caption": {str(k): v for k, v in sorted(collections.Counter(map(len, per_caption)).items())},
+        "positives_per_caption": {str(k): v for k, v in sorted(collections.Counter(n_pos).items())},
+        "captions_with_positive": sum(1 for n in n_pos if n > 0),
+        "captions_with_several_positives": sum(1 for n in n_pos if n > 1),
+        "positives_unused": sum(n_pos) - used,
+    }
 
 
 # --------------------------------------------------------------------------- shard files
@@ -340,8 +414,12 @@ def counts_of(results: list[dict]) -> dict[str, Any]:
     }
 
 
-def write_shard(out_dir: str, shard: Shard, results: list[dict], triplets: list[dict] | None) -> dict:
-    """Write one finished shard; the ``.done.json`` marker goes last (it is the commit)."""
+def write_shard(out_dir: str, shard: Shard, results: list[dict], triplets: list[dict] | None,
+                join_stats: Mapping[str, Any] | None = None) -> dict:
+    """Write one finished shard; the ``.done.json`` marker goes last (it is the commit).
+
+    join_stats: the join's own counts (:func:`join_counts`), kept in the marker beside the
+    row counts so the run's summary can add them up over shards."""
     from hardpos.data.triplets import write_triplets
 
     expected = {r["request_id"] for r in shard.requests} | {r["request_id"] for r in shard.input_rejects}
@@ -363,6 +441,8 @@ def write_shard(out_dir: str, shard: Shard, results: list[dict], triplets: list[
         counts["triplets"] = len(triplets)
         counts["triplets_with_positive"] = sum(1 for t in triplets if t["hard_positive"] is not None)
         counts["triplets_with_negative"] = sum(1 for t in triplets if t["hard_negative"] is not None)
+    if join_stats:
+        counts.update(join_stats)
     if counts["inputs"] != counts["accepted"] + counts["rejected"] or counts["inputs"] != shard.inputs:
         raise RuntimeError(f"shard {shard.index}: conservation violated: {counts}")
     storage.write_json(shard_path(out_dir, shard.index, "done.json"), counts)

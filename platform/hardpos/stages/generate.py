@@ -18,18 +18,30 @@ from hardpos.runtime import JobContext, init_ray
 
 @dataclasses.dataclass
 class JoinConfig:
-    """The join into training triplets (one row per accepted hard positive).
+    """The join into training triplets.
 
     enabled: write triplets (per shard, merged into ``output`` when every shard is done).
+    positives: "one" (the paper: each training caption paired with one hard positive and
+        one hard negative): a caption with several accepted positives (e.g. a REPLACE and
+        a SWAP one) gives ONE row, its positive picked by a seeded rule: the hash of
+        (seed, caption_id) modulo the number of the caption's accepted positives, sorted
+        by kind (replace < swap). The same seed gives the same rows on every rerun,
+        resume or shard size; another seed may pick another positive. "all": one row per
+        accepted positive (such a caption is then trained on once per positive per epoch).
+        Rows record the choice (``n_positives``, ``positive_kinds``, ``positive_index``)
+        and the summary counts it (``triplets_per_caption``, ``positives_per_caption``,
+        ``captions_with_several_positives``, ``positives_unused``).
     negatives: where each triplet's hard negative comes from: "auto" (the dataset's own
         negative when the source has one, e.g. NegCLIP neg_caption, else an accepted LLM
-        negative, else the rule engine), "dataset", "llm", "rules" or "none".
+        negative, else the rule engine), "dataset", "llm", "rules" or "none". An LLM or
+        rule negative is of the row's positive kind where one exists.
     keep_unmatched: captions with no accepted positive still give one row (positive null)
         so hard-negative training sees every caption.
     output: merged triplet file name inside output_dir (.parquet or .jsonl).
     """
 
     enabled: bool = True
+    positives: Literal["one", "all"] = "one"
     negatives: Literal["auto", "dataset", "llm", "rules", "none"] = "auto"
     keep_unmatched: bool = True
     output: str = "triplets.parquet"
@@ -114,6 +126,11 @@ def resolve_input(cfg: Config) -> tuple[str, str | None]:
     return src, (world_dir if mode in ("auto", "world") else None)
 
 
+def _histogram(counts: dict[str, int]) -> dict[str, int]:
+    """``{"2": 5, "0": 1, "1": 9}`` -> the same in numeric key order (summed shards come unordered)."""
+    return {k: counts[k] for k in sorted(counts, key=int)}
+
+
 def run(cfg: Config, ctx: JobContext) -> dict:
     from hardpos.data.captions import CaptionSourceError
     from hardpos.generate import engines, pipeline
@@ -145,7 +162,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         "shard_size": cfg.shard_size, "num_shards": len(shards), "prompts": cfg.prompts,
         "prompts_fingerprint": fingerprint(templates), "kinds": [t.kind for t in templates],
         "engine": cfg.engine.kind, "model": model, "seed": cfg.seed,
-        "join": {"enabled": cfg.join.enabled, "negatives": cfg.join.negatives, "keep_unmatched": cfg.join.keep_unmatched},
+        "join": {"enabled": cfg.join.enabled, "positives": cfg.join.positives, "negatives": cfg.join.negatives,
+                 "keep_unmatched": cfg.join.keep_unmatched},
     })
     done = done_before = pipeline.done_shards(out)
     pending = [s for s in shards if s.index not in done]
@@ -188,12 +206,15 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         return ds.map_batches(pipeline.judge_batch, batch_size=1024, num_cpus=0.25, **judge_args)
 
     def on_shard(shard, results):
-        triplets = None
+        triplets, join_stats = None, None
         if cfg.join.enabled:
             accepted = [r for r in results if r["status"] == "accepted"]
-            triplets = pipeline.join_triplets(shard.captions, accepted, picker, cfg.join.keep_unmatched,
-                                              pipeline.rule_negatives_of(results) if rule_negatives else {})
-        counts = pipeline.write_shard(out, shard, results, triplets)
+            per_caption = pipeline.join_by_caption(shard.captions, accepted, picker, cfg.join.positives,
+                                                   cfg.join.keep_unmatched,
+                                                   pipeline.rule_negatives_of(results) if rule_negatives else {})
+            triplets = [t for rows in per_caption for t in rows]
+            join_stats = pipeline.join_counts(per_caption)
+        counts = pipeline.write_shard(out, shard, results, triplets, join_stats)
         # progress while it runs (the totals are logged under their plain names at the end)
         ctx.log_metrics({"progress/shards_done": len(done_before) + stats_box["n"] + 1,
                          "shard/accepted": counts["accepted"], "shard/rejected": counts["rejected"]},
@@ -242,6 +263,12 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         "triplets": total.get("triplets", 0),
         "triplets_with_positive": total.get("triplets_with_positive", 0),
         "triplets_with_negative": total.get("triplets_with_negative", 0),
+        "join_positives": cfg.join.positives if cfg.join.enabled else None,
+        "triplets_per_caption": _histogram(total.get("triplets_per_caption", {})),
+        "positives_per_caption": _histogram(total.get("positives_per_caption", {})),
+        "captions_with_positive": total.get("captions_with_positive", 0),
+        "captions_with_several_positives": total.get("captions_with_several_positives", 0),
+        "positives_unused": total.get("positives_unused", 0),
         "this_run": {
             "captions": stats.captions,
             "inputs": run_counts.get("inputs", 0),
@@ -263,6 +290,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         "inputs": summary["inputs"], "accepted": summary["accepted"], "rejected": summary["rejected"],
         "accept_rate": summary["accept_rate"], "captions_per_s": summary["this_run"]["captions_per_s"],
         "requests_per_s": summary["this_run"]["requests_per_s"],
+        **({"triplets": summary["triplets"],
+            "captions_with_several_positives": summary["captions_with_several_positives"]} if cfg.join.enabled else {}),
         **({"tokens_per_s": summary["this_run"]["tokens_per_s"]} if summary["this_run"]["tokens_per_s"] else {}),
         **{f"accepted/{k}": v for k, v in summary["accepted_by_kind"].items()},
         **{f"rejected/{k}": v for k, v in summary["rejected_by_reason"].items()},
