@@ -64,3 +64,20 @@ def test_resolve_image():
     assert resolve_image("../images/x.png", "s3://bkt/world/benchmark") == "s3://bkt/world/images/x.png"
     with pytest.raises(ValueError):
         resolve_image("", "/base")
+
+
+@pytest.mark.parametrize("ext", ["parquet", "jsonl"])
+def test_join_choice_columns_round_trip(tmp_path, ext):
+    """The generate join's record of its positive choice (ints, null on negative-only rows)
+    survives a file, also when a whole file has no positive (an all-null column)."""
+    chosen = make_triplet(image="a.png", caption="a dog and a cat", hard_negative="a cat and a hat",
+                          hard_positive="a cat and a dog", kind="swap", source="rule", caption_id="0",
+                          n_positives=2, positive_kinds="replace,swap", positive_index=1)
+    neg_only = make_triplet(image="b.png", caption="a bus", hard_negative="a car", kind="replace", source="rule",
+                            caption_id="1", n_positives=0, positive_kinds="", positive_index=None)
+    assert neg_only["positive_kinds"] is None  # "" is null here too
+    back = read_triplets(write_triplets([chosen, neg_only], str(tmp_path / f"t.{ext}")))
+    assert [(r["n_positives"], r["positive_kinds"], r["positive_index"]) for r in back] == [
+        (2, "replace,swap", 1), (0, None, None)]
+    only_neg = read_triplets(write_triplets([neg_only], str(tmp_path / f"n.{ext}")))
+    assert (only_neg[0]["n_positives"], only_neg[0]["positive_index"]) == (0, None)
