@@ -1,7 +1,8 @@
-"""A small OpenAI-compatible chat/completions server for tests and benchmarks.
+"""A small OpenAI-compatible chat/completions + completions server for tests and benchmarks.
 
 Stdlib only (``http.server`` in a daemon thread), bound to 127.0.0.1 on a free port.
-``POST /v1/chat/completions`` answers like a real endpoint (``choices``, ``usage``), with
+``POST /v1/chat/completions`` (``messages``) and ``POST /v1/completions`` (a raw
+``prompt`` string) answer like a real endpoint (``choices``, ``usage``), with
 canned, realistic outputs chosen deterministically from the request's caption and kind:
 
 * ``good``      a correct hard positive: one word swapped for a synonym (REPLACE), or the
@@ -15,11 +16,15 @@ canned, realistic outputs chosen deterministically from the request's caption an
 
 ``behaviour(caption, kind)`` is the pure function that picks the behaviour, so a test can
 predict exact accepted/rejected counts. ``latency_s`` adds a fixed per-request delay (for
-the benchmark). The caption is the text after the last "Sentence:" of the last user
-turn (the format of the bundled prompts), else the whole last user turn.
+the benchmark). The caption is the text after the last "Sentence:" or "Input:" of the
+last user turn or raw prompt (the formats of the bundled prompts), else the whole text.
+A request of the wrong shape for its route (no ``messages`` on chat, no string ``prompt``
+on completions) gets a 400, as vLLM's server answers. ``received`` keeps every
+``(route, body)`` so a test can check the exact payloads.
 
     with OpenAIStub() as stub:
-        stub.url  # http://127.0.0.1:PORT/v1/chat/completions
+        stub.url              # http://127.0.0.1:PORT/v1/chat/completions
+        stub.completions_url  # http://127.0.0.1:PORT/v1/completions
 """
 from __future__ import annotations
 
@@ -150,12 +155,18 @@ def canned(caption: str, kind: str, attempt: int) -> tuple[int, str | None]:
     return 200, caption  # identical
 
 
+def caption_in(prompt: str) -> str:
+    """The caption inside a prompt: after its last "Sentence:" (chat wording) or "Input:"
+    (the paper's raw wording, whose few-shot examples come before it), else the prompt."""
+    match = re.findall(r"(?:Sentence|Input):[ \t]*(.*)", prompt)
+    return match[-1].strip() if match else prompt.strip()
+
+
 def caption_of(messages: list[dict]) -> tuple[str, str]:
     """(caption, full last-user prompt) from chat messages."""
     users = [m.get("content", "") for m in messages if m.get("role") == "user"]
     prompt = users[-1] if users else ""
-    match = re.findall(r"Sentence:\s*(.*)", prompt)
-    return (match[-1].strip() if match else prompt.strip()), prompt
+    return caption_in(prompt), prompt
 
 
 class OpenAIStub:
@@ -167,6 +178,7 @@ class OpenAIStub:
         self.responder = responder
         self.model = model
         self.requests = 0
+        self.received: list[tuple[str, dict]] = []
         self.attempts: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -203,10 +215,13 @@ class OpenAIStub:
                 except json.JSONDecodeError:
                     self._send(400, {"error": {"message": "invalid JSON", "type": "invalid_request_error"}})
                     return
-                if not self.path.rstrip("/").endswith("/chat/completions"):
+                path = self.path.rstrip("/")
+                if path.endswith("/chat/completions"):
+                    self._send(*stub.answer(body, "chat"))
+                elif path.endswith("/completions"):
+                    self._send(*stub.answer(body, "completions"))
+                else:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
-                    return
-                self._send(*stub.answer(body))
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
@@ -239,33 +254,56 @@ class OpenAIStub:
     def url(self) -> str:
         return f"{self.base_url}/chat/completions"
 
+    @property
+    def completions_url(self) -> str:
+        return f"{self.base_url}/completions"
+
     # ------------------------------------------------------------------ behaviour
-    def answer(self, body: dict) -> tuple[int, dict]:
+    def answer(self, body: dict, route: str = "chat") -> tuple[int, dict]:
+        """(status, reply body) for one request on ``route`` ("chat" or "completions")."""
         if self.latency_s:
             time.sleep(self.latency_s)
-        messages = body.get("messages")
-        if not isinstance(messages, list):
-            return 400, {"error": {"message": "'messages' is required", "type": "invalid_request_error"}}
-        caption, prompt = caption_of(messages)
+        if route == "chat":
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                return 400, {"error": {"message": "'messages' is required", "type": "invalid_request_error"}}
+            caption, prompt = caption_of(messages)
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                return 400, {"error": {"message": "'prompt' must be a string", "type": "invalid_request_error"}}
+            caption = caption_in(prompt)
         kind = kind_of(prompt)
         with self._lock:
             self.requests += 1
+            self.received.append((route, body))
             attempt = self.attempts.get((caption, kind), 0)
             self.attempts[(caption, kind)] = attempt + 1
         status, text = self.responder(caption, kind, attempt)
         if status != 200:
             return status, {"error": {"message": "The server had an error while processing your request.",
                                       "type": "server_error", "code": status}}
-        prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
+        prompt_tokens = len(prompt.split()) if route == "completions" else \
+            sum(len(str(m.get("content", "")).split()) for m in body["messages"])
         completion_tokens = len((text or "").split())
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens}
+        if route == "completions":
+            return 200, {
+                "id": f"cmpl-{hashlib.sha1(prompt.encode()).hexdigest()[:12]}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": body.get("model") or self.model,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}],
+                "usage": usage,
+            }
         return 200, {
             "id": f"chatcmpl-{hashlib.sha1(prompt.encode()).hexdigest()[:12]}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model") or self.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
+            "usage": usage,
         }
 
 

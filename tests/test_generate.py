@@ -47,16 +47,22 @@ def merged(out_dir, what):
 
 
 # --------------------------------------------------------------------------- prompts
-def test_paper_prompts_apply_replace_to_all_and_swap_to_short_and_captions():
-    templates = {t.kind: t for t in load_prompts("paper")}
+@pytest.mark.parametrize("preset", ["paper", "chat"])
+def test_bundled_prompts_apply_replace_to_all_and_swap_to_short_and_captions(preset):
+    templates = {t.kind: t for t in load_prompts(preset)}
     assert list(templates) == ["replace", "swap"]
     assert templates["replace"].polarity == templates["swap"].polarity == "positive"
     fourteen = "A man and a woman " + " ".join(["word"] * 9) + "."  # 14 words
     fifteen = "A man and a woman " + " ".join(["word"] * 10) + "."
     assert templates["replace"].applies(fifteen) and templates["replace"].applies("A dog.")
     assert templates["swap"].applies(fourteen)
-    assert not templates["swap"].applies(fifteen)          # the paper: fewer than 15 words
+    assert not templates["swap"].applies(fifteen)          # fewer than 15 words
     assert not templates["swap"].applies("A sandy beach.")  # "and" must be a whole word
+
+
+def test_chat_prompts_send_few_shot_turns_before_the_caption():
+    templates = {t.kind: t for t in load_prompts("chat")}
+    assert {t.prompt_mode for t in templates.values()} == {"chat"}
     msgs = templates["swap"].messages("A cat {x} and a dog.")
     assert [m["role"] for m in msgs] == ["user", "assistant"] * 3 + ["user"]  # few-shot turns first
     assert msgs[-1]["content"].endswith("Sentence: A cat {x} and a dog.")   # braces survive
@@ -99,7 +105,7 @@ def test_vllm_processor_config_is_built_from_config():
     assert "distributed_executor_backend" not in single.engine_kwargs and single.chat_template_stage is True
     with pytest.raises(ConfigError, match="concurrency"):
         engines.build_vllm_processor_config(engines.VLLMEngineConfig(concurrency=0))
-    pre = engines.VLLMPre({t.kind: t for t in load_prompts("paper")}, engines.SamplingConfig(max_tokens=20), True)
+    pre = engines.VLLMPre({t.kind: t for t in load_prompts("chat")}, engines.SamplingConfig(max_tokens=20), True)
     row = pre({"kind": "replace", "caption": "A dog."})
     assert row["sampling_params"] == {"max_tokens": 20, "temperature": 0.0, "top_p": 1.0}
     assert row["messages"][-1]["content"].endswith("Sentence: A dog.")
@@ -168,7 +174,11 @@ def test_http_preflight_fails_fast_on_an_unusable_endpoint(tmp_path):
     with OpenAIStub() as stub:
         assert engines.preflight(engines.HttpEngineConfig(url=stub.url), payload)["status"] == 200
         with pytest.raises(ConfigError, match="no chat/completions route"):
-            engines.preflight(engines.HttpEngineConfig(url=f"{stub.base_url}/completions"), payload)
+            engines.preflight(engines.HttpEngineConfig(url=f"{stub.base_url}/chat"), payload)
+        raw = {"model": "m", "prompt": "Replace one word.\nInput: A red bus.\nOutput:"}
+        with pytest.raises(ConfigError, match="no completions route.*completions_url"):
+            engines.preflight(engines.HttpEngineConfig(url=stub.url), raw, url=f"{stub.base_url}/complete")
+        assert engines.preflight(engines.HttpEngineConfig(url=stub.url), raw, url=stub.completions_url)["status"] == 200
     # through the stage: the job stops before writing anything
     src = tmp_path / "caps.jsonl"
     src.write_text(json.dumps({"caption": "A red bus."}) + "\n")

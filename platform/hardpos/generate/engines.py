@@ -20,11 +20,17 @@ Engines:
 * ``vllm``  -- ``ray.data.llm.vLLMEngineProcessorConfig`` + ``build_processor`` on GPU
   actors (:func:`build_vllm_processor_config` is pure and unit-tested on CPU).
 * ``http``  -- ``ray.data.llm.HttpRequestProcessorConfig`` against any OpenAI-compatible
-  ``/v1/chat/completions`` endpoint (:func:`build_http_processor_config`). Ray's HTTP
+  endpoint: ``/v1/chat/completions`` for chat templates, ``/v1/completions`` for raw ones
+  (:func:`build_http_processor_config`, :func:`http_url`). Ray's HTTP
   stage raises (killing the job) when retries run out or a body is empty/non-JSON, and
   hands 500s back as normal replies; :class:`ResilientSession` owns retries instead and
   always returns a ``{"status", "body"}`` envelope so every row gets an answer.
 * ``rules`` -- :class:`hardpos.data.perturb.RulePerturber` in CPU ``map_batches`` tasks.
+
+The LLM engines send each template as it says (:class:`hardpos.generate.prompts.PromptTemplate`):
+a chat template as messages, a raw template as one prompt string with no chat template;
+with its own ``sampling`` settings over ``engine.sampling`` (:func:`sampling_params`); and
+``raw_output`` is its completion after the template's ``postprocess`` ("none": as generated).
 """
 from __future__ import annotations
 
@@ -37,6 +43,7 @@ import os
 from typing import Any, Literal
 
 from hardpos.config import ConfigError
+from hardpos.generate.prompts import PromptTemplate, postprocess
 
 REQUEST_COLUMNS = ("request_id", "shard", "caption_id", "caption", "kind", "polarity")
 ENGINE_COLUMNS = ("raw_output", "engine_error", "engine_detail", "prompt_tokens", "completion_tokens", "source")
@@ -46,16 +53,25 @@ ENGINE_REASONS = ("http_error", "request_failed", "bad_response", "inference_err
 # --------------------------------------------------------------------------- configs
 @dataclasses.dataclass
 class SamplingConfig:
-    """Decoding settings shared by the LLM engines.
+    """Decoding defaults of the LLM engines. A template's own ``sampling:`` settings (in
+    its prompt file) override these field by field; the bundled ``paper`` prompts set
+    max_tokens, temperature, top_p and top_k per kind, so with them only ``stop`` and
+    what they leave unset come from here.
 
     max_tokens: most tokens generated per request (a caption is ~15-30 tokens).
     temperature: sampling temperature (0 = greedy, reproducible).
     top_p: nucleus sampling mass.
+    top_k: sample from the k most likely tokens (None: the engine's default, no limit).
+        Sent as ``top_k``, which vLLM (offline and its OpenAI server) accepts and the
+        OpenAI API does not.
+    stop: strings that end generation (empty: none).
     """
 
     max_tokens: int = 64
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int | None = None
+    stop: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -67,8 +83,10 @@ class VLLMEngineConfig:
     concurrency: number of engine replicas (GPU actors); total GPUs = concurrency * TP * PP.
     batch_size: rows per Ray Data batch sent to a replica.
     max_concurrent_batches: batches in flight per replica (overlaps tail latency).
-    chat_template: True applies the model's chat template to the messages; False sends the
-        plain-text prompt (base models).
+    chat_template: for chat-mode templates: True applies the model's chat template to the
+        messages; False sends their plain-text rendering (base models). Raw-mode templates
+        (the bundled ``paper`` prompts) always go as their raw prompt, chat template off;
+        one job's templates must then agree on it (see :func:`vllm_chat_stage`).
     max_model_len: context length the engine reserves KV cache for.
     gpu_memory_utilization: fraction of GPU memory vLLM may take.
     accelerator_type: e.g. "A100", "H100", or null for any GPU.
@@ -92,7 +110,10 @@ class VLLMEngineConfig:
 class HttpEngineConfig:
     """Any OpenAI-compatible chat/completions endpoint (``vllm serve``, a hosted API).
 
-    url: full URL of the chat/completions route.
+    url: full URL of the chat/completions route (chat-mode templates).
+    completions_url: full URL of the completions route, for raw-mode templates (the
+        bundled ``paper`` prompts); None derives it from ``url`` (``.../chat/completions``
+        -> ``.../completions``; a ``url`` that already ends in ``/completions`` is used as is).
     model: the "model" field sent in each request (and recorded as llm:<model>).
     api_key_env: name of the env var holding the API key (sent as "Authorization: Bearer");
         unset/empty variable -> no Authorization header. The key itself never goes in config.
@@ -106,12 +127,14 @@ class HttpEngineConfig:
     batch_size: rows per actor batch.
     num_cpus: CPUs reserved per HTTP actor; fractional so a small cluster never deadlocks
         (actors mostly wait on the network).
-    preflight: send one real request from the driver before the job starts; an unreachable
+    preflight: send one real request (per route the job's prompts use) from the driver
+        before the job starts; an unreachable
         endpoint, a wrong route (404) or a refused key (401/403) is then a clear error up
         front instead of every row becoming a reject after its retries.
     """
 
     url: str = "http://127.0.0.1:8000/v1/chat/completions"
+    completions_url: str | None = None
     model: str = "default"
     api_key_env: str | None = "OPENAI_API_KEY"
     headers: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -184,9 +207,11 @@ def vllm_engine_kwargs(cfg: VLLMEngineConfig) -> dict[str, Any]:
     return kwargs
 
 
-def build_vllm_processor_config(cfg: VLLMEngineConfig):
+def build_vllm_processor_config(cfg: VLLMEngineConfig, chat_template: bool | None = None):
     """The ``vLLMEngineProcessorConfig`` for ``cfg`` (pure; constructing it needs no GPU).
 
+    chat_template: whether the processor runs the chat-template stage (None: ``cfg.chat_template``;
+    :func:`apply_vllm` passes :func:`vllm_chat_stage` of the job's templates).
     ``should_continue_on_error`` is always on: a row vLLM fails on becomes a reject
     (``inference_error``), never a crashed job.
     """
@@ -202,43 +227,92 @@ def build_vllm_processor_config(cfg: VLLMEngineConfig):
         batch_size=cfg.batch_size,
         max_concurrent_batches=cfg.max_concurrent_batches,
         accelerator_type=cfg.accelerator_type,
-        chat_template_stage=cfg.chat_template,
+        chat_template_stage=cfg.chat_template if chat_template is None else chat_template,
         tokenize_stage=True,
         detokenize_stage=True,
         should_continue_on_error=True,
     )
 
 
-def sampling_params(s: SamplingConfig) -> dict[str, Any]:
-    return {"max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p}
+def sampling_params(s: SamplingConfig, template: PromptTemplate | None = None) -> dict[str, Any]:
+    """The decoding settings of one request: ``s`` overridden by the template's own. Pure.
+
+    Always max_tokens, temperature and top_p; top_k and stop only when set (an endpoint
+    that does not know top_k never sees it unless a template or config asks for it).
+    """
+    out: dict[str, Any] = {"max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p}
+    if s.top_k is not None:
+        out["top_k"] = s.top_k
+    if s.stop:
+        out["stop"] = list(s.stop)
+    if template is not None:
+        out.update(template.sampling.overrides())
+    return out
+
+
+def vllm_chat_stage(templates: dict[str, PromptTemplate], chat_template: bool) -> bool:
+    """Whether the vLLM processor runs its chat-template stage for these templates.
+
+    The stage is all-or-nothing per processor (it needs ``messages`` on every row), so raw
+    templates need it off and chat templates with ``chat_template=True`` need it on; a
+    file mixing the two would need two sets of GPU replicas, and is refused.
+    """
+    wants = {(not t.raw) and chat_template for t in templates.values()}
+    if len(wants) > 1:
+        raw = sorted(k for k, t in templates.items() if t.raw)
+        chat = sorted(k for k, t in templates.items() if not t.raw)
+        raise ConfigError(f"the vllm engine sends one job's prompts either through the model's chat template or "
+                          f"raw, but raw kinds {raw} and chat kinds {chat} are mixed: run them as two jobs "
+                          "(kinds=[...]) or set engine.vllm.chat_template=false (chat prompts then go as plain text)")
+    return wants.pop() if wants else chat_template
+
+
+# vLLM's own "not set" values, for keys some rows of a job set and others do not
+VLLM_UNSET = {"top_k": -1, "stop": None}
 
 
 class VLLMPre:
-    """Request row -> vLLM input (messages or plain prompt + sampling params)."""
+    """Request row -> vLLM input: ``messages`` (chat template on), or a plain ``prompt``
+    (a raw template's own, or a chat template's plain-text rendering), plus the row's
+    ``sampling_params`` (the template's settings over the engine's).
+
+    Every row's sampling_params has the same keys (those any template sets, the rest
+    given vLLM's "not set" value), so Ray Data's Arrow blocks keep one struct type and
+    vLLM never receives a null where it expects a number.
+    """
 
     def __init__(self, templates: dict, sampling: SamplingConfig, chat_template: bool):
         self.templates, self.sampling, self.chat = templates, sampling, chat_template
+        self.keys = sorted({k for t in templates.values() for k in sampling_params(sampling, t)})
 
     def __call__(self, row: dict) -> dict:
         t = self.templates[row["kind"]]
-        out = {"sampling_params": sampling_params(self.sampling)}
-        if self.chat:
+        params = sampling_params(self.sampling, t)
+        out = {"sampling_params": {k: params.get(k, VLLM_UNSET.get(k)) for k in self.keys}}
+        if t.raw:
+            out["prompt"] = t.raw_prompt(row["caption"])
+        elif self.chat:
             out["messages"] = t.messages(row["caption"])
         else:
             out["prompt"] = t.prompt_text(row["caption"])
         return out
 
 
+def postprocess_modes(templates: dict[str, PromptTemplate]) -> dict[str, str]:
+    """kind -> the template's postprocess mode (what the engines' post steps need of them)."""
+    return {k: t.postprocess for k, t in templates.items()}
+
+
 class VLLMPost:
     """vLLM output row -> the engine columns (request columns carried over)."""
 
-    def __init__(self, source: str):
-        self.source = source
+    def __init__(self, source: str, postprocess_by_kind: dict[str, str] | None = None):
+        self.source, self.post = source, postprocess_by_kind or {}
 
     def __call__(self, row: dict) -> dict:
         return {
             **{c: row.get(c) for c in REQUEST_COLUMNS},
-            "raw_output": row.get("generated_text"),
+            "raw_output": postprocess(row.get("generated_text"), self.post.get(row.get("kind"), "none")),
             "engine_error": None,
             "engine_detail": None,
             "prompt_tokens": int(row.get("num_input_tokens") or 0),
@@ -261,9 +335,9 @@ def apply_vllm(ds, cfg: EngineConfig, templates: dict):
 
     source = source_of(cfg)
     processor = build_processor(
-        build_vllm_processor_config(cfg.vllm),
+        build_vllm_processor_config(cfg.vllm, vllm_chat_stage(templates, cfg.vllm.chat_template)),
         preprocess=VLLMPre(templates, cfg.sampling, cfg.vllm.chat_template),
-        postprocess=VLLMPost(source),
+        postprocess=VLLMPost(source, postprocess_modes(templates)),
     )
     return processor(ds).map(functools.partial(_normalise_vllm_row, source))
 
@@ -353,16 +427,37 @@ def http_headers(cfg: HttpEngineConfig, environ: dict[str, str] | None = None) -
     return headers
 
 
-def build_http_processor_config(cfg: HttpEngineConfig, environ: dict[str, str] | None = None):
+def http_url(cfg: HttpEngineConfig, raw: bool) -> str:
+    """The URL a request goes to: ``cfg.url`` for chat templates; for raw templates
+    ``cfg.completions_url``, else the completions route next to ``cfg.url``. Pure."""
+    if not raw:
+        return cfg.url
+    if cfg.completions_url:
+        return cfg.completions_url
+    base = cfg.url.rstrip("/")
+    if base.endswith("/chat/completions"):
+        return base[: -len("/chat/completions")] + "/completions"
+    if base.endswith("/completions"):
+        return base
+    raise ConfigError(f"raw prompts (prompt_mode: raw, e.g. prompts=paper) go to a /v1/completions route, and "
+                      f"engine.http.url {cfg.url!r} does not end in /chat/completions to derive it from: "
+                      "set engine.http.completions_url")
+
+
+def build_http_processor_config(cfg: HttpEngineConfig, environ: dict[str, str] | None = None,
+                                url: str | None = None):
     """The ``HttpRequestProcessorConfig`` for ``cfg`` (pure apart from reading the API key env var).
 
+    url: the route this processor posts to (None: ``cfg.url``; :func:`apply_http` passes
+    :func:`http_url` for its prompt mode).
     Retries live in :class:`ResilientSession` (so the Ray stage's own ``max_retries`` is 0:
     its exhausted retries would raise and fail the whole job); actors get fractional CPUs.
     """
     from ray.data.llm import HttpRequestProcessorConfig
 
-    if not cfg.url.startswith(("http://", "https://")):
-        raise ConfigError(f"engine.http.url must be an http(s) URL, got {cfg.url!r}")
+    url = url or cfg.url
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"engine.http.url must be an http(s) URL, got {url!r}")
     if cfg.concurrency < 1 or cfg.batch_size < 1:
         raise ConfigError("engine.http.concurrency and engine.http.batch_size must be >= 1")
     if not 0 < cfg.num_cpus <= 64:
@@ -370,7 +465,7 @@ def build_http_processor_config(cfg: HttpEngineConfig, environ: dict[str, str] |
     if cfg.qps is not None and cfg.qps < 1:
         raise ConfigError(f"engine.http.qps must be >= 1 or null, got {cfg.qps}")
     return HttpRequestProcessorConfig(
-        url=cfg.url,
+        url=url,
         headers=http_headers(cfg, environ),
         qps=cfg.qps,
         max_retries=0,
@@ -383,9 +478,12 @@ def build_http_processor_config(cfg: HttpEngineConfig, environ: dict[str, str] |
     )
 
 
-def preflight(cfg: HttpEngineConfig, payload: dict, environ: dict[str, str] | None = None) -> dict:
+def preflight(cfg: HttpEngineConfig, payload: dict, environ: dict[str, str] | None = None,
+              url: str | None = None) -> dict:
     """One request from the driver; raises ConfigError when the endpoint cannot serve the job.
 
+    url: where to post (None: ``cfg.url``); a ``payload`` with ``prompt`` is a completions
+    request, one with ``messages`` a chat one (the 404 message names the route it needs).
     Returns ``{"status", "latency_s"}``. Any other status (200, a 500 for this prompt, a
     429) means the endpoint is there: those are per-row outcomes, not configuration errors.
     """
@@ -393,40 +491,81 @@ def preflight(cfg: HttpEngineConfig, payload: dict, environ: dict[str, str] | No
 
     import requests
 
+    url = url or cfg.url
     headers = {"Content-Type": "application/json", **http_headers(cfg, environ)}
     start = time.perf_counter()
     try:
-        resp = requests.post(cfg.url, json=payload, headers=headers, timeout=cfg.timeout_s)
+        resp = requests.post(url, json=payload, headers=headers, timeout=cfg.timeout_s)
     except requests.RequestException as exc:
-        raise ConfigError(f"engine.http.url {cfg.url} is unreachable ({type(exc).__name__}: {exc}); "
+        raise ConfigError(f"engine.http.url {url} is unreachable ({type(exc).__name__}: {exc}); "
                           "start the server or fix the URL (engine.http.preflight=false skips this check)") from exc
     latency = time.perf_counter() - start
     if resp.status_code in (401, 403):
-        raise ConfigError(f"{cfg.url} refused the request (HTTP {resp.status_code}); set the API key in "
+        raise ConfigError(f"{url} refused the request (HTTP {resp.status_code}); set the API key in "
                           f"${cfg.api_key_env or '<engine.http.api_key_env>'}")
     if resp.status_code in (404, 405):
-        raise ConfigError(f"{cfg.url} has no chat/completions route (HTTP {resp.status_code}); the URL must end in "
+        if "prompt" in payload:
+            raise ConfigError(f"{url} has no completions route (HTTP {resp.status_code}); raw prompts need an "
+                              "OpenAI-compatible /v1/completions URL (engine.http.completions_url)")
+        raise ConfigError(f"{url} has no chat/completions route (HTTP {resp.status_code}); the URL must end in "
                           "/v1/chat/completions")
     return {"status": resp.status_code, "latency_s": round(latency, 4)}
 
 
-def chat_payload(model: str, messages: list[dict], s: SamplingConfig) -> dict:
-    return {"model": model, "messages": messages, "max_tokens": s.max_tokens, "temperature": s.temperature,
-            "top_p": s.top_p}
+def preflight_requests(cfg: HttpEngineConfig, templates: dict[str, PromptTemplate], requests: list[dict],
+                       sampling: SamplingConfig, environ: dict[str, str] | None = None) -> dict | None:
+    """:func:`preflight` with the job's first request of each prompt mode, at its route.
+
+    Returns None when there is no request, else ``{"status", "latency_s", "routes"}``: the
+    first request's status and latency, and ``{url: status}`` of every route checked.
+    """
+    firsts: dict[bool, dict] = {}
+    for r in requests:
+        firsts.setdefault(templates[r["kind"]].raw, r)
+    out: dict | None = None
+    for raw, r in firsts.items():
+        t = templates[r["kind"]]
+        url = http_url(cfg, raw)
+        res = preflight(cfg, request_payload(cfg.model, t, r["caption"], sampling), environ, url=url)
+        if out is None:
+            out = {**res, "routes": {}}
+        out["routes"][url] = res["status"]
+    return out
+
+
+def chat_payload(model: str, messages: list[dict], s: SamplingConfig, template: PromptTemplate | None = None) -> dict:
+    """A ``/v1/chat/completions`` body."""
+    return {"model": model, "messages": messages, **sampling_params(s, template)}
+
+
+def completion_payload(model: str, prompt: str, s: SamplingConfig, template: PromptTemplate | None = None) -> dict:
+    """A ``/v1/completions`` body: the raw prompt, no chat template (``echo`` stays off, so the
+    reply holds only the completion, like the release's ``return_full_text=False``)."""
+    return {"model": model, "prompt": prompt, **sampling_params(s, template)}
+
+
+def request_payload(model: str, template: PromptTemplate, caption: str, s: SamplingConfig) -> dict:
+    """The body for one (template, caption): completions for a raw template, chat otherwise. Pure."""
+    if template.raw:
+        return completion_payload(model, template.raw_prompt(caption), s, template)
+    return chat_payload(model, template.messages(caption), s, template)
 
 
 class HttpPre:
-    """Request row -> ``{"payload": <chat/completions body>}``."""
+    """Request row -> ``{"payload": <completions or chat/completions body>}``."""
 
     def __init__(self, templates: dict, model: str, sampling: SamplingConfig):
         self.templates, self.model, self.sampling = templates, model, sampling
 
     def __call__(self, row: dict) -> dict:
-        return {"payload": chat_payload(self.model, self.templates[row["kind"]].messages(row["caption"]), self.sampling)}
+        return {"payload": request_payload(self.model, self.templates[row["kind"]], row["caption"], self.sampling)}
 
 
 def parse_chat_response(envelope: dict) -> dict:
-    """A :class:`ResilientSession` envelope -> the engine columns (minus source). Pure."""
+    """A :class:`ResilientSession` envelope -> the engine columns (minus source). Pure.
+
+    Reads a chat reply (``choices[0].message.content``) or a completions one
+    (``choices[0].text``)."""
     status = int(envelope.get("status") or 0)
     body = envelope.get("body") or ""
     out = {"raw_output": None, "engine_error": None, "engine_detail": None, "prompt_tokens": 0, "completion_tokens": 0}
@@ -464,29 +603,61 @@ def parse_chat_response(envelope: dict) -> dict:
 
 
 class HttpPost:
-    """HTTP reply row -> request columns + engine columns."""
+    """HTTP reply row -> request columns + engine columns (raw_output post-processed as
+    the row's template says)."""
 
-    def __init__(self, source: str):
-        self.source = source
+    def __init__(self, source: str, postprocess_by_kind: dict[str, str] | None = None):
+        self.source, self.post = source, postprocess_by_kind or {}
 
     def __call__(self, row: dict) -> dict:
         env = row.get("http_response")
         env = env if isinstance(env, dict) else {"status": 0, "error": f"unexpected reply {env!r}"[:200]}
-        return {**{c: row.get(c) for c in REQUEST_COLUMNS}, **parse_chat_response(env), "source": self.source}
+        out = parse_chat_response(env)
+        out["raw_output"] = postprocess(out["raw_output"], self.post.get(row.get("kind"), "none"))
+        return {**{c: row.get(c) for c in REQUEST_COLUMNS}, **out, "source": self.source}
+
+
+def _kind_in(kinds: frozenset, row: dict) -> bool:
+    return row["kind"] in kinds
+
+
+def _rows_of_kinds(ds, kinds: frozenset):
+    """The rows of ``ds`` whose kind is in ``kinds``: a Ray Data expression where this Ray
+    has one (vectorised, no per-row Python), else a row predicate."""
+    try:
+        from ray.data.expressions import col
+
+        expr = col("kind").is_in(sorted(kinds))
+    except (ImportError, AttributeError):
+        return ds.filter(functools.partial(_kind_in, kinds))
+    return ds.filter(expr=expr)
 
 
 def apply_http(ds, cfg: EngineConfig, templates: dict):
+    """One HTTP processor per prompt mode the templates use (a processor posts to one URL):
+    chat kinds to ``/v1/chat/completions``, raw kinds to ``/v1/completions``; with both,
+    the request rows are split by kind and the two outputs unioned (each has its own pool
+    of ``concurrency`` actors)."""
     from ray.data.llm import build_processor
 
-    processor = build_processor(
-        build_http_processor_config(cfg.http),
-        preprocess=HttpPre(templates, cfg.http.model, cfg.sampling),
-        postprocess=HttpPost(source_of(cfg)),
-        # pre/postprocess are cheap row maps; fractional CPUs keep them from starving actors.
-        preprocess_map_kwargs={"num_cpus": 0.25},
-        postprocess_map_kwargs={"num_cpus": 0.25},
-    )
-    return processor(ds)
+    by_mode: dict[bool, frozenset] = {}
+    for raw in (False, True):
+        kinds = frozenset(k for k, t in templates.items() if t.raw == raw)
+        if kinds:
+            by_mode[raw] = kinds
+    outputs = []
+    for raw, kinds in by_mode.items():
+        processor = build_processor(
+            build_http_processor_config(cfg.http, url=http_url(cfg.http, raw)),
+            preprocess=HttpPre(templates, cfg.http.model, cfg.sampling),
+            postprocess=HttpPost(source_of(cfg), postprocess_modes(templates)),
+            # pre/postprocess are cheap row maps; fractional CPUs keep them from starving actors.
+            preprocess_map_kwargs={"num_cpus": 0.25},
+            postprocess_map_kwargs={"num_cpus": 0.25},
+        )
+        part = ds if len(by_mode) == 1 else _rows_of_kinds(ds, kinds)
+        outputs.append(processor(part))
+    return outputs[0] if len(outputs) == 1 else outputs[0].union(*outputs[1:])
 
 
 # --------------------------------------------------------------------------- rules

@@ -1,11 +1,21 @@
-"""Prompt templates as data: load them, decide which apply to a caption, render chat messages.
+"""Prompt templates as data: load them, decide which apply to a caption, render requests.
 
 A prompt file (YAML) holds ``prompts: [...]`` entries (see
 ``hardpos/resources/prompts/paper.yaml`` for the documented format) and may
 ``include:`` another file (relative to itself, or a bundled name) whose prompts come
-first. ``load_prompts("paper")`` loads a bundled file; any other value is a local path
-or s3:// URI. Everything here is pure and picklable, so Ray workers get the templates
-by value.
+first. Bundled files (:data:`BUNDLED`):
+
+* ``paper``          the paper's release: raw (non-chat) prompts verbatim, its few-shot
+                     SWAP examples, per-kind token limits and sampling
+* ``chat``           the same two kinds worded as chat turns (instruction-tuned models)
+* ``with_negatives`` ``chat`` plus LLM hard-negative kinds
+
+Any other value is a local path or s3:// URI. A template renders either chat messages
+(``prompt_mode: chat``) or one raw prompt string (``prompt_mode: raw``), carries its own
+decoding settings (:class:`Sampling`, overriding the job's ``engine.sampling`` field by
+field) and says how its completion is post-processed before validation
+(:func:`postprocess`). Everything here is pure and picklable, so Ray workers get the
+templates by value.
 """
 from __future__ import annotations
 
@@ -21,8 +31,13 @@ import yaml
 from hardpos.config import ConfigError
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "resources" / "prompts"
-BUNDLED = ("paper", "with_negatives")
+BUNDLED = ("paper", "chat", "with_negatives")
 POLARITIES = ("positive", "negative")
+PROMPT_MODES = ("chat", "raw")
+POSTPROCESS = ("none", "first_line")
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "stop")
+# PromptTemplate fields added after runs were first fingerprinted (see fingerprint())
+_LATER_FIELDS = ("prompt_mode", "prompt", "sampling", "postprocess")
 _WORD = re.compile(r"[A-Za-z0-9']+")
 
 
@@ -31,7 +46,7 @@ class When:
     """Which captions a prompt applies to (all conditions must hold).
 
     contains_word: the caption must contain this whole word (case-insensitive).
-    max_words: the caption must have FEWER words than this (the paper's SWAP: < 15).
+    max_words: the caption must have FEWER words than this (the bundled SWAP prompts: < 15).
     min_words: the caption must have at least this many words.
     """
 
@@ -51,29 +66,98 @@ class When:
 
 
 @dataclasses.dataclass(frozen=True)
+class Sampling:
+    """A template's own decoding settings; None leaves a field to the job's ``engine.sampling``.
+
+    max_tokens: most tokens generated (the paper: 30 for REPLACE, 20 for SWAP).
+    temperature: sampling temperature (0 = greedy).
+    top_p: nucleus sampling mass, in (0, 1].
+    top_k: sample from the k most likely tokens only (>= 1); sent to vLLM and to HTTP
+        endpoints as ``top_k`` (vLLM's OpenAI server accepts it; the OpenAI API does not).
+    stop: strings that end generation (not included in the output).
+    """
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: tuple[str, ...] | None = None
+
+    def overrides(self) -> dict[str, Any]:
+        """The fields this template sets (stop as a list, as the engines send it)."""
+        out = {k: getattr(self, k) for k in SAMPLING_KEYS if getattr(self, k) is not None}
+        if "stop" in out:
+            out["stop"] = list(out["stop"])
+        return out
+
+
+def postprocess(text: str | None, mode: str) -> str | None:
+    """A completion as the validator should see it. Pure.
+
+    "none": unchanged (the paper's release keeps ``generated_text`` as is).
+    "first_line": the first line with any non-space character, else the text unchanged
+    (an empty or blank completion stays what it is, so the validator still calls it empty).
+    """
+    if mode not in POSTPROCESS:
+        raise ValueError(f"postprocess must be one of {POSTPROCESS}, got {mode!r}")
+    if text is None or mode == "none":
+        return text
+    return next((line for line in text.splitlines() if line.strip()), text)
+
+
+@dataclasses.dataclass(frozen=True)
 class PromptTemplate:
     """One generation request kind.
 
     kind: the validator kind of its outputs ("replace", "swap", "replace_negative", ...).
     polarity: "positive" (hard positive) or "negative" (hard negative).
-    user: the final user turn; ``{caption}`` is replaced by the caption.
-    system: optional system message.
-    few_shot: (user, assistant) example turns sent before the final turn.
+    user: chat mode: the final user turn; ``{caption}`` is replaced by the caption.
+    system: chat mode: optional system message.
+    few_shot: chat mode: (user, assistant) example turns sent before the final turn.
     when: applicability conditions.
+    prompt_mode: "chat" (messages) or "raw" (one plain prompt string, no chat template).
+    prompt: raw mode: the whole prompt (few-shot examples written into it) with ``{caption}``.
+    sampling: this kind's decoding settings (see :class:`Sampling`).
+    postprocess: what of the completion the validator sees (see :func:`postprocess`).
     """
 
     kind: str
     polarity: str
-    user: str
+    user: str | None = None
     system: str | None = None
     few_shot: tuple[tuple[str, str], ...] = ()
     when: When = When()
+    prompt_mode: str = "chat"
+    prompt: str | None = None
+    sampling: Sampling = Sampling()
+    postprocess: str = "none"
+
+    @property
+    def raw(self) -> bool:
+        return self.prompt_mode == "raw"
 
     def applies(self, caption: str) -> bool:
         return self.when.matches(caption)
 
+    def raw_prompt(self, caption: str) -> str:
+        """Raw mode: the prompt string for one caption, exactly as the model gets it.
+
+        The caption is put in and the result stripped, as the paper's release does
+        (``TEMPLATE.format(example=caption).strip()``).
+        """
+        if not self.raw:
+            raise ValueError(f"prompt kind {self.kind!r} is a chat template; use messages()")
+        # str.replace, not str.format: captions may hold braces.
+        return self.prompt.replace("{caption}", caption).strip()
+
     def messages(self, caption: str) -> list[dict[str, str]]:
-        """OpenAI-style chat messages for one caption."""
+        """OpenAI-style chat messages for one caption.
+
+        A raw template becomes one user turn holding its raw prompt, for callers that can
+        only send chat requests; the engines send raw templates as raw prompts instead.
+        """
+        if self.raw:
+            return [{"role": "user", "content": self.raw_prompt(caption)}]
         out: list[dict[str, str]] = []
         if self.system:
             out.append({"role": "system", "content": self.system})
@@ -85,7 +169,10 @@ class PromptTemplate:
         return out
 
     def prompt_text(self, caption: str) -> str:
-        """A plain-text rendering (for engines run with the chat template off)."""
+        """A plain-text rendering: a raw template's own prompt; for a chat template, its
+        turns joined by blank lines (for engines run with the chat template off)."""
+        if self.raw:
+            return self.raw_prompt(caption)
         parts = []
         if self.system:
             parts.append(self.system)
@@ -95,32 +182,85 @@ class PromptTemplate:
         return "\n\n".join(parts) + "\n"
 
 
+_ENTRY_KEYS = {"kind", "polarity", "user", "system", "few_shot", "when", "prompt_mode", "prompt", "sampling",
+               "postprocess"}
+
+
+def _parse_sampling(raw: Any, where: str) -> Sampling:
+    if raw is None:
+        return Sampling()
+    if not isinstance(raw, dict) or set(raw) - set(SAMPLING_KEYS):
+        raise ConfigError(f"{where}: 'sampling' accepts {', '.join(SAMPLING_KEYS)}; got {raw!r}")
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if value is None:
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if key in ("max_tokens", "top_k") and not (number and isinstance(value, int) and value >= 1):
+            raise ConfigError(f"{where}: sampling.{key} must be an integer >= 1, got {value!r}")
+        if key == "temperature" and not (number and value >= 0):
+            raise ConfigError(f"{where}: sampling.temperature must be a number >= 0, got {value!r}")
+        if key == "top_p" and not (number and 0 < value <= 1):
+            raise ConfigError(f"{where}: sampling.top_p must be in (0, 1], got {value!r}")
+        if key == "stop":
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise ConfigError(f"{where}: sampling.stop must be a non-empty string or a list of them, got {value!r}")
+            value = tuple(value)
+        elif key in ("temperature", "top_p"):
+            value = float(value)
+        out[key] = value
+    return Sampling(**out)
+
+
 def _parse_entry(entry: Any, where: str) -> PromptTemplate:
     if not isinstance(entry, dict):
         raise ConfigError(f"{where}: each prompt must be a mapping, got {entry!r}")
-    unknown = set(entry) - {"kind", "polarity", "user", "system", "few_shot", "when"}
+    unknown = set(entry) - _ENTRY_KEYS
     if unknown:
         raise ConfigError(f"{where}: unknown prompt key(s) {sorted(unknown)}")
-    kind, polarity, user = entry.get("kind"), entry.get("polarity", "positive"), entry.get("user")
+    kind, polarity = entry.get("kind"), entry.get("polarity", "positive")
     if not isinstance(kind, str) or not kind:
         raise ConfigError(f"{where}: 'kind' must be a non-empty string")
+    where = f"{where} ({kind})"
     if polarity not in POLARITIES:
-        raise ConfigError(f"{where} ({kind}): polarity must be one of {POLARITIES}, got {polarity!r}")
+        raise ConfigError(f"{where}: polarity must be one of {POLARITIES}, got {polarity!r}")
+    mode = entry.get("prompt_mode", "chat")
+    if mode not in PROMPT_MODES:
+        raise ConfigError(f"{where}: prompt_mode must be one of {PROMPT_MODES}, got {mode!r}")
+    post = entry.get("postprocess", "none")
+    if post not in POSTPROCESS:
+        raise ConfigError(f"{where}: postprocess must be one of {POSTPROCESS}, got {post!r}")
+    when_raw = entry.get("when") or {}
+    if not isinstance(when_raw, dict) or set(when_raw) - {"contains_word", "max_words", "min_words"}:
+        raise ConfigError(f"{where}: 'when' accepts contains_word, max_words, min_words; got {when_raw!r}")
+    common = dict(kind=kind, polarity=polarity, when=When(**when_raw), prompt_mode=mode,
+                  sampling=_parse_sampling(entry.get("sampling"), where), postprocess=post)
+    if mode == "raw":
+        misplaced = sorted({"user", "system", "few_shot"} & set(entry))
+        if misplaced:
+            raise ConfigError(f"{where}: {misplaced} are chat fields; a raw prompt holds its instructions and "
+                              "few-shot examples in 'prompt'")
+        prompt = entry.get("prompt")
+        if not isinstance(prompt, str) or "{caption}" not in prompt:
+            raise ConfigError(f"{where}: a raw template needs 'prompt', a string containing {{caption}}")
+        return PromptTemplate(prompt=prompt, **common)
+    if "prompt" in entry:
+        raise ConfigError(f"{where}: 'prompt' is the raw-mode field; a chat template uses 'user' "
+                          "(or set prompt_mode: raw)")
+    user = entry.get("user")
     if not isinstance(user, str) or "{caption}" not in user:
-        raise ConfigError(f"{where} ({kind}): 'user' must be a string containing {{caption}}")
+        raise ConfigError(f"{where}: 'user' must be a string containing {{caption}}")
     shots = []
     for i, shot in enumerate(entry.get("few_shot") or []):
         if not isinstance(shot, dict) or not isinstance(shot.get("user"), str) or not isinstance(shot.get("assistant"), str):
-            raise ConfigError(f"{where} ({kind}): few_shot[{i}] must have string 'user' and 'assistant'")
+            raise ConfigError(f"{where}: few_shot[{i}] must have string 'user' and 'assistant'")
         shots.append((shot["user"], shot["assistant"]))
-    when_raw = entry.get("when") or {}
-    if not isinstance(when_raw, dict) or set(when_raw) - {"contains_word", "max_words", "min_words"}:
-        raise ConfigError(f"{where} ({kind}): 'when' accepts contains_word, max_words, min_words; got {when_raw!r}")
     system = entry.get("system")
     if system is not None and not isinstance(system, str):
-        raise ConfigError(f"{where} ({kind}): 'system' must be a string")
-    return PromptTemplate(kind=kind, polarity=polarity, user=user, system=system, few_shot=tuple(shots),
-                          when=When(**when_raw))
+        raise ConfigError(f"{where}: 'system' must be a string")
+    return PromptTemplate(user=user, system=system, few_shot=tuple(shots), **common)
 
 
 def _read_prompt_file(source: str) -> tuple[str, str]:
@@ -137,7 +277,7 @@ def _read_prompt_file(source: str) -> tuple[str, str]:
 
 
 def load_prompts(source: str = "paper", kinds: list[str] | None = None, _depth: int = 0) -> list[PromptTemplate]:
-    """Load prompt templates from a bundled name ("paper", "with_negatives") or a YAML path/URI.
+    """Load prompt templates from a bundled name (:data:`BUNDLED`) or a YAML path/URI.
 
     ``kinds`` keeps only those kinds (in file order); an unknown kind is a ConfigError.
     Duplicate kinds are an error (a request is identified by caption_id + kind).
@@ -179,6 +319,15 @@ def load_prompts(source: str = "paper", kinds: list[str] | None = None, _depth: 
 
 
 def fingerprint(templates: list[PromptTemplate]) -> str:
-    """A short stable hash of the templates (recorded in the resume manifest)."""
-    blob = json.dumps([dataclasses.asdict(t) for t in templates], sort_keys=True)
+    """A short stable hash of the templates (recorded in the resume manifest).
+
+    Fields at their defaults are left out, so a field added to :class:`PromptTemplate`
+    later does not change the fingerprint of the templates that do not use it (and so
+    does not stop their runs from resuming).
+    """
+    defaults = {f.name: f.default for f in dataclasses.fields(PromptTemplate)
+                if f.default is not dataclasses.MISSING}
+    blob = json.dumps([{k: v for k, v in dataclasses.asdict(t).items()
+                        if not (k in _LATER_FIELDS and getattr(t, k) == defaults[k])} for t in templates],
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

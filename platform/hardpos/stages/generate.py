@@ -58,8 +58,9 @@ class Config(JobConfig):
     limit: use only the first N captions (None: all).
     image_root: folder/prefix that relative image paths are relative to (None: the input
         file's folder); output image paths are written resolved (absolute / s3://).
-    prompts: prompt template file: a bundled name ("paper", "with_negatives") or a YAML
-        path/URI in the same format (hardpos/resources/prompts/paper.yaml).
+    prompts: prompt template file: a bundled name ("paper": the paper's raw prompts and
+        decoding; "chat"; "with_negatives") or a YAML path/URI in the same format
+        (hardpos/resources/prompts/paper.yaml).
     kinds: keep only these prompt kinds (empty: all kinds in the file).
     engine: which engine and its settings (engine.kind = rules | http | vllm).
     shard_size: captions per output shard (the unit of resume).
@@ -149,11 +150,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     # an unusable endpoint is a clear error before any work or output
     preflight = None
     if cfg.engine.kind == "http" and cfg.engine.http.preflight:
-        first = next((r for s in shards for r in s.requests), None)
-        if first is not None:
-            t = {t.kind: t for t in templates}[first["kind"]]
-            preflight = engines.preflight(cfg.engine.http, engines.chat_payload(
-                cfg.engine.http.model, t.messages(first["caption"]), cfg.engine.sampling))
+        preflight = engines.preflight_requests(cfg.engine.http, {t.kind: t for t in templates},
+                                               [r for s in shards for r in s.requests], cfg.engine.sampling)
     out = ctx.output_dir
     if cfg.overwrite:
         pipeline.clear_output(out, [cfg.join.output])
