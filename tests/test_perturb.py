@@ -69,8 +69,11 @@ def test_complete_output_for_one_caption(rules):
         Perturbation("There are a lot of people standing by the fountain.", "replace", "relation:state_posture sitting->standing"),
         Perturbation("There are a lot of people lying by the fountain.", "replace", "relation:state_posture sitting->lying"),
     ]
-    # "seated" is excluded: COCO also says objects are "sitting" ("boats sitting on the shore")
-    assert rules.hard_positives(caption) == []
+    # "seated" only for people: COCO also says objects are "sitting" ("boats sitting on the shore")
+    assert rules.hard_positives(caption) == [
+        Perturbation("There are a lot of people seated by the fountain.", "replace", "relation:state_posture sitting->seated"),
+    ]
+    assert rules.hard_positives("Boats sitting on the shore.") == []
 
 
 @pytest.mark.parametrize("caption,absent", [

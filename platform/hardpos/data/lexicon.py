@@ -12,8 +12,15 @@ prep | noun) and *groups* of surface forms that mean the same thing.
   (only the groups named in ``contrast`` when the class has one: "man" -> "woman", not
   "man" -> "baby").
 * REPLACE hard positive of a form: another form of its own group, plus the paper's
-  table entries that are not excluded in ``paper_excluded`` (with the reason there).
-* Nouns get their plural forms (regular, or from ``plurals``) as a parallel class.
+  table entries, minus the pairs in ``positive_excluded`` (each with its reason: a change
+  of intensity, "large"->"huge"; a narrower category, "dog"->"puppy"; another sense).
+  An exclusion is one-way: "dog"->"puppy" is out, "puppy"->"dog" (broader, still true) stays.
+* Nouns get their plural forms (regular, or from ``plurals``) as a parallel class; an
+  exclusion of singular forms also excludes their plurals.
+* ``positive_rules``: the curated block list of sense constraints. Each rule names forms
+  (and optionally the synonyms it governs) and a context; ``"only"`` keeps the synonym
+  only in that context, ``"block"`` drops it there ("flying" -> "soaring" is blocked when
+  an object follows: "flying a kite"). See :class:`Context` for what a context can test.
 
 :func:`load_lexicon` builds the immutable :class:`Lexicon` the perturber uses;
 ``restrict_to`` keeps only the given forms (the synthetic world passes its vocabulary,
@@ -48,6 +55,57 @@ class Sense:
     needs_object_check: bool = False
 
 
+#: token classes a context may name in ``next`` / ``prev`` (besides plain words)
+TOKEN_CLASSES = ("<end>", "<det>", "<np>", "<noun>", "<known-noun>", "<adj>")
+_CONTEXT_KEYS = ("next", "prev", "head", "subject", "before", "caption", "phrase")
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where a sense rule applies; it holds when EVERY non-empty field matches.
+
+    next / prev: the token right after / before the matched form is one of these words or
+        token classes: ``<end>`` (none, or punctuation), ``<det>`` (a determiner or
+        possessive), ``<np>`` (a noun phrase starts: determiner, number, object pronoun,
+        or adjectives then a noun), ``<noun>`` (a lexicon noun, or an unknown content word
+        that is not an -ing form or a listed adverb), ``<known-noun>`` (a lexicon noun only:
+        before a word, an unknown word is as likely a verb), ``<adj>`` (a known adjective that is not also a noun).
+    head: the first noun after the form, skipping determiners, numbers and adjectives (the
+        noun an adjective modifies, a verb's or preposition's object) is one of these.
+    subject: the nearest noun before the form (a ``<noun>`` token, or a word of this list)
+        is in this list ("a man sitting" -> man; "pieces of luggage sitting" -> luggage).
+    before: one of these words occurs anywhere before the form (a likely subject, more
+        forgiving than ``subject``: "a man in a red shirt holding").
+    caption: one of these words occurs anywhere in the caption (the topic: "baseball").
+    phrase: the form lies inside one of these multi-word phrases ("black and white").
+    Word lists are lower case; nouns include their plurals; ``@name`` in the JSON expands
+    to a lexicon class's forms or to a list in ``word_lists``.
+    """
+
+    next: frozenset[str] = frozenset()
+    prev: frozenset[str] = frozenset()
+    head: frozenset[str] = frozenset()
+    subject: frozenset[str] = frozenset()
+    before: frozenset[str] = frozenset()
+    caption: frozenset[str] = frozenset()
+    phrase: tuple[tuple[str, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class SenseRule:
+    """One block-list entry: where a form's synonyms must (``only``) or must not (``block``) be used.
+
+    targets: the synonyms the rule governs; None = all of the form's synonyms.
+    """
+
+    id: str
+    forms: frozenset[str]
+    targets: frozenset[str] | None
+    mode: str  # "only" | "block"
+    when: Context
+    why: str
+
+
 @dataclass(frozen=True)
 class Lexicon:
     """The rule engine's dictionary (immutable; build with :func:`load_lexicon`)."""
@@ -61,6 +119,12 @@ class Lexicon:
     on_blocklist: frozenset[str]
     max_phrase: int
     vocabulary: frozenset[str] = field(default_factory=frozenset)
+    rules: dict[str, tuple[SenseRule, ...]] = field(default_factory=dict)  # form -> its sense rules
+    adverbs: frozenset[str] = field(default_factory=frozenset)  # content words that are never nouns
+
+    def rules_for(self, form: str, target: str) -> tuple[SenseRule, ...]:
+        """The sense rules that govern rewriting ``form`` as ``target``."""
+        return tuple(r for r in self.rules.get(form, ()) if r.targets is None or target in r.targets)
 
     def lookup(self, form: str) -> tuple[Sense, ...]:
         return self.senses.get(form, ())
@@ -99,7 +163,7 @@ def load_lexicon(*, use_paper: bool = True, restrict_to: set[str] | frozenset[st
                  data: dict | None = None) -> Lexicon:
     """The lexicon; cached when built from the shipped files.
 
-    use_paper: add the paper's REPLACE table (minus ``paper_excluded``) as hard-positive synonyms.
+    use_paper: add the paper's REPLACE table (minus ``positive_excluded``) as hard-positive synonyms.
     restrict_to: keep only these surface forms (negatives, positives and senses alike).
     data: a lexicon mapping in the JSON's format instead of the shipped file (tests, users).
     """
@@ -119,6 +183,9 @@ def _build(data: dict, paper: dict | None, restrict: frozenset[str] | None) -> L
     positives: dict[tuple[str, str], list[tuple[str, str]]] = {}
     adjectives: set[str] = set(data.get("adjectives", []))
     keep = (lambda form: True) if restrict is None else (lambda form: form in restrict)
+    excluded = data.get("positive_excluded", {})
+    if not isinstance(excluded, dict) or any("->" not in k for k in excluded):
+        raise ValueError("lexicon 'positive_excluded' must map 'form->synonym' to the reason")
 
     for cls, spec in classes.items():
         slot, pos = spec.get("slot"), spec.get("pos")
@@ -137,15 +204,18 @@ def _build(data: dict, paper: dict | None, restrict: frozenset[str] | None) -> L
             else:
                 contrast_map = contrast
             for gi, group in enumerate(gs):
-                for form in group:
+                for fi, form in enumerate(group):
                     if not keep(form):
                         continue
                     sense = Sense(form, cls, slot, pos, gi, number, spec.get("kind"), bool(spec.get("needs_object_check")))
                     senses.setdefault(form, []).append(sense)
                     if pos == "adj":
                         adjectives.add(form)
-                    # hard positives: the other forms of the same group
-                    syn = [(f, "lexicon") for f in group if f != form and keep(f)]
+                    # hard positives: the other forms of the same group, less the excluded pairs
+                    # (a plural pair is excluded when its singular pair is: "dogs"->"puppies")
+                    sg = groups[gi]
+                    syn = [(f, "lexicon") for k, f in enumerate(group)
+                           if f != form and keep(f) and f"{sg[fi]}->{sg[k]}" not in excluded]
                     if syn:
                         positives.setdefault((form, cls), []).extend(syn)
                     # hard negatives: canonical forms of other groups (or the contrast list)
@@ -158,7 +228,6 @@ def _build(data: dict, paper: dict | None, restrict: frozenset[str] | None) -> L
                         negatives.setdefault((form, cls), []).extend(targets)
 
     if paper is not None:
-        excluded = set(data.get("paper_excluded", {}))
         for subset in ("attributes", "relations"):
             for row in paper.get(subset, []):
                 src, dst = row["from"], row["to"]
@@ -190,4 +259,80 @@ def _build(data: dict, paper: dict | None, restrict: frozenset[str] | None) -> L
         on_blocklist=frozenset(data.get("on_blocklist_objects", [])),
         max_phrase=max_phrase,
         vocabulary=vocabulary,
+        rules=_rules(data, classes, irregular),
+        adverbs=frozenset(w.lower() for w in data.get("adverbs", [])),
     )
+
+
+@dataclass(frozen=True)
+class _Vocab:
+    """What ``@name`` and plural expansion need while the rules are parsed."""
+
+    classes: dict
+    lists: dict
+    irregular: dict[str, str]
+    nouns: frozenset[str]
+
+
+def _words(values: list, where: str, voc: _Vocab) -> frozenset[str]:
+    """A context's word list: lower-cased, ``@name`` expanded, lexicon nouns with their plurals."""
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise ValueError(f"{where}: expected a list of words")
+    out: set[str] = set()
+    for v in values:
+        v = v.lower()
+        if v.startswith("@"):
+            name = v[1:]
+            if name in voc.lists:
+                out |= _words(voc.lists[name], f"{where} -> word_lists.{name}", voc)
+            elif name in voc.classes:
+                out |= _words([f for g in voc.classes[name]["groups"] for f in g], where, voc)
+            else:
+                raise ValueError(f"{where}: {v!r} names no word list or lexicon class")
+        elif v.startswith("<"):
+            if v not in TOKEN_CLASSES:
+                raise ValueError(f"{where}: unknown token class {v!r} (known: {TOKEN_CLASSES})")
+            out.add(v)
+        else:
+            out.add(v)
+            if v in voc.nouns:
+                out.add(plural(v, voc.irregular))
+    return frozenset(out)
+
+
+def _rules(data: dict, classes: dict, irregular: dict[str, str]) -> dict[str, tuple[SenseRule, ...]]:
+    """``positive_rules`` parsed and checked, indexed by form (ValueError names the bad entry)."""
+    nouns = frozenset(f.lower() for spec in classes.values() if spec.get("pos") == "noun"
+                      for g in spec["groups"] for f in g)
+    voc = _Vocab(classes, data.get("word_lists", {}), irregular, nouns)
+    by_form: dict[str, list[SenseRule]] = {}
+    seen: set[str] = set()
+    for n, spec in enumerate(data.get("positive_rules", [])):
+        rid = spec.get("id") if isinstance(spec, dict) else None
+        where = f"positive_rules[{n}] ({rid or 'no id'})"
+        if not rid or rid in seen:
+            raise ValueError(f"{where}: every rule needs a unique 'id'")
+        seen.add(rid)
+        unknown = set(spec) - {"id", "forms", "targets", "only", "block", "why"}
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+        modes = [m for m in ("only", "block") if m in spec]
+        if len(modes) != 1:
+            raise ValueError(f"{where}: give exactly one of 'only' or 'block'")
+        if not spec.get("why"):
+            raise ValueError(f"{where}: say 'why' the rule exists")
+        when = spec[modes[0]]
+        if not isinstance(when, dict) or not when or set(when) - set(_CONTEXT_KEYS):
+            raise ValueError(f"{where}: the context must be a non-empty mapping with keys from {_CONTEXT_KEYS}")
+        fields = {k: _words(v, f"{where}.{k}", voc) for k, v in when.items() if k != "phrase"}
+        if any(c.startswith("<") for k, ws in fields.items() if k not in ("next", "prev") for c in ws):
+            raise ValueError(f"{where}: token classes like <np> only apply to 'next' and 'prev'")
+        phrases = tuple(tuple(p.lower().split()) for p in when.get("phrase", []))
+        forms = _words(spec.get("forms", []), f"{where}.forms", voc)
+        if not forms:
+            raise ValueError(f"{where}: 'forms' is empty")
+        targets = _words(spec["targets"], f"{where}.targets", voc) if "targets" in spec else None
+        rule = SenseRule(rid, forms, targets, modes[0], Context(**fields, phrase=phrases), spec["why"])
+        for form in forms:
+            by_form.setdefault(form, []).append(rule)
+    return {k: tuple(v) for k, v in by_form.items()}

@@ -18,7 +18,11 @@ Hard negatives (CREPE / SugarCrepe style; the meaning changes):
 Hard positives (the meaning is kept):
 
 * REPLACE one word/phrase with a synonym from its lexicon group or the paper's table
-  ("walking"->"strolling", "next to"->"beside", "red"->"crimson").
+  ("walking"->"strolling", "next to"->"beside", "red"->"crimson"), only where the
+  lexicon's sense rules allow it in this context ("flying a kite" is never "soaring a
+  kite"; see :mod:`hardpos.data.lexicon`), not for a noun that modifies another noun
+  ("street signs" -> "road signs") and not for a capitalised word inside the caption
+  (a name: "the Blue Angels").
 * SWAP the two conjuncts around "and" with their modifiers: noun phrases ("a sink,
   toilet and shower" -> "a sink, shower and toilet"), verb phrases ("a man wearing
   glasses and holding a bottle" -> "a man holding a bottle and wearing glasses") and
@@ -37,11 +41,13 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from hardpos.data.lexicon import Lexicon, Sense, load_lexicon
+from hardpos.data.lexicon import Context, Lexicon, Sense, load_lexicon
 
 _TOKEN = re.compile(r"[A-Za-z]+(?:['\-][A-Za-z]+)*|\d+(?:\.\d+)?|[^\sA-Za-z\d]")
 _BOUNDARY_PUNCT = {",", ".", ";", ":", "!", "?", "(", ")", '"'}
 _COORD = {"and", "or", ","}
+#: pronouns that stand for a whole noun phrase after a verb or preposition ("next to it")
+_OBJECT_PRONOUNS = frozenset({"it", "them", "him", "her", "me", "us", "you", "each", "one", "something", "someone"})
 #: attribute classes any visible thing can have (cross-class attribute swaps stay within these)
 _VISUAL = frozenset({"color", "material", "size", "pattern"})
 KINDS = ("replace", "swap")
@@ -107,6 +113,11 @@ def _case_like(new: str, old: str) -> str:
     if old[:1].isupper() and old[1:] == old[1:].lower():
         return new[:1].upper() + new[1:]
     return new  # lower case, or an acronym like "TV" that the replacement does not inherit
+
+
+def _capitalised(word: str) -> bool:
+    """"Blue", not "blue" or the acronym "TV"."""
+    return len(word) > 1 and word[0].isupper() and word[1:].islower()
 
 
 def _decapitalise(text: str) -> str:
@@ -236,13 +247,15 @@ class RulePerturber:
         has_noun = any(s.pos == "noun" for s in senses)
         if has_adj and has_noun:
             # "an orange cat" (colour) vs "an orange on a plate" (fruit)
-            want = "adj" if self._is_content(nxt) else "noun"
+            want = "adj" if self._is_content(nxt) and not self._is_ing_verb(nxt) else "noun"  # "an orange sitting on"
             senses = tuple(s for s in senses if s.pos == want or s.pos not in ("adj", "noun"))
         prev = toks[i - 1] if i > 0 else None
         kept = []
         for s in senses:
-            if s.pos == "noun" and self._is_content(nxt) and not self.lexicon.is_noun(nxt.low) and nxt.low not in self.lexicon.adjectives:
-                # noun used as a modifier of an unknown noun ("dog food", "bus stop"): leave it alone
+            if s.pos == "noun" and self._is_content(nxt) and not self.lexicon.is_noun(nxt.low) \
+                    and nxt.low not in self.lexicon.adjectives and not self._is_ing_verb(nxt):
+                # noun used as a modifier of an unknown noun ("dog food", "bus stop"): leave it alone;
+                # an -ing verb after it is the noun's predicate, not its head ("a man sitting")
                 continue
             if s.pos == "noun" and self._is_content(prev) and prev.low not in self._attr_adjs:
                 # head of a compound ("bath tub", "park bench", "dog cake"): replacing it makes nonsense
@@ -270,6 +283,7 @@ class RulePerturber:
     def _replace(self, caption: str, toks: list[_Tok], matches: list[_Match], polarity: str) -> Iterable[Perturbation]:
         lex = self.lexicon
         present = " " + " ".join(t.low for t in toks) + " "
+        shouting = caption.isupper()  # "A FULL PLATE OF FOOD": capitals carry no name information
         for m in matches:
             old = caption[toks[m.i].start:toks[m.j - 1].end]
             for s in m.senses:
@@ -277,14 +291,101 @@ class RulePerturber:
                     targets = [(t, "lexicon") for t in lex.negatives.get((m.form, s.cls), ())]
                 else:
                     targets = list(lex.positives.get((m.form, s.cls), ()))
+                    if s.pos == "noun" and m.j < len(toks) and lex.is_noun(toks[m.j].low):
+                        # a noun modifying another noun ("street signs", "baby shower"): its synonyms
+                        # often do not fit the compound ("road signs" are traffic signs)
+                        targets = []
+                    if m.i > 0 and _capitalised(toks[m.i].text) and not shouting:
+                        targets = []  # a name inside the caption ("the Blue Angels", "Green Lake Drive")
                 for target, _src in targets:
                     if polarity == "negative" and f" {target} " in present:
                         continue  # "a red and blue car" -> "a blue and blue car" is nonsense
                     words = target.split()
                     if (m.j < len(toks) and toks[m.j].low == words[-1]) or (m.i > 0 and toks[m.i - 1].low == words[0]):
                         continue  # "laptop computer" -> "notebook computer computer"
+                    if polarity == "positive" and not self._sense_allows(toks, m, target):
+                        continue  # the synonym belongs to another sense here ("flying a kite" -> "soaring")
                     text = _apply(caption, [(toks[m.i].start, toks[m.j - 1].end, _case_like(target, old))])
                     yield Perturbation(text, "replace", f"{s.slot}:{s.cls} {m.form}->{target}")
+
+    def _sense_allows(self, toks: list[_Tok], m: _Match, target: str) -> bool:
+        """The lexicon's sense rules for ``m.form -> target``: every "only" context holds, no "block" one does."""
+        for rule in self.lexicon.rules_for(m.form, target):
+            if self._context_holds(rule.when, toks, m) != (rule.mode == "only"):
+                return False
+        return True
+
+    def _context_holds(self, ctx: Context, toks: list[_Tok], m: _Match) -> bool:
+        """Whether every non-empty field of ``ctx`` matches around match ``m`` (see lexicon.Context)."""
+        if ctx.next and not self._token_in(ctx.next, toks, m.j):
+            return False
+        if ctx.prev and not self._token_in(ctx.prev, toks, m.i - 1):
+            return False
+        if ctx.head:
+            head = self._head_noun(toks, m.j)
+            if head is None or toks[head].low not in ctx.head:
+                return False
+        if ctx.subject:
+            k = m.i - 1
+            while k >= 0 and toks[k].low not in ctx.subject and not self._nounish(toks[k]):
+                k -= 1
+            if k < 0 or toks[k].low not in ctx.subject:
+                return False
+        if ctx.before and not any(t.low in ctx.before for t in toks[:m.i]):
+            return False
+        if ctx.caption and not any(t.low in ctx.caption for t in toks):
+            return False
+        if ctx.phrase:
+            lows = [t.low for t in toks]
+            inside = any(lows[a:a + len(ph)] == list(ph)
+                         for ph in ctx.phrase for a in range(max(0, m.j - len(ph)), m.i + 1))
+            if not inside:
+                return False
+        return True
+
+    def _token_in(self, wanted: frozenset[str], toks: list[_Tok], k: int) -> bool:
+        """Token ``k`` is one of the ``wanted`` words or token classes (see lexicon.Context)."""
+        tok = toks[k] if 0 <= k < len(toks) else None
+        if tok is None or not (tok.alpha or tok.text[:1].isdigit()):
+            return "<end>" in wanted or (tok is not None and tok.text in wanted)
+        if tok.low in wanted:
+            return True
+        if "<det>" in wanted and tok.low in self._determiners:
+            return True
+        if "<adj>" in wanted and tok.low in self.lexicon.adjectives and not self.lexicon.is_noun(tok.low):
+            return True  # "kitchen" in "a bright kitchen" is the noun, not a second adjective
+        if "<noun>" in wanted and self._nounish(tok):
+            return True
+        if "<known-noun>" in wanted and self.lexicon.is_noun(tok.low):
+            return True
+        if "<np>" in wanted:
+            if tok.low in self._determiners or tok.text[:1].isdigit() or tok.low in _OBJECT_PRONOUNS:
+                return True
+            while k < len(toks) and toks[k].low in self.lexicon.adjectives and not self.lexicon.is_noun(toks[k].low):
+                k += 1  # "flying colorful kites"
+            return k < len(toks) and self._nounish(toks[k])
+        return False
+
+    def _nounish(self, tok: _Tok) -> bool:
+        """A lexicon noun, or an unknown content word that is not an -ing form, adjective or adverb."""
+        if self.lexicon.is_noun(tok.low):
+            return True
+        return (self._is_content(tok) and not self._is_ing_verb(tok) and tok.low not in self.lexicon.adverbs
+                and tok.low not in self.lexicon.adjectives)
+
+    def _head_noun(self, toks: list[_Tok], j: int) -> int | None:
+        """The first noun from ``j`` on, past determiners, numbers and adjectives ("a bright yellow bus" -> bus)."""
+        k = j
+        while k < len(toks):
+            t = toks[k]
+            if t.low in self._determiners or t.text[:1].isdigit() or (
+                    t.low in self.lexicon.adjectives and not self.lexicon.is_noun(t.low)):
+                k += 1
+            elif t.low in ("and", ",") and k + 1 < len(toks) and toks[k + 1].low in self.lexicon.adjectives:
+                k += 1  # "a black and white cat"
+            else:
+                break
+        return k if k < len(toks) and self._is_content(toks[k]) else None
 
     # -------------------------------------------------------------- SWAP negatives
     def _head_after(self, toks: list[_Tok], j: int) -> int | None:
@@ -430,6 +531,23 @@ class RulePerturber:
         return i, j
 
     def _swap_conjuncts(self, caption: str, toks: list[_Tok], matches: list[_Match]) -> Iterable[Perturbation]:
+        """Conjunct-swap hard positives: for each "and", the first candidate of :meth:`_conjunct_candidates`
+        that :func:`~hardpos.data.validate.is_conjunct_swap` accepts.
+
+        The candidates come from local heuristics that cannot see a whole coordination; the validator's
+        check is the contract, so a swap of parts ("a man with a hat and a woman" -> "a man with a woman
+        and a hat", "a white hat and uniform" -> "uniform and a white hat") never leaves the engine.
+        """
+        from hardpos.data.validate import is_conjunct_swap
+
+        done: set[int] = set()
+        for k, p in [*self._conjunct_candidates(caption, toks), *_clause_candidates(caption, toks)]:
+            if k not in done and is_conjunct_swap(caption, p.text):
+                done.add(k)
+                yield p
+
+    def _conjunct_candidates(self, caption: str, toks: list[_Tok]) -> Iterable[tuple[int, Perturbation]]:
+        """(index of the "and", candidate swap) pairs, the preferred candidate for one "and" first."""
         for k, tok in enumerate(toks):
             if tok.low != "and" or k == 0 or k == len(toks) - 1:
                 continue
@@ -441,8 +559,8 @@ class RulePerturber:
                 after = toks[k + 2] if k + 2 < len(toks) else None
                 if self._is_content(after) and (pure or not self.lexicon.is_noun(nxt.low)):
                     # "an orange and white fish": colour words before a noun, even when one is also a noun
-                    yield Perturbation(_swap(caption, (prev.start, prev.end), (nxt.start, nxt.end), prev.text, nxt.text),
-                                       "swap", "conjuncts:adjectives")
+                    yield k, Perturbation(_swap(caption, (prev.start, prev.end), (nxt.start, nxt.end), prev.text,
+                                                nxt.text), "swap", "conjuncts:adjectives")
                     continue
                 if pure:
                     continue  # predicate adjectives ("is black and white."): nothing to swap as noun phrases
@@ -466,8 +584,8 @@ class RulePerturber:
                 b = (toks[k + 1].start, toks[end - 1].end)
                 if caption[a[0]:a[1]].lower() == caption[b[0]:b[1]].lower():
                     continue
-                yield Perturbation(_swap(caption, a, b, caption[a[0]:a[1]], caption[b[0]:b[1]]), "swap",
-                                   "conjuncts:verb_phrases")
+                yield k, Perturbation(_swap(caption, a, b, caption[a[0]:a[1]], caption[b[0]:b[1]]), "swap",
+                                      "conjuncts:verb_phrases")
                 continue
             # noun phrases: "a sink, toilet and shower", "a red circle and a blue square"
             left = self._left_np(toks, k)
@@ -483,7 +601,33 @@ class RulePerturber:
             ta, tb = caption[a[0]:a[1]], caption[b[0]:b[1]]
             if ta.lower() == tb.lower() or toks[left[1] - 1].low == toks[right[1] - 1].low:
                 continue
-            yield Perturbation(_swap(caption, a, b, ta, tb), "swap", "conjuncts:noun_phrases")
+            if toks[left[0]].low in ("a", "an", "the") and left[1] - left[0] > 1 \
+                    and toks[right[0]].low not in self._determiners:
+                # "a keyboard and monitor": the article is shared, so it stays ("a monitor and keyboard")
+                a_head = (toks[left[0] + 1].start, a[1])
+                yield k, Perturbation(_swap(caption, a_head, b, caption[a_head[0]:a_head[1]], tb), "swap",
+                                      "conjuncts:noun_phrases")
+            yield k, Perturbation(_swap(caption, a, b, ta, tb), "swap", "conjuncts:noun_phrases")
+
+
+def _clause_candidates(caption: str, toks: list[_Tok]) -> Iterable[tuple[int, Perturbation]]:
+    """Whole-clause conjuncts: everything from the clause's start to "and", and from "and" to the
+    clause's end ("A man with a hat and a woman with a dog" -> "A woman with a dog and a man with a
+    hat").  A fallback behind the phrase rules; the validator decides whether the split is sound."""
+    ends = [i for i, t in enumerate(toks) if t.text in _BOUNDARY_PUNCT]
+    for k, tok in enumerate(toks):
+        if tok.low != "and":
+            continue
+        start = max([i + 1 for i in ends if i < k], default=0)
+        end = min([i for i in ends if i > k], default=len(toks))
+        if start >= k or k + 1 >= end:
+            continue
+        a = (toks[start].start, toks[k - 1].end)
+        b = (toks[k + 1].start, toks[end - 1].end)
+        ta, tb = caption[a[0]:a[1]], caption[b[0]:b[1]]
+        if ta.lower() != tb.lower():
+            slot = "conjuncts:verb_phrases" if toks[k + 1].low.endswith("ing") else "conjuncts:noun_phrases"
+            yield k, Perturbation(_swap(caption, a, b, ta, tb), "swap", slot)
 
 
 # ---------------------------------------------------------------------- text edits
