@@ -90,6 +90,49 @@ def test_caption_batches_in_length_order_equal_one_by_one(lm):
     torch.testing.assert_close(batched, single, atol=1e-5, rtol=0)
 
 
+def test_fp32_is_the_default_and_bf16_autocast_is_opt_in(lm, tmp_path):
+    rows = triplet_rows(8, seed=9)
+    spec = [BenchmarkSpec("t", "triplets", str(write_triplets(tmp_path / "b", rows)))]
+    default = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec)
+    fp32 = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, precision="fp32")
+    bf16 = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, precision="bf16")
+    assert default.precision == "fp32" and bf16.precision == "bf16"
+    assert default.scores_table().schema.metadata[b"hardpos.precision"] == b"fp32"
+    np.testing.assert_array_equal(default.results[0].s_c, fp32.results[0].s_c)
+    np.testing.assert_allclose(default.results[0].s_c, _direct_scores(lm, tmp_path / "b", rows)[:, 0], atol=1e-5)
+    # bf16 moves every score a little (8 mantissa bits), but not far
+    diff = np.abs(bf16.results[0].s_c - default.results[0].s_c)
+    assert diff.min() > 0 and diff.max() < 5e-2
+    # and the bf16 path is exactly the model under CPU bf16 autocast
+    caps = [r["caption"] for r in rows[:3]]
+    model = lm.model.eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = model.encode_text(lm.tokenizer(caps), normalize=True).float()
+    torch.testing.assert_close(E.encode_captions(model, lm.tokenizer, caps, precision="bf16"), ref, atol=1e-2, rtol=0)
+    assert not torch.equal(E.encode_captions(model, lm.tokenizer, caps, precision="bf16"),
+                           E.encode_captions(model, lm.tokenizer, caps))
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, fp16"):
+        E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, precision="half")
+
+
+def test_precision_context_dtypes_and_no_tf32_for_fp32_on_cuda():
+    with E.precision_context("cpu", "bf16"):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    with E.precision_context("cpu", "fp16"):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float16
+    with E.precision_context("cpu"):
+        assert not torch.is_autocast_enabled("cpu")
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+    # fp32 on CUDA turns TF32 off for cuBLAS and cuDNN while scoring and restores it after
+    # (the flags are process-wide and settable without a GPU)
+    flags = [torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn]
+    before = [f.fp32_precision for f in flags]
+    with E.precision_context("cuda", "fp32"):
+        assert [f.fp32_precision for f in flags] == ["ieee"] * 3
+    assert [f.fp32_precision for f in flags] == before
+
+
 def _world(tmp_path):
     """A stand-in synthetic world folder: <world>/benchmark/{replace_attribute,replace_relation,swap}.parquet."""
     world = tmp_path / "world"
@@ -131,7 +174,9 @@ def test_evaluate_stage_writes_recomputable_outputs_and_mlflow(tmp_path, trackin
     assert set(again) == {k for k in m if not k.endswith(("n_missing_images", "n_excluded_items"))}
     report = (out / "report.md").read_text()
     assert "world_swap brittle" in report and "gone.png" in report
+    assert on_disk["precision"] == "fp32" and "Scores computed in fp32 on cpu." in report
     run = mlflow.get_run(summary["mlflow_run_id"])
+    assert run.data.params["precision"] == "fp32"
     assert run.data.metrics["world_swap/aug_acc"] == pytest.approx(m["world_swap/aug_acc"])
     assert run.info.status == "FINISHED"
 
@@ -145,10 +190,27 @@ def test_evaluate_stage_config_errors(tmp_path):
     bad.write_text("not json\n")
     assert main(["evaluate", f"output_dir={tmp_path}", "tracking.enabled=false", "device=cpu",
                  f"benchmarks=[{{name: b, path: {bad}}}]"]) == 2
+    assert main(["evaluate", f"output_dir={tmp_path}", "tracking.enabled=false", "precision=fp64",
+                 f"benchmarks=[{{name: b, path: {bad}}}]"]) == 2
+    for zs in ("{name: zs, root: /x, classnames: imagenet21k}", "{name: zs, root: /x, templates: 'a {} photo'}"):
+        assert main(["evaluate", f"output_dir={tmp_path}", "tracking.enabled=false", f"retention.zeroshot=[{zs}]"]) == 2
+
+
+def test_zero_shot_config_errors_name_the_key():
+    from hardpos.config import ConfigError, load_config
+    from hardpos.stages import evaluate as stage
+
+    cfg = load_config(stage.Config, None, ["retention.zeroshot=[{name: inet, root: /data/val, classnames: nosuch.txt}]"])
+    assert cfg.retention.zeroshot[0].templates == "openai"
+    with pytest.raises(ConfigError, match=r"retention.zeroshot.inet: classnames: 'nosuch.txt' is neither"):
+        stage.resolve_specs(cfg)
+    with pytest.raises(ConfigError, match="'fp64' is not one of 'fp32', 'bf16', 'fp16'"):
+        load_config(stage.Config, None, ["precision=fp64"])
 
 
 def test_ray_data_engine_equals_local_engine_and_retention(tmp_path, ray_session, tracking_uri):
-    """engine=ray_data (model actors on Ray Data) gives the local engine's per-item scores."""
+    """engine=ray_data (model actors on Ray Data) gives the local engine's per-item scores,
+    in the precision asked for (bf16 here: actors left in fp32 would differ by ~1e-3)."""
     import pyarrow.parquet as pq
 
     from hardpos.config import load_config
@@ -161,8 +223,8 @@ def test_ray_data_engine_equals_local_engine_and_retention(tmp_path, ray_session
     (tmp_path / "b" / "images" / "absent.png").unlink()
     for colour in ("red", "blue"):
         write_image(tmp_path / "zs" / colour / "x.png")
-    common = ["device=cpu", "seed=3", f"benchmarks=[{{name: t, path: {path}}}]",
-              f"retention.zeroshot=[{{name: zs, root: {tmp_path / 'zs'}, templates: ['a {{}} photo']}}]"]
+    common = ["device=cpu", "seed=3", "precision=bf16", f"benchmarks=[{{name: t, path: {path}}}]",
+              f"retention.zeroshot=[{{name: zs, root: {tmp_path / 'zs'}, classnames: folders, templates: ['a {{}} photo']}}]"]
     local = execute("evaluate", load_config(stage.Config, None, [f"output_dir={tmp_path / 'local'}", *common]), quiet=True)
     dist = execute("evaluate", load_config(stage.Config, None, [
         f"output_dir={tmp_path / 'ray'}", "engine=ray_data", "ray_data.num_cpus=0.5", "ray_data.batch_size=3", *common]), quiet=True)
@@ -173,6 +235,8 @@ def test_ray_data_engine_equals_local_engine_and_retention(tmp_path, ray_session
         np.testing.assert_allclose(a[col], b[col], atol=1e-6)
     assert dist["metrics"]["t/n_missing_images"] == 1 == local["metrics"]["t/n_missing_images"]
     assert dist["metrics"]["zeroshot/zs/n_images"] == 2 and "zeroshot/zs/top1" in local["metrics"]
+    assert dist["precision"] == local["precision"] == "bf16"
+    assert pq.read_schema(tmp_path / "ray" / "scores.parquet").metadata[b"hardpos.precision"] == b"bf16"
 
 
 def test_shipped_configs_parse():
@@ -254,7 +318,7 @@ def test_harness_suite_runs_without_shared_data(tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_cuda_bf16_scores_close_to_cpu_fp32(tmp_path):
+def test_cuda_fp32_scores_equal_cpu_and_bf16_is_close(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     rows = triplet_rows(16, seed=8)
@@ -264,5 +328,7 @@ def test_cuda_bf16_scores_close_to_cpu_fp32(tmp_path):
     cpu = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec).results[0]
     lm.model.cuda()
     gpu = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, device="cuda").results[0]
-    np.testing.assert_allclose(gpu.s_c, cpu.s_c, atol=2e-2)  # bf16 autocast
+    np.testing.assert_allclose(gpu.s_c, cpu.s_c, atol=1e-5)  # fp32 by default, no TF32
+    bf16 = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, device="cuda", precision="bf16").results[0]
+    np.testing.assert_allclose(bf16.s_c, cpu.s_c, atol=2e-2)
     assert gpu.metrics["t/n_items"] == 16

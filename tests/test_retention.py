@@ -37,7 +37,7 @@ def _image_folder(root):
 
 def test_zero_shot_matches_a_direct_computation(tmp_path, lm):
     root = _image_folder(tmp_path / "folder")
-    spec = RT.ZeroShotSpec("colours", str(root), templates=["a photo of a {}.", "a {} thing"])
+    spec = RT.ZeroShotSpec("colours", str(root), classnames="folders", templates=["a photo of a {}.", "a {} thing"])
     out = RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, spec, batch_size=3)
     assert out["zeroshot/colours/n_images"] == 8 and out["zeroshot/colours/n_classes"] == 4
     assert out["zeroshot/colours/top5"] == 1.0  # 4 classes: always within the top 5
@@ -58,6 +58,102 @@ def test_zero_shot_matches_a_direct_computation(tmp_path, lm):
         RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, RT.ZeroShotSpec("x", str(root), classnames=["a", "b"]))
     with pytest.raises(RT.RetentionError, match="no class folders"):
         RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, RT.ZeroShotSpec("x", str(tmp_path / "empty")))
+    with pytest.raises(RT.RetentionError, match="1000 class names for 4 class folders"):  # the ImageNet default
+        RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, RT.ZeroShotSpec("x", str(root)))
+
+
+def test_zero_shot_defaults_are_open_clips_imagenet_names_and_openai_templates():
+    import open_clip
+    from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES, SIMPLE_IMAGENET_TEMPLATES
+
+    spec = RT.ZeroShotSpec("imagenet", "/data/imagenet/val")
+    assert (spec.classnames, spec.templates) == ("imagenet", "openai")
+    names, templates = RT.resolve_classnames(spec.classnames), RT.resolve_templates(spec.templates)
+    assert len(names) == 1000 and names == list(open_clip.IMAGENET_CLASSNAMES)
+    assert names[0] == "tench" and names[999] == "toilet paper"
+    assert len(templates) == 80 and templates[0] == "a bad photo of a {}."
+    # the format strings give exactly open_clip's prompts (its templates are callables)
+    for name in ("tench", "great white shark", "toilet paper"):
+        assert [t.format(name) for t in templates] == [f(name) for f in OPENAI_IMAGENET_TEMPLATES]
+    assert [t.format("x") for t in RT.resolve_templates("simple")] == [f("x") for f in SIMPLE_IMAGENET_TEMPLATES]
+    assert len(SIMPLE_IMAGENET_TEMPLATES) == 7
+    assert RT.resolve_classnames("folders") is None
+
+
+def test_class_embeddings_equal_open_clips_zero_shot_classifier(lm):
+    """HardPos's recipe (trimmed tokens, batched whole classes) == build_zero_shot_classifier
+    on the model itself at full context."""
+    import open_clip
+
+    names = list(open_clip.IMAGENET_CLASSNAMES[:5])
+    model = lm.model.eval()
+    ours = RT.class_embeddings(model, lm.tokenizer, names, RT.resolve_templates("openai"), batch_size=170)  # 2 classes/pass
+    ref = open_clip.build_zero_shot_classifier(model, lm.tokenizer, names, open_clip.OPENAI_IMAGENET_TEMPLATES,
+                                               num_classes_per_batch=None, device="cpu").T
+    assert ours.shape == (5, 64) and ours.dtype == torch.float32
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.norm(dim=-1), torch.ones(5))
+    # and it is the mean of the normalised template embeddings, renormalised
+    with torch.no_grad():
+        per = model.encode_text(lm.tokenizer([t.format(names[2]) for t in RT.resolve_templates("openai")]), normalize=True)
+    torch.testing.assert_close(ours[2], torch.nn.functional.normalize(per.mean(0), dim=0), atol=1e-5, rtol=0)
+
+
+def test_folder_layouts_map_to_class_indices():
+    wnids = [f"n{i:08d}" for i in range(1000)]
+    assert RT.folder_class_indices(sorted(wnids), 1000, require_wnids=True) == list(range(1000))
+    assert RT.folder_class_indices(sorted(["0", "10", "2", "999"]), 1000) == [0, 10, 2, 999]  # numeric, not text order
+    assert RT.folder_class_indices(["b", "a"], 2) == [0, 1]
+    with pytest.raises(RT.RetentionError, match="out of range"):
+        RT.folder_class_indices(["0", "5"], 5)
+    with pytest.raises(RT.RetentionError, match="3 class names for 2 class folders"):
+        RT.folder_class_indices(["a", "b"], 3)
+    with pytest.raises(RT.RetentionError, match="wnid"):
+        RT.folder_class_indices(sorted(wnids[:-1] + ["toilet_paper"]), 1000, require_wnids=True)
+
+
+def test_zero_shot_default_spec_on_imagenet_style_folders(tmp_path, lm, monkeypatch):
+    """The default spec end to end on index-named folders (a subset of the classes): the
+    classifier covers every class name, folder k is class k. open_clip's name list is cut
+    to 6 classes (1000 x 80 prompts take minutes on a tiny CPU model)."""
+    import open_clip.zero_shot_metadata as meta
+    from PIL import Image
+
+    names = list(meta.IMAGENET_CLASSNAMES[:6])
+    monkeypatch.setattr(meta, "IMAGENET_CLASSNAMES", tuple(names))
+    for cls, colour in (("1", "red"), ("4", "blue"), ("5", "green")):
+        write_image(tmp_path / "val" / cls / "a.png", COLOURS[colour])
+    out = RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, RT.ZeroShotSpec("inet", str(tmp_path / "val")), batch_size=200)
+    assert out["zeroshot/inet/n_classes"] == 6 and out["zeroshot/inet/n_templates"] == 80 and out["zeroshot/inet/n_images"] == 3
+    model = lm.model.eval()
+    cls = RT.class_embeddings(model, lm.tokenizer, names, RT.resolve_templates("openai"))
+    with torch.no_grad():
+        feats = torch.cat([model.encode_image(lm.preprocess_val(Image.open(tmp_path / "val" / c / "a.png").convert("RGB"))[None],
+                                              normalize=True) for c in ("1", "4", "5")])
+    sims = (feats @ cls.T).numpy()
+    assert out["zeroshot/inet/top1"] == pytest.approx(np.mean(sims.argmax(1) == [1, 4, 5]))
+    assert out["zeroshot/inet/top5"] == pytest.approx(np.mean(RT.topk_hits(sims, np.array([1, 4, 5]), ks=(5,))[5]))
+
+
+def test_custom_class_names_and_templates_from_lists_and_files(tmp_path, lm):
+    root = _image_folder(tmp_path / "folder")
+    names = ["sky", "leaf", "crimson", "lemon"]  # one per sorted folder: blue, green, red, yellow
+    listed = RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer,
+                          RT.ZeroShotSpec("c", str(root), classnames=names, templates=["a {} patch", "{}"]))
+    (tmp_path / "names.txt").write_text("\n".join(names) + "\n\n")
+    (tmp_path / "templates.json").write_text(json.dumps(["a {} patch", "{}"]))
+    from_files = RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer,
+                              RT.ZeroShotSpec("c", str(root), classnames=str(tmp_path / "names.txt"),
+                                              templates=str(tmp_path / "templates.json")))
+    assert from_files == listed and listed["zeroshot/c/n_classes"] == 4 and listed["zeroshot/c/n_templates"] == 2
+    assert RT.resolve_classnames(str(tmp_path / "names.txt")) == names
+    for bad, match in [("imagenet21k", "neither one of imagenet, folders"), ([], "empty list")]:
+        with pytest.raises(RT.RetentionError, match=match):
+            RT.resolve_classnames(bad)
+    for bad, match in [("a photo of a {}.", "as a list"), ("openia", "neither one of openai, simple"),
+                       (["no placeholder"], "exactly one"), (["{} and {}"], "exactly one")]:
+        with pytest.raises(RT.RetentionError, match=match):
+            RT.resolve_templates(bad)
 
 
 def test_retrieval_recalls_and_missing_images(tmp_path, lm):

@@ -4,7 +4,8 @@ The distinct ``(image, crop)`` keys of a benchmark become a Ray dataset; a pool 
 actors, each holding the model, decodes, preprocesses and encodes its batches; the
 driver gathers ``(index, feature, error)`` rows back into the evaluator's feature matrix.
 Text encoding stays on the driver (captions are cheap). The actors get the driver's
-exact weights through the object store, so scores equal the local engine's.
+exact weights through the object store and encode in the same ``precision`` (fp32 unless
+asked), so scores equal the local engine's.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class RayDataConfig:
 class _ImageEncoderActor:
     """Ray Data callable class: builds the model once, encodes batches of image keys."""
 
-    def __init__(self, arch: str, quick_gelu: bool, state_box: list, device: str):
+    def __init__(self, arch: str, quick_gelu: bool, state_box: list, device: str, precision: str = "fp32"):
         import ray
         import torch
 
@@ -43,6 +44,7 @@ class _ImageEncoderActor:
         self.device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = lm.model.to(self.device).eval()
         self.preprocess = lm.preprocess_val
+        self.precision = precision
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         from hardpos.eval.evaluator import encode_image_keys
@@ -50,20 +52,24 @@ class _ImageEncoderActor:
         keys = [(str(img), tuple(float(v) for v in crop) if crop is not None and len(crop) else None)
                 for img, crop in zip(batch["image"], batch["crop"])]
         feats, failures = encode_image_keys(self.model, self.preprocess, keys, device=self.device,
-                                            batch_size=len(keys), num_threads=2)
+                                            batch_size=len(keys), num_threads=2, precision=self.precision)
         return {"idx": batch["idx"], "feature": feats.numpy(),
                 "error": np.array([failures.get(i, "") for i in range(len(keys))], dtype=object)}
 
 
 def ray_image_encoder(model, arch: str, model_cfg: dict, cfg: RayDataConfig | None = None,
-                      device: str = "auto") -> Callable[[Sequence[tuple]], tuple[np.ndarray, dict[int, str]]]:
+                      device: str = "auto", precision: str = "fp32"
+                      ) -> Callable[[Sequence[tuple]], tuple[np.ndarray, dict[int, str]]]:
     """An ``image_encoder`` for :func:`hardpos.eval.evaluator.evaluate_benchmarks` that runs
     on Ray Data. ``model`` is the driver's model (its weights are shipped to the actors);
-    ``arch``/``model_cfg`` come from :class:`hardpos.model.LoadedModel`. Ray must be initialised."""
+    ``arch``/``model_cfg`` come from :class:`hardpos.model.LoadedModel`; ``precision`` is
+    the actors' (pass the evaluator's). Ray must be initialised."""
     import ray
 
+    from hardpos.eval.evaluator import check_precision
     from hardpos.model import unwrap
 
+    check_precision(precision)
     cfg = cfg or RayDataConfig()
     state = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
     state_box = [ray.put(state)]  # boxed: Ray must not resolve it before the actor asks
@@ -77,7 +83,8 @@ def ray_image_encoder(model, arch: str, model_cfg: dict, cfg: RayDataConfig | No
         rows = [{"idx": i, "image": k[0], "crop": list(k[1]) if k[1] is not None else []} for i, k in enumerate(keys)]
         ds = ray.data.from_items(rows).map_batches(
             _ImageEncoderActor,
-            fn_constructor_kwargs={"arch": arch, "quick_gelu": quick, "state_box": state_box, "device": device},
+            fn_constructor_kwargs={"arch": arch, "quick_gelu": quick, "state_box": state_box, "device": device,
+                                   "precision": precision},
             batch_size=cfg.batch_size, concurrency=cfg.concurrency, num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus,
             batch_format="numpy",
         )

@@ -11,11 +11,17 @@ Contract used by the other stages:
 How the work is done (why it is fast): a benchmark's items reference far fewer distinct
 images than items (REPLACE: 11.7k images for 27.4k items) and each caption text often
 repeats; each distinct ``(image, crop)`` and each distinct caption is encoded once, in
-batches, under ``torch.no_grad`` (bf16 autocast on CUDA), then every item's three scores
-are dot products of rows picked by index. Captions are sorted by token length before
+batches, under ``torch.no_grad``, then every item's three scores are dot products of rows
+picked by index. Captions are sorted by token length before
 batching so each batch is trimmed to its own longest caption (see
 :func:`hardpos.model.encode_text`). Image decoding + preprocessing runs in a small thread
 pool one batch ahead of the model.
+
+Precision: scoring runs in fp32 on every device by default (``precision="fp32"``; on CUDA
+TF32 is switched off while scoring, since it rounds matmul/conv inputs to 10 mantissa bits).
+Ties count against the model and the paper's differences are small (Table 3: 16.4 vs
+16.6), so lower precision is opt-in: ``precision="bf16"`` / ``"fp16"`` run the encoders under
+``torch.autocast`` on the model's device (CPU included); features are returned as float32.
 
 Missing or corrupt images never crash an evaluation and are never scored: they are
 listed (with the error and how many items used them) and their items are excluded from
@@ -29,7 +35,7 @@ import dataclasses
 import io
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, get_args
 
 import numpy as np
 
@@ -44,6 +50,8 @@ if TYPE_CHECKING:  # torch/PIL are imported lazily: this module is imported by t
 log = logging.getLogger(__name__)
 
 ImageKey = tuple[str, "Crop | None"]
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 # --------------------------------------------------------------------------- results
@@ -77,6 +85,7 @@ class EvalReport:
     """The results of several benchmarks; ``metrics`` merges their flat metrics."""
 
     results: list[BenchmarkResult]
+    precision: str = "fp32"
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -99,7 +108,8 @@ class EvalReport:
             cols["s_p"] += [None if np.isnan(v) else v for v in r.s_p.tolist()]
         schema = pa.schema([("item_id", pa.string()), ("benchmark", pa.string()), ("subset", pa.string()),
                             ("s_c", pa.float64()), ("s_n", pa.float64()), ("s_p", pa.float64())],
-                           metadata={b"hardpos.aggregate": json.dumps({r.name: r.aggregate for r in self.results}).encode()})
+                           metadata={b"hardpos.aggregate": json.dumps({r.name: r.aggregate for r in self.results}).encode(),
+                                     b"hardpos.precision": self.precision.encode()})
         return pa.table(cols, schema=schema)
 
 
@@ -152,23 +162,68 @@ def _load_preprocessed(key: ImageKey, preprocess: Callable) -> "torch.Tensor | s
         return f"corrupt: {type(exc).__name__}: {exc}"[:300]
 
 
-def _autocast(device: "torch.device"):
+def check_precision(precision: str) -> str:
+    """``precision`` if it is one of :data:`PRECISIONS`, else a ValueError naming the choices."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return precision
+
+
+@contextlib.contextmanager
+def _ieee_fp32_on_cuda():
+    """Switch TF32 off for cuBLAS matmuls and cuDNN convolutions, restoring the previous
+    settings afterwards. cuDNN convs (the ViT patch embedding) use TF32 by default, so
+    plain fp32 on an Ampere+ GPU is not fp32 without this. Uses the ``fp32_precision``
+    flags where torch has them: mixing them with the legacy ``allow_tf32`` flags makes
+    torch raise when anything reads the flags later."""
     import torch
 
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision") and hasattr(cudnn, "conv"):
+        flags = [matmul, cudnn.conv, cudnn.rnn]
+        saved = [f.fp32_precision for f in flags]
+        try:
+            for f in flags:
+                f.fp32_precision = "ieee"
+            yield
+        finally:
+            for f, value in zip(flags, saved):
+                f.fp32_precision = value
+    else:  # older torch: the legacy flags
+        saved_legacy = (matmul.allow_tf32, cudnn.allow_tf32)
+        try:
+            matmul.allow_tf32 = cudnn.allow_tf32 = False
+            yield
+        finally:
+            matmul.allow_tf32, cudnn.allow_tf32 = saved_legacy
+
+
+def precision_context(device: "torch.device | str", precision: str = "fp32"):
+    """The context every encoder forward pass of the evaluator runs in.
+
+    ``fp32``: no autocast (and no TF32 on CUDA); ``bf16`` / ``fp16``: ``torch.autocast`` on
+    ``device``'s type with that dtype (CPU autocast is allowed: slow on most CPUs, but it
+    makes the low-precision path testable anywhere). Raises ValueError for other values.
+    """
+    import torch
+
+    check_precision(precision)
+    device = torch.device(device)
+    if precision == "fp32":
+        return _ieee_fp32_on_cuda() if device.type == "cuda" else contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
 def encode_image_keys(model, preprocess: Callable, keys: Sequence[ImageKey], *, device="cpu", batch_size: int = 256,
-                      num_threads: int = 4) -> tuple["torch.Tensor", dict[int, str]]:
-    """L2-normalised features [len(keys), D] (float32, CPU) and ``{index: error}`` for keys
-    whose image could not be read (their rows are zero)."""
+                      num_threads: int = 4, precision: Precision = "fp32") -> tuple["torch.Tensor", dict[int, str]]:
+    """L2-normalised features [len(keys), D] (float32, CPU; computed in ``precision``) and
+    ``{index: error}`` for keys whose image could not be read (their rows are zero)."""
     import torch
 
     from hardpos.model import encode_image
 
     device = torch.device(device)
+    check_precision(precision)
     feats: torch.Tensor | None = None
     failures: dict[int, str] = {}
     chunks = [list(range(i, min(i + batch_size, len(keys)))) for i in range(0, len(keys), batch_size)]
@@ -189,7 +244,7 @@ def encode_image_keys(model, preprocess: Callable, keys: Sequence[ImageKey], *, 
                     tensors.append(value)
             if not tensors:
                 continue
-            with torch.no_grad(), _autocast(device):
+            with torch.no_grad(), precision_context(device, precision):
                 out = encode_image(model, torch.stack(tensors).to(device), normalize=True)
             out = out.float().cpu()
             if feats is None:
@@ -200,8 +255,10 @@ def encode_image_keys(model, preprocess: Callable, keys: Sequence[ImageKey], *, 
     return feats, failures
 
 
-def encode_captions(model, tokenizer: Callable, captions: Sequence[str], *, device="cpu", batch_size: int = 256) -> "torch.Tensor":
-    """L2-normalised text features [len(captions), D] (float32, CPU), in input order.
+def encode_captions(model, tokenizer: Callable, captions: Sequence[str], *, device="cpu", batch_size: int = 256,
+                    precision: Precision = "fp32") -> "torch.Tensor":
+    """L2-normalised text features [len(captions), D] (float32, CPU; computed in
+    ``precision``), in input order.
 
     Captions are batched in token-length order so every batch is trimmed to its own
     longest caption; the result is identical to encoding each at full context length.
@@ -211,6 +268,7 @@ def encode_captions(model, tokenizer: Callable, captions: Sequence[str], *, devi
     from hardpos.model import encode_text, trim_tokens
 
     device = torch.device(device)
+    check_precision(precision)
     if not captions:
         return torch.zeros(0, 1)
     tokens = tokenizer(list(captions))
@@ -218,7 +276,7 @@ def encode_captions(model, tokenizer: Callable, captions: Sequence[str], *, devi
     feats: torch.Tensor | None = None
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        with torch.no_grad(), _autocast(device):
+        with torch.no_grad(), precision_context(device, precision):
             out = encode_text(model, trim_tokens(tokens[idx]).to(device), normalize=True)
         out = out.float().cpu()
         if feats is None:
@@ -242,7 +300,8 @@ def eval_mode(model):
 
 # --------------------------------------------------------------------------- pairs (Serve)
 def similarity_matrix(model, preprocess: Callable, tokenizer: Callable, images: Sequence["Image.Image"],
-                      captions: Sequence[str], *, device="cpu", batch_size: int = 256) -> np.ndarray:
+                      captions: Sequence[str], *, device="cpu", batch_size: int = 256,
+                      precision: Precision = "fp32") -> np.ndarray:
     """Cosine similarities [len(images), len(captions)] for PIL images and caption strings,
     through the evaluator's own encoding path (same preprocessing, batching, precision)."""
     import torch
@@ -250,20 +309,21 @@ def similarity_matrix(model, preprocess: Callable, tokenizer: Callable, images: 
     from hardpos.model import encode_image
 
     device = torch.device(device)
+    check_precision(precision)
     with eval_mode(model):
         img_feats = []
         for start in range(0, len(images), batch_size):
             batch = torch.stack([preprocess(im.convert("RGB")) for im in images[start:start + batch_size]])
-            with torch.no_grad(), _autocast(device):
+            with torch.no_grad(), precision_context(device, precision):
                 img_feats.append(encode_image(model, batch.to(device), normalize=True).float().cpu())
-        txt = encode_captions(model, tokenizer, list(captions), device=device, batch_size=batch_size)
+        txt = encode_captions(model, tokenizer, list(captions), device=device, batch_size=batch_size, precision=precision)
     if not img_feats or len(captions) == 0:
         return np.zeros((len(images), len(captions)), dtype=np.float32)
     return (torch.cat(img_feats) @ txt.T).numpy()
 
 
 def score_pairs(model, preprocess: Callable, tokenizer: Callable, images: Sequence["Image.Image"],
-                captions: Sequence[str], *, device="cpu", batch_size: int = 256) -> np.ndarray:
+                captions: Sequence[str], *, device="cpu", batch_size: int = 256, precision: Precision = "fp32") -> np.ndarray:
     """Cosine similarity of ``images[i]`` with ``captions[i]`` for every i: shape [N].
 
     Distinct captions are encoded once (pass the same image object several times to score
@@ -277,19 +337,20 @@ def score_pairs(model, preprocess: Callable, tokenizer: Callable, images: Sequen
             uniq_imgs[id(im)] = len(img_list)
             img_list.append(im)
     uniq_caps = list(dict.fromkeys(captions))
-    sims = similarity_matrix(model, preprocess, tokenizer, img_list, uniq_caps, device=device, batch_size=batch_size)
+    sims = similarity_matrix(model, preprocess, tokenizer, img_list, uniq_caps, device=device, batch_size=batch_size,
+                             precision=precision)
     cap_idx = {c: i for i, c in enumerate(uniq_caps)}
     return np.array([sims[uniq_imgs[id(im)], cap_idx[c]] for im, c in zip(images, captions)], dtype=np.float64)
 
 
 # --------------------------------------------------------------------------- benchmarks
 def evaluate_loaded(model, preprocess: Callable, tokenizer: Callable, bench: Benchmark, *, device="cpu",
-                    batch_size: int = 256, num_threads: int = 4,
+                    batch_size: int = 256, num_threads: int = 4, precision: Precision = "fp32",
                     image_encoder: Callable[[Sequence[ImageKey]], tuple[Any, dict[int, str]]] | None = None) -> BenchmarkResult:
     """Score one loaded benchmark (the core of :func:`evaluate_benchmarks`).
 
     ``image_encoder(keys) -> (features, failures)`` replaces the in-process image encoding
-    (the Ray Data path plugs in here)."""
+    (the Ray Data path plugs in here; it is built with its own ``precision``)."""
     import torch
 
     items = bench.items
@@ -312,8 +373,9 @@ def evaluate_loaded(model, preprocess: Callable, tokenizer: Callable, bench: Ben
             img_feats = torch.as_tensor(np.asarray(img_feats), dtype=torch.float32)
         else:
             img_feats, failures = encode_image_keys(model, preprocess, keys, device=device, batch_size=batch_size,
-                                                    num_threads=num_threads)
-        txt_feats = encode_captions(model, tokenizer, list(cap_index), device=device, batch_size=batch_size)
+                                                    num_threads=num_threads, precision=precision)
+        txt_feats = encode_captions(model, tokenizer, list(cap_index), device=device, batch_size=batch_size,
+                                    precision=precision)
 
     failed = np.zeros(len(keys), dtype=bool)
     failed[list(failures)] = True
@@ -346,15 +408,17 @@ def evaluate_loaded(model, preprocess: Callable, tokenizer: Callable, bench: Ben
 
 
 def evaluate_benchmarks(model, preprocess: Callable, tokenizer: Callable, specs: Iterable[BenchmarkSpec], *,
-                        device="cpu", batch_size: int = 256, num_threads: int = 4,
+                        device="cpu", batch_size: int = 256, num_threads: int = 4, precision: Precision = "fp32",
                         image_encoder: Callable | None = None) -> EvalReport:
     """Load and score every benchmark in ``specs``; returns the full :class:`EvalReport`.
 
     ``model`` is an open_clip model (DDP-wrapped is fine) already on ``device``; its
     train/eval mode is restored afterwards. ``preprocess`` is the validation transform.
+    ``precision`` (fp32 by default, every device) is recorded on the report.
     Raises :class:`hardpos.eval.benchmarks.BenchmarkError` for unloadable benchmark files
     (before any encoding), never for unreadable images.
     """
+    check_precision(precision)
     specs = list(specs)
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -363,15 +427,16 @@ def evaluate_benchmarks(model, preprocess: Callable, tokenizer: Callable, specs:
     results = []
     for bench in loaded:
         res = evaluate_loaded(model, preprocess, tokenizer, bench, device=device, batch_size=batch_size,
-                              num_threads=num_threads, image_encoder=image_encoder)
+                              num_threads=num_threads, precision=precision, image_encoder=image_encoder)
         if res.missing_images:
             log.warning("%s: %d image(s) missing or corrupt, %d item(s) excluded", bench.name,
                         len(res.missing_images), len(res.excluded_items))
         results.append(res)
-    return EvalReport(results)
+    return EvalReport(results, precision=precision)
 
 
-def run_benchmarks(model, preprocess, tokenizer, specs: list[BenchmarkSpec], *, device="cpu", batch_size=256) -> dict[str, float]:
+def run_benchmarks(model, preprocess, tokenizer, specs: list[BenchmarkSpec], *, device="cpu", batch_size=256,
+                   precision: Precision = "fp32") -> dict[str, float]:
     """Flat metrics for ``specs`` (the per-epoch evaluation API used by training).
 
     Keys: ``<name>/orig_acc``, ``<name>/aug_acc``, ``<name>/brittleness``, ``<name>/aug_drop``,
@@ -379,4 +444,5 @@ def run_benchmarks(model, preprocess, tokenizer, specs: list[BenchmarkSpec], *, 
     subset ``<name>/<subset>/...``; SugarCrepe has ``orig_acc`` and the means only. Values are
     fractions in [0, 1] (counts for ``n_*``).
     """
-    return evaluate_benchmarks(model, preprocess, tokenizer, specs, device=device, batch_size=batch_size).metrics
+    return evaluate_benchmarks(model, preprocess, tokenizer, specs, device=device, batch_size=batch_size,
+                               precision=precision).metrics

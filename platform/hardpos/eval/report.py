@@ -2,10 +2,12 @@
 
 * ``scores.parquet``  one row per scored item: item_id, benchmark, subset, s_c, s_n, s_p
   (s_p null without a hard positive); the schema metadata records how each benchmark
-  combines its subsets, so :func:`recompute_metrics` gives back the summary's figures.
-* ``report.md``       the paper's Table 1 layout (orig / aug per benchmark, then
-  brittleness), mean scores (Table 2/9), per-subset and SugarCrepe per-category tables,
-  retention, and the list of missing/corrupt images. Figures are percentages (x100).
+  combines its subsets (so :func:`recompute_metrics` gives back the summary's figures)
+  and the precision the scores were computed in (``hardpos.precision``).
+* ``report.md``       the precision the scores were computed in, the paper's Table 1
+  layout (orig / aug per benchmark, then brittleness), mean scores (Table 2/9), per-subset
+  and SugarCrepe per-category tables, retention, and the list of missing/corrupt images.
+  Figures are percentages (x100).
 * ``missing_images.json`` every image that could not be read, with the error and the
   number of items excluded because of it; ``rejected_rows.json`` annotation rows that
   could not become items.
@@ -36,12 +38,23 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def markdown_report(report: EvalReport, model_name: str = "model", retention: Mapping[str, float] | None = None) -> str:
-    """The Markdown report (tables in the paper's layout; values in percent)."""
+def _is_count(key: str) -> bool:
+    """Retention keys that are counts (``.../n_images``, ``.../n_missing_images`` ...), not fractions."""
+    return key.rsplit("/", 1)[-1].startswith("n_")
+
+
+def markdown_report(report: EvalReport, model_name: str = "model", retention: Mapping[str, float] | None = None,
+                    *, device: str | None = None) -> str:
+    """The Markdown report (tables in the paper's layout; values in percent). The first
+    line under the title says which precision (``report.precision``) the scores were
+    computed in, and on which ``device`` when given."""
     m = report.metrics
     pos = [r for r in report.results if any(f"{r.name}/aug_acc" == k for k in m)]
     neg_only = [r for r in report.results if r not in pos]
-    parts = [f"# Evaluation: {model_name}", ""]
+    where = f" on {device}" if device else ""
+    note = ("" if report.precision == "fp32" else
+            " (autocast: scores differ from fp32 in the second or third decimal, and ties count against the model)")
+    parts = [f"# Evaluation: {model_name}", "", f"Scores computed in {report.precision}{where}{note}.", ""]
     if pos:
         header = ["model"]
         row = [model_name]
@@ -73,7 +86,7 @@ def markdown_report(report: EvalReport, model_name: str = "model", retention: Ma
         rows = [[r.name, _pct(m.get(f"{r.name}/orig_acc")), str(int(m.get(f"{r.name}/n_items", 0)))] for r in neg_only]
         parts += ["## Benchmarks without hard positives (original accuracy, %)", "", _table(["benchmark", "orig", "items"], rows), ""]
     if retention:
-        rows = [[k, _pct(v) if not k.endswith(("n_images", "n_classes", "n_captions")) else str(int(v))] for k, v in sorted(retention.items())]
+        rows = [[k, str(int(v)) if _is_count(k) else _pct(v)] for k, v in sorted(retention.items())]
         parts += ["## Retention (zero-shot classification, retrieval; %)", "", _table(["metric", "value"], rows), ""]
     missing = [(r.name, mi) for r in report.results for mi in r.missing_images]
     parts += ["## Missing or corrupt images", ""]
@@ -126,14 +139,14 @@ def recompute_metrics(scores: Any) -> dict[str, float]:
 
 
 def write_outputs(report: EvalReport, output_dir: str, *, model_name: str = "model",
-                  retention: Mapping[str, float] | None = None) -> dict[str, str]:
+                  retention: Mapping[str, float] | None = None, device: str | None = None) -> dict[str, str]:
     """Write scores.parquet, report.md, missing_images.json, rejected_rows.json under
     ``output_dir`` (local or s3://); returns ``{kind: uri}``."""
     from hardpos import storage
 
     paths = {
         "scores": write_scores(report, storage.join(output_dir, SCORES_FILE)),
-        "report": storage.write_text(storage.join(output_dir, REPORT_FILE), markdown_report(report, model_name, retention)),
+        "report": storage.write_text(storage.join(output_dir, REPORT_FILE), markdown_report(report, model_name, retention, device=device)),
         "missing_images": storage.write_json(storage.join(output_dir, "missing_images.json"),
                                              {r.name: r.missing_images for r in report.results}),
         "rejected_rows": storage.write_json(storage.join(output_dir, "rejected_rows.json"),

@@ -18,6 +18,7 @@ from typing import Literal
 
 from hardpos.config import ConfigError, JobConfig, TrackingConfig
 from hardpos.eval.distributed import RayDataConfig
+from hardpos.eval.evaluator import Precision
 from hardpos.eval.retention import RetrievalSpec, ZeroShotSpec
 from hardpos.eval.spec import BenchmarkSpec
 from hardpos.model import ModelConfig
@@ -33,7 +34,10 @@ WORLD_BENCHMARKS = (("world_replace_attribute", "replace_attribute"), ("world_re
 class RetentionConfig:
     """Zero-shot retention checks (empty: none).
 
-    zeroshot: ImageFolder classification datasets (name, root, classnames, templates, limit).
+    zeroshot: ImageFolder classification datasets (name, root, classnames, templates, limit);
+        classnames default to open_clip's 1000 ImageNet names (``imagenet``; or ``folders``,
+        a list, a file) and templates to the 80 OpenAI ones (``openai``; or ``simple``, a
+        list, a file).
     retrieval: image-text retrieval datasets (name, captions, image_root, limit).
     """
 
@@ -51,6 +55,9 @@ class Config(JobConfig):
     world: a synthetic world folder; adds world_replace_attribute, world_replace_relation and
         world_swap from <world>/benchmark/*.parquet (files that are absent are an error).
     device: "auto" (CUDA when available), "cpu", "cuda", "cuda:1" ...
+    precision: the encoders' arithmetic: "fp32" (default, on every device; no TF32 on CUDA)
+        or "bf16" / "fp16" autocast (faster on GPUs, but scores move by ~1e-2 and ties
+        count against the model); recorded in summary.json, report.md and the MLflow params.
     batch_size: images / captions per forward pass.
     num_threads: image decoding threads (local engine).
     engine: "local" (this process) or "ray_data" (image encoding as Ray Data map_batches over
@@ -68,6 +75,7 @@ class Config(JobConfig):
     benchmarks: list[BenchmarkSpec] = dataclasses.field(default_factory=list)
     world: str | None = None
     device: str = "auto"
+    precision: Precision = "fp32"
     batch_size: int = 256
     num_threads: int = 4
     engine: Literal["local", "ray_data"] = "local"
@@ -97,11 +105,29 @@ def resolve_specs(cfg: Config) -> list[BenchmarkSpec]:
             raise ConfigError(f"benchmarks.{s.name}: path is required")
     if not specs and not cfg.retention.zeroshot and not cfg.retention.retrieval:
         raise ConfigError("nothing to evaluate: give benchmarks=[...], world=... or retention datasets")
+    check_retention(cfg.retention)
     if cfg.batch_size < 1 or cfg.num_threads < 1:
         raise ConfigError("batch_size and num_threads must be >= 1")
     if not 0.0 <= cfg.max_missing_fraction <= 1.0:
         raise ConfigError("max_missing_fraction must be in [0, 1]")
     return specs
+
+
+def check_retention(cfg: RetentionConfig) -> None:
+    """Names unique and free of '/', class names and templates resolvable (named sets,
+    lists, readable files): fails before any model is built."""
+    from hardpos.eval.retention import RetentionError, resolve_classnames, resolve_templates
+
+    for kind, specs in (("zeroshot", cfg.zeroshot), ("retrieval", cfg.retrieval)):
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names) or any(not n or "/" in n for n in names):
+            raise ConfigError(f"retention.{kind}: names must be unique, non-empty and free of '/': {names}")
+    for zs in cfg.zeroshot:
+        try:
+            resolve_classnames(zs.classnames)
+            resolve_templates(zs.templates)
+        except RetentionError as exc:
+            raise ConfigError(f"retention.zeroshot.{zs.name}: {exc}") from exc
 
 
 def resolve_device(device: str) -> str:
@@ -136,12 +162,14 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         from hardpos.runtime import init_ray
 
         init_ray(cfg.ray)
-        image_encoder = ray_image_encoder(lm.model, lm.arch, lm.model_cfg, cfg.ray_data, device=cfg.device)
+        image_encoder = ray_image_encoder(lm.model, lm.arch, lm.model_cfg, cfg.ray_data, device=cfg.device,
+                                          precision=cfg.precision)
 
     started = time.time()
     try:
         report = evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, specs, device=device,
-                                     batch_size=cfg.batch_size, num_threads=cfg.num_threads, image_encoder=image_encoder)
+                                     batch_size=cfg.batch_size, num_threads=cfg.num_threads, precision=cfg.precision,
+                                     image_encoder=image_encoder)
     except BenchmarkError as exc:
         raise ConfigError(str(exc)) from exc
     bench_s = time.time() - started
@@ -149,13 +177,13 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     retention: dict[str, float] = {}
     for zs in cfg.retention.zeroshot:
         retention.update(zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, zs, device=device,
-                                   batch_size=cfg.batch_size, num_threads=cfg.num_threads))
+                                   batch_size=cfg.batch_size, num_threads=cfg.num_threads, precision=cfg.precision))
     for rs in cfg.retention.retrieval:
         retention.update(retrieval(lm.model, lm.preprocess_val, lm.tokenizer, rs, device=device,
-                                   batch_size=cfg.batch_size, num_threads=cfg.num_threads))
+                                   batch_size=cfg.batch_size, num_threads=cfg.num_threads, precision=cfg.precision))
 
     metrics = {**report.metrics, **retention}
-    paths = R.write_outputs(report, ctx.output_dir, model_name=model_name, retention=retention)
+    paths = R.write_outputs(report, ctx.output_dir, model_name=model_name, retention=retention, device=device)
     ctx.log_metrics(metrics)
     if ctx.run is not None:
         with tempfile.TemporaryDirectory() as tmp:  # artifacts from local copies (output_dir may be s3://)
@@ -179,6 +207,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         if n_total and len(r.excluded_items) / n_total > cfg.max_missing_fraction:
             raise RuntimeError(f"{r.name}: {len(r.excluded_items)} of {n_total} items lost their image "
                                f"(> max_missing_fraction={cfg.max_missing_fraction}); see {paths['missing_images']}")
-    print(R.markdown_report(report, model_name, retention).split("## Missing")[0])
-    return {"model": model_name, "device": device, "engine": cfg.engine, "benchmark_seconds": round(bench_s, 3),
+    print(R.markdown_report(report, model_name, retention, device=device).split("## Missing")[0])
+    return {"model": model_name, "device": device, "precision": cfg.precision, "engine": cfg.engine,
+            "benchmark_seconds": round(bench_s, 3),
             "metrics": metrics, "benchmarks": benchmarks, "files": paths}
