@@ -175,6 +175,7 @@ def test_negclip_block_list_captions_are_real(shared_data):
     ("The long steam train sits at the station.", "long->lengthy"),
     ("A close up of a person's hand with a scissors cutting something wet.", "wet->damp"),
     ("A bathroom with a bath tub a toilet and a sink", "bathroom->restroom"),
+    ("A man at a table with several dishes of food.", "dishes->plates"),
 ])
 def test_excluded_pairs_are_never_produced(rules, caption, never):
     assert never not in rewrites(rules, caption)
@@ -246,6 +247,14 @@ def test_after_audit_meets_the_bar():
     before = {r["caption"] for r in read_audit(AUDITS / "rule_positives_before.tsv")}
     assert sum(r["caption"] in before for r in after) >= 200  # the same captions re-judged, plus fresh ones
     assert {r["sample"] for r in after} == {"same", "fresh"}
+
+
+def test_heldout_audit_meets_the_bar():
+    held = read_audit(AUDITS / "rule_positives_heldout.tsv")
+    rates = audit_rates(held)
+    assert rates["n"] >= 200 and rates["wrong"] <= 0.01, rates
+    seen = {r["caption"] for name in ("before", "after") for r in read_audit(AUDITS / f"rule_positives_{name}.tsv")}
+    assert not seen & {r["caption"] for r in held}  # held out: no caption of the tuned-on samples
 
 
 def test_no_before_audit_wrong_rewrite_is_produced_any_more(rules):

@@ -2,7 +2,7 @@
 """Regenerate the unlabelled sample of rule REPLACE hard positives for a hand audit.
 
     python docs/audits/sample_rule_positives.py CAPTIONS OUT.tsv [--n 320] [--seed 15]
-        [--rule-seed 0] [--previous LABELLED.tsv]
+        [--rule-seed 0] [--previous LABELLED.tsv] [--exclude AUDIT.tsv ...]
 
 CAPTIONS: any caption source ``hardpos`` reads (the audits use the NegCLIP COCO
 validation captions, ``valid_neg_clip.tsv``). The sample is the first ``--n`` captions
@@ -12,7 +12,8 @@ caption, "positive", "replace")``, as the generate stage picks them.
 ``--previous``: an earlier labelled audit. Rows whose caption was in it are marked
 ``sample=same`` (else ``fresh``), and a row whose caption AND positive are unchanged
 gets the earlier label and reason (the same rewrite gets the same judgement); every
-other row is left for a person to label. Prints the coverage of the whole caption set.
+other row is left for a person to label. ``--exclude``: never sample the captions of these
+audit files (a held-out sample). Prints the coverage of the whole caption set.
 """
 from __future__ import annotations
 
@@ -31,10 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=15)
     ap.add_argument("--rule-seed", type=int, default=0)
     ap.add_argument("--previous", default=None)
+    ap.add_argument("--exclude", nargs="*", default=[])
     args = ap.parse_args(argv)
 
     caps = [r["caption"] for r in read_captions(args.captions)]
-    rows, stats = sample_rule_positives(caps, n=args.n, seed=args.seed, rule_seed=args.rule_seed)
+    skip = {r["caption"] for path in args.exclude for r in read_audit(path)}
+    rows, stats = sample_rule_positives(caps, n=args.n, seed=args.seed, rule_seed=args.rule_seed, skip=skip)
     reused = 0
     if args.previous:
         before = {r["caption"]: r for r in read_audit(args.previous)}

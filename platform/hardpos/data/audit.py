@@ -45,7 +45,7 @@ def unique_captions(captions: Iterable[str]) -> list[str]:
 
 
 def sample_rule_positives(captions: Iterable[str], *, n: int = 320, seed: int = 15, rule_seed: int = 0,
-                          perturber=None) -> tuple[list[dict], SampleStats]:
+                          perturber=None, skip: Iterable[str] = ()) -> tuple[list[dict], SampleStats]:
     """The first ``n`` captions, in an order shuffled by ``seed``, that get a picked REPLACE positive.
 
     Returns rows ``{"caption", "positive", "slot"}`` in sample order, and :class:`SampleStats`.
@@ -54,6 +54,7 @@ def sample_rule_positives(captions: Iterable[str], *, n: int = 320, seed: int = 
     (with possibly a different positive), the ones that lost it are replaced by fresh captions
     further down the order.
     rule_seed: the perturber's seed (the generate stage's default is 0).
+    skip: captions never sampled (those of earlier audits, for a held-out sample).
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
@@ -64,6 +65,8 @@ def sample_rule_positives(captions: Iterable[str], *, n: int = 320, seed: int = 
     caps = unique_captions(captions)
     order = list(caps)
     random.Random(seed).shuffle(order)
+    skipped = set(skip)
+    order = [c for c in order if c not in skipped]
     rows: list[dict] = []
     drawn = 0
     for caption in order:
