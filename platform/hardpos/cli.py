@@ -3,7 +3,11 @@
 ``jobs/<stage>.py`` calls the same :func:`main`, so ``ray job submit -- python
 jobs/train.py ...`` and ``hardpos train ...`` are one code path.
 
-Exit codes: 0 success, 1 the stage failed, 2 bad command line or configuration.
+``hardpos track replay <dir> [--tracking-uri URI]`` sends tracking records a job could not
+deliver (summary.json's ``tracking`` section names them) to their MLflow runs.
+
+Exit codes: 0 success, 1 the stage failed (or records are still undelivered), 2 bad command
+line or configuration.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import typing
 
 from hardpos.config import ConfigError, dump_yaml, load_config
 from hardpos.runtime import STAGES, execute, stage_module
+from hardpos.tracking_queue import TrackingUnavailableError
 
 USAGE = f"""usage: hardpos <stage> [--config FILE.yaml] [dotted.key=value ...] [--print-config] [--help]
 
@@ -23,7 +28,59 @@ stages: {', '.join(STAGES)}
   --flag            shorthand for flag=true (boolean keys, e.g. demo --full)
   --print-config    print the resolved config as YAML and exit
   --help            list the stage's config keys with their types and defaults
+
+       hardpos track replay <dir|file> [--tracking-uri URI]
+                    send the tracking records a job could not deliver (the files named in
+                    its summary.json, under <output_dir>/tracking) to their MLflow runs
 """
+
+TRACK_USAGE = """usage: hardpos track replay <dir|file> [--tracking-uri URI]
+
+Sends every *.undelivered.jsonl under <dir> (a job's <output_dir>/tracking, or any folder
+above it) to its MLflow run, oldest record first; a run recorded locally because the server
+was down at the start is created first. Files that went through are deleted; the others keep
+what is left. --tracking-uri overrides the URI each file names (the server moved).
+"""
+
+
+def track_main(argv: list[str]) -> int:
+    """``hardpos track replay ...``: 0 when everything was delivered, 1 when some records are left."""
+    from hardpos import tracking_queue
+
+    args = list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(TRACK_USAGE)
+        return 0 if args else 2
+    if args[0] != "replay":
+        print(f"hardpos track: unknown command {args[0]!r}\n\n{TRACK_USAGE}", file=sys.stderr)
+        return 2
+    paths, uri = [], None
+    rest = args[1:]
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--tracking-uri" and rest:
+            uri = rest.pop(0)
+        elif arg.startswith("--tracking-uri="):
+            uri = arg.split("=", 1)[1]
+        elif arg.startswith("-"):
+            print(f"hardpos track replay: unknown option {arg!r}\n\n{TRACK_USAGE}", file=sys.stderr)
+            return 2
+        else:
+            paths.append(arg)
+    if len(paths) != 1:
+        print(f"hardpos track replay: give one folder or file\n\n{TRACK_USAGE}", file=sys.stderr)
+        return 2
+    try:
+        report = tracking_queue.replay(paths[0], tracking_uri=uri)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"hardpos track replay: {exc}", file=sys.stderr)
+        return 2
+    runs = ", ".join(f"{a} -> {b}" if a != b else a for a, b in report.runs.items()) or "none"
+    print(f"replayed {report.files} file(s): {report.delivered} record(s) delivered, {report.rejected} refused by "
+          f"the server, {report.left} left; runs: {runs}")
+    for error in report.errors:
+        print(f"  {error}", file=sys.stderr)
+    return 0 if report.left == 0 and not report.errors else 1
 
 
 def describe_config(cls: type, prefix: str = "") -> list[str]:
@@ -79,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     stage, rest = argv[0], argv[1:]
+    if stage == "track":
+        return track_main(rest)
     if stage not in STAGES:
         print(f"hardpos: unknown stage {stage!r}\n\n{USAGE}", file=sys.stderr)
         return 2
@@ -104,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # raised by a stage validating its inputs before work starts
         print(f"hardpos {stage}: config error: {exc}", file=sys.stderr)
         return 2
+    except TrackingUnavailableError as exc:  # before any compute: one line, no traceback
+        print(f"hardpos {stage}: {exc}", file=sys.stderr)
+        return 1
     return 0 if summary.get("status") == "ok" else 1
 
 

@@ -42,12 +42,34 @@ class TrackingConfig:
     experiment: MLflow experiment name (one per stage or one per pipeline).
     run_name: MLflow run name; None -> "<stage>-<timestamp>".
     enabled: False disables MLflow entirely (summary.json is still written).
+    required: True: a tracking server that cannot be reached when the job starts is an
+        immediate error (before any compute). False: the job runs and records the run under
+        ``<output_dir>/tracking`` for ``hardpos track replay``.
+    drain_timeout_s: at the end of a job, how long to wait for queued records to reach
+        the server; what is still queued then is saved for ``hardpos track replay`` and
+        counted in summary.json (the job's exit code does not change).
+    request_timeout_s: timeout of one request to the tracking server (no HTTP retries:
+        the background sender retries with its own backoff).
+    max_queued_records: records held in memory while the server is unreachable; beyond
+        that they spill to a JSON-lines file under ``<output_dir>/tracking``.
     """
 
     tracking_uri: str | None = None
     experiment: str = "hardpos"
     run_name: str | None = None
     enabled: bool = True
+    required: bool = True
+    drain_timeout_s: float = 30.0
+    request_timeout_s: float = 5.0
+    max_queued_records: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.drain_timeout_s < 0:
+            raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+        if self.request_timeout_s <= 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if self.max_queued_records < 1:
+            raise ValueError(f"max_queued_records must be >= 1, got {self.max_queued_records}")
 
 
 @dataclasses.dataclass

@@ -9,8 +9,9 @@ A stage is a module ``hardpos.stages.<name>`` that defines
 :func:`execute` wraps ``run`` with everything every stage must do, so stages never
 repeat it: resolve ``output_dir`` (local paths become absolute), open an MLflow run
 (params = the flattened config, the config itself as ``config.yaml``), call ``run``,
-write ``summary.json`` to ``output_dir``, log it, mark the run FINISHED (FAILED on an
-exception, which is re-raised), and print where the summary is.  Stages call each other
+log the summary, mark the run FINISHED (FAILED on an exception, which is re-raised),
+write ``summary.json`` to ``output_dir`` (its ``tracking`` section says whether every
+tracking record was delivered), and print where the summary is.  Stages call each other
 (the demo, the sweep) through :func:`execute` too, with ``parent_run_id`` for nesting.
 """
 from __future__ import annotations
@@ -97,7 +98,8 @@ def execute(
     cfg = dataclasses.replace(cfg, output_dir=resolve_output_dir(cfg.output_dir))
     storage.makedirs(cfg.output_dir)
     run_name = cfg.tracking.run_name or f"{stage}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run = tracking.start_run(cfg.tracking, run_name, tags={"hardpos.stage": stage}, parent_run_id=parent_run_id)
+    run = tracking.start_run(cfg.tracking, run_name, tags={"hardpos.stage": stage}, parent_run_id=parent_run_id,
+                             spill_dir=tracking.spill_dir_for(cfg.output_dir))
     ctx = JobContext(stage=stage, output_dir=cfg.output_dir, run=run)
     started = time.time()
     try:
@@ -113,10 +115,12 @@ def execute(
             "elapsed_s": round(time.time() - started, 3),
             **result,
         }
-        summary_uri = storage.write_json(ctx.path("summary.json"), summary)
         if run is not None:
             run.log_json(summary, "summary.json")
-            tracking.end_run(run, "FINISHED")
+            # Bounded wait for the tracking queue; what it could not deliver is reported,
+            # not raised: the job's status is the stage's result, not the tracker's health.
+            summary["tracking"] = tracking.end_run(run, "FINISHED")
+        summary_uri = storage.write_json(ctx.path("summary.json"), summary)
     except BaseException:
         tracking.end_run(run, "FAILED")
         raise

@@ -4,22 +4,30 @@ Default store: ``sqlite:///<cwd>/mlruns.db`` with artifacts in ``<cwd>/mlartifac
 (MLflow 3 deprecates the plain file store).  ``$MLFLOW_TRACKING_URI`` or the config's
 ``tracking.tracking_uri`` point at a server instead.
 
-:class:`RunLogger` is a small picklable handle (tracking URI + run id) so Ray workers
-(e.g. Ray Train rank 0) log into the driver's run through ``MlflowClient`` without
-touching MLflow's global "active run" state.
+:class:`RunLogger` is a small picklable handle (tracking URI + run id + spill folder) so
+Ray workers (e.g. Ray Train rank 0) log into the driver's run without touching MLflow's
+global "active run" state. Its records never block the caller: they go through a
+per-process queue (:mod:`hardpos.tracking_queue`) that survives a tracking outage.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
 import tempfile
+import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from hardpos import tracking_queue
 from hardpos.config import TrackingConfig, flatten
+from hardpos.tracking_queue import QueueOptions, TrackingUnavailableError  # noqa: F401  (re-exported)
+
+log = logging.getLogger(__name__)
 
 # MLflow rejects param values over this many characters.
 _MAX_PARAM_CHARS = 6000
@@ -112,55 +120,60 @@ def numeric_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, floa
 
 @dataclasses.dataclass(frozen=True)
 class RunLogger:
-    """Log into one MLflow run from any process. Picklable; holds no connections."""
+    """Log into one MLflow run from any process, without ever waiting on the server.
+
+    Picklable (a Ray Train worker gets a copy) and holds no connections: every call hands
+    its records to this process's queue for the run (:mod:`hardpos.tracking_queue`: a
+    bounded in-memory queue, a background sender, a spill file under ``spill_dir``), so a
+    slow or dead tracking server costs the caller an append. :meth:`close` (or
+    :func:`end_run`) waits a bounded time for delivery and reports what was not delivered.
+
+    local: the server was unreachable when the run started and ``tracking.required`` was
+        false: ``run_id`` is a placeholder (``local-...``) and everything is written to
+        ``spill_dir`` for ``hardpos track replay``, which creates the real run.
+    """
 
     tracking_uri: str
     run_id: str
+    spill_dir: str | None = None
+    local: bool = False
+    options: QueueOptions = QueueOptions()
 
-    def _client(self):
-        from mlflow.tracking import MlflowClient
-
-        return MlflowClient(self.tracking_uri)
+    def _queue(self):
+        return tracking_queue.queue_for(self.tracking_uri, self.run_id, self.spill_dir, self.options, local=self.local)
 
     def log_params(self, params: dict[str, Any]) -> None:
-        from mlflow.entities import Param
-
-        items = [Param(k, v) for k, v in clean_params(params).items()]
-        client = self._client()
-        for start in range(0, len(items), 100):
-            client.log_batch(self.run_id, params=items[start:start + 100])
+        q = self._queue()
+        for key, value in clean_params(params).items():
+            q.put({"kind": "param", "key": key, "value": value})
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
-        import time
-
-        from mlflow.entities import Metric
-
+        # The timestamp is fixed here, when the value is known: a resend after an
+        # ambiguous failure is then an identical row, which MLflow's SQL store drops.
         now = int(time.time() * 1000)
-        items = [Metric(k, v, now, step or 0) for k, v in numeric_metrics(metrics).items()]
-        client = self._client()
-        for start in range(0, len(items), 500):
-            client.log_batch(self.run_id, metrics=items[start:start + 500])
+        q = self._queue()
+        for key, value in numeric_metrics(metrics).items():
+            q.put({"kind": "metric", "key": key, "value": value, "timestamp": now, "step": step or 0})
 
     def last_step(self, metric: str) -> int:
-        """The highest step logged for ``metric`` (0 when it was never logged).
+        """The highest step logged for ``metric`` (0 when it was never logged): in MLflow,
+        or queued by any process of this run (its ledger), whichever is higher.
 
         A worker that resumes after a failure uses it to skip steps it already logged,
-        so a metric's history never holds the same step twice.
+        so a metric's history never holds the same step twice, even when the tracking
+        server is down at the restart.
         """
-        history = self._client().get_metric_history(self.run_id, metric)
-        return max((m.step for m in history), default=0)
+        return tracking_queue.last_logged_step(self.tracking_uri, self.run_id, self.spill_dir, metric, self.options,
+                                               local=self.local)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        client = self._client()
+        q = self._queue()
         for key, value in tags.items():
-            client.set_tag(self.run_id, key, str(value))
+            q.put({"kind": "tag", "key": key, "value": str(value)})
 
     def log_artifact(self, local_path: str | os.PathLike, artifact_path: str | None = None) -> None:
-        path = Path(local_path)
-        if path.is_dir():
-            self._client().log_artifacts(self.run_id, str(path), artifact_path)
-        else:
-            self._client().log_artifact(self.run_id, str(path), artifact_path)
+        """Queue a file or folder (copied now, uploaded by the sender)."""
+        self._queue().put_artifact(local_path, artifact_path)
 
     def log_json(self, obj: Any, name: str) -> None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -174,6 +187,39 @@ class RunLogger:
             path.write_text(text)
             self.log_artifact(path)
 
+    def defer_model(self, checkpoint_dir: str | os.PathLike) -> None:
+        """Log ``checkpoint_dir`` as the run's model when it closes (if the server answers
+        then), else through ``hardpos track replay``. ``checkpoint_dir`` must outlive the job."""
+        self._queue().defer_model(str(checkpoint_dir))
+
+    def reachable(self) -> bool:
+        """True when the tracking server answers now (one short request)."""
+        return not self.local and tracking_queue.probe(self.tracking_uri, self.options.request_timeout_s) is None
+
+    def close(self, timeout: float | None = None, *, hand_off: bool = False) -> tracking_queue.DeliveryReport:
+        """Wait up to ``timeout`` s (default ``drain_timeout_s``) for this process's records,
+        then keep the rest on disk; see :meth:`hardpos.tracking_queue.RunQueue.close`."""
+        q = tracking_queue.existing_queue(self.tracking_uri, self.run_id, self.spill_dir) or self._queue()
+        return q.close(timeout, hand_off=hand_off)
+
+
+def queue_options(cfg: TrackingConfig) -> QueueOptions:
+    return QueueOptions(request_timeout_s=cfg.request_timeout_s, max_queued_records=cfg.max_queued_records,
+                        drain_timeout_s=cfg.drain_timeout_s)
+
+
+def spill_dir_for(output_dir: str) -> str:
+    """Where a job's tracking queue keeps what it could not send: ``<output_dir>/tracking``,
+    or a local folder named after an ``s3://`` output_dir (the queue writes local files)."""
+    import hashlib
+
+    from hardpos import storage
+
+    if storage.is_s3(output_dir):
+        digest = hashlib.sha1(output_dir.encode()).hexdigest()[:12]
+        return str(Path(tempfile.gettempdir()) / "hardpos-tracking" / digest)
+    return str(Path(output_dir) / "tracking")
+
 
 def start_run(
     cfg: TrackingConfig,
@@ -181,26 +227,60 @@ def start_run(
     *,
     tags: dict[str, Any] | None = None,
     parent_run_id: str | None = None,
+    spill_dir: str | None = None,
 ) -> RunLogger | None:
-    """Create a run (status RUNNING) and return its logger; None when tracking is off."""
+    """Create a run (status RUNNING) and return its logger; None when tracking is off.
+
+    The server is asked first with short requests (``tracking.request_timeout_s``, three
+    tries within seconds), so a server that is down fails the job here, before any compute, with
+    :class:`TrackingUnavailableError` -- unless ``tracking.required`` is false: then the
+    run is recorded locally under ``spill_dir`` (one warning line) for a later
+    ``hardpos track replay``.
+    """
     if not cfg.enabled:
         return None
     from mlflow.tracking import MlflowClient
 
     uri = resolve_tracking_uri(cfg.tracking_uri)
-    exp_id = ensure_experiment(cfg.experiment, uri)
+    options = queue_options(cfg)
     all_tags = {"mlflow.runName": run_name, **{k: str(v) for k, v in (tags or {}).items()}}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
-    run = MlflowClient(uri).create_run(exp_id, tags=all_tags, run_name=run_name)
-    return RunLogger(uri, run.info.run_id)
+    problem = tracking_queue.probe(uri, cfg.request_timeout_s, attempts=3)
+    if problem is None:
+        try:
+            with tracking_queue.fail_fast_http(cfg.request_timeout_s):
+                exp_id = ensure_experiment(cfg.experiment, uri)
+                run = MlflowClient(uri).create_run(exp_id, tags=all_tags, run_name=run_name)
+            return RunLogger(uri, run.info.run_id, spill_dir, options=options)
+        except Exception as exc:  # noqa: BLE001 - a store that fails here is as unavailable as a dead one
+            if cfg.required:
+                raise TrackingUnavailableError(
+                    f"cannot start an MLflow run in {uri} ({type(exc).__name__}: {str(exc)[:300]}); nothing was run. "
+                    "Fix the tracking store or set tracking.required=false to record the run locally") from exc
+            problem = f"{type(exc).__name__}: {str(exc)[:200]}"
+    if cfg.required:
+        raise TrackingUnavailableError(
+            f"the MLflow tracking server {uri} is unreachable ({problem}); nothing was run. Start it, point "
+            "tracking.tracking_uri at one that is up, or set tracking.required=false to record this run locally "
+            "and send it later with `hardpos track replay <output_dir>/tracking`")
+    logger = RunLogger(uri, f"{tracking_queue.LOCAL_PREFIX}{uuid.uuid4().hex}", spill_dir, local=True, options=options)
+    log.warning("tracking: %s unreachable (%s); recording run %r locally in %s (tracking.required=false)", uri,
+                problem[:200], run_name, logger._queue().spill_dir)
+    logger._queue().put({"kind": "create", "experiment": cfg.experiment, "run_name": run_name, "tags": all_tags,
+                         "start_time": int(time.time() * 1000)})
+    return logger
 
 
-def end_run(logger: RunLogger | None, status: str = "FINISHED") -> None:
-    if logger is not None:
-        from mlflow.tracking import MlflowClient
-
-        MlflowClient(logger.tracking_uri).set_terminated(logger.run_id, status=status)
+def end_run(logger: RunLogger | None, status: str = "FINISHED", timeout: float | None = None) -> dict[str, Any] | None:
+    """Queue the run's final status, wait up to ``timeout`` s (``tracking.drain_timeout_s``
+    by default) for this process's records to reach the server, and return the delivery
+    report (for summary.json): ``undelivered`` records and the files holding them. Never
+    raises for an unreachable server: the job's result is not the tracker's health."""
+    if logger is None:
+        return None
+    logger._queue().put({"kind": "end", "status": status, "end_time": int(time.time() * 1000)})
+    return logger.close(timeout).to_dict()
 
 
 def search_runs(tracking_uri: str, experiment: str, filter_string: str = "", order_by: Iterable[str] = ()):

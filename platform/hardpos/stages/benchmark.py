@@ -3,7 +3,8 @@
 ``python jobs/benchmark.py suite=<name>`` (or ``suite=all``) prints a Markdown table and
 writes summary.json. Each suite alternates the two paths in one process and reports the
 median ratio with min/max (see :mod:`hardpos.benchutil`). Suites: text, train_step,
-evaluate, serve, generate, gpu (CUDA only), resilience (node loss; figures, not ratios). ``quick=true`` shrinks every suite to a smoke
+evaluate, serve, generate, gpu (CUDA only), resilience (node loss; figures, not ratios),
+tracking (step time with the MLflow server dead vs alive). ``quick=true`` shrinks every suite to a smoke
 run (used by the test suite to keep the harness working; its numbers mean nothing).
 """
 from __future__ import annotations
@@ -18,8 +19,8 @@ from hardpos.benchutil import compare_alternating, format_table
 from hardpos.config import JobConfig
 from hardpos.runtime import JobContext
 
-Suite = Literal["all", "text", "train_step", "evaluate", "serve", "generate", "gpu", "resilience"]
-SUITES = ("text", "train_step", "evaluate", "serve", "generate", "gpu", "resilience")
+Suite = Literal["all", "text", "train_step", "evaluate", "serve", "generate", "gpu", "resilience", "tracking"]
+SUITES = ("text", "train_step", "evaluate", "serve", "generate", "gpu", "resilience", "tracking")
 
 
 @dataclasses.dataclass
@@ -241,6 +242,7 @@ SUITE_FUNCTIONS: dict[str, Callable[[Config], list[dict[str, Any]]]] = {
     "generate": _optional_suite("hardpos.generate.bench", "generate_bench"),
     "gpu": gpu_suite,
     "resilience": resilience_suite,
+    "tracking": _optional_suite("hardpos.tracking_bench", "tracking_bench"),
 }
 
 

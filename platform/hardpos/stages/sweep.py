@@ -151,6 +151,7 @@ def run_trial(tune_config: dict[str, Any], *, base: dict[str, Any], output_dir: 
     def run_fn(cfg, run_ctx):
         summary = module.run(cfg, run_ctx, callbacks=[callback])
         value = sweep.objective(summary.get("final_metrics", {}), objective_terms)
+        summary["overrides"] = overrides  # the sweep's comparison reads it when MLflow is unreachable
         if value is not None:
             run_ctx.log_metrics({"objective": value})
             summary["objective"] = value
@@ -173,6 +174,12 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         "tracking_uri": tracking.resolve_tracking_uri(cfg.tracking.tracking_uri),
         "experiment": cfg.tracking.experiment,
         "enabled": cfg.tracking.enabled,
+        # The sweep checked the server when it started; a trial that starts during an outage
+        # records its run locally (sent at the end of the sweep) instead of failing.
+        "required": False,
+        "drain_timeout_s": cfg.tracking.drain_timeout_s,
+        "request_timeout_s": cfg.tracking.request_timeout_s,
+        "max_queued_records": cfg.tracking.max_queued_records,
     }
     trainable = tune.with_resources(
         functools.partial(run_trial, base=base, output_dir=ctx.output_dir, tracking_cfg=tracking_cfg,
@@ -201,7 +208,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
 
     failed = [{"trial": r.path.rsplit("/", 1)[-1] if r.path else None, "config": sweep.trial_overrides(r.config or {}),
                "error": f"{type(r.error).__name__}: {r.error}"[:2000]} for r in grid if r.error is not None]
-    rows = compare.collect_runs(tracking_cfg["tracking_uri"], cfg.tracking.experiment, ctx.run_id) if ctx.run_id else []
+    rows, tracking_down = trial_rows(cfg, ctx, tracking_cfg["tracking_uri"])
     finished = [r for r in rows if r["status"] == "FINISHED"]
     front = sweep.pareto_front(finished, cfg.pareto)
     table = compare.markdown_table(finished, pareto=front)
@@ -227,7 +234,11 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         "artifacts": artifacts,
         "rows": finished,
     }
-    if cfg.register and ranked:
+    if tracking_down:
+        summary["registered"] = False
+        print(f"WARNING: the comparison comes from the trials' summary.json files and no model was registered: "
+              f"{tracking_down}", file=sys.stderr)
+    if cfg.register and ranked and not tracking_down:
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_cfg["tracking_uri"])
@@ -239,6 +250,57 @@ def run(cfg: Config, ctx: JobContext) -> dict:
             summary["challenger"] = dataclasses.asdict(challenger)
         print(f"champion: {ranked[0]['run_name']} ({cfg.metric}={ranked[0][cfg.metric]:.4f}) -> {summary['model_uri']}")
     return summary
+
+
+def trial_rows(cfg: Config, ctx: JobContext, tracking_uri: str) -> tuple[list[dict[str, Any]], str | None]:
+    """The trials as comparison rows, and why MLflow could not give them (None when it did).
+
+    From MLflow when it answers, after sending what trials could not deliver during an
+    outage (their undelivered files; runs recorded locally are created then). Otherwise
+    -- server down, tracking off, or the sweep's own run recorded locally -- from the
+    trials' summary.json files, so a tracking outage never loses a finished sweep's result.
+    """
+    from hardpos import tracking_queue
+
+    if not cfg.tracking.enabled or ctx.run is None:
+        return summary_rows(ctx.output_dir), "tracking is disabled"
+    problem = tracking_queue.probe(tracking_uri, cfg.tracking.request_timeout_s)
+    if problem is None and not storage.is_s3(ctx.output_dir):
+        trials_dir = Path(ctx.output_dir) / "trials"
+        if trials_dir.is_dir() and tracking_queue.undelivered_files(trials_dir):
+            sent = tracking_queue.replay(trials_dir, timeout_s=cfg.tracking.request_timeout_s)
+            print(f"sent {sent.delivered} tracking record(s) the trials could not deliver"
+                  + (f"; {sent.left} still left: {sent.errors[:3]}" if sent.left else ""), file=sys.stderr)
+    if problem is None and not ctx.run.local:
+        try:
+            with tracking_queue.fail_fast_http(cfg.tracking.request_timeout_s):
+                return compare.collect_runs(tracking_uri, cfg.tracking.experiment, ctx.run_id), None
+        except Exception as exc:  # noqa: BLE001 - the server went away again: fall back below
+            problem = f"{type(exc).__name__}: {str(exc)[:200]}"
+    reason = problem or "the sweep's run was recorded locally (server down at its start)"
+    return summary_rows(ctx.output_dir), f"{tracking_uri} unreachable ({reason})"
+
+
+def summary_rows(output_dir: str) -> list[dict[str, Any]]:
+    """Rows like :func:`hardpos.compare.collect_runs` gives, from ``trials/<name>/summary.json``."""
+    from hardpos.tracking import numeric_metrics
+
+    trials = storage.join(output_dir, "trials")
+    rows = []
+    for uri in storage.list_files(trials, suffix="/summary.json"):
+        if uri[len(trials):].strip("/").count("/") != 1:  # trials/<name>/summary.json only
+            continue
+        s = storage.read_json(uri)
+        if s.get("status") != "ok":
+            continue
+        row: dict[str, Any] = {"run_id": s.get("mlflow_run_id"), "run_name": uri.rstrip("/").split("/")[-2],
+                               "status": "FINISHED"}
+        row.update({f"param:{k}": v for k, v in (s.get("overrides") or {}).items()})
+        row.update(numeric_metrics(s.get("final_metrics") or {}))
+        if isinstance(s.get("objective"), (int, float)):
+            row["objective"] = float(s["objective"])
+        rows.append(row)
+    return rows
 
 
 def write_comparison(rows: list[dict[str, Any]], table: str, ctx: JobContext) -> list[str]:

@@ -8,6 +8,7 @@ as the MLflow model `model` of this run (load it with pretrained=runs:/<run_id>/
 """
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -17,6 +18,7 @@ from hardpos.runtime import JobContext
 from hardpos.train.loop import TrainConfig, build_trainer, fit  # noqa: F401  (fit: API for the sweep)
 
 Config = TrainConfig
+log = logging.getLogger(__name__)
 
 
 def _numeric(metrics: dict[str, Any] | None) -> dict[str, float]:
@@ -31,6 +33,31 @@ def _checkpoint_uri(checkpoint) -> str:
     if fs is not None and getattr(fs, "type_name", "") == "s3":
         return f"s3://{checkpoint.path}"
     return str(checkpoint.path)
+
+
+def _log_final_model(run, local: Path, final_dir: str) -> tuple[str | None, bool]:
+    """Log the final checkpoint as the run's MLflow model now, or defer it when the
+    tracking server does not answer -> (``runs:/<run_id>/model``, deferred?).
+
+    A deferred model is logged when the run closes if the server is back by then, else by
+    ``hardpos track replay`` (summary.json's ``tracking`` section says which); its URI is
+    the one it will have. A run recorded locally has no run id yet: URI None.
+    """
+    from hardpos import storage, tracking_queue
+
+    if not run.local and run.reachable():
+        try:
+            # The registry finds a run's model through the hardpos.model_uri tag (set here too).
+            return tracking_queue.log_model_now(run.tracking_uri, run.run_id, str(local),
+                                                run.options.request_timeout_s), False
+        except Exception as exc:  # noqa: BLE001 - the server went away mid-upload: defer, do not fail the job
+            log.warning("tracking: logging the model failed (%s); deferred", str(exc).splitlines()[0][:200])
+    keep = final_dir
+    if storage.is_s3(final_dir):  # the deferred upload needs a local copy that outlives this job
+        keep = str(Path(run._queue().spill_dir) / "models" / run.run_id / local.name)
+        shutil.copytree(local, keep, dirs_exist_ok=True)
+    run.defer_model(keep)
+    return (None if run.local else f"runs:/{run.run_id}/model"), True
 
 
 def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = ()) -> dict:
@@ -51,7 +78,7 @@ def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = ()) -> dict:
     if result.checkpoint is None:
         raise RuntimeError("training finished without a checkpoint (no step was trained?)")
     final_dir = ctx.path(MODEL_DIR)
-    model_uri = None
+    model_uri, model_deferred = None, False
     with result.checkpoint.as_directory() as ckpt_dir:
         src = Path(ckpt_dir) / MODEL_DIR
         with tempfile.TemporaryDirectory(prefix="hardpos-final-") as tmp:
@@ -62,11 +89,7 @@ def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = ()) -> dict:
                     shutil.rmtree(final_dir)
                 storage.upload_dir(local, final_dir)
             if ctx.run is not None:
-                from hardpos.mlflow_model import log_model
-
-                model_uri = log_model(ctx.run, local)
-                # The registry finds a run's model through this tag (see hardpos.registry).
-                ctx.run.set_tags({"hardpos.model_uri": model_uri})
+                model_uri, model_deferred = _log_final_model(ctx.run, local, final_dir)
     metrics = _numeric(result.metrics)
     steps = int(metrics.get("step", 0))
     summary = {
@@ -74,6 +97,7 @@ def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = ()) -> dict:
         "checkpoint": final_dir,
         "ray_checkpoint": _checkpoint_uri(result.checkpoint),
         "model_uri": model_uri,
+        "model_deferred": model_deferred,
         "steps": steps,
         "epochs": int(metrics.get("epoch", 0)),
         "steps_per_epoch": plan.steps_per_epoch,

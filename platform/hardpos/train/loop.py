@@ -22,6 +22,8 @@ checkpoint (a checkpoint folder, or a Ray Train run folder: its latest checkpoin
 
 MLflow: rank 0 only, through the picklable ``RunLogger`` passed in the loop config
 (per-step loss terms at the global step; per-epoch validation/eval metrics at the epoch).
+Logging only queues the records (:mod:`hardpos.tracking_queue`): a slow or dead tracking
+server never stalls or fails a step, and never spends ``fault.max_failures``.
 """
 from __future__ import annotations
 
@@ -350,7 +352,37 @@ def _maybe_inject_fault(cfg: TrainConfig, step: int, rank: int, world: int) -> N
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """The Ray Train worker function (config: cfg, run_logger, steps_per_epoch, total_steps)."""
+    """The Ray Train worker function (config: cfg, run_logger, steps_per_epoch, total_steps).
+
+    Rank 0's tracking records go through a non-blocking queue (a dead tracking server
+    costs the loop nothing); when the loop ends this process's queue gets a bounded drain
+    (``tracking.drain_timeout_s``, none while the server is unreachable: the driver waits
+    instead), or, when the loop raised, none at all: what is left goes to a file that the
+    restarted rank 0 (or the driver) adopts, so Ray Train's restart is not delayed and no
+    record is lost or logged twice.
+    """
+    import ray.train
+
+    try:
+        _train_worker(config)
+    except BaseException:
+        _close_tracking(config, ray.train.get_context().get_world_rank(), timeout=0.0)
+        raise
+    _close_tracking(config, ray.train.get_context().get_world_rank(), timeout=config["cfg"].tracking.drain_timeout_s)
+
+
+def _close_tracking(config: dict[str, Any], rank: int, timeout: float) -> None:
+    from hardpos import tracking_queue
+
+    logger = config.get("run_logger")
+    if rank != 0 or logger is None:
+        return
+    q = tracking_queue.existing_queue(logger.tracking_uri, logger.run_id, logger.spill_dir)
+    if q is not None:
+        q.close(timeout, hand_off=True)
+
+
+def _train_worker(config: dict[str, Any]) -> None:
     import contextlib
 
     import ray.train
@@ -403,9 +435,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     val_shard = ray.train.get_dataset_shard("val") if config.get("has_val") else None
 
     # After a restart the steps between the checkpoint and the failure are trained again;
-    # their metrics were already logged, so rank 0 logs only steps beyond what MLflow holds.
-    logged_step = logger.last_step("loss/total") if logger is not None and resumed_from is not None else 0
-    logged_epoch = logger.last_step("epoch") if logger is not None and resumed_from is not None else 0
+    # their metrics were already logged, so rank 0 logs only steps beyond what was logged
+    # (MLflow's history, or the run's local ledger while the server is down). Asked on every
+    # start, not only on a resume: a restart before the first checkpoint retrains from step 0.
+    logged_step = logger.last_step("loss/total") if logger is not None else 0
+    logged_epoch = logger.last_step("epoch") if logger is not None else 0
 
     meta_base = {"arch": lm.arch, "source": cfg.model.pretrained or "random", "loss": dataclasses.asdict(cfg.loss)}
     skipped_total, warned = 0, 0

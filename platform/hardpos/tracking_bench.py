@@ -1,0 +1,229 @@
+"""Tracking-outage benchmark: the training loop's step time with the tracking server dead
+vs alive (called by the benchmark harness, ``python jobs/benchmark.py suite=tracking``, or
+``python -m hardpos.tracking_bench``; never timed in tests).
+
+One process, one model, one batch; each timed unit is ``steps`` training steps of the
+combined loss (hardpos-tiny, fused AdamW: the training loop's step) each followed by the
+rank-0 logging call of ``train/loop.py`` with ``log_every=1`` (``RunLogger.log_metrics``:
+the loss terms, lr and logit scale at the global step), the paths alternated side by side
+(:func:`hardpos.benchutil.compare_alternating`, median of per-pair ratios):
+
+* ``dead_vs_live``: logging into a run whose server was killed (SIGKILL, by PID) after
+  the run was created, vs logging into a run on a live server. The ratio is
+  live time / dead time: 1.0 means the dead server costs the loop nothing; above 1 the
+  dead server is *cheaper* (a live server on the same 2 cores also spends CPU answering).
+* ``live_vs_live``: the same live path on both sides: the noise floor of the ratio above.
+* ``queued_vs_sync``: the queued path vs the synchronous ``MlflowClient.log_batch`` per
+  step that the loop used before (both into a live server).
+
+Plus one figure, outside the ratios: how long a single synchronous ``log_batch`` into
+the dead server blocks with MLflow's default HTTP retries (capped; the old loop paid it
+on every logging step, then failed the worker).
+
+The server runs on 127.0.0.1 in a child process (SQLite backend in a temporary folder)
+and is stopped by its process-group id; nothing else is touched.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+class LocalMlflowServer:
+    """``mlflow server`` on 127.0.0.1 (SQLite + local artifacts under ``root``) that can be
+    crashed and restarted on the same port and database. Stops only its own process group."""
+
+    def __init__(self, root: str | os.PathLike, port: int | None = None) -> None:
+        import socket
+
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        if port is None:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.db = self.root / "server.db"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def store(self) -> str:
+        """The backing database: readable directly while the server is down."""
+        return f"sqlite:///{self.db}"
+
+    def start(self, wait: bool = True, timeout: float = 300) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.store,
+             "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1",
+             "--port", str(self.port), "--workers", "1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        if wait:
+            self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        import requests
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).ok:
+                    return
+            except requests.RequestException:
+                pass
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}")
+            time.sleep(0.3)
+        raise RuntimeError(f"mlflow server on {self.url} did not answer /health within {timeout:.0f} s")
+
+    def kill(self) -> None:
+        """SIGKILL its process group (the server forks a uvicorn worker): a crash, not a goodbye."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+
+def _step_fn(batch_size: int):
+    """One combined-loss training step of hardpos-tiny -> (step(), metrics of the last step)."""
+    import torch
+
+    from hardpos.model import ModelConfig, load_model
+    from hardpos.train.bench import _batch
+    from hardpos.train.loop import OptimConfig, _triplet_module, build_optimizer
+    from hardpos.train.loss import LossConfig, combined_loss, loss_metrics
+
+    torch.manual_seed(0)
+    lm = load_model(ModelConfig(arch="hardpos-tiny"))
+    model = lm.model.train()
+    net = _triplet_module()(model)
+    opt = build_optimizer(model, OptimConfig(lr=1e-6))
+    images, _, _, _, text, neg, pos = _batch(lm, batch_size)
+    mask = torch.ones(batch_size, dtype=torch.bool)
+
+    def step() -> dict[str, float]:
+        out = net(images, text, neg, pos, mask, mask)
+        terms = combined_loss(out["image"], out["text"], out["negative"], out["positive"], mask, mask,
+                              out["logit_scale"], LossConfig())
+        opt.zero_grad(set_to_none=True)
+        terms["total"].backward()
+        opt.step()
+        return {**loss_metrics(terms), "lr": 1e-6, "logit_scale": float(model.logit_scale.exp())}
+
+    return step
+
+
+def _sync_log(uri: str, run_id: str, metrics: dict[str, float], step: int) -> None:
+    """What the loop did before: one blocking ``log_batch`` per logging step."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    now = int(time.time() * 1000)
+    MlflowClient(uri).log_batch(run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
+
+
+def blocked_seconds(uri: str, run_id: str, cap_s: float) -> tuple[float, bool]:
+    """Seconds one synchronous ``log_batch`` into ``uri`` blocks with MLflow's defaults,
+    measured up to ``cap_s`` -> (seconds, returned?). The call is left running in a
+    daemon thread when it does not return within the cap."""
+    done = threading.Event()
+
+    def call():
+        try:
+            _sync_log(uri, run_id, {"probe": 1.0}, 0)
+        except Exception:  # noqa: BLE001 - the failure is the point; its time is what is measured
+            pass
+        done.set()
+
+    t0 = time.perf_counter()
+    threading.Thread(target=call, daemon=True).start()
+    returned = done.wait(cap_s)
+    return time.perf_counter() - t0, returned
+
+
+def tracking_bench(quick: bool = False, repeats: int = 5, steps: int = 20, batch_size: int = 16,
+                   blocked_cap_s: float = 30.0) -> list[dict[str, Any]]:
+    """Rows for the harness: three alternating ratios and the synchronous blocking figure."""
+    from hardpos import tracking, tracking_queue
+    from hardpos.benchutil import compare_alternating
+    from hardpos.config import TrackingConfig
+
+    if quick:
+        repeats, steps, blocked_cap_s = 1, 2, 0.0
+    root = Path(tempfile.mkdtemp(prefix="hardpos-trackbench-"))
+    live_srv, dead_srv = LocalMlflowServer(root / "live"), LocalMlflowServer(root / "dead")
+    live_srv.start(wait=False)
+    dead_srv.start()
+    live_srv.wait_ready()
+    loggers = []
+    try:
+        def start(url: str, name: str) -> tracking.RunLogger:
+            cfg = TrackingConfig(tracking_uri=url, experiment="tracking-bench", drain_timeout_s=0.0)
+            logger = tracking.start_run(cfg, name, spill_dir=str(root / name))
+            loggers.append(logger)
+            return logger
+
+        live, live2, sync_run = start(live_srv.url, "live"), start(live_srv.url, "live2"), start(live_srv.url, "sync")
+        dead = start(dead_srv.url, "dead")
+        dead_srv.kill()  # the run exists; from now on every request to it is refused
+        train_step = _step_fn(batch_size)
+        counters: dict[str, int] = {}
+
+        def loop(name: str, log) -> callable:
+            def run_steps() -> None:
+                for _ in range(steps):
+                    metrics = train_step()
+                    counters[name] = counters.get(name, 0) + 1
+                    log(metrics, counters[name])
+            return run_steps
+
+        queued = {n: loop(n, lambda m, s, lg=lg: lg.log_metrics(m, step=s))
+                  for n, lg in (("live", live), ("live2", live2), ("dead", dead))}
+        sync = loop("sync", lambda m, s: _sync_log(live_srv.url, sync_run.run_id, m, s))
+        cases = {
+            "dead_vs_live": ("log_metrics per step, server dead vs alive (ratio = alive / dead)", queued["dead"],
+                             queued["live"]),
+            "live_vs_live": ("log_metrics per step, alive vs alive (noise floor of the ratio above)", queued["live2"],
+                             queued["live"]),
+            "queued_vs_sync": ("log_metrics per step (queued) vs synchronous log_batch per step, server alive",
+                               queued["live"], sync),
+        }
+        rows = []
+        for key, (label, fast, slow) in cases.items():
+            row = compare_alternating(fast, slow, repeats=repeats, work_items=steps)
+            row.update(suite="tracking", case=f"hardpos-tiny b{batch_size}, {steps} steps: {label}", key=key)
+            rows.append(row)
+        backlog = tracking_queue.existing_queue(dead.tracking_uri, dead.run_id, dead.spill_dir)
+        rows[0]["dead_server_backlog_records"] = backlog.pending() if backlog else None
+        if blocked_cap_s > 0:
+            seconds, returned = blocked_seconds(dead.tracking_uri, dead.run_id, blocked_cap_s)
+            rows.append({"suite": "tracking", "key": "sync_dead_blocked_s", "value": round(seconds, 1),
+                         "case": "one synchronous log_batch into the dead server, MLflow's default retries (s)"
+                                 + ("" if returned else f": still blocked when measuring stopped at {blocked_cap_s:.0f} s")})
+        return rows
+    finally:
+        for logger in loggers:
+            logger.close(timeout=0)
+        live_srv.kill()
+        dead_srv.kill()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":  # python -m hardpos.tracking_bench [--quick] [repeats] [steps]
+    import json
+
+    from hardpos.benchutil import format_table
+
+    args = [a for a in sys.argv[1:] if a != "--quick"]
+    out = tracking_bench(quick="--quick" in sys.argv, repeats=int(args[0]) if args else 5,
+                         steps=int(args[1]) if len(args) > 1 else 20)
+    print(format_table(out))
+    print(json.dumps(out, indent=1, default=str))
