@@ -112,3 +112,148 @@ def test_unknown_kind_and_bad_original_are_caller_errors():
 def test_original_with_a_colon_or_quote_does_not_make_a_faithful_edit_chatter():
     assert validate("Sign reads: STOP", "Sign says: STOP", "replace").accepted
     assert validate("\"Love\" painted on a red wall", "\"Love\" painted on a crimson wall", "replace").accepted
+
+
+# ---------------------------------------------------------------------------------------------------
+# SWAP positives: two whole conjuncts exchanged, never a modifier or a part moved to another thing.
+# Captions are real COCO captions (NegCLIP's valid_neg_clip.tsv titles, three from SugarCrepe);
+# the candidates are written by hand.
+
+CONJUNCT_SWAPS = [
+    ("Two toothbrushes and a tube of toothpaste are in a cup.",
+     "A tube of toothpaste and two toothbrushes are in a cup."),
+    ("A stop sign and a cart on the side of the road.", "A cart and a stop sign on the side of the road."),
+    ("A man and a young boy play a wii game together.", "A young boy and a man play a wii game together."),
+    ("A gray chair and a black chair sit in a room near a lamp.",
+     "A black chair and a gray chair sit in a room near a lamp."),
+    ("A man and a woman on a motorcycle in helmets.", "A woman and a man on a motorcycle in helmets."),
+    ("A person and a kid on top of a refrigerator", "A kid and a person on top of a refrigerator"),
+    ("A long red and yellow train traveling down tracks.", "A long yellow and red train traveling down tracks."),
+    ("Fruit and vegetables are hanging in a metal basket.", "Vegetables and fruit are hanging in a metal basket."),
+    ("A plated sandwich and fried potatoes on a table.", "Fried potatoes and a plated sandwich on a table."),
+    ("Woman and man playing with a disk toy outside on the beach.",
+     "Man and woman playing with a disk toy outside on the beach."),
+    ("A store room holds sinks, bathtubs and toilets", "A store room holds sinks, toilets and bathtubs"),
+    ("A man waits in bed while watching television and holding something.",
+     "A man waits in bed while holding something and watching television."),
+    ("A group of elephants bathing and playing in the water.",
+     "A group of elephants playing and bathing in the water."),
+    ("An omelette, oranges, and tomatoes on a plate.", "An omelette, tomatoes, and oranges on a plate."),
+    ("An elegant bathroom features a tub, sink, mirror, and decorations.",
+     "An elegant bathroom features a tub, mirror, sink, and decorations."),
+    ("A brown and white cat is in a suitcase.", "A white and brown cat is in a suitcase."),
+    ("Several birds with black and yellow feathers sitting on some branches.",
+     "Several birds with yellow and black feathers sitting on some branches."),
+    ("The microwave and the television were set at the street for recycling.",
+     "The television and the microwave were set at the street for recycling."),
+    ("A woman and a dog sitting on the ground.", "A dog and a woman sitting on the ground."),
+    ("A man brushing his teeth and taking a self portrait in a mirror.",
+     "A man taking a self portrait in a mirror and brushing his teeth."),
+    # whole phrases with their own modifiers: people with people, the same preposition in both
+    ("A man in a white shirt and a woman in a white dress hold a knife over a blue decorated cake.",
+     "A woman in a white dress and a man in a white shirt hold a knife over a blue decorated cake."),
+    ("A child holding a flowered umbrella and petting a yak.",
+     "A child petting a yak and holding a flowered umbrella."),
+    ("There are meats and vegetables on a flatbread", "There are vegetables and meats on a flatbread"),
+    ("A pizza and a salad are sitting on a table.", "A salad and a pizza are sitting on a table."),
+]
+
+BINDING_SWAPS = [
+    # a modifier, a part or an attribute moves to another thing: hard negatives, never SWAP positives
+    ("A man in a white shirt and a woman in a white dress hold a knife over a blue decorated cake.",
+     "A man in a white dress and a woman in a white shirt hold a knife over a blue decorated cake."),
+    ("A man in a white shirt and a woman in a white dress hold a knife over a blue decorated cake.",
+     "A man in a woman and a white shirt in a white dress hold a knife over a blue decorated cake."),
+    ("A man in a white shirt and a woman in a white dress hold a knife over a blue decorated cake.",
+     "A woman in a white dress hold a knife over a blue decorated cake and a man in a white shirt."),
+    ("A person with a cane and a roller bag sitting on a bench.",  # SugarCrepe swap_att
+     "A person with a roller and a cane bag sitting on a bench."),
+    ("A kitchen has wooden cabinets and black countertops.",  # SugarCrepe swap_att
+     "A kitchen has black cabinets and wooden countertops."),
+    ("Blue bathroom with two white towels hanging by the shower.",  # SugarCrepe swap_att: no coordination at all
+     "White bathroom with two blue towels hanging by the shower."),
+    ("A garden is surrounded by a train and phone booth.", "A garden is surrounded by a phone and train booth."),
+    ("A narrow kitchen filled with appliances and cooking utensils.",
+     "A narrow kitchen filled with utensils and cooking appliances."),
+    ("A child holding a flowered umbrella and petting a yak.",
+     "A child petting a flowered umbrella and holding a yak."),
+    ("A white toilet and towel in a room.", "Towel and a white toilet in a room."),
+    ("a white woman wearing a white hat and uniform", "a white woman wearing uniform and a white hat"),
+    ("A little boy and girl playing with a interactive video game.",
+     "Girl and a little boy playing with a interactive video game."),
+    ("A bathroom is adorned with beige and white tiles.", "A bathroom is adorned with white tiles and beige."),
+    ("Two men are using laptops and a child is walking around.",
+     "Two men are using a child and laptops is walking around."),
+    ("Two men smiling and taking a picture together.", "Two men taking and smiling a picture together."),
+    ("A female horse rider mounted near a body of water and mountains.",
+     "A female horse rider mounted near a body of mountains and water."),
+    ("Several zebras stand in a field and graze.", "Several zebras stand in graze and a field."),
+    ("a female tennis player in a black dress and fans", "a female tennis player in fans and a black dress"),
+    ("A man and a young boy dressed in matching white dress shirts and ties.",
+     "A young boy dressed and a man in matching white dress shirts and ties."),
+    ("A picture of a shaded walk way and benches.", "A picture of a shaded walk benches and way."),
+    ("A white plate containing fried food and various greens.",
+     "Various greens and a white plate containing fried food."),
+    ("A man with a coat on his shoulder and a suitcase by his foot.",
+     "A man with a coat on a suitcase and his shoulder by his foot."),
+]
+
+
+@pytest.mark.parametrize("original,candidate", CONJUNCT_SWAPS)
+def test_whole_conjunct_swaps_of_real_captions_are_accepted(original, candidate):
+    assert validate(original, candidate, "swap") == Verdict(True, None, candidate)
+    assert validate(original, candidate, "swap_positive").accepted
+
+
+@pytest.mark.parametrize("original,candidate", BINDING_SWAPS)
+def test_binding_swaps_are_not_swap_positives(original, candidate):
+    assert validate(original, candidate, "swap") == Verdict(False, "not_conjunct_swap", None)
+
+
+def test_the_issue_example_only_the_whole_phrases_may_move():
+    caption = "A man with a hat and a woman with a dog"
+    assert validate(caption, "A man with a woman and a hat with a dog", "swap").reason == "not_conjunct_swap"
+    assert validate(caption, "A man with a dog and a woman with a hat", "swap").reason == "not_conjunct_swap"
+    assert validate(caption, "A woman with a dog and a man with a hat", "swap").accepted
+
+
+def test_swap_negatives_keep_the_plain_permutation_check():
+    # a binding swap is exactly what a SWAP hard negative is; only the positive kinds check conjuncts
+    original = "A kitchen has wooden cabinets and black countertops."
+    candidate = "A kitchen has black cabinets and wooden countertops."
+    assert validate(original, candidate, "swap_negative").accepted
+    assert validate(original, candidate, "swap").reason == "not_conjunct_swap"
+    assert "not_conjunct_swap" in REASONS and "not_a_swap" in REASONS
+
+
+def _permutes(caption: str, other: str) -> bool:
+    from collections import Counter
+
+    from hardpos.data.validate import words
+
+    return Counter(words(caption)) == Counter(words(other)) and words(caption) != words(other)
+
+
+def test_sugarcrepe_swap_negatives_are_all_rejected_as_swap_positives(shared_data):
+    import json
+
+    pairs = []
+    for name in ("swap_att", "swap_obj"):
+        items = json.loads((shared_data / "sugar_crepe" / f"{name}.json").read_text())
+        pairs += [(v["caption"], v["negative_caption"]) for v in items.values()]
+    permutations = [(c, n) for c, n in pairs if _permutes(c, n)]
+    assert len(pairs) == 911 and len(permutations) == 593  # the others add, drop or change a word
+    reasons = {validate(c, n, "swap").reason for c, n in permutations}
+    assert reasons == {"not_conjunct_swap"}  # 593 of 593 rejected
+    assert all(validate(c, n, "swap_negative").accepted for c, n in permutations[:50])
+
+
+def test_paper_replace_positives_are_still_accepted_as_replace(shared_data):
+    import json
+
+    for name in ("vl_checklist_attributes", "vl_checklist_relations"):
+        orig = json.loads((shared_data / "hard_positives" / "data" / f"{name}.json").read_text())
+        pos = json.loads((shared_data / "hard_positives" / "swapped_data" / f"{name}.json").read_text())
+        assert len(orig) == len(pos) > 10_000
+        accepted = sum(validate(a["true_caption"], b["true_caption"], "replace").accepted for a, b in zip(orig, pos))
+        assert accepted / len(orig) >= 0.99, (name, accepted, len(orig))
