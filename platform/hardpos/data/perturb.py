@@ -531,6 +531,23 @@ class RulePerturber:
         return i, j
 
     def _swap_conjuncts(self, caption: str, toks: list[_Tok], matches: list[_Match]) -> Iterable[Perturbation]:
+        """Conjunct-swap hard positives: for each "and", the first candidate of :meth:`_conjunct_candidates`
+        that :func:`~hardpos.data.validate.is_conjunct_swap` accepts.
+
+        The candidates come from local heuristics that cannot see a whole coordination; the validator's
+        check is the contract, so a swap of parts ("a man with a hat and a woman" -> "a man with a woman
+        and a hat", "a white hat and uniform" -> "uniform and a white hat") never leaves the engine.
+        """
+        from hardpos.data.validate import is_conjunct_swap
+
+        done: set[int] = set()
+        for k, p in [*self._conjunct_candidates(caption, toks), *_clause_candidates(caption, toks)]:
+            if k not in done and is_conjunct_swap(caption, p.text):
+                done.add(k)
+                yield p
+
+    def _conjunct_candidates(self, caption: str, toks: list[_Tok]) -> Iterable[tuple[int, Perturbation]]:
+        """(index of the "and", candidate swap) pairs, the preferred candidate for one "and" first."""
         for k, tok in enumerate(toks):
             if tok.low != "and" or k == 0 or k == len(toks) - 1:
                 continue
@@ -542,8 +559,8 @@ class RulePerturber:
                 after = toks[k + 2] if k + 2 < len(toks) else None
                 if self._is_content(after) and (pure or not self.lexicon.is_noun(nxt.low)):
                     # "an orange and white fish": colour words before a noun, even when one is also a noun
-                    yield Perturbation(_swap(caption, (prev.start, prev.end), (nxt.start, nxt.end), prev.text, nxt.text),
-                                       "swap", "conjuncts:adjectives")
+                    yield k, Perturbation(_swap(caption, (prev.start, prev.end), (nxt.start, nxt.end), prev.text,
+                                                nxt.text), "swap", "conjuncts:adjectives")
                     continue
                 if pure:
                     continue  # predicate adjectives ("is black and white."): nothing to swap as noun phrases
@@ -567,8 +584,8 @@ class RulePerturber:
                 b = (toks[k + 1].start, toks[end - 1].end)
                 if caption[a[0]:a[1]].lower() == caption[b[0]:b[1]].lower():
                     continue
-                yield Perturbation(_swap(caption, a, b, caption[a[0]:a[1]], caption[b[0]:b[1]]), "swap",
-                                   "conjuncts:verb_phrases")
+                yield k, Perturbation(_swap(caption, a, b, caption[a[0]:a[1]], caption[b[0]:b[1]]), "swap",
+                                      "conjuncts:verb_phrases")
                 continue
             # noun phrases: "a sink, toilet and shower", "a red circle and a blue square"
             left = self._left_np(toks, k)
@@ -584,7 +601,33 @@ class RulePerturber:
             ta, tb = caption[a[0]:a[1]], caption[b[0]:b[1]]
             if ta.lower() == tb.lower() or toks[left[1] - 1].low == toks[right[1] - 1].low:
                 continue
-            yield Perturbation(_swap(caption, a, b, ta, tb), "swap", "conjuncts:noun_phrases")
+            if toks[left[0]].low in ("a", "an", "the") and left[1] - left[0] > 1 \
+                    and toks[right[0]].low not in self._determiners:
+                # "a keyboard and monitor": the article is shared, so it stays ("a monitor and keyboard")
+                a_head = (toks[left[0] + 1].start, a[1])
+                yield k, Perturbation(_swap(caption, a_head, b, caption[a_head[0]:a_head[1]], tb), "swap",
+                                      "conjuncts:noun_phrases")
+            yield k, Perturbation(_swap(caption, a, b, ta, tb), "swap", "conjuncts:noun_phrases")
+
+
+def _clause_candidates(caption: str, toks: list[_Tok]) -> Iterable[tuple[int, Perturbation]]:
+    """Whole-clause conjuncts: everything from the clause's start to "and", and from "and" to the
+    clause's end ("A man with a hat and a woman with a dog" -> "A woman with a dog and a man with a
+    hat").  A fallback behind the phrase rules; the validator decides whether the split is sound."""
+    ends = [i for i, t in enumerate(toks) if t.text in _BOUNDARY_PUNCT]
+    for k, tok in enumerate(toks):
+        if tok.low != "and":
+            continue
+        start = max([i + 1 for i in ends if i < k], default=0)
+        end = min([i for i in ends if i > k], default=len(toks))
+        if start >= k or k + 1 >= end:
+            continue
+        a = (toks[start].start, toks[k - 1].end)
+        b = (toks[k + 1].start, toks[end - 1].end)
+        ta, tb = caption[a[0]:a[1]], caption[b[0]:b[1]]
+        if ta.lower() != tb.lower():
+            slot = "conjuncts:verb_phrases" if toks[k + 1].low.endswith("ing") else "conjuncts:noun_phrases"
+            yield k, Perturbation(_swap(caption, a, b, ta, tb), "swap", slot)
 
 
 # ---------------------------------------------------------------------- text edits
