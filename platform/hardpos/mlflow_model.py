@@ -10,8 +10,8 @@ Why ``mlflow.pyfunc`` with the checkpoint folder as an artifact, not ``mlflow.py
   Here the weights stay in the open_clip local-dir format (``open_clip_config.json`` +
   ``open_clip_model.safetensors`` + ``hardpos.json``: no pickle), stored as the pyfunc
   artifact ``checkpoint``; ``hardpos.model.load_model(ModelConfig(pretrained=
-  "models:/name@alias" | "runs:/<id>/model"))`` downloads the model and finds
-  ``open_clip_config.json`` below it.
+  "models:/name@alias" | "runs:/<id>/model"), tracking_uri=STORE)`` downloads the model
+  from that store and finds ``open_clip_config.json`` below it.
 * The pyfunc itself is logged "from code" (``hardpos/train/pyfunc_model.py``), so the
   MLmodel holds no cloudpickled Python object either.
 

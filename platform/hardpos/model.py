@@ -6,7 +6,8 @@ Model sources (``ModelConfig.pretrained``):
 * an open_clip tag             ``openai``, ``laion2b_s34b_b79k`` ... (downloaded by open_clip)
 * a local path                 a HardPos/open_clip checkpoint directory, or a weights file
 * ``s3://...``                 the same, fetched through :mod:`hardpos.storage`
-* ``models:/name@alias`` / ``runs:/id/path``   an MLflow model logged by HardPos
+* ``models:/name@alias`` / ``runs:/id/path``   an MLflow model logged by HardPos, looked up
+                               in the store ``load_model(..., tracking_uri=)`` names
 
 Checkpoint format (a directory): open_clip's own "local-dir" layout, so a plain
 ``open_clip.create_model_and_transforms("local-dir:DIR")`` loads it too:
@@ -113,19 +114,27 @@ def find_checkpoint_dir(root: Path) -> Path | None:
     return hits[0].parent if hits else None
 
 
-def resolve_source(pretrained: str) -> Path | str:
-    """Turn any non-tag source into a local path; tags are returned unchanged."""
+MLFLOW_PREFIXES = ("models:/", "runs:/", "mlflow-artifacts:")
+
+
+def resolve_source(pretrained: str, *, tracking_uri: str | None = None) -> Path | str:
+    """Turn any non-tag source into a local path; tags are returned unchanged.
+
+    tracking_uri: the MLflow store (tracking + model registry) that ``models:/``,
+        ``runs:/`` and ``mlflow-artifacts:`` sources are looked up in; stages pass their
+        ``tracking.tracking_uri``. None -> ``$MLFLOW_TRACKING_URI``, else
+        ``sqlite:///<cwd>/mlruns.db`` (where HardPos's stages log by default, not MLflow's
+        own ``./mlflow.db``). MLflow's process-global URIs are neither read nor changed.
+    Raises :class:`hardpos.registry.ModelNotFoundError` (naming the store) for an unknown
+    registered model, alias, version or run; ``FileNotFoundError`` for a missing path.
+    """
     from hardpos import storage
 
-    if pretrained.startswith(("models:/", "runs:/", "mlflow-artifacts:")):
-        import mlflow
+    if pretrained.startswith(MLFLOW_PREFIXES):
+        from hardpos.registry import download_model
+        from hardpos.tracking import resolve_tracking_uri
 
-        from hardpos.tracking import resolve_tracking_uri, use_tracking_uri
-
-        # Resolve against the store HardPos's stages log to ($MLFLOW_TRACKING_URI, else
-        # sqlite:///<cwd>/mlruns.db), not MLflow's own default (./mlflow.db).
-        with use_tracking_uri(resolve_tracking_uri()):
-            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=pretrained))
+        local = download_model(pretrained, resolve_tracking_uri(tracking_uri))
         found = find_checkpoint_dir(local)
         if found is None:
             raise FileNotFoundError(f"{pretrained}: no {CONFIG_NAME} found in the MLflow artifacts ({local})")
@@ -153,12 +162,16 @@ def resolve_source(pretrained: str) -> Path | str:
     return pretrained  # an open_clip pretrained tag
 
 
-def load_model(cfg: ModelConfig, device: str | torch.device = "cpu") -> LoadedModel:
-    """Build the model described by ``cfg`` (see module docstring for sources)."""
+def load_model(cfg: ModelConfig, device: str | torch.device = "cpu", *, tracking_uri: str | None = None) -> LoadedModel:
+    """Build the model described by ``cfg`` (see module docstring for sources).
+
+    tracking_uri: the MLflow store MLflow sources (``models:/``, ``runs:/``) resolve in;
+        a stage passes its ``tracking.tracking_uri`` (see :func:`resolve_source`).
+    """
     import open_clip
 
     register_model_configs()
-    source = resolve_source(cfg.pretrained) if cfg.pretrained else None
+    source = resolve_source(cfg.pretrained, tracking_uri=tracking_uri) if cfg.pretrained else None
     meta: dict[str, Any] = {}
     if isinstance(source, Path) and source.is_dir():
         hp_meta = source / META_NAME

@@ -39,8 +39,22 @@ def default_tracking_uri() -> str:
 
 
 def resolve_tracking_uri(uri: str | None = None) -> str:
-    """Config value, else $MLFLOW_TRACKING_URI, else the local SQLite store."""
-    return uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+    """Config value, else $MLFLOW_TRACKING_URI, else the local SQLite store.
+
+    A relative SQLite path (``sqlite:///mlruns.db``) is made absolute against the current
+    directory here, in the process that reads the config: Ray workers and Serve replicas
+    get the resolved URI and run in other working directories.
+    """
+    return _absolute_sqlite(uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri())
+
+
+def _absolute_sqlite(uri: str) -> str:
+    if not uri.startswith("sqlite:///"):
+        return uri
+    path, sep, query = uri[len("sqlite:///"):].partition("?")
+    if not path or path == ":memory:" or os.path.isabs(path):
+        return uri
+    return f"sqlite:///{(Path.cwd() / path).resolve()}{sep}{query}"
 
 
 def _local_artifact_root(tracking_uri: str) -> str | None:
@@ -55,8 +69,11 @@ def _local_artifact_root(tracking_uri: str) -> str | None:
 def use_tracking_uri(uri: str) -> Iterator[None]:
     """Point MLflow's process-global tracking URI at ``uri`` for a block.
 
-    For the few MLflow APIs that only read global state (``log_model`` on the active run,
-    ``models:/`` downloads, registry source resolution). ``mlflow.set_tracking_uri`` also
+    Only for the few MLflow *writes* that read global state (``log_model`` on the active
+    run, the SQL registry resolving a new version's ``models:/<model_id>`` source). Model
+    loading never uses it: :func:`hardpos.registry.download_model` passes the URI
+    explicitly, so a loader running in a thread (a Serve reload) or another process (a Ray
+    Train worker) cannot be redirected by this global. ``mlflow.set_tracking_uri`` also
     writes ``$MLFLOW_TRACKING_URI`` (and *unsets* it when given None), so both the global
     and the environment variable are restored exactly afterwards.
     """
