@@ -175,20 +175,6 @@ class _ModelState:
     logit_scale: float
 
 
-def _split_registry_uri(uri: str) -> tuple[str, str | None, str | None] | None:
-    """``models:/name@alias`` -> (name, alias, None); ``models:/name/3`` -> (name, None, "3")."""
-    if not uri.startswith("models:/"):
-        return None
-    rest = uri[len("models:/"):].strip("/")
-    if "@" in rest:
-        name, alias = rest.split("@", 1)
-        return name, alias, None
-    if "/" in rest:
-        name, version = rest.rsplit("/", 1)
-        return name, None, version
-    return None  # models:/m-<id> (an MLflow 3 logged model): loaded as is
-
-
 @serve.deployment
 class ScoringModel:
     """Holds one model version and scores (image bytes, captions) requests in batches."""
@@ -227,61 +213,19 @@ class ScoringModel:
         if previous is not None and token != previous:  # not on the first call, right after __init__
             await self.reload(force=True)
 
-    # ---- loading
-    def _resolve(self) -> tuple[str, dict[str, Any]]:
-        """(the exact URI to load, registry facts). An alias is pinned to its version now, so
-        the version reported is the version loaded even if the alias moves meanwhile."""
-        source = self.cfg.model
-        reg = _split_registry_uri(source)
-        if reg is None:
-            return source, {"source": source}
-        from mlflow.tracking import MlflowClient
-
-        name, alias, version = reg
-        client = MlflowClient(self.cfg.tracking_uri)
-        mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
-        info: dict[str, Any] = {"source": source, "name": name, "alias": alias, "version": str(mv.version),
-                                "run_id": mv.run_id, "tags": dict(mv.tags or {})}
-        metrics: dict[str, float] = {}
-        for key, value in (mv.tags or {}).items():
-            if key.startswith("metric."):
-                try:
-                    metrics[key[len("metric."):]] = float(value)
-                except ValueError:
-                    pass
-        if mv.run_id:
-            try:
-                metrics.update({k: v for k, v in client.get_run(mv.run_id).data.metrics.items() if k not in metrics})
-            except Exception:  # noqa: BLE001 - the run may live in another store; metrics are optional
-                pass
-        info["metrics"] = dict(sorted(metrics.items())[:500])
-        return f"models:/{name}/{mv.version}", info
-
+    # ---- loading (hardpos.serving: MLflow sources resolve in cfg.tracking_uri, never a global URI)
     def _current_version(self) -> str | None:
-        reg = _split_registry_uri(self.cfg.model)
-        if reg is None or reg[1] is None:
-            return None
-        from mlflow.tracking import MlflowClient
-
-        return str(MlflowClient(self.cfg.tracking_uri).get_model_version_by_alias(reg[0], reg[1]).version)
+        return S.current_version(self.cfg)
 
     def _load(self) -> _ModelState:
-        import mlflow
         import ray
         import torch
 
-        from hardpos.model import ModelConfig, load_model
-
-        if self.cfg.tracking_uri:
-            mlflow.set_tracking_uri(self.cfg.tracking_uri)
-        uri, info = self._resolve()
         want_cuda = self.cfg.device == "cuda" or (self.cfg.device == "auto" and bool(ray.get_gpu_ids()))
         if want_cuda and not torch.cuda.is_available():
             raise RuntimeError("device=cuda but no CUDA device is visible to this replica")
         device = torch.device("cuda" if want_cuda else "cpu")
-        loaded = load_model(ModelConfig(arch=self.cfg.arch, pretrained=None if uri in ("", "random") else uri,
-                                        force_quick_gelu=self.cfg.force_quick_gelu), device=device)
-        loaded.model.eval()
+        loaded, info = S.load_model(self.cfg, device)
         info.update(arch=loaded.arch, device=str(device), bf16=bool(want_cuda and self.cfg.bf16),
                     context_length=loaded.context_length, loaded_at=time.time())
         scale = float(loaded.model.logit_scale.exp().item()) if hasattr(loaded.model, "logit_scale") else 100.0
@@ -682,7 +626,7 @@ def build_app(args: dict[str, Any] | None = None):
     from hardpos import tracking
 
     cfg = S.load_app_config(args)
-    if _split_registry_uri(cfg.model) is not None or cfg.model.startswith(("runs:/", "models:/")):
+    if cfg.model.startswith(("runs:/", "models:/", "mlflow-artifacts:")):
         cfg = dataclasses.replace(cfg, tracking_uri=tracking.resolve_tracking_uri(cfg.tracking_uri))
     token = os.environ.get(cfg.auth_token_env) if cfg.auth_token_env else None
     digest = S.token_digest(token) if token else None

@@ -15,6 +15,8 @@ Everything here is a pure function or a small thread-safe class, unit-tested wit
 * :func:`verdicts` -- DESIGN section 5 per-item verdicts (strict inequalities; ties count
   against the model).
 * :func:`check_bearer`, :func:`classify_load_error`, :func:`softmax`.
+* :func:`resolve_model`, :func:`current_version`, :func:`load_model` -- what a model replica
+  loads, looked up in the config's ``tracking_uri`` only.
 
 Status codes: 400 bad input, 401 missing/wrong bearer token, 404 unknown model,
 413 image over the byte/pixel limit, 503 model not loaded / overloaded / timed out.
@@ -190,6 +192,71 @@ def load_app_config(args: dict[str, Any] | ServeAppConfig | None) -> ServeAppCon
     if cfg.text_cache_size < 0 or cfg.reload_poll_s < 0:
         raise ConfigError("text_cache_size and reload_poll_s must be >= 0")
     return cfg
+
+
+# --------------------------------------------------------------------------- model loading
+# Ray-free, so the replica's loading path is tested without Serve. The store is always the
+# config's tracking_uri (build_app resolves it once, so every replica, in its own process and
+# working directory, looks in the same store); MLflow's process-global URI is never set.
+
+
+def resolve_model(cfg: ServeAppConfig) -> tuple[str, dict[str, Any]]:
+    """(the exact URI to load, registry facts for ``/v1/model``).
+
+    A registry alias is pinned to its version now (``models:/name/<version>``), so the
+    version reported is the version loaded even if the alias moves meanwhile. Raises
+    :class:`hardpos.registry.ModelNotFoundError` naming the store for an unknown model,
+    alias or version.
+    """
+    from hardpos import registry, tracking
+
+    source = cfg.model
+    ref = registry.split_registry_uri(source)
+    if ref is None:
+        return source, {"source": source}
+    store = tracking.resolve_tracking_uri(cfg.tracking_uri)
+    mv = registry.model_version(store, ref)
+    info: dict[str, Any] = {"source": source, "name": ref.name, "alias": ref.alias, "version": str(mv.version),
+                            "run_id": mv.run_id, "tags": dict(mv.tags or {})}
+    metrics: dict[str, float] = {}
+    for key, value in (mv.tags or {}).items():
+        if key.startswith("metric."):
+            try:
+                metrics[key[len("metric."):]] = float(value)
+            except ValueError:
+                pass
+    if mv.run_id:
+        try:
+            run_metrics = registry.mlflow_client(store).get_run(mv.run_id).data.metrics
+            metrics.update({k: v for k, v in run_metrics.items() if k not in metrics})
+        except Exception:  # noqa: BLE001 - the run may live in another store; metrics are optional
+            pass
+    info["metrics"] = dict(sorted(metrics.items())[:500])
+    pinned = f"models:/{ref.name}/{mv.version}" + (f"/{ref.path}" if ref.path else "")
+    return pinned, info
+
+
+def current_version(cfg: ServeAppConfig) -> str | None:
+    """The version the configured alias points at now (None: the source is not an alias)."""
+    from hardpos import registry, tracking
+
+    ref = registry.split_registry_uri(cfg.model)
+    if ref is None or ref.alias is None:
+        return None
+    return registry.alias_version(tracking.resolve_tracking_uri(cfg.tracking_uri), ref.name, ref.alias)
+
+
+def load_model(cfg: ServeAppConfig, device: Any = "cpu") -> tuple[Any, dict[str, Any]]:
+    """(the :class:`hardpos.model.LoadedModel` in eval mode, registry facts): what a model
+    replica loads for ``cfg`` on ``device``. MLflow sources resolve in ``cfg.tracking_uri``."""
+    from hardpos.model import ModelConfig, load_model as load
+
+    uri, info = resolve_model(cfg)
+    loaded = load(ModelConfig(arch=cfg.arch, pretrained=None if uri in ("", "random") else uri,
+                              force_quick_gelu=cfg.force_quick_gelu),
+                  device=device, tracking_uri=cfg.tracking_uri)
+    loaded.model.eval()
+    return loaded, info
 
 
 # --------------------------------------------------------------------------- errors
@@ -512,11 +579,13 @@ def check_bearer(authorization: str | None, expected_digest: str | None) -> None
 def classify_load_error(source: str, exc: BaseException) -> ServingError:
     """A model that cannot be loaded: 404 when it does not exist (unknown registered model,
     alias, version, path or tag), 503 when it exists but cannot be loaded."""
+    from hardpos.registry import ModelNotFoundError
+
     text = f"{type(exc).__name__}: {exc}"
     code = getattr(exc, "error_code", "") or ""
     lowered = text.lower()
     missing = (
-        isinstance(exc, FileNotFoundError)
+        isinstance(exc, (FileNotFoundError, ModelNotFoundError))
         or "RESOURCE_DOES_NOT_EXIST" in str(code)
         or any(s in lowered for s in ("not found", "does not exist", "no such", "unknown model", "not registered"))
     )
