@@ -153,7 +153,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     specs = resolve_specs(cfg)
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)  # random-weight models are reproducible from the seed
-    lm = load_model(cfg.model, device=device)
+    lm = load_model(cfg.model, device=device, tracking_uri=cfg.tracking.tracking_uri)  # MLflow sources: this job's store
     model_name = cfg.model_name or (cfg.model.pretrained or f"random {lm.arch}")
 
     image_encoder = None

@@ -34,9 +34,7 @@ class Config(JobConfig):
 
 def register_best(cfg: Config, tracking_uri: str, experiment: str) -> dict:
     """The Ray-free core: pick, register, alias. Returns the summary."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
+    client = registry.mlflow_client(tracking_uri)  # runs and the registry: the one configured store
     if cfg.run_id:
         ranked = [client.get_run(cfg.run_id)]
     else:

@@ -239,9 +239,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         print(f"WARNING: the comparison comes from the trials' summary.json files and no model was registered: "
               f"{tracking_down}", file=sys.stderr)
     if cfg.register and ranked and not tracking_down:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(tracking_cfg["tracking_uri"])
+        client = registry.mlflow_client(tracking_cfg["tracking_uri"])
         champion = registry.register(client, client.get_run(ranked[0]["run_id"]), cfg.model_name, "champion", metric=cfg.metric)
         summary["champion"] = dataclasses.asdict(champion)
         summary["model_uri"] = f"models:/{cfg.model_name}@champion"

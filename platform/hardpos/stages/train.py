@@ -5,6 +5,8 @@ Writes <output_dir>/model (the final checkpoint, open_clip local-dir format), Ra
 checkpoints under checkpoint.storage_path (default <output_dir>/ray_train), logs per-step
 loss terms and per-epoch validation/benchmark metrics to MLflow, and logs the final model
 as the MLflow model `model` of this run (load it with pretrained=runs:/<run_id>/model).
+A `models:/` or `runs:/` model.pretrained is looked up in tracking.tracking_uri, on the
+driver and on every Ray Train worker (the resolved URI travels in the config).
 """
 from __future__ import annotations
 

@@ -405,7 +405,9 @@ def _train_worker(config: dict[str, Any]) -> None:
     logger = run_logger if rank == 0 else None
 
     torch.manual_seed(cfg.seed)
-    lm = load_model(cfg.model, device="cpu")
+    # cfg.tracking.tracking_uri was resolved on the driver (resolve_paths): this worker's
+    # working directory and environment name no store of their own.
+    lm = load_model(cfg.model, device="cpu", tracking_uri=cfg.tracking.tracking_uri)
     clip = lm.model
 
     # Resume: Ray Train's latest checkpoint (after a failure, or resume_from_checkpoint).
@@ -638,7 +640,7 @@ def build_trainer(cfg: TrainConfig, *, callbacks: Sequence[Any] = (), run_logger
 
     init_ray(cfg.ray)
     cfg = resolve_paths(cfg)
-    lm = load_model(cfg.model)  # fail fast on a bad source; gives transforms + tokenizer
+    lm = load_model(cfg.model, tracking_uri=cfg.tracking.tracking_uri)  # fail fast on a bad source; gives transforms + tokenizer
     image_size = lm.model.visual.image_size
     image_size = image_size[0] if isinstance(image_size, (tuple, list)) else int(image_size)
     datasets = build_datasets(cfg.data, lm.preprocess_train, lm.preprocess_val, lm.tokenizer, image_size,
@@ -734,8 +736,9 @@ def forwarded_env(include_tracking: bool = True) -> dict[str, str]:
 
 
 def resolve_paths(cfg: TrainConfig) -> TrainConfig:
-    """Absolute local paths: Ray workers do not share the driver's working directory."""
-    from hardpos import storage
+    """Absolute local paths and the resolved MLflow tracking URI (``models:/`` / ``runs:/``
+    sources resolve there): Ray workers do not share the driver's working directory."""
+    from hardpos import storage, tracking
     from hardpos.runtime import resolve_output_dir
 
     def absolute(p: str | None) -> str | None:
@@ -754,4 +757,5 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
                                  image_root=absolute(cfg.data.image_root)),
         checkpoint=dataclasses.replace(cfg.checkpoint, storage_path=absolute(cfg.checkpoint.storage_path)),
         resume_from=absolute(cfg.resume_from),
+        tracking=dataclasses.replace(cfg.tracking, tracking_uri=tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)),
     )
