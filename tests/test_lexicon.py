@@ -30,6 +30,14 @@ BLOCK_LIST = [
      "There are a lot of people sitting by the fountain.", "sitting->seated"),
     ("seated-particle", "A man sitting down on a chair at a table with food.", "sitting->seated",
      "A man sitting on a bench.", "sitting->seated"),  # (s)
+    ("resting-object", "A man with a laptop sitting on a bench.", "sitting->resting",  # (s)
+     "A computer keyboard sitting on top of a desk.", "sitting->resting"),
+    ("resting-surface", "A red stop sign sitting in the middle of a street.", "sitting->resting",
+     "A pair of rusty scissors sitting on a floor.", "sitting->resting"),
+    ("resting-place", "A red fire hydrant sitting on the side of a road.", "sitting->resting",
+     "A rusty fire hydrant sitting on a city sidewalk.", "sitting->resting"),
+    ("full-of-intensifier", "Commercial retail refrigerator stocked full of beer bottles.", "full of->filled with",
+     "A woman standing in front of a table full of bananas.", "full of->filled with"),
     ("running-person", "Water running from a faucet into a sink.", "running->jogging",  # (s)
      "A man running on the beach.", "running->jogging"),  # (s)
     ("running-object", "A person holding a toothbrush under the running water of a faucet.", "running->jogging",

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     caps = [r["caption"] for r in read_captions(args.captions)]
-    skip = {r["caption"] for path in args.exclude for r in read_audit(path)}
+    skip = {r["caption"] for path in args.exclude for r in read_audit(path, labelled=False)}
     rows, stats = sample_rule_positives(caps, n=args.n, seed=args.seed, rule_seed=args.rule_seed, skip=skip)
     reused = 0
     if args.previous:

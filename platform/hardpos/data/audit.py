@@ -89,8 +89,8 @@ def write_audit(path: str | Path, rows: list[dict]) -> None:
             w.writerow({c: r.get(c, "") for c in COLUMNS})
 
 
-def read_audit(path: str | Path) -> list[dict]:
-    """A labelled audit TSV; every row must carry a label in :data:`LABELS` and a reason."""
+def read_audit(path: str | Path, *, labelled: bool = True) -> list[dict]:
+    """An audit TSV; when ``labelled``, every row must carry a label in :data:`LABELS` and a reason."""
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     if not rows:
@@ -98,6 +98,8 @@ def read_audit(path: str | Path) -> list[dict]:
     missing = [c for c in ("caption", "positive", "label", "why") if c not in rows[0]]
     if missing:
         raise ValueError(f"{path}: missing columns {missing}")
+    if not labelled:
+        return rows
     for i, r in enumerate(rows, start=2):
         if r["label"] not in LABELS:
             raise ValueError(f"{path}:{i}: label must be one of {LABELS}, got {r['label']!r}")

@@ -70,8 +70,9 @@ class Context:
         or adjectives then a noun), ``<noun>`` (a lexicon noun, or an unknown content word
         that is not an -ing form or a listed adverb), ``<known-noun>`` (a lexicon noun only:
         before a word, an unknown word is as likely a verb), ``<adj>`` (a known adjective that is not also a noun).
-    head: the first noun after the form, skipping determiners, numbers and adjectives (the
-        noun an adjective modifies, a verb's or preposition's object) is one of these.
+    head: the first noun after the form, skipping determiners, numbers and adjectives, and
+        a first "on" / "atop" / "upon" / "onto" (the noun an adjective modifies, a verb's or
+        preposition's object: "sitting on the side of" -> side) is one of these.
     subject: the nearest noun before the form (a ``<noun>`` token, or a word of this list)
         is in this list ("a man sitting" -> man; "pieces of luggage sitting" -> luggage).
     before: one of these words occurs anywhere before the form (a likely subject, more

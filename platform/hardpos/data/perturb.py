@@ -47,7 +47,10 @@ _TOKEN = re.compile(r"[A-Za-z]+(?:['\-][A-Za-z]+)*|\d+(?:\.\d+)?|[^\sA-Za-z\d]")
 _BOUNDARY_PUNCT = {",", ".", ";", ":", "!", "?", "(", ")", '"'}
 _COORD = {"and", "or", ","}
 #: pronouns that stand for a whole noun phrase after a verb or preposition ("next to it")
-_OBJECT_PRONOUNS = frozenset({"it", "them", "him", "her", "me", "us", "you", "each", "one", "something", "someone"})
+_OBJECT_PRONOUNS = frozenset({"it", "them", "him", "her", "me", "us", "you", "each", "one", "something", "someone",
+                              "other", "others"})
+#: prepositions a head-noun search steps over ("resting on the side of a road" -> side)
+_SURFACE_PREPS = frozenset({"on", "atop", "upon", "onto"})
 #: attribute classes any visible thing can have (cross-class attribute swaps stay within these)
 _VISUAL = frozenset({"color", "material", "size", "pattern"})
 KINDS = ("replace", "swap")
@@ -374,13 +377,15 @@ class RulePerturber:
                 and tok.low not in self.lexicon.adjectives)
 
     def _head_noun(self, toks: list[_Tok], j: int) -> int | None:
-        """The first noun from ``j`` on, past determiners, numbers and adjectives ("a bright yellow bus" -> bus)."""
-        k = j
+        """The first noun from ``j`` on, past determiners, numbers and adjectives ("a bright yellow bus" -> bus),
+        and past a leading "on"-like preposition ("sitting on the side" -> side)."""
+        k = j + 1 if j < len(toks) and toks[j].low in _SURFACE_PREPS else j
         while k < len(toks):
             t = toks[k]
             if t.low in self._determiners or t.text[:1].isdigit() or (
-                    t.low in self.lexicon.adjectives and not self.lexicon.is_noun(t.low)):
-                k += 1
+                    t.low in self.lexicon.adjectives and not self.lexicon.is_noun(t.low)
+                    and k + 1 < len(toks) and self._is_content(toks[k + 1])):
+                k += 1  # an adjective before another content word; "the side of" keeps "side" as the head
             elif t.low in ("and", ",") and k + 1 < len(toks) and toks[k + 1].low in self.lexicon.adjectives:
                 k += 1  # "a black and white cat"
             else:
