@@ -179,3 +179,18 @@ def test_stage_writes_one_row_per_real_negclip_caption(ray_session, shared_data,
         (c, k) for c in several for k in ("replace", "swap")}
     strip = ("caption_id", "kind", "hard_positive", "hard_negative")
     assert {tuple(t[k] for k in strip) for t in rows} <= {tuple(t[k] for k in strip) for t in all_rows}
+
+
+def test_dataset_negatives_that_keep_the_meaning_are_never_picked():
+    swapped = "A white cat and a black dog."  # a whole-conjunct swap: a positive, not a negative
+    real = "A white dog and a black cat."    # a binding swap: a real hard negative
+    c = cap(negatives=[swapped, real])
+    assert pipeline.dataset_negatives(c) == [real]
+    assert pipeline.meaning_kept_negatives([c, cap(negatives=[real])]) == 1
+    picker = pipeline.NegativePicker("auto", seed=0, dataset="negclip")
+    for seed in range(8):
+        picker.seed = seed
+        assert picker.pick(c, "replace", {}) == (real, "dataset:negclip")
+    # only meaning-keeping negatives: the picker falls back to the rule engine
+    neg, source = picker.pick(cap(negatives=[swapped]), "replace", {})
+    assert source == "rule" and neg not in (swapped, None)

@@ -257,3 +257,29 @@ def test_paper_replace_positives_are_still_accepted_as_replace(shared_data):
         assert len(orig) == len(pos) > 10_000
         accepted = sum(validate(a["true_caption"], b["true_caption"], "replace").accepted for a, b in zip(orig, pos))
         assert accepted / len(orig) >= 0.99, (name, accepted, len(orig))
+
+
+def test_a_whole_conjunct_swap_is_never_a_swap_negative():
+    # "a dog and a cat" -> "a cat and a dog" keeps the meaning: a hard positive, not a negative
+    original = "A dog and a cat sleeping on a couch."
+    candidate = "A cat and a dog sleeping on a couch."
+    assert validate(original, candidate, "swap").accepted
+    assert validate(original, candidate, "swap_negative").reason == "meaning_kept"
+    assert "meaning_kept" in REASONS
+
+
+def test_negclip_swap_negatives_that_keep_the_meaning_are_caught(shared_data):
+    """NegCLIP's COCO "negatives" include whole-conjunct swaps; measured: 210 of them."""
+    import ast
+    import csv
+
+    from hardpos.data.validate import is_conjunct_swap
+
+    kept = 0
+    with open(shared_data / "negclip" / "valid_neg_clip.tsv", newline="") as f:
+        for row in csv.DictReader(f, delimiter="\t"):
+            for neg in ast.literal_eval(row["neg_caption"]):
+                if _permutes(row["title"], neg) and is_conjunct_swap(row["title"], neg):
+                    kept += 1
+                    assert validate(row["title"], neg, "swap_negative").reason == "meaning_kept"
+    assert 150 <= kept <= 300

@@ -28,8 +28,10 @@ Checks, in this order (the first failing one is the reason):
                     permutation of the original's but not two whole coordinated phrases
                     exchanged (see :func:`is_conjunct_swap`).  Moving modifiers or nouns
                     between phrases ("blue bathroom with white towels" -> "white bathroom
-                    with blue towels") is a hard *negative*; "swap_negative" keeps the
-                    plain permutation check.
+                    with blue towels") is a hard *negative*.
+``meaning_kept``    SWAP negatives ("swap_negative") only: the candidate IS a whole-conjunct
+                    swap ("a cat and a dog" -> "a dog and a cat"), which keeps the meaning,
+                    so it cannot be a hard negative.
 
 Normalisation for comparison: lower case, whitespace collapsed, a trailing period
 dropped, punctuation split off words.  The accepted ``text`` keeps the candidate's own
@@ -47,8 +49,8 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 
-REASONS = ("empty", "identical", "chatter", "too_many_edits", "not_a_swap", "not_conjunct_swap", "length",
-           "non_text")
+REASONS = ("empty", "identical", "chatter", "too_many_edits", "not_a_swap", "not_conjunct_swap", "meaning_kept",
+           "length", "non_text")
 
 #: kinds and the edit shape each one must have: a SWAP positive must exchange whole conjuncts,
 #: a SWAP negative only has to permute the words (it is usually a binding swap)
@@ -657,6 +659,9 @@ def validate(original: str, candidate: object, kind: str) -> Verdict:
             return _reject("not_a_swap")
         if shape == "conjunct_swap" and not is_conjunct_swap(original, text):
             return _reject("not_conjunct_swap")
+        if shape == "swap" and is_conjunct_swap(original, text):
+            # exchanging two whole conjuncts keeps the meaning: a hard positive, never a negative
+            return _reject("meaning_kept")
     else:
         problem = _edit_shape_replace(words(original), words(text))
         if problem:

@@ -226,6 +226,24 @@ def rule_negatives_of(results: Iterable[dict]) -> dict[tuple[str, str], str | No
             for r in results if "rule_negative" in r}
 
 
+def dataset_negatives(cap: dict) -> list[str]:
+    """The source's own negatives of ``cap`` that really are negatives.
+
+    Some datasets' "negatives" keep the meaning: NegCLIP's COCO swaps include 210 whole-
+    conjunct swaps ("A dog and a cat ..." -> "A cat and a dog ..."), which are SWAP hard
+    *positives*. Training on one as a negative teaches exactly the brittleness the paper is
+    about, so they are left out here (and counted by :func:`meaning_kept_negatives`).
+    """
+    from hardpos.data.validate import is_conjunct_swap
+
+    return [n for n in cap["negatives"] or [] if not is_conjunct_swap(cap["caption"], n)]
+
+
+def meaning_kept_negatives(captions: Iterable[dict]) -> int:
+    """How many dataset negatives of ``captions`` :func:`dataset_negatives` leaves out."""
+    return sum(len(c["negatives"] or []) - len(dataset_negatives(c)) for c in captions)
+
+
 class NegativePicker:
     """The hard negative for a (caption, kind): dataset > LLM > rules under mode "auto"."""
 
@@ -258,9 +276,10 @@ class NegativePicker:
         if self.mode == "none":
             return None, None
         base = kind.split("_")[0]
-        if self.mode in ("auto", "dataset") and cap["negatives"]:
-            i = engines.row_seed(self.seed, cap["caption_id"], "negative") % len(cap["negatives"])
-            return cap["negatives"][i], f"dataset:{self.dataset}"
+        usable = dataset_negatives(cap) if self.mode in ("auto", "dataset") else []
+        if usable:
+            i = engines.row_seed(self.seed, cap["caption_id"], "negative") % len(usable)
+            return usable[i], f"dataset:{self.dataset}"
         if self.mode in ("auto", "llm"):
             others = [v for k, v in llm_negatives.items() if not k.startswith("__")]
             text = llm_negatives.get(f"{base}_negative") or next(iter(others), None)

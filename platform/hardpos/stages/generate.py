@@ -32,7 +32,9 @@ class JoinConfig:
         and the summary counts it (``triplets_per_caption``, ``positives_per_caption``,
         ``captions_with_several_positives``, ``positives_unused``).
     negatives: where each triplet's hard negative comes from: "auto" (the dataset's own
-        negative when the source has one, e.g. NegCLIP neg_caption, else an accepted LLM
+        negative when the source has one, e.g. NegCLIP neg_caption, except those that are
+        whole-conjunct swaps and so keep the meaning (counted in the summary as
+        ``dataset_negatives_meaning_kept``), else an accepted LLM
         negative, else the rule engine), "dataset", "llm", "rules" or "none". An LLM or
         rule negative is of the row's positive kind where one exists.
     keep_unmatched: captions with no accepted positive still give one row (positive null)
@@ -212,6 +214,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
                                                    pipeline.rule_negatives_of(results) if rule_negatives else {})
             triplets = [t for rows in per_caption for t in rows]
             join_stats = pipeline.join_counts(per_caption)
+            if picker.mode in ("auto", "dataset"):
+                join_stats["dataset_negatives_meaning_kept"] = pipeline.meaning_kept_negatives(shard.captions)
         counts = pipeline.write_shard(out, shard, results, triplets, join_stats)
         # progress while it runs (the totals are logged under their plain names at the end)
         ctx.log_metrics({"progress/shards_done": len(done_before) + stats_box["n"] + 1,
@@ -267,6 +271,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         "captions_with_positive": total.get("captions_with_positive", 0),
         "captions_with_several_positives": total.get("captions_with_several_positives", 0),
         "positives_unused": total.get("positives_unused", 0),
+        # a dataset's "negatives" that are whole-conjunct swaps keep the meaning: never used as negatives
+        "dataset_negatives_meaning_kept": total.get("dataset_negatives_meaning_kept", 0),
         "this_run": {
             "captions": stats.captions,
             "inputs": run_counts.get("inputs", 0),
