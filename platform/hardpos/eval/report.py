@@ -53,7 +53,7 @@ def markdown_report(report: EvalReport, model_name: str = "model", retention: Ma
     neg_only = [r for r in report.results if r not in pos]
     where = f" on {device}" if device else ""
     note = ("" if report.precision == "fp32" else
-            " (autocast: scores differ from fp32 in the second or third decimal, and ties count against the model)")
+            " (autocast: scores move by ~1e-3 against fp32, enough to flip close decisions; ties count against the model)")
     parts = [f"# Evaluation: {model_name}", "", f"Scores computed in {report.precision}{where}{note}.", ""]
     if pos:
         header = ["model"]

@@ -56,8 +56,9 @@ class Config(JobConfig):
         world_swap from <world>/benchmark/*.parquet (files that are absent are an error).
     device: "auto" (CUDA when available), "cpu", "cuda", "cuda:1" ...
     precision: the encoders' arithmetic: "fp32" (default, on every device; no TF32 on CUDA)
-        or "bf16" / "fp16" autocast (faster on GPUs, but scores move by ~1e-2 and ties
-        count against the model); recorded in summary.json, report.md and the MLflow params.
+        or "bf16" / "fp16" autocast (faster on GPUs; scores move by ~1e-3, which flipped 1% of
+        REPLACE decisions for a random ViT-B-32, and ties count against the model);
+        recorded in summary.json, report.md, scores.parquet metadata and the MLflow params.
     batch_size: images / captions per forward pass.
     num_threads: image decoding threads (local engine).
     engine: "local" (this process) or "ray_data" (image encoding as Ray Data map_batches over
