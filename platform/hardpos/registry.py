@@ -325,3 +325,51 @@ def model_source(client, uri: str, run) -> tuple[str, str | None]:
 
 def set_alias(client, name: str, alias: str, version: str) -> None:
     client.set_registered_model_alias(name, alias, version)
+
+
+# --------------------------------------------------------------------------- serving: pin a source
+def pin_model_uri(source: str, tracking_uri: str, max_metrics: int = 500) -> tuple[str, dict[str, Any]]:
+    """(the exact URI to load for ``source``, registry facts about it).
+
+    A registry URI is pinned to the version it names *now* (an alias or ``latest`` becomes
+    ``models:/<name>/<version>[/path]``), so the version reported is the version loaded even
+    if the alias moves meanwhile. The facts are ``source, name, alias, version, run_id, tags``
+    and ``metrics``: the version's ``metric.<key>`` tags, completed by its run's metrics when
+    the run is in the same store (at most ``max_metrics``, sorted by key).
+
+    Any other source (``runs:/``, a checkpoint path, an open_clip tag) is returned as it is,
+    with ``{"source": source}``. Raises :class:`ModelNotFoundError` naming ``tracking_uri``
+    for an unknown model, alias or version.
+    """
+    ref = split_registry_uri(source)
+    if ref is None:
+        return source, {"source": source}
+    mv = model_version(tracking_uri, ref)
+    tags = dict(mv.tags or {})
+    info: dict[str, Any] = {"source": source, "name": ref.name, "alias": ref.alias, "version": str(mv.version),
+                            "run_id": mv.run_id, "tags": tags}
+    metrics: dict[str, float] = {}
+    for key, value in tags.items():
+        if key.startswith("metric."):
+            try:
+                metrics[key[len("metric."):]] = float(value)
+            except ValueError:
+                pass  # a non-numeric tag is not a metric
+    if mv.run_id:
+        try:
+            run_metrics = mlflow_client(tracking_uri).get_run(mv.run_id).data.metrics
+            metrics.update({k: v for k, v in run_metrics.items() if k not in metrics})
+        except Exception:  # noqa: BLE001 - the run may live in another store; metrics are optional
+            pass
+    info["metrics"] = dict(sorted(metrics.items())[:max_metrics])
+    pinned = f"models:/{ref.name}/{mv.version}" + (f"/{ref.path}" if ref.path else "")
+    return pinned, info
+
+
+def current_alias_version(source: str, tracking_uri: str) -> str | None:
+    """The version ``source``'s alias points at now, or None when ``source`` is not a
+    ``models:/<name>@<alias>`` URI (nothing to follow)."""
+    ref = split_registry_uri(source)
+    if ref is None or ref.alias is None:
+        return None
+    return alias_version(tracking_uri, ref.name, ref.alias)
