@@ -1,1 +1,2 @@
-"""The HardPos Ray Serve scoring app (see ``serve/app.py``). Imports nothing heavy."""
+"""Deploy files of the HardPos scoring app: ``config.yaml`` (``serve run serve/config.yaml``).
+The app is :mod:`hardpos.serve.app`. Imports nothing."""

@@ -2,13 +2,12 @@
 load, takes its settings from the ConfigMap/Secret, and agrees with pyproject's versions.
 
 No Docker engine, Kubernetes or Ray cluster is needed: the files are parsed and checked
-(the cluster launcher YAML and the Serve config against Ray's own schemas). Config checks
-for a stage whose module does not exist yet are skipped with the reason, so this file
-tightens by itself as the stages land.
+(the cluster launcher YAML and the Serve config against Ray's own schemas). Nothing here
+skips: a manifest that names a stage, config or Serve import path that no longer exists
+(renamed or deleted) fails its test with the name it could not find.
 """
 from __future__ import annotations
 
-import ast
 import importlib.util
 import os
 import re
@@ -189,30 +188,37 @@ def stage_exists(stage: str) -> bool:
 
 
 def stage_of_config(path: str) -> str:
-    """jobs/configs/train_paper.yaml -> train (the naming rule of jobs/configs)."""
-    return Path(path).stem.split("_")[0]
+    """jobs/configs/train_paper.yaml, jobs/configs/demo-small.yaml -> train, demo (the naming
+    rule of jobs/configs: the stage, then ``_`` or ``-`` and a variant)."""
+    return re.split(r"[_-]", Path(path).stem)[0]
+
+
+def require_stage(stage: str, where: str) -> None:
+    """Fail (never skip) unless ``stage`` is a HardPos stage with its module and entrypoint."""
+    from hardpos.runtime import STAGES
+
+    assert stage in STAGES, f"{where}: {stage!r} is not a HardPos stage ({', '.join(STAGES)})"
+    assert stage_exists(stage), f"{where}: stage module hardpos.stages.{stage} does not exist (renamed?)"
+    assert (REPO / "jobs" / f"{stage}.py").is_file(), f"{where}: entrypoint jobs/{stage}.py does not exist (renamed?)"
 
 
 def check_job_command(argv: list[str], where: str) -> dict[str, Any]:
     """``python jobs/<stage>.py [--config F] [k=v ...]`` -> the loaded config, as a dict.
 
     Paths are repo-relative (the jobs run with the repo, or the image's /app copy of it, as
-    working_dir). Skips when the stage module does not exist yet.
+    working_dir). Fails when the stage, its module or its entrypoint does not exist.
     """
     from hardpos.cli import parse_args
     from hardpos.config import load_config, to_dict
-    from hardpos.runtime import STAGES, stage_module
+    from hardpos.runtime import stage_module
 
     assert argv[:1] == ["python"], f"{where}: entrypoint must start with `python`, got {argv[:2]}"
     script = argv[1]
     match = re.fullmatch(r"jobs/(\w+)\.py", script)
     assert match, f"{where}: {script!r} is not a repo-relative jobs/<stage>.py entrypoint"
     stage = match.group(1)
-    assert stage in STAGES, f"{where}: {stage!r} is not a HardPos stage ({', '.join(STAGES)})"
-    assert (REPO / script).is_file(), f"{where}: entrypoint {script} does not exist"
+    require_stage(stage, where)
     config_file, overrides, _, _ = parse_args(argv[2:])
-    if not stage_exists(stage):
-        pytest.skip(f"{where}: stage module hardpos.stages.{stage} does not exist yet; config not checked")
     if config_file is not None:
         assert not os.path.isabs(config_file), f"{where}: config path {config_file} must be repo-relative"
         assert (REPO / config_file).is_file(), f"{where}: config {config_file} does not exist"
@@ -240,10 +246,24 @@ def check_nested_configs(resolved: dict[str, Any], where: str) -> None:
 
     for path in config_paths_in(resolved):
         stage = stage_of_config(path)
-        if not stage_exists(stage):
-            continue  # that stage's configs are checked once its module exists
+        require_stage(stage, f"{where}: {path}")
         assert (REPO / path).is_file(), f"{where}: names {path}, which does not exist"
         load_config(stage_module(stage).Config, str(REPO / path))
+
+
+# --------------------------------------------------------------------------- names the manifests use
+def test_every_stage_and_config_name_resolves():
+    """Every stage has its module and entrypoint, and every jobs/configs file is named after a
+    stage: a rename fails here (with the name) even where no manifest mentions it."""
+    from hardpos.runtime import STAGES
+
+    assert set(JOB_STAGES) <= set(STAGES)
+    for stage in STAGES:
+        require_stage(stage, "hardpos.runtime.STAGES")
+    configs = sorted((REPO / "jobs" / "configs").glob("*.yaml"))
+    assert configs, "jobs/configs holds no config files"
+    for path in configs:
+        require_stage(stage_of_config(str(path)), f"jobs/configs/{path.name}")
 
 
 # --------------------------------------------------------------------------- every file parses
@@ -316,11 +336,14 @@ def test_dockerfile_base_image_install_and_sources(name, flavors, extra):
     workdirs = [rest for instr, rest in instructions if instr == "WORKDIR"]
     assert workdirs and workdirs[-1] == APP_ROOT
     env = " ".join(rest for instr, rest in instructions if instr == "ENV")
-    assert f"PYTHONPATH={APP_ROOT}" in env, f"{name}: serve.app must import from {APP_ROOT}"
-    # The build's own smoke check asserts the same Ray version.
+    # The Serve app is in the installed package: no PYTHONPATH entry for it (nor for anything).
+    assert "PYTHONPATH" not in env, f"{name}: sets PYTHONPATH; the installed hardpos package is enough"
+    # The build's own smoke check asserts the same Ray version and imports the Serve app
+    # from outside /app (so it cannot come from the copied sources).
     smoke = " ".join(rest for instr, rest in instructions if instr == "RUN" and "import" in rest)
     assert f"ray.__version__ == '{pins['ray']}'" in smoke
     assert "jobs/train.py --help" in smoke
+    assert 'cd / && python -c "from hardpos.serve.app import build_app"' in smoke
 
 
 def test_all_images_share_one_python_and_ray():
@@ -515,31 +538,32 @@ def test_rayservice_serve_config_is_valid_and_names_the_app():
     serve_cfg = yaml.safe_load(svc["spec"]["serveConfigV2"])
     ServeDeploySchema.model_validate(serve_cfg)  # Ray's own schema for `serve deploy`
     (app,) = serve_cfg["applications"]
+    # The import path names a builder in the installed package (what the image's Serve imports:
+    # no PYTHONPATH, no repository checkout); a renamed module or builder fails here.
     module, _, attr = app["import_path"].partition(":")
-    app_file = REPO / (module.replace(".", "/") + ".py")
-    if not app_file.is_file():
-        pytest.skip(f"{app_file.relative_to(REPO)} does not exist yet; import path not checked")
-    tree = ast.parse(app_file.read_text())
-    names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
-    assert attr in names, f"{app_file.name} defines no {attr!r}"
-    if importlib.util.find_spec("hardpos.serving") is not None:
-        from hardpos.serving import load_app_config
+    assert module.startswith("hardpos."), f"{path.name}: {module} is not in the installed hardpos package"
+    assert importlib.util.find_spec(module) is not None, f"{path.name}: module {module} does not exist"
+    builder = getattr(importlib.import_module(module), attr, None)
+    assert callable(builder), f"{path.name}: {module} defines no builder {attr!r}"
+    from hardpos.serve.config import load_app_config
 
-        served = load_app_config(app["args"])  # the builder's own validation (typos fail)
-        assert served.model.startswith("models:/") and served.tracking_uri is None, "registry via the ConfigMap"
-        assert served.model_deployment.num_gpus >= 1, "model replicas belong on the GPU group"
-        assert served.auth_token_env in secret_keys(), "the bearer token comes from the Secret"
+    served = load_app_config(app["args"])  # the builder's own validation (typos fail)
+    assert served.model.startswith("models:/") and served.tracking_uri is None, "registry via the ConfigMap"
+    assert served.model_deployment.num_gpus >= 1, "model replicas belong on the GPU group"
+    assert served.auth_token_env in secret_keys(), "the bearer token comes from the Secret"
+    # serve/config.yaml (the local deploy file) serves the same app with a superset of the keys.
     local = REPO / "serve" / "config.yaml"
-    if local.is_file():
-        ref = yaml.safe_load(local.read_text())
-        ServeDeploySchema.model_validate(ref)
-        (ref_app,) = [a for a in ref["applications"] if a["import_path"] == app["import_path"]]
-        unknown = set(app.get("args") or {}) - set(ref_app.get("args") or {})
-        assert not unknown, f"{path.name}: args {sorted(unknown)} are not in serve/config.yaml's args"
-        ref_deployments = {d["name"] for d in ref_app.get("deployments", [])}
-        for d in app.get("deployments", []):
-            assert d["name"] in ref_deployments, f"{path.name}: no deployment {d['name']!r} in serve/config.yaml"
+    assert local.is_file(), "serve/config.yaml does not exist (renamed?)"
+    ref = yaml.safe_load(local.read_text())
+    ServeDeploySchema.model_validate(ref)
+    ref_apps = [a for a in ref["applications"] if a["import_path"] == app["import_path"]]
+    assert len(ref_apps) == 1, f"{path.name} imports {app['import_path']}; serve/config.yaml does not"
+    (ref_app,) = ref_apps
+    unknown = set(app.get("args") or {}) - set(ref_app.get("args") or {})
+    assert not unknown, f"{path.name}: args {sorted(unknown)} are not in serve/config.yaml's args"
+    ref_deployments = {d["name"] for d in ref_app.get("deployments", [])}
+    for d in app.get("deployments", []):
+        assert d["name"] in ref_deployments, f"{path.name}: no deployment {d['name']!r} in serve/config.yaml"
 
 
 # --------------------------------------------------------------------------- cluster launcher
@@ -679,6 +703,6 @@ def test_infra_readme_covers_every_path_and_its_commands_exist():
     for cmd in commands:
         argv = ["python", *shlex.split(cmd)]
         script_stage = re.match(r"jobs/(\w+)\.py", argv[1]).group(1)
-        assert (REPO / argv[1]).is_file(), f"README runs {argv[1]}, which does not exist"
-        if "--config" in argv and stage_exists(script_stage):
+        require_stage(script_stage, f"infra/README.md: {cmd}")
+        if "--config" in argv:
             assert (REPO / argv[argv.index("--config") + 1]).is_file(), f"README names a missing config: {cmd}"

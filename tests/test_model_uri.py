@@ -180,20 +180,22 @@ def test_evaluate_stage_loads_the_registered_model_from_its_tracking_uri(store, 
 
 # --------------------------------------------------------------------------- serve
 def test_serve_loader_resolves_in_the_app_config_tracking_uri(store):
-    from hardpos import serving as S
+    from hardpos.serve import config as C
+    from hardpos.serve import errors as E
+    from hardpos.serve import scoring as SC
 
-    cfg = S.load_app_config({"model": f"models:/{store.name}@champion", "tracking_uri": store.uri})
-    loaded, info = S.load_model(cfg, "cpu")
+    cfg = C.load_app_config({"model": f"models:/{store.name}@champion", "tracking_uri": store.uri})
+    loaded, info = SC.load_model(cfg, "cpu")
     assert _same_weights(loaded.model, store.state) and not loaded.model.training
     assert (info["name"], info["alias"], info["version"], info["run_id"]) == (store.name, "champion", "1", store.run_id)
-    assert S.current_version(cfg) == "1"
-    by_run, info = S.load_model(S.load_app_config({"model": f"runs:/{store.run_id}/model", "tracking_uri": store.uri}))
+    assert SC.current_version(cfg) == "1"
+    by_run, info = SC.load_model(C.load_app_config({"model": f"runs:/{store.run_id}/model", "tracking_uri": store.uri}))
     assert _same_weights(by_run.model, store.state) and info == {"source": f"runs:/{store.run_id}/model"}
 
-    missing = S.load_app_config({"model": "models:/not-registered@champion", "tracking_uri": store.uri})
+    missing = C.load_app_config({"model": "models:/not-registered@champion", "tracking_uri": store.uri})
     with pytest.raises(LookupError) as exc:
-        S.load_model(missing)
-    err = S.classify_load_error(missing.model, exc.value)
+        SC.load_model(missing)
+    err = E.classify_load_error(missing.model, exc.value)
     assert err.status == 404 and store.uri in err.message and "'not-registered' not found" in err.message
     _no_store_in_cwd(store)
 
@@ -201,7 +203,7 @@ def test_serve_loader_resolves_in_the_app_config_tracking_uri(store):
 def test_serve_replica_loads_from_the_store_build_app_resolved(store, tmp_path, monkeypatch):
     """build_app (the driver) resolves tracking_uri once, a relative sqlite path included; the
     replica, constructed in another working directory with no environment, loads from it."""
-    from serve import app as serve_app
+    from hardpos.serve import app as serve_app
 
     relative = os.path.relpath(store.uri[len("sqlite:///"):], store.cwd)  # ../../model-uri0/a/mlruns.db
     built = serve_app.build_app({"model": f"models:/{store.name}@champion", "tracking_uri": f"sqlite:///{relative}",

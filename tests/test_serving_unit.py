@@ -1,5 +1,6 @@
-"""Ray-free pieces of the scoring service (hardpos.serving): limits, decoding, captions,
-cache, verdicts, auth, config. Fast; the real HTTP app is tested in test_serve.py."""
+"""Ray-free pieces of the scoring service (hardpos.serve: config, errors, requests, scoring):
+limits, decoding, captions, cache, verdicts, auth, config. Fast; the real HTTP app is tested
+in test_serve.py."""
 from __future__ import annotations
 
 import base64
@@ -11,15 +12,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hardpos import serving as S
 from hardpos.config import ConfigError
+from hardpos.serve import config as C
+from hardpos.serve import errors as E
+from hardpos.serve import requests as R
+from hardpos.serve import scoring as SC
 from serve_util import bomb_png, png_bytes
 
-LIM = S.ServingLimits(max_image_bytes=100_000, max_image_pixels=250_000, max_captions=4, max_caption_chars=50)
+LIM = C.ServingLimits(max_image_bytes=100_000, max_image_pixels=250_000, max_captions=4, max_caption_chars=50)
 
 
 def _status(fn, *args, **kwargs) -> tuple[int, str]:
-    with pytest.raises(S.ServingError) as info:
+    with pytest.raises(E.ServingError) as info:
         fn(*args, **kwargs)
     return info.value.status, info.value.message
 
@@ -28,11 +32,11 @@ def _status(fn, *args, **kwargs) -> tuple[int, str]:
 def test_decode_base64_variants():
     raw = png_bytes(0)
     text = base64.b64encode(raw).decode()
-    assert S.decode_base64_image(text, LIM) == raw
-    assert S.decode_base64_image("data:image/png;base64," + text, LIM) == raw
+    assert R.decode_base64_image(text, LIM) == raw
+    assert R.decode_base64_image("data:image/png;base64," + text, LIM) == raw
     wrapped = "\n".join(text[i:i + 76] for i in range(0, len(text), 76))  # MIME line wrapping
-    assert S.decode_base64_image(wrapped, LIM) == raw
-    assert S.decode_base64_image(base64.urlsafe_b64encode(b"\xfb\xff" * 10).decode(), LIM) == b"\xfb\xff" * 10
+    assert R.decode_base64_image(wrapped, LIM) == raw
+    assert R.decode_base64_image(base64.urlsafe_b64encode(b"\xfb\xff" * 10).decode(), LIM) == b"\xfb\xff" * 10
 
 
 @pytest.mark.parametrize("value,status,message", [
@@ -47,7 +51,7 @@ def test_decode_base64_variants():
     ("A" * 200_000, 413, "the limit is 100000 bytes"),
 ])
 def test_decode_base64_errors(value, status, message):
-    got_status, got_message = _status(S.decode_base64_image, value, LIM)
+    got_status, got_message = _status(R.decode_base64_image, value, LIM)
     assert got_status == status and message in got_message
 
 
@@ -55,11 +59,11 @@ def test_open_image_accepts_modes_and_returns_rgb():
     from PIL import Image
 
     for mode in ("RGB", "RGBA", "L", "P"):
-        img = S.open_image(png_bytes(1, size=20, mode=mode), LIM)
+        img = R.open_image(png_bytes(1, size=20, mode=mode), LIM)
         assert img.mode == "RGB" and img.size == (20, 20)
     buf = io.BytesIO()
     Image.new("RGB", (30, 10), "red").save(buf, format="JPEG")
-    assert S.open_image(buf.getvalue(), LIM).getpixel((5, 5))[0] > 200
+    assert R.open_image(buf.getvalue(), LIM).getpixel((5, 5))[0] > 200
 
 
 @pytest.mark.parametrize("raw,status,message", [
@@ -70,7 +74,7 @@ def test_open_image_accepts_modes_and_returns_rgb():
     (bomb_png(100_000, 100_000), 413, "pixels"),  # header-only bomb: refused before any decode
 ])
 def test_open_image_errors(raw, status, message):
-    got_status, got_message = _status(S.open_image, raw, LIM)
+    got_status, got_message = _status(R.open_image, raw, LIM)
     assert got_status == status and message in got_message
 
 
@@ -78,7 +82,7 @@ def test_decompression_bomb_is_refused_from_its_header_fast():
     raw = bomb_png(20_000, 20_000, rows=200)  # 1.2 GB of pixels if decoded
     assert len(raw) < 100_000
     start = time.perf_counter()
-    status, _ = _status(S.open_image, raw, S.ServingLimits())
+    status, _ = _status(R.open_image, raw, C.ServingLimits())
     assert status == 413 and time.perf_counter() - start < 0.5
 
 
@@ -87,8 +91,8 @@ def test_format_allowlist():
 
     buf = io.BytesIO()
     Image.new("RGB", (8, 8)).save(buf, format="BMP")
-    assert S.open_image(buf.getvalue(), LIM).size == (8, 8)
-    status, message = _status(S.open_image, buf.getvalue(), S.ServingLimits(formats=["PNG"]))
+    assert R.open_image(buf.getvalue(), LIM).size == (8, 8)
+    status, message = _status(R.open_image, buf.getvalue(), C.ServingLimits(formats=["PNG"]))
     assert status == 400 and "accepted formats: PNG" in message
 
 
@@ -105,7 +109,7 @@ def test_format_allowlist():
     (["x" * 51], "captions[0] is too long: 51 characters; the limit is 50"),
 ])
 def test_validate_captions_errors(captions, message):
-    status, got = _status(S.validate_captions, captions, LIM)
+    status, got = _status(R.validate_captions, captions, LIM)
     assert status == 400 and message in got
 
 
@@ -114,37 +118,37 @@ def test_validate_captions_ok_and_token_lengths():
 
     from hardpos.model import register_model_configs
 
-    assert S.validate_captions(("a", "b c"), LIM) == ["a", "b c"]
+    assert R.validate_captions(("a", "b c"), LIM) == ["a", "b c"]
     register_model_configs()
     tok = open_clip.get_tokenizer("hardpos-tiny")
-    assert S.token_count(tok, "a red circle") == 5  # 3 BPE tokens + start + end
-    S.check_token_lengths(tok, ["a red circle"], 32)
-    status, message = _status(S.check_token_lengths, tok, ["ok", " ".join(["dog"] * 31)], 32)
+    assert R.token_count(tok, "a red circle") == 5  # 3 BPE tokens + start + end
+    R.check_token_lengths(tok, ["a red circle"], 32)
+    status, message = _status(R.check_token_lengths, tok, ["ok", " ".join(["dog"] * 31)], 32)
     assert status == 400 and message == "captions[1] is too long: 33 tokens; this model's context length is 32"
-    assert S.token_count(object(), "x") is None  # tokenizers that cannot count are not checked
+    assert R.token_count(object(), "x") is None  # tokenizers that cannot count are not checked
 
 
 # --------------------------------------------------------------------------- payloads
 def test_parse_payloads():
     img = base64.b64encode(png_bytes(0)).decode()
-    raw, caps, soft = S.parse_score_payload({"image_b64": img, "captions": ["a"], "softmax": True}, LIM)
+    raw, caps, soft = R.parse_score_payload({"image_b64": img, "captions": ["a"], "softmax": True}, LIM)
     assert raw == png_bytes(0) and caps == ["a"] and soft is True
-    status, message = _status(S.parse_score_payload, {"image_b64": img, "captions": ["a"], "extra": 1}, LIM)
+    status, message = _status(R.parse_score_payload, {"image_b64": img, "captions": ["a"], "extra": 1}, LIM)
     assert status == 400 and "unknown field(s) 'extra'" in message
-    _, texts = S.parse_compare_payload({"image_b64": img, "caption": "c", "hard_negative": "n", "hard_positive": None}, LIM)
+    _, texts = R.parse_compare_payload({"image_b64": img, "caption": "c", "hard_negative": "n", "hard_positive": None}, LIM)
     assert texts == ["c", "n"]
-    items, soft = S.parse_batch_payload({"items": [{"image_b64": img, "captions": ["a"]}, {"image_b64": img}]}, LIM)
+    items, soft = R.parse_batch_payload({"items": [{"image_b64": img, "captions": ["a"]}, {"image_b64": img}]}, LIM)
     assert items[0] == (png_bytes(0), ["a"]) and soft is False
-    assert isinstance(items[1], S.ServingError) and items[1].message.startswith("items[1].captions is missing")
-    assert _status(S.parse_json_body, b"{oops")[1].startswith("the request body is not valid JSON")
-    assert _status(S.parse_json_body, b"  ")[1].startswith("the request body is empty")
-    assert _status(S.parse_flag, "perhaps", "softmax")[1] == "softmax must be a boolean, got 'perhaps'"
-    assert S.parse_flag("true", "x") is True and S.parse_flag("0", "x") is False and S.parse_flag(None, "x") is False
+    assert isinstance(items[1], E.ServingError) and items[1].message.startswith("items[1].captions is missing")
+    assert _status(R.parse_json_body, b"{oops")[1].startswith("the request body is not valid JSON")
+    assert _status(R.parse_json_body, b"  ")[1].startswith("the request body is empty")
+    assert _status(R.parse_flag, "perhaps", "softmax")[1] == "softmax must be a boolean, got 'perhaps'"
+    assert R.parse_flag("true", "x") is True and R.parse_flag("0", "x") is False and R.parse_flag(None, "x") is False
 
 
 # --------------------------------------------------------------------------- cache / stats
 def test_lru_cache_evicts_least_recently_used():
-    cache = S.LRUCache(2)
+    cache = SC.LRUCache(2)
     cache.put("a", 1)
     cache.put("b", 2)
     assert cache.get("a") == 1  # a is now the most recent
@@ -152,13 +156,13 @@ def test_lru_cache_evicts_least_recently_used():
     assert "b" not in cache and cache.get("a") == 1 and cache.get("c") == 3
     assert cache.get("b") is None
     assert cache.stats() == {"entries": 2, "max_entries": 2, "hits": 3, "misses": 1, "hit_rate": 0.75}
-    off = S.LRUCache(0)
+    off = SC.LRUCache(0)
     off.put("a", 1)
     assert len(off) == 0
 
 
 def test_lru_cache_is_bounded_under_threads():
-    cache = S.LRUCache(50)
+    cache = SC.LRUCache(50)
 
     def work(offset):
         for i in range(500):
@@ -174,21 +178,21 @@ def test_lru_cache_is_bounded_under_threads():
 
 
 def test_encode_with_cache_encodes_each_distinct_miss_once():
-    cache = S.LRUCache(10)
+    cache = SC.LRUCache(10)
     calls = []
 
     def encode(keys):
         calls.append(list(keys))
         return [k.upper() for k in keys]
 
-    assert S.encode_with_cache(cache, ["a", "b", "a"], encode) == ["A", "B", "A"]
-    assert S.encode_with_cache(cache, ["b", "c", "a", "c"], encode) == ["B", "C", "A", "C"]
+    assert SC.encode_with_cache(cache, ["a", "b", "a"], encode) == ["A", "B", "A"]
+    assert SC.encode_with_cache(cache, ["b", "c", "a", "c"], encode) == ["B", "C", "A", "C"]
     assert calls == [["a", "b"], ["c"]]
-    assert S.encode_with_cache(cache, ["a"], encode) == ["A"] and len(calls) == 2
+    assert SC.encode_with_cache(cache, ["a"], encode) == ["A"] and len(calls) == 2
 
 
 def test_batch_stats_summary():
-    stats = S.BatchStats()
+    stats = SC.BatchStats()
     for size in (1, 4, 4, 16):
         stats.record(size)
     assert stats.summary() == {"batches": 4, "items": 25, "max_batch_size_seen": 16, "mean_batch_size": 6.25,
@@ -202,9 +206,9 @@ def test_softmax_matches_numpy():
     scores = [0.31, 0.29, -0.1]
     logits = 100 * np.array(scores)
     want = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
-    assert S.softmax(scores, 100.0) == pytest.approx(list(want))
-    assert sum(S.softmax([5.0, 5.0], 1000.0)) == pytest.approx(1.0)
-    assert S.softmax([], 1.0) == []
+    assert SC.softmax(scores, 100.0) == pytest.approx(list(want))
+    assert sum(SC.softmax([5.0, 5.0], 1000.0)) == pytest.approx(1.0)
+    assert SC.softmax([], 1.0) == []
 
 
 @pytest.mark.parametrize("s_c,s_n,s_p,orig,aug,brittle", [
@@ -216,48 +220,97 @@ def test_softmax_matches_numpy():
     (0.9, 0.5, 0.5, True, False, False),    # s_p == s_n: not augmented-correct, not brittle (strict)
 ])
 def test_verdicts_follow_design_section_5(s_c, s_n, s_p, orig, aug, brittle):
-    assert S.verdicts(s_c, s_n, s_p) == {"correct_original": orig, "correct_augmented": aug, "brittle": brittle}
+    assert SC.verdicts(s_c, s_n, s_p) == {"correct_original": orig, "correct_augmented": aug, "brittle": brittle}
 
 
 def test_verdicts_without_positive():
-    assert S.verdicts(0.2, 0.1) == {"correct_original": True, "correct_augmented": None, "brittle": None}
+    assert SC.verdicts(0.2, 0.1) == {"correct_original": True, "correct_augmented": None, "brittle": None}
+
+
+def test_verdicts_are_the_benchmark_metrics_per_item():
+    """/v1/compare's verdicts and the evaluator's metrics are one definition: on 2000 triples
+    (a third of them with ties) each verdict equals hardpos.eval.metrics' per-item value."""
+    import numpy as np
+
+    from hardpos.eval import metrics
+
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 4, size=(2000, 3)) / 4.0  # coarse values: many ties
+    s_c, s_n, s_p = scores.T
+    got = [SC.verdicts(float(c), float(n), float(p)) for c, n, p in scores]
+    assert [v["correct_original"] for v in got] == metrics.orig_correct(s_c, s_n).tolist()
+    assert [v["correct_augmented"] for v in got] == metrics.aug_correct(s_c, s_n, s_p).tolist()
+    assert [v["brittle"] for v in got] == metrics.brittle(s_c, s_n, s_p).tolist()
+    assert all(type(v) is bool for row in got for v in row.values())  # JSON booleans, not numpy
+    assert 0 < sum(v["brittle"] for v in got) < len(got)
+
+
+def test_compute_batch_matches_the_evaluator_and_rejects_a_bad_item_alone():
+    """The replica's batched forward (no Ray): the evaluator's scores per item, a bad image
+    is its own 400, captions repeated across items are encoded once and cached."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from hardpos.eval.evaluator import similarity_matrix
+    from hardpos.model import ModelConfig, load_model
+
+    torch.manual_seed(0)
+    loaded = load_model(ModelConfig(arch="hardpos-tiny"))
+    loaded.model.eval()
+    ref = {"name": "m", "version": "3", "source": "models:/m@champion", "alias": "champion"}
+    state = SC.ModelState(loaded, torch.device("cpu"), False, SC.LRUCache(100), {**ref, "tags": {}}, 100.0)
+    caps = ["a red circle", "a blue square", "two dogs"]
+    items = [(png_bytes(1), caps[:2]), (b"not an image", caps), (png_bytes(2), caps)]
+    out = SC.compute_batch(state, items, C.ServingLimits())
+    assert out[1] == {"error": {"status": 400, "detail": out[1]["error"]["detail"]}}
+    assert "not a decodable image" in out[1]["error"]["detail"]
+    want = similarity_matrix(loaded.model, loaded.preprocess_val, loaded.tokenizer,
+                             [Image.open(io.BytesIO(png_bytes(i))) for i in (1, 2)], caps)
+    np.testing.assert_allclose(out[0]["scores"], want[0][:2], atol=1e-5)
+    np.testing.assert_allclose(out[2]["scores"], want[1], atol=1e-5)
+    assert out[0]["model"] == ref and out[2]["logit_scale"] == 100.0
+    assert state.cache.stats()["entries"] == 3  # 5 caption slots, 3 distinct captions
+    again = SC.compute_batch(state, [(png_bytes(2), caps)], C.ServingLimits())
+    np.testing.assert_allclose(again[0]["scores"], want[1], atol=1e-5)
+    assert state.cache.hits == 3
 
 
 # --------------------------------------------------------------------------- auth / errors / config
 def test_check_bearer():
-    digest = S.token_digest("t0k")
-    S.check_bearer(None, None)  # auth off
-    S.check_bearer("Bearer t0k", digest)
-    S.check_bearer("bearer  t0k ", digest)
+    digest = E.token_digest("t0k")
+    E.check_bearer(None, None)  # auth off
+    E.check_bearer("Bearer t0k", digest)
+    E.check_bearer("bearer  t0k ", digest)
     for header, message in [(None, "missing bearer token"), ("Basic abc", "malformed"), ("Bearer", "malformed"),
                             ("Bearer nope", "invalid bearer token")]:
-        status, got = _status(S.check_bearer, header, digest)
+        status, got = _status(E.check_bearer, header, digest)
         assert status == 401 and message in got
 
 
 def test_classify_load_error():
     from mlflow.exceptions import MlflowException
 
-    assert S.classify_load_error("x", FileNotFoundError("model checkpoint not found: x")).status == 404
+    assert E.classify_load_error("x", FileNotFoundError("model checkpoint not found: x")).status == 404
     exc = MlflowException("Registered model alias champion not found.", error_code="RESOURCE_DOES_NOT_EXIST")
-    err = S.classify_load_error("models:/m@champion", exc)
+    err = E.classify_load_error("models:/m@champion", exc)
     assert err.status == 404 and "models:/m@champion" in err.message
-    err = S.classify_load_error("ckpt", RuntimeError("Error(s) in loading state_dict: size mismatch"))
+    err = E.classify_load_error("ckpt", RuntimeError("Error(s) in loading state_dict: size mismatch"))
     assert err.status == 503 and "could not be loaded" in err.message
 
 
 def test_app_config_validation():
-    cfg = S.load_app_config({"batching": {"max_batch_size": 8}, "limits": {"max_captions": 3}})
+    cfg = C.load_app_config({"batching": {"max_batch_size": 8}, "limits": {"max_captions": 3}})
     assert cfg.batching.max_batch_size == 8 and cfg.limits.max_captions == 3
-    assert S.load_app_config({"batching": {"enabled": False}}).batching.effective_max_batch_size == 1
+    assert C.load_app_config({"batching": {"enabled": False}}).batching.effective_max_batch_size == 1
     with pytest.raises(ConfigError, match="limits.max_captions must be > 0"):
-        S.load_app_config({"limits": {"max_captions": 0}})
+        C.load_app_config({"limits": {"max_captions": 0}})
     with pytest.raises(ConfigError, match="max_ongoing_requests"):
-        S.load_app_config({"batching": {"max_batch_size": 32}, "model_deployment": {"max_ongoing_requests": 8}})
+        C.load_app_config({"batching": {"max_batch_size": 32}, "model_deployment": {"max_ongoing_requests": 8}})
     with pytest.raises(ConfigError):
-        S.load_app_config({"modle": "typo"})
+        C.load_app_config({"modle": "typo"})
     with pytest.raises(ConfigError):
-        S.load_app_config({"device": "tpu"})
+        C.load_app_config({"device": "tpu"})
 
 
 def test_serve_config_yaml_is_a_valid_deploy_config():
@@ -267,8 +320,8 @@ def test_serve_config_yaml_is_a_valid_deploy_config():
     data = yaml.safe_load(path.read_text())
     ServeDeploySchema.model_validate(data)
     app = data["applications"][0]
-    assert app["import_path"] == "serve.app:build_app"
-    cfg = S.load_app_config(app["args"])
+    assert app["import_path"] == "hardpos.serve.app:build_app"
+    cfg = C.load_app_config(app["args"])
     assert cfg.model == "models:/hardpos-clip@champion"
     assert (cfg.model_deployment.max_ongoing_requests or 0) >= cfg.batching.max_batch_size
 
@@ -303,16 +356,32 @@ def test_loadgen_payloads_are_valid_requests():
     from hardpos.loadgen import LoadgenConfig, make_payloads
 
     payloads = make_payloads(LoadgenConfig(images=3, image_size=40, captions_per_request=3, caption_pool=10))
-    lim = S.ServingLimits()
+    lim = C.ServingLimits()
     for body in payloads[:6]:
-        raw, caps, _ = S.parse_score_payload(body, lim)
-        assert S.open_image(raw, lim).size == (40, 40) and len(caps) == 3 and len(set(caps)) == 3
+        raw, caps, _ = R.parse_score_payload(body, lim)
+        assert R.open_image(raw, lim).size == (40, 40) and len(caps) == 3 and len(set(caps)) == 3
 
 
 def test_check_image_header_decodes_nothing():
-    assert S.check_image_header(png_bytes(0, size=30), LIM) == (30, 30)
+    assert R.check_image_header(png_bytes(0, size=30), LIM) == (30, 30)
     # A truncated file passes the header check (its pixels are never read here)...
-    assert S.check_image_header(png_bytes(2)[:100], LIM) == (48, 48)
+    assert R.check_image_header(png_bytes(2)[:100], LIM) == (48, 48)
     # ...while size, format and pixel-count limits are enforced.
-    assert _status(S.check_image_header, b"nope", LIM)[0] == 400
-    assert _status(S.check_image_header, bomb_png(100_000, 100_000), LIM)[0] == 413
+    assert _status(R.check_image_header, b"nope", LIM)[0] == 400
+    assert _status(R.check_image_header, bomb_png(100_000, 100_000), LIM)[0] == 413
+
+
+def test_the_app_is_importable_from_the_package_and_the_entry_module():
+    """config.yaml's import path resolves in the installed package; serve/app.py (kept for
+    `serve run serve.app:build_app ...`) is the same builder, not a second app."""
+    import importlib
+    import sys
+
+    module, _, attr = "hardpos.serve.app:build_app".partition(":")
+    build_app = getattr(importlib.import_module(module), attr)
+    repo = str(Path(__file__).resolve().parent.parent)
+    if repo not in sys.path:
+        sys.path.insert(0, repo)
+    from serve.app import build_app as entry
+
+    assert entry is build_app and callable(build_app)

@@ -1,0 +1,264 @@
+"""The HardPos scoring app on Ray Serve: raw CLIP cosine scores over HTTP.
+
+``build_app(args) -> Application`` is the Serve application builder (``args`` is a
+:class:`hardpos.serve.config.ServeAppConfig` as a dict); importing this module loads nothing.
+
+    serve run serve/config.yaml                                   # from the repository root
+    serve run hardpos.serve.app:build_app model=models:/hardpos-clip@champion
+
+Two deployments: ``ScoringModel`` (:mod:`hardpos.serve.deployment`: loads the model, batches,
+reloads without downtime) behind ``ScoringAPI``, the FastAPI ingress defined here: input
+validation (400/413 with specific messages, :mod:`hardpos.serve.requests`), optional bearer
+auth, a request timeout (503, never a hang), and fan-out of ``/v1/score/batch`` items so they
+batch on the model deployment.
+
+Routes: ``POST /v1/score`` (JSON with base64, or multipart upload), ``POST /v1/score/batch``,
+``POST /v1/compare``, ``GET /v1/model``, ``POST /v1/reload``, ``GET /healthz``; OpenAPI at
+``/docs``.
+
+Everything lives in the installed ``hardpos`` package, so Serve replicas import it like any
+other library module: no ``PYTHONPATH`` entry and no pickling by value are needed.
+"""
+# No `from __future__ import annotations`: Serve re-registers the class-based FastAPI routes and
+# must see real annotations (a string "Request" becomes a required query parameter).
+
+import asyncio
+import dataclasses
+import os
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError
+
+from hardpos.serve.config import BatchingConfig, DeploymentOptions, load_app_config
+from hardpos.serve.deployment import ScoringModel
+from hardpos.serve.errors import ServingError, check_bearer, token_digest
+from hardpos.serve.requests import (check_image_header, is_multipart, parse_batch_payload, parse_compare_payload,
+                                    parse_flag, parse_json_body, parse_score_payload, read_body, read_multipart,
+                                    validate_caption, validate_captions)
+from hardpos.serve.schemas import (BatchRequest, BatchResponse, CompareRequest, CompareResponse, ScoreRequest,
+                                   ScoreResponse, json_body, json_or_multipart)
+from hardpos.serve.scoring import softmax as softmax_probs, verdicts
+
+__all__ = ["ScoringAPI", "ScoringModel", "api", "build_app"]
+
+# --------------------------------------------------------------------------- ingress
+
+api = FastAPI(
+    title="HardPos scoring API",
+    version="1",
+    description=(
+        "Raw CLIP cosine scores for image-caption pairs from the registered HardPos model. "
+        "Scores are NOT calibrated across models: hard-negative finetuning lowers the absolute "
+        "score of correct captions, which this API shows as it is. Errors: 400 bad input, "
+        "401 auth, 404 unknown model, 413 image too large, 503 model unavailable or timed out."
+    ),
+)
+
+
+@api.exception_handler(ServingError)
+async def _serving_error(_: Request, exc: ServingError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=headers)
+
+
+@api.exception_handler(RequestValidationError)
+async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    # Only routes with declared parameters reach this; the body routes parse by hand.
+    parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
+    return JSONResponse({"detail": "; ".join(parts) or "invalid request"}, status_code=400)
+
+
+async def _await(response: Any) -> Any:
+    return await response
+
+
+# --------------------------------------------------------------------------- ingress
+
+
+@serve.deployment
+@serve.ingress(api)
+class ScoringAPI:
+    """HTTP front door: validates, authenticates, times out, and calls ``ScoringModel``."""
+
+    def __init__(self, model_handle, config: dict[str, Any], auth_digest: str | None = None):
+        self.cfg = load_app_config(config)
+        self.limits = self.cfg.limits
+        self.model = model_handle
+        token = os.environ.get(self.cfg.auth_token_env) if self.cfg.auth_token_env else None
+        # (Serve freezes a copy of `api` at decoration time, so auth state lives here.)
+        self.auth_digest = token_digest(token) if token else auth_digest
+
+    def _auth(self, request: Request) -> None:
+        check_bearer(request.headers.get("authorization"), self.auth_digest)
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        response = getattr(self.model, method).remote(*args)
+        try:
+            return await asyncio.wait_for(_await(response), timeout=self.limits.request_timeout_s)
+        except asyncio.TimeoutError:
+            response.cancel()
+            raise ServingError(503, f"the model did not answer within {self.limits.request_timeout_s:g} s; retry later") from None
+        except BackPressureError:
+            raise ServingError(503, "the model deployment is at capacity (max_ongoing_requests); retry later") from None
+        except RayActorError as exc:  # replica died / restarting: the client should retry, not see a 500
+            raise ServingError(503, f"the model replica is unavailable ({type(exc).__name__}); retry later") from None
+
+    async def _score_one(self, image: bytes, captions: list[str]) -> dict[str, Any]:
+        # Header checks here (size, format, pixel count: no pixels decoded) keep oversized and
+        # non-image input away from the model replicas; the replica decodes once, and reports a
+        # truncated/corrupt image as this item's 400.
+        check_image_header(image, self.limits)
+        return await self._call("score", image, captions)
+
+    @staticmethod
+    def _raise_item_error(result: dict[str, Any]) -> None:
+        if "error" in result:
+            raise ServingError(result["error"]["status"], result["error"]["detail"])
+
+    @api.post("/v1/score", response_model=ScoreResponse,
+              openapi_extra=json_or_multipart(ScoreRequest), summary="Score one image against 1..N captions")
+    async def score(self, request: Request) -> dict[str, Any]:
+        self._auth(request)
+        if is_multipart(request):
+            form = await read_multipart(request, self.limits, ("captions", "softmax"))
+            captions = validate_captions(form["captions"], self.limits)
+            image, want_probs = form["image"], parse_flag(form["softmax"], "softmax")
+        else:
+            body = await read_body(request, self.limits.max_body_bytes)
+            image, captions, want_probs = parse_score_payload(parse_json_body(body), self.limits)
+        result = await self._score_one(image, captions)
+        self._raise_item_error(result)
+        probs = softmax_probs(result["scores"], result["logit_scale"]) if want_probs else None
+        return {"model": result["model"], "scores": result["scores"], "probs": probs, "logit_scale": result["logit_scale"]}
+
+    @api.post("/v1/score/batch", response_model=BatchResponse,
+              openapi_extra=json_body(BatchRequest),
+              summary="Score many (image, captions) items; a bad item is rejected on its own")
+    async def score_batch(self, request: Request) -> dict[str, Any]:
+        self._auth(request)
+        body = await read_body(request, self.limits.max_body_bytes)
+        items, want_probs = parse_batch_payload(parse_json_body(body), self.limits)
+
+        async def one(item):
+            if isinstance(item, ServingError):
+                return {"error": item.to_dict()}
+            try:
+                return await self._score_one(*item)
+            except ServingError as exc:
+                if exc.status in (400, 413):
+                    return {"error": exc.to_dict()}
+                raise  # 503/404 concern the whole request
+
+        results = await asyncio.gather(*(one(item) for item in items))
+        model_errors = [r["error"] for r in results if "error" in r and r["error"]["status"] in (404, 503)]
+        if model_errors and len(model_errors) == len(results):
+            raise ServingError(model_errors[0]["status"], model_errors[0]["detail"])
+        out, model_ref = [], None
+        for i, r in enumerate(results):
+            if "error" in r:
+                out.append({"index": i, "error": r["error"]})
+            else:
+                model_ref = r["model"]
+                out.append({"index": i, "scores": r["scores"],
+                            "probs": softmax_probs(r["scores"], r["logit_scale"]) if want_probs else None})
+        n_ok = sum(1 for r in out if "error" not in r)
+        return {"model": model_ref, "results": out, "n_ok": n_ok, "n_rejected": len(out) - n_ok}
+
+    @api.post("/v1/compare", response_model=CompareResponse,
+              openapi_extra=json_or_multipart(CompareRequest),
+              summary="caption vs hard negative (vs hard positive): scores and the paper's per-item verdicts")
+    async def compare(self, request: Request) -> dict[str, Any]:
+        self._auth(request)
+        if is_multipart(request):
+            form = await read_multipart(request, self.limits, ("caption", "hard_negative", "hard_positive"))
+            payload = {k: v for k, v in form.items() if k != "image"}
+            image = form["image"]
+            texts = [validate_caption(payload.get("caption"), self.limits, "caption"),
+                     validate_caption(payload.get("hard_negative"), self.limits, "hard_negative")]
+            if payload.get("hard_positive"):
+                texts.append(validate_caption(payload["hard_positive"], self.limits, "hard_positive"))
+        else:
+            body = await read_body(request, self.limits.max_body_bytes)
+            image, texts = parse_compare_payload(parse_json_body(body), self.limits)
+        result = await self._score_one(image, texts)
+        self._raise_item_error(result)
+        s = result["scores"]
+        names = ["caption", "hard_negative", "hard_positive"][: len(s)]
+        return {"model": result["model"], "scores": dict(zip(names, s)),
+                **verdicts(s[0], s[1], s[2] if len(s) > 2 else None)}
+
+    @api.get("/v1/model", summary="The loaded model, its registered metrics, batching and cache stats")
+    async def model_info(self, request: Request) -> dict[str, Any]:
+        self._auth(request)
+        info = await self._call("info")
+        info["limits"] = dataclasses.asdict(self.limits)
+        return info
+
+    @api.post("/v1/reload",
+              summary="Reload if the registry alias moved (force=true: reload anyway). Reaches one model replica; "
+                      "the others follow within reload_poll_s")
+    async def reload(self, request: Request, force: bool = False) -> dict[str, Any]:
+        self._auth(request)
+        return await self._call("reload", force)
+
+    @api.get("/healthz", summary="200 when a model is loaded, else 503 with the reason")
+    async def healthz(self) -> JSONResponse:
+        try:
+            info = await self._call("info")
+        except ServingError as exc:
+            return JSONResponse({"status": "unavailable", "detail": exc.message}, status_code=503)
+        if not info.get("loaded"):
+            err = info.get("error") or {"detail": "model is not loaded yet"}
+            return JSONResponse({"status": "unavailable", "detail": err["detail"]}, status_code=503)
+        model = info["model"]
+        return JSONResponse({"status": "ok", "model": model.get("source"), "version": model.get("version")})
+
+
+# --------------------------------------------------------------------------- builder
+
+
+def _deployment_kwargs(opts: DeploymentOptions, default_max_ongoing: int, access_log: bool = True) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "ray_actor_options": {"num_cpus": opts.num_cpus, "num_gpus": opts.num_gpus},
+        "max_ongoing_requests": opts.max_ongoing_requests or default_max_ongoing,
+        "logging_config": {"enable_access_log": access_log},
+    }
+    if opts.autoscaling.enabled:
+        a = opts.autoscaling
+        kwargs["autoscaling_config"] = {"min_replicas": a.min_replicas, "max_replicas": a.max_replicas,
+                                        "target_ongoing_requests": a.target_ongoing_requests}
+    else:
+        kwargs["num_replicas"] = opts.num_replicas
+    return kwargs
+
+
+def build_app(args: dict[str, Any] | None = None):
+    """The Serve application for ``args`` (a :class:`hardpos.serve.config.ServeAppConfig` dict).
+
+    Validates the config (``ConfigError`` naming the key), resolves the MLflow tracking URI
+    and the bearer token digest here (in the process that builds the app) so every replica
+    agrees, and binds ``ScoringAPI(ScoringModel)``. Loads nothing.
+    """
+    from hardpos import tracking
+
+    cfg = load_app_config(args)
+    if cfg.model.startswith(("runs:/", "models:/", "mlflow-artifacts:")):
+        cfg = dataclasses.replace(cfg, tracking_uri=tracking.resolve_tracking_uri(cfg.tracking_uri))
+    token = os.environ.get(cfg.auth_token_env) if cfg.auth_token_env else None
+    digest = token_digest(token) if token else None
+    # What can change without restarting replicas (reload_token, batching) travels only in the
+    # model's user_config: a `serve deploy` that changes just those reconfigures in place.
+    config = dataclasses.asdict(dataclasses.replace(cfg, reload_token="", batching=BatchingConfig(max_batch_size=1)))
+    batch = cfg.batching.effective_max_batch_size
+    model_kwargs = _deployment_kwargs(cfg.model_deployment, max(64, 2 * batch), cfg.access_log)
+    model_kwargs["user_config"] = {"reload_token": cfg.reload_token, "batching": dataclasses.asdict(cfg.batching)}
+    model = ScoringModel.options(name="ScoringModel", **model_kwargs).bind(config)
+    # The ingress holds many requests in flight (they wait on the model), hence its higher cap.
+    ingress_kwargs = _deployment_kwargs(cfg.ingress_deployment, max(256, 4 * batch), cfg.access_log)
+    return ScoringAPI.options(name="ScoringAPI", **ingress_kwargs).bind(model, config, digest)
+

@@ -1,0 +1,167 @@
+"""The scoring app's typed configuration: what ``serve/config.yaml``'s ``args`` may hold.
+
+:func:`load_app_config` turns that mapping into a :class:`ServeAppConfig` (unknown keys and
+wrong types fail with :class:`hardpos.config.ConfigError` naming the key), so a typo fails
+when the app is built, never in a replica. Pure dataclasses; nothing heavy is imported.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+
+@dataclasses.dataclass
+class ServingLimits:
+    """Input limits (every one is checked before any expensive work).
+
+    max_image_bytes: largest encoded image accepted (after base64 decoding); larger -> 413.
+    max_image_pixels: largest width*height accepted, read from the image header before
+        decoding; larger -> 413 (this is the decompression-bomb guard).
+    max_captions: most captions per image in one request; more -> 400.
+    max_caption_chars: longest caption in characters; longer -> 400. Captions longer than
+        the model's context length in tokens are also refused (400), never truncated.
+    max_batch_items: most (image, captions) items in one ``/v1/score/batch`` request.
+    max_body_bytes: largest HTTP request body read at all; larger -> 413.
+    request_timeout_s: a request that the model has not answered in this time gets 503.
+    formats: image formats Pillow may decode (others -> 400).
+    """
+
+    max_image_bytes: int = 8 * 1024 * 1024
+    max_image_pixels: int = 16_000_000
+    max_captions: int = 64
+    max_caption_chars: int = 1000
+    max_batch_items: int = 64
+    max_body_bytes: int = 64 * 1024 * 1024
+    request_timeout_s: float = 30.0
+    formats: list[str] = dataclasses.field(default_factory=lambda: ["PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF"])
+
+
+@dataclasses.dataclass
+class BatchingConfig:
+    """Server-side batching of the model deployment (``@serve.batch``).
+
+    enabled: False runs every request alone (max batch size 1): the baseline.
+    max_batch_size: most requests encoded in one forward pass.
+    batch_wait_timeout_s: how long the first request of a batch waits for others. 0 (the
+        default): a batch is whatever queued while the model was busy, so an idle server
+        adds no latency and batches grow with load by themselves. Measured with
+        ``python -m hardpos.loadgen`` (hardpos-tiny, 2 CPUs, batched/unbatched throughput
+        at concurrency 1/8/32): 1.02x/1.06x/1.16x at 0 vs 0.70x/0.99x/1.23x at 5 ms. Raise
+        it (a few ms) for steady high load, where it buys ~6% more throughput.
+    """
+
+    enabled: bool = True
+    max_batch_size: int = 16
+    batch_wait_timeout_s: float = 0.0
+
+    @property
+    def effective_max_batch_size(self) -> int:
+        return self.max_batch_size if self.enabled else 1
+
+
+@dataclasses.dataclass
+class AutoscalingOptions:
+    """Serve autoscaling (used instead of ``num_replicas`` when enabled).
+
+    enabled: turn autoscaling on.
+    min_replicas / max_replicas: replica bounds.
+    target_ongoing_requests: requests per replica the autoscaler aims for.
+    """
+
+    enabled: bool = False
+    min_replicas: int = 1
+    max_replicas: int = 2
+    target_ongoing_requests: float = 16.0
+
+
+@dataclasses.dataclass
+class DeploymentOptions:
+    """Ray Serve options of one deployment.
+
+    num_replicas: fixed replica count (ignored when autoscaling is enabled).
+    num_cpus / num_gpus: ``ray_actor_options``; the model runs on GPU (bf16) when a GPU
+        is assigned.
+    max_ongoing_requests: per-replica concurrency; None -> max(64, 2 x max_batch_size)
+        (it must be >= the max batch size or batches starve).
+    autoscaling: see :class:`AutoscalingOptions`.
+    """
+
+    num_replicas: int = 1
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    max_ongoing_requests: int | None = None
+    autoscaling: AutoscalingOptions = dataclasses.field(default_factory=AutoscalingOptions)
+
+
+@dataclasses.dataclass
+class ServeAppConfig:
+    """The scoring app (``hardpos.serve.app:build_app(args)``; ``args`` is this, as a dict).
+
+    model: model source: ``models:/<name>@<alias>`` or ``models:/<name>/<version>`` (MLflow
+        registry), ``runs:/<id>/model``, a checkpoint directory (local or s3://), or an
+        open_clip pretrained tag (with ``arch``).
+    arch: architecture for open_clip tags / random weights (checkpoints carry their own).
+    force_quick_gelu: None = automatic (see hardpos.model).
+    tracking_uri: MLflow tracking URI; None -> $MLFLOW_TRACKING_URI, else the local store
+        (resolved when the app is built, so every replica uses the same one).
+    reload_poll_s: every this many seconds each model replica checks whether the registry
+        alias moved and, if so, loads the new version in the background and swaps it in
+        (no downtime). 0 disables polling (``POST /v1/reload`` and user_config still work).
+    reload_token: any change of this value (``serve deploy`` with a new user_config) makes
+        every model replica reload in place.
+    device: auto (GPU when one is assigned) | cpu | cuda.
+    bf16: bf16 autocast on GPU.
+    text_cache_size: LRU entries of caption embeddings per replica (0 disables).
+    access_log: Serve's per-request access log lines (off for load tests: they cost CPU).
+    auth_token_env: environment variable holding the bearer token; when it is set (in the
+        process that builds the app or in the ingress replica) every /v1 route needs
+        ``Authorization: Bearer <token>`` (401 otherwise). /healthz stays open.
+    limits / batching: see :class:`ServingLimits`, :class:`BatchingConfig`.
+    model_deployment / ingress_deployment: Serve options of the two deployments.
+    """
+
+    model: str = "models:/hardpos-clip@champion"
+    arch: str = "hardpos-tiny"
+    force_quick_gelu: bool | None = None
+    tracking_uri: str | None = None
+    reload_poll_s: float = 30.0
+    reload_token: str = ""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    bf16: bool = True
+    text_cache_size: int = 10_000
+    access_log: bool = True
+    auth_token_env: str = "HARDPOS_SERVE_TOKEN"
+    limits: ServingLimits = dataclasses.field(default_factory=ServingLimits)
+    batching: BatchingConfig = dataclasses.field(default_factory=BatchingConfig)
+    model_deployment: DeploymentOptions = dataclasses.field(default_factory=DeploymentOptions)
+    ingress_deployment: DeploymentOptions = dataclasses.field(default_factory=lambda: DeploymentOptions(num_cpus=0.5))
+
+
+def load_app_config(args: dict[str, Any] | ServeAppConfig | None) -> ServeAppConfig:
+    """Validate ``args`` (the Serve config's ``args`` mapping) into :class:`ServeAppConfig`.
+
+    Raises :class:`hardpos.config.ConfigError` naming the bad key. Numeric sanity is checked
+    here too (a zero byte limit would reject everything and look like a bug).
+    """
+    from hardpos.config import ConfigError, from_dict
+
+    cfg = args if isinstance(args, ServeAppConfig) else from_dict(ServeAppConfig, dict(args or {}))
+    lim = cfg.limits
+    for key in ("max_image_bytes", "max_image_pixels", "max_captions", "max_caption_chars", "max_batch_items", "max_body_bytes"):
+        if getattr(lim, key) <= 0:
+            raise ConfigError(f"limits.{key} must be > 0, got {getattr(lim, key)}")
+    if lim.request_timeout_s <= 0:
+        raise ConfigError(f"limits.request_timeout_s must be > 0, got {lim.request_timeout_s}")
+    if cfg.batching.max_batch_size < 1:
+        raise ConfigError(f"batching.max_batch_size must be >= 1, got {cfg.batching.max_batch_size}")
+    if cfg.batching.batch_wait_timeout_s < 0:
+        raise ConfigError("batching.batch_wait_timeout_s must be >= 0")
+    mor = cfg.model_deployment.max_ongoing_requests
+    if mor is not None and mor < cfg.batching.effective_max_batch_size:
+        raise ConfigError(
+            f"model_deployment.max_ongoing_requests ({mor}) must be >= batching.max_batch_size "
+            f"({cfg.batching.max_batch_size}), or batches can never fill")
+    if cfg.text_cache_size < 0 or cfg.reload_poll_s < 0:
+        raise ConfigError("text_cache_size and reload_poll_s must be >= 0")
+    return cfg
+

@@ -1,0 +1,169 @@
+"""``ScoringModel``: the Ray Serve deployment that holds one model version and scores batches.
+
+Contract:
+
+* Construction never fails because of the model: a replica that cannot load it stays up,
+  answers every score with the reason (404 unknown model, 503 unloadable) and keeps retrying
+  on its alias poll; ``info()["loaded"]`` is False meanwhile (``/healthz`` says 503).
+* ``score(image, captions)`` goes through ``@serve.batch``: one forward pass encodes every
+  image of the batch and every caption not in the replica's LRU text-embedding cache
+  (:func:`hardpos.serve.scoring.compute_batch`).
+* Reload without downtime: the new version loads in a thread while the old one serves, then
+  one reference swap. Triggers: the registry alias moved (polled every ``reload_poll_s``),
+  ``reload(force)`` (``POST /v1/reload``), or a new ``reload_token`` in the user_config.
+* The device is the GPU when Ray assigned one (bf16 autocast when ``bf16``), else the CPU.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from ray import serve
+
+from hardpos.serve.config import BatchingConfig, load_app_config
+from hardpos.serve.errors import ServingError, classify_load_error
+from hardpos.serve.requests import check_token_lengths
+from hardpos.serve.scoring import BatchStats, LRUCache, ModelState, compute_batch, current_version, load_model
+
+log = logging.getLogger("ray.serve")
+
+
+@serve.deployment
+class ScoringModel:
+    """Holds one model version and scores (image bytes, captions) requests in batches."""
+
+    def __init__(self, config: dict[str, Any]):
+        self.cfg = load_app_config(config)
+        self.stats = BatchStats()
+        self._state: ModelState | None = None
+        self._error: ServingError | None = None
+        self._poller: asyncio.Task | None = None
+        self._reload_lock: asyncio.Lock | None = None
+        self._reload_token: str | None = None  # set by the first reconfigure() (Serve calls it after __init__)
+        self._apply_batching(self.cfg.batching)
+        try:
+            self._state = self._load()
+            log.info("hardpos serve: loaded %s", self._state.info)
+        except Exception as exc:  # noqa: BLE001 - stay up and say why (404/503), keep retrying
+            self._error = classify_load_error(self.cfg.model, exc)
+            log.error("hardpos serve: %s", self._error.message)
+
+    # ---- configuration
+    def _apply_batching(self, batching: BatchingConfig) -> None:
+        self._batching = batching
+        self._score_batch.set_max_batch_size(batching.effective_max_batch_size)
+        self._score_batch.set_batch_wait_timeout_s(batching.batch_wait_timeout_s if batching.enabled else 0.0)
+
+    async def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """user_config: ``{"reload_token": str, "batching": {...}}``; a new token reloads."""
+        user_config = dict(user_config or {})
+        if "batching" in user_config:
+            from hardpos.config import from_dict
+
+            self._apply_batching(from_dict(BatchingConfig, user_config["batching"]))
+        token = str(user_config.get("reload_token", self._reload_token or ""))
+        previous, self._reload_token = self._reload_token, token
+        if previous is not None and token != previous:  # not on the first call, right after __init__
+            await self.reload(force=True)
+
+    # ---- loading (hardpos.serve.scoring: MLflow sources resolve in cfg.tracking_uri, never a global URI)
+    def _current_version(self) -> str | None:
+        return current_version(self.cfg)
+
+    def _load(self) -> ModelState:
+        import ray
+        import torch
+
+        want_cuda = self.cfg.device == "cuda" or (self.cfg.device == "auto" and bool(ray.get_gpu_ids()))
+        if want_cuda and not torch.cuda.is_available():
+            raise RuntimeError("device=cuda but no CUDA device is visible to this replica")
+        device = torch.device("cuda" if want_cuda else "cpu")
+        loaded, info = load_model(self.cfg, device)
+        info.update(arch=loaded.arch, device=str(device), bf16=bool(want_cuda and self.cfg.bf16),
+                    context_length=loaded.context_length, loaded_at=time.time())
+        scale = float(loaded.model.logit_scale.exp().item()) if hasattr(loaded.model, "logit_scale") else 100.0
+        return ModelState(loaded, device, bool(want_cuda and self.cfg.bf16), LRUCache(self.cfg.text_cache_size), info, scale)
+
+    async def reload(self, force: bool = False) -> dict[str, Any]:
+        """Load the source again if the alias moved (or ``force``), without stopping service."""
+        self._ensure_poller()
+        assert self._reload_lock is not None
+        async with self._reload_lock:
+            old = self._state.info.get("version") if self._state else None
+            if not force and self._state is not None:
+                current = await asyncio.to_thread(self._current_version)
+                if current is None or current == old:
+                    return {"reloaded": False, "version": old, "reason": "already the current version"}
+            try:
+                state = await asyncio.to_thread(self._load)
+            except Exception as exc:  # noqa: BLE001 - keep serving the old model; report why
+                err = classify_load_error(self.cfg.model, exc)
+                if self._state is None:
+                    self._error = err
+                log.error("hardpos serve: reload failed: %s", err.message)
+                return {"reloaded": False, "version": old, "error": err.to_dict()}
+            self._state, self._error = state, None  # one reference swap: no downtime
+            log.info("hardpos serve: reloaded %s -> %s", old, state.info.get("version"))
+            return {"reloaded": True, "previous_version": old, "version": state.info.get("version")}
+
+    def _ensure_poller(self) -> None:
+        if self._reload_lock is None:
+            self._reload_lock = asyncio.Lock()
+        if self._poller is None and self.cfg.reload_poll_s > 0:
+            self._poller = asyncio.get_running_loop().create_task(self._poll())
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.reload_poll_s)
+            try:
+                await self.reload(force=self._state is None)
+            except Exception as exc:  # noqa: BLE001 - the poller must never die
+                log.warning("hardpos serve: alias poll failed: %s", exc)
+
+    async def check_health(self) -> None:
+        # Serve calls this every few seconds: a convenient place to start the poller. An
+        # unloadable model is NOT unhealthy here (restarting would not help); /healthz says 503.
+        self._ensure_poller()
+
+    # ---- info
+    async def info(self) -> dict[str, Any]:
+        self._ensure_poller()
+        state = self._state
+        out: dict[str, Any] = {
+            "loaded": state is not None,
+            "model": {k: v for k, v in (state.info if state else {"source": self.cfg.model}).items() if k != "tags"},
+            "batching": {"enabled": self._batching.enabled,
+                         "max_batch_size": self._batching.effective_max_batch_size,
+                         "batch_wait_timeout_s": self._batching.batch_wait_timeout_s if self._batching.enabled else 0.0,
+                         **self.stats.summary()},
+            "text_cache": state.cache.stats() if state else None,
+            "replica": serve.get_replica_context().replica_id.unique_id,
+        }
+        if self._error is not None:
+            out["error"] = self._error.to_dict()
+        return out
+
+    # ---- scoring
+    async def score(self, image: bytes, captions: list[str]) -> dict[str, Any]:
+        """Cosine scores of one image with each caption, or ``{"error": {status, detail}}``."""
+        self._ensure_poller()
+        state = self._state
+        if state is None:
+            err = self._error or ServingError(503, "model is not loaded yet")
+            return {"error": err.to_dict()}
+        try:
+            check_token_lengths(state.loaded.tokenizer, captions, state.loaded.context_length)
+        except ServingError as exc:
+            return {"error": exc.to_dict()}
+        return await self._score_batch((image, captions))
+
+    @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0)
+    async def _score_batch(self, items: list[tuple[bytes, list[str]]]) -> list[dict[str, Any]]:
+        state = self._state
+        self.stats.record(len(items))
+        # The forward pass runs in a thread so the replica keeps accepting (and queueing)
+        # requests meanwhile: the next batch fills while this one computes.
+        return await asyncio.to_thread(compute_batch, state, items, self.cfg.limits)
+
