@@ -100,6 +100,7 @@ def test_bad_yaml_files_are_clear_errors(tmp_path):
 def test_every_yaml_config_in_the_repo_loads_into_its_stage():
     """jobs/configs/<stage>*.yaml must load into that stage's Config without errors."""
     files = sorted((REPO / "jobs" / "configs").glob("*.yaml"))
+    assert files, "jobs/configs holds no *.yaml: the loop below would check nothing"
     for path in files:
         stage = re.split(r"[_-]", path.stem)[0]
         module = runtime.stage_module(stage)
