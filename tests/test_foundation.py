@@ -152,7 +152,9 @@ def test_tracking_uri_resolution(monkeypatch, tmp_path):
     assert tracking.resolve_tracking_uri() == f"sqlite:///{tmp_path.resolve() / 'mlruns.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     assert tracking.resolve_tracking_uri() == "http://127.0.0.1:5000"
-    assert tracking.resolve_tracking_uri("sqlite:///x.db") == "sqlite:///x.db"
+    # relative SQLite paths are made absolute where the config is read (workers run elsewhere)
+    assert tracking.resolve_tracking_uri("sqlite:///x.db") == f"sqlite:///{tmp_path.resolve() / 'x.db'}"
+    assert tracking.resolve_tracking_uri("sqlite:////abs/x.db") == "sqlite:////abs/x.db"
 
 
 def test_cli_reports_config_errors_before_work(tmp_path):
