@@ -12,7 +12,10 @@ the loss terms, lr and logit scale at the global step), the paths alternated sid
   the run was created, vs logging into a run on a live server. The ratio is
   live time / dead time: 1.0 means the dead server costs the loop nothing; above 1 the
   dead server is *cheaper* (a live server on the same 2 cores also spends CPU answering).
-* ``live_vs_live``: the same live path on both sides: the noise floor of the ratio above.
+* ``dead_vs_off``: logging into the dead server vs not logging at all: off time / dead
+  time, 1.0 when a dead server costs the loop nothing (no live server on the machine
+  competing for the CPU either, so this is the cleanest reading).
+* ``live_vs_live``: the same live path on both sides: the noise floor of the ratios.
 * ``queued_vs_sync``: the queued path vs the synchronous ``MlflowClient.log_batch`` per
   step that the loop used before (both into a live server).
 
@@ -149,7 +152,7 @@ def blocked_seconds(uri: str, run_id: str, cap_s: float) -> tuple[float, bool]:
     return time.perf_counter() - t0, returned
 
 
-def tracking_bench(quick: bool = False, repeats: int = 5, steps: int = 20, batch_size: int = 16,
+def tracking_bench(quick: bool = False, repeats: int = 5, steps: int = 10, batch_size: int = 16,
                    blocked_cap_s: float = 30.0) -> list[dict[str, Any]]:
     """Rows for the harness: three alternating ratios and the synchronous blocking figure."""
     from hardpos import tracking, tracking_queue
@@ -188,9 +191,12 @@ def tracking_bench(quick: bool = False, repeats: int = 5, steps: int = 20, batch
         queued = {n: loop(n, lambda m, s, lg=lg: lg.log_metrics(m, step=s))
                   for n, lg in (("live", live), ("live2", live2), ("dead", dead))}
         sync = loop("sync", lambda m, s: _sync_log(live_srv.url, sync_run.run_id, m, s))
+        off = loop("off", lambda m, s: None)
         cases = {
             "dead_vs_live": ("log_metrics per step, server dead vs alive (ratio = alive / dead)", queued["dead"],
                              queued["live"]),
+            "dead_vs_off": ("log_metrics per step into the dead server vs no logging (ratio = off / dead)",
+                            queued["dead"], off),
             "live_vs_live": ("log_metrics per step, alive vs alive (noise floor of the ratio above)", queued["live2"],
                              queued["live"]),
             "queued_vs_sync": ("log_metrics per step (queued) vs synchronous log_batch per step, server alive",
@@ -224,6 +230,6 @@ if __name__ == "__main__":  # python -m hardpos.tracking_bench [--quick] [repeat
 
     args = [a for a in sys.argv[1:] if a != "--quick"]
     out = tracking_bench(quick="--quick" in sys.argv, repeats=int(args[0]) if args else 5,
-                         steps=int(args[1]) if len(args) > 1 else 20)
+                         steps=int(args[1]) if len(args) > 1 else 10)
     print(format_table(out))
     print(json.dumps(out, indent=1, default=str))

@@ -157,6 +157,22 @@ def fail_fast_http(timeout_s: float) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def short_error(exc: BaseException) -> str:
+    """One short phrase for a failed request (the log line, not a urllib3 retry dump)."""
+    chain, seen = [], exc
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    text = " ".join(f"{type(e).__name__}: {e}" for e in chain)
+    for needle, phrase in (("Connection refused", "connection refused"), ("timed out", "no answer (timed out)"),
+                           ("Timeout", "no answer (timed out)"), ("Name or service not known", "host name not found"),
+                           ("Temporary failure in name resolution", "host name not found"),
+                           ("Connection reset", "connection reset"), ("RemoteDisconnected", "connection closed")):
+        if needle in text:
+            return phrase
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+
 def _classify(exc: BaseException) -> Exception:
     """An exception from MLflow -> _Transient (retry) or _Rejected (drop)."""
     if isinstance(exc, (_Transient, _Rejected)):
@@ -184,7 +200,7 @@ class HttpTransport:
             resp = http_request(creds or self._creds, endpoint, method, max_retries=0, timeout=self.timeout_s,
                                 raise_on_status=False, **kwargs)
         except Exception as exc:  # noqa: BLE001 - connection refused, timeout, DNS: all transient
-            raise _Transient(str(exc).splitlines()[0][:300]) from exc
+            raise _Transient(short_error(exc)) from exc
         if resp.status_code == 200:
             return resp.json() if resp.text.strip() else {}
         text = resp.text[:300]
@@ -304,7 +320,7 @@ def probe(uri: str, timeout_s: float = 5.0, attempts: int = 1) -> str | None:
             resp = http_request(get_default_host_creds(uri), "/api/2.0/mlflow/experiments/search", "POST",
                                 max_retries=0, timeout=timeout_s, raise_on_status=False, json={"max_results": 1})
         except Exception as exc:  # noqa: BLE001
-            problem = str(exc).splitlines()[0][:300]
+            problem = short_error(exc)
             continue
         if resp.status_code == 429 or resp.status_code >= 500:
             problem = f"HTTP {resp.status_code} from {uri}"
@@ -648,18 +664,12 @@ class RunQueue:
         with self._lock:
             self._stopped = True
             self._cond.notify_all()
-            rest = self._read_spill(10 ** 12) + [r for r in self._memory if r["seq"] > self._done_seq]
-            rest += [{"kind": "model", "dir": d} for d in models_left]
+            left = self._write_undelivered(models_left)
             self._memory.clear()
         self._spill.unlink(missing_ok=True)
         self._save_ledger(force=True)
         report = DeliveryReport(self.tracking_uri, self.run_id, delivered=self.delivered, rejected=self.rejected,
-                                error=self._last_error if rest else None)
-        if rest:
-            path = self.spill_dir / f"{self.run_id}.{self.proc}{UNDELIVERED_SUFFIX}"
-            header = {"kind": "header", "run_id": self.run_id, "tracking_uri": self.tracking_uri,
-                      "local": self.local, "written": time.time(), "process": self.proc}
-            _write_jsonl(path, [header, *rest])
+                                error=self._last_error if left else None)
         files = sorted(self.spill_dir.glob(f"{glob.escape(self.run_id)}.*{UNDELIVERED_SUFFIX}"))
         report.undelivered = sum(max(0, _count_lines(f) - 1) for f in files)
         report.undelivered_files = [str(f) for f in files]
@@ -670,8 +680,40 @@ class RunQueue:
                     f"not delivered to {self.tracking_uri} ({(self._last_error or 'no answer')[:120]})"
                 log.warning("tracking: %d record(s) of run %s %s; saved in %s; send them with: %s", report.undelivered,
                             self.run_id, why, self.spill_dir, report.replay)
+        elif not hand_off:
+            # The run's last owner and nothing left: the restart ledgers have done their job.
+            for ledger in self.spill_dir.glob(f"{glob.escape(self.run_id)}.*{LEDGER_SUFFIX}"):
+                ledger.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.spill_dir.rmdir()  # only when empty
         _forget(self)
         return report
+
+    def _write_undelivered(self, models: list[str]) -> int:
+        """Stream what is left (spill file, memory, deferred models) into this process's
+        undelivered file, header first (lock held) -> records written."""
+        path = self.spill_dir / f"{self.run_id}.{self.proc}{UNDELIVERED_SUFFIX}"
+        tmp = path.with_name(path.name + ".tmp")
+        n = 0
+        with open(tmp, "w", encoding="utf-8") as out:
+            out.write(json.dumps({"kind": "header", "run_id": self.run_id, "tracking_uri": self.tracking_uri,
+                                  "local": self.local, "written": time.time(), "process": self.proc}) + "\n")
+            if self._spill_offset < self._spill_size:
+                with open(self._spill, encoding="utf-8") as fh:
+                    fh.seek(self._spill_offset)
+                    for line in fh:
+                        if json.loads(line)["seq"] > self._done_seq:
+                            out.write(line)
+                            n += 1
+            for rec in [*(r for r in self._memory if r["seq"] > self._done_seq),
+                        *({"kind": "model", "dir": d} for d in models)]:
+                out.write(json.dumps(rec) + "\n")
+                n += 1
+        if n:
+            os.replace(tmp, path)
+        else:
+            tmp.unlink()
+        return n
 
     def _log_models(self, deadline: float) -> list[str]:
         """Log deferred models now if the server answers (caller's thread); the rest stay."""
@@ -864,6 +906,10 @@ def replay(path: str | os.PathLike, tracking_uri: str | None = None, timeout_s: 
             for rec in rows:
                 if rec["kind"] == "artifact":
                     _drop_copy(f.parent, rec["path"])
+            run = glob.escape(header["run_id"])
+            if not any(f.parent.glob(f"{run}.*{UNDELIVERED_SUFFIX}")):  # the run is complete in MLflow
+                for ledger in f.parent.glob(f"{run}.*{LEDGER_SUFFIX}"):
+                    ledger.unlink(missing_ok=True)
     return report
 
 
