@@ -3,19 +3,14 @@ a throwaway MLflow SQLite store, and the real reference data in ../shared/data."
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 
+from hardpos.testing import free_port  # noqa: F401  (re-exported: `from conftest import free_port`)
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("HARDPOS_SHARED_DATA", REPO.parent / "shared" / "data"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -7,18 +7,15 @@ import asyncio
 import collections
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from openai_stub import OpenAIStub, behaviour, canned, free_port  # noqa: E402
-
-from hardpos.config import ConfigError, load_config  # noqa: E402
-from hardpos.generate import engines, pipeline  # noqa: E402
-from hardpos.generate.prompts import load_prompts  # noqa: E402
+from hardpos.config import ConfigError, load_config
+from hardpos.generate import engines, pipeline
+from hardpos.generate.prompts import load_prompts
+from hardpos.testing import free_port
+from hardpos.testing.openai_stub import OpenAIStub, behaviour, canned
 
 NEGCLIP = "negclip/valid_neg_clip.tsv"
 

@@ -5,18 +5,13 @@ builds (vLLM rows, unit-tested; HTTP /v1/completions, for real against the stub)
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from openai_stub import OpenAIStub  # noqa: E402
-
-from hardpos.config import ConfigError, load_config  # noqa: E402
-from hardpos.generate import engines  # noqa: E402
-from hardpos.generate.prompts import fingerprint, load_prompts, postprocess  # noqa: E402
+from hardpos.config import ConfigError, load_config
+from hardpos.generate import engines
+from hardpos.generate.prompts import fingerprint, load_prompts, postprocess
+from hardpos.testing.openai_stub import OpenAIStub
 
 # The two templates of generate_hard_positives.py in github.com/amitakamath/hard_positives,
 # character for character (the script renders them with .format(example=caption).strip()).

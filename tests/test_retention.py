@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from eval_util import COLOURS, tiny_model, write_image
+from eval_util import tiny_model
 from hardpos.eval import retention as RT
+from hardpos.testing import PALETTE, write_image
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def test_topk_hits_strict_ranks():
 
 
 def _image_folder(root):
-    for colour, rgb in COLOURS.items():
+    for colour, rgb in PALETTE.items():
         for k in range(2):
             write_image(root / colour / f"{k}.png", tuple(max(0, c - 20 * k) for c in rgb))
     (root / "README.txt").write_text("not an image")
@@ -44,7 +45,7 @@ def test_zero_shot_matches_a_direct_computation(tmp_path, lm):
     # reference: per-template full-context encoding, mean, renormalise; argmax
     from PIL import Image
 
-    names = sorted(COLOURS)
+    names = sorted(PALETTE)
     model = lm.model.eval()
     with torch.no_grad():
         cls = torch.stack([torch.nn.functional.normalize(model.encode_text(lm.tokenizer([t.format(c) for t in spec.templates]), normalize=True).mean(0), dim=0) for c in names])
@@ -122,7 +123,7 @@ def test_zero_shot_default_spec_on_imagenet_style_folders(tmp_path, lm, monkeypa
     names = list(meta.IMAGENET_CLASSNAMES[:6])
     monkeypatch.setattr(meta, "IMAGENET_CLASSNAMES", tuple(names))
     for cls, colour in (("1", "red"), ("4", "blue"), ("5", "green")):
-        write_image(tmp_path / "val" / cls / "a.png", COLOURS[colour])
+        write_image(tmp_path / "val" / cls / "a.png", PALETTE[colour])
     out = RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, RT.ZeroShotSpec("inet", str(tmp_path / "val")), batch_size=200)
     assert out["zeroshot/inet/n_classes"] == 6 and out["zeroshot/inet/n_templates"] == 80 and out["zeroshot/inet/n_images"] == 3
     model = lm.model.eval()
@@ -159,8 +160,8 @@ def test_custom_class_names_and_templates_from_lists_and_files(tmp_path, lm):
 def test_retrieval_recalls_and_missing_images(tmp_path, lm):
     folder = tmp_path / "ret"
     rows = []
-    for i, colour in enumerate(COLOURS):
-        write_image(folder / "img" / f"{colour}.png", COLOURS[colour])
+    for i, colour in enumerate(PALETTE):
+        write_image(folder / "img" / f"{colour}.png", PALETTE[colour])
         rows += [{"image": f"img/{colour}.png", "caption": f"a {colour} square"},
                  {"image": f"img/{colour}.png", "caption": f"something {colour}"}]
     rows.append({"image": "img/missing.png", "caption": "never scored"})
@@ -174,7 +175,7 @@ def test_retrieval_recalls_and_missing_images(tmp_path, lm):
     from hardpos.eval.evaluator import score_pairs
     from PIL import Image
 
-    imgs = [Image.open(folder / "img" / f"{c}.png") for c in COLOURS]
+    imgs = [Image.open(folder / "img" / f"{c}.png") for c in PALETTE]
     caps = [r["caption"] for r in rows[:-1]]
     sims = np.stack([score_pairs(lm.model, lm.preprocess_val, lm.tokenizer, [im] * len(caps), caps) for im in imgs])
     own = np.repeat(np.arange(4), 2)

@@ -14,7 +14,7 @@ from hardpos import runtime
 from hardpos.config import ConfigError, load_config
 
 from conftest import free_port
-from train_util import write_triplets
+from hardpos.testing import write_triplets
 
 
 def _sweep_cfg(tmp_path: Path, triplets: Path, tracking_uri: str, extra: list[str] = ()):

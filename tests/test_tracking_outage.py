@@ -17,7 +17,7 @@ from hardpos.config import ConfigError, JobConfig, TrackingConfig, load_config
 from hardpos.tracking_bench import LocalMlflowServer
 
 from conftest import free_port
-from train_util import write_triplets
+from hardpos.testing import write_triplets
 
 
 # --------------------------------------------------------------------------- helpers

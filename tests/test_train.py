@@ -15,7 +15,7 @@ import torch
 from hardpos.config import ConfigError, load_config
 from hardpos.train.data import DataError, Preprocess, read_triplets_dataset, split_of, to_model_batch
 from hardpos.train.loop import TrainConfig, lr_factor, param_groups, plan_steps
-from train_util import write_triplets
+from hardpos.testing import write_triplets
 
 BASE = ["batch_size=8", "optim.lr=0.001", "optim.warmup_steps=2", "log_every=1", "data.shuffle_buffer=0",
         "fault.max_failures=0"]

@@ -1,5 +1,8 @@
 """A small OpenAI-compatible chat/completions + completions server for tests and benchmarks.
 
+Moved here from the test folder so the generate benchmark (:mod:`hardpos.perf`) can
+import it like any module instead of loading a file out of the test folder.
+
 Stdlib only (``http.server`` in a daemon thread), bound to 127.0.0.1 on a free port.
 ``POST /v1/chat/completions`` (``messages``) and ``POST /v1/completions`` (a raw
 ``prompt`` string) answer like a real endpoint (``choices``, ``usage``), with
@@ -31,7 +34,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -307,13 +309,7 @@ class OpenAIStub:
         }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-if __name__ == "__main__":  # python tests/openai_stub.py [latency_s]: serve until Ctrl-C
+if __name__ == "__main__":  # python -m hardpos.testing.openai_stub [latency_s]: serve until Ctrl-C
     import sys
 
     with OpenAIStub(latency_s=float(sys.argv[1]) if len(sys.argv) > 1 else 0.0) as s:
