@@ -4,7 +4,8 @@ import json
 import pytest
 
 from hardpos import runtime
-from hardpos.benchutil import compare_alternating, format_table
+from hardpos.perf import suites
+from hardpos.perf.harness import compare_alternating, format_table, reference_data_dir
 from hardpos.config import load_config
 
 
@@ -42,19 +43,47 @@ def test_unknown_suite_is_a_config_error():
 def test_gpu_suite_and_vllm_rows_say_why_they_did_not_run(monkeypatch):
     import torch
 
-    module = runtime.stage_module("benchmark")
-    cfg = load_config(module.Config, None, ["suite=gpu", "tracking.enabled=false"])
+    cfg = load_config(suites.Config, None, ["suite=gpu", "tracking.enabled=false"])
     if not torch.cuda.is_available():
-        assert module.gpu_suite(cfg) == [{"suite": "gpu", "case": "skipped: no CUDA device", "value": None}]
+        assert suites.gpu_suite(cfg) == [{"suite": "gpu", "case": "skipped: no CUDA device", "value": None}]
     monkeypatch.delenv("HARDPOS_VLLM_MODEL", raising=False)
-    (row,) = module.vllm_rows(10)  # vllm missing, or no model named: never a download
+    (row,) = suites.vllm_rows(10)  # vllm missing, or no model named: never a download
     assert row["value"] is None and row["case"].startswith("vLLM: skipped (")
 
 
 def test_evaluate_items_row_times_the_evaluator():
     # the gpu suite's evaluate row, on the CPU with the tiny model (the same code path)
-    module = runtime.stage_module("benchmark")
-    cfg = load_config(module.Config, None, ["text_arch=hardpos-tiny", "evaluate_rows=8", "tracking.enabled=false"])
-    row = module.evaluate_items_row(cfg, "cpu", image_size=(40, 30))
+    cfg = load_config(suites.Config, None, ["text_arch=hardpos-tiny", "evaluate_rows=8", "tracking.enabled=false"])
+    row = suites.evaluate_items_row(cfg, "cpu", image_size=(40, 30))
     assert row["case"].startswith("evaluate: hardpos-tiny REPLACE 8 rows on cpu")
     assert row["value"] == round(8 / row["seconds"], 1) and row["value"] > 0
+
+
+def test_benchmark_stage_is_the_perf_suites():
+    # `hardpos benchmark` resolves through the stage registry to the harness in hardpos.perf
+    module = runtime.stage_module("benchmark")
+    assert module.Config is suites.Config and module.run is suites.run
+
+
+def test_reference_data_dir_explicit_then_env_then_none(monkeypatch, tmp_path):
+    monkeypatch.delenv("HARDPOS_REFERENCE_DATA", raising=False)
+    monkeypatch.delenv("HARDPOS_SHARED_DATA", raising=False)
+    assert reference_data_dir() is None
+    monkeypatch.setenv("HARDPOS_SHARED_DATA", str(tmp_path / "old"))
+    assert reference_data_dir() == tmp_path / "old"
+    monkeypatch.setenv("HARDPOS_REFERENCE_DATA", str(tmp_path / "env"))
+    assert reference_data_dir() == tmp_path / "env"
+    assert reference_data_dir(str(tmp_path / "arg")) == tmp_path / "arg"
+
+
+def test_text_suite_reads_captions_from_data_dir(shared_data, monkeypatch):
+    # the reference captions come from data_dir= (never a path guessed beside the repo)
+    from hardpos.data.captions import read_captions
+
+    monkeypatch.delenv("HARDPOS_REFERENCE_DATA", raising=False)
+    monkeypatch.delenv("HARDPOS_SHARED_DATA", raising=False)
+    cfg = load_config(suites.Config, None, [f"data_dir={shared_data}"])
+    real = [r["caption"] for r in read_captions(str(shared_data / "negclip" / "valid_neg_clip.tsv"), limit=4)]
+    assert suites._bench_captions(cfg, 4) == real
+    synthetic = suites._bench_captions(load_config(suites.Config, None, []), 4)
+    assert synthetic != real and synthetic[0].startswith("a man riding")

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from eval_util import tiny_model, triplet_rows, write_image, write_triplets
+from eval_util import tiny_model
 from hardpos.eval import evaluator as E
 from hardpos.eval.metrics import summarize
 from hardpos.eval.spec import BenchmarkSpec
+from hardpos.testing import triplet_rows, write_image, write_rows
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def _direct_scores(lm, folder, rows):
 
 def test_run_benchmarks_matches_direct_scoring(lm, tmp_path):
     rows = triplet_rows(12, seed=1)
-    path = write_triplets(tmp_path / "b", rows)
+    path = write_rows(tmp_path / "b", rows)
     report = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("world", "triplets", str(path))], batch_size=5)
     res = report.results[0]
     ref = _direct_scores(lm, tmp_path / "b", rows)
@@ -53,10 +54,10 @@ def test_missing_and_corrupt_images_are_excluded_and_listed(lm, tmp_path):
     rows[0] = {**rows[0], "image": "images/nowhere.png"}
     rows[1] = {**rows[1], "image": "images/broken.png"}
     folder = tmp_path / "b"
-    path = write_triplets(folder, rows)
+    path = write_rows(folder, rows)
     (folder / "images" / "broken.png").write_bytes(b"\x89PNG not really")
     rows.append({**rows[2], "hard_negative": None})  # unscorable row: rejected, not crashed
-    write_triplets(folder, rows)
+    write_rows(folder, rows)
     (folder / "images" / "nowhere.png").unlink()
     res = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("t", "triplets", str(path))]).results[0]
     assert sorted(res.excluded_items) == ["0", "1"]
@@ -70,7 +71,7 @@ def test_restores_training_mode_and_score_pairs_agree(lm, tmp_path):
     from PIL import Image
 
     rows = triplet_rows(3, seed=3)
-    path = write_triplets(tmp_path / "b", rows)
+    path = write_rows(tmp_path / "b", rows)
     lm.model.train()
     res = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("t", "triplets", str(path))]).results[0]
     assert lm.model.training
@@ -92,7 +93,7 @@ def test_caption_batches_in_length_order_equal_one_by_one(lm):
 
 def test_fp32_is_the_default_and_bf16_autocast_is_opt_in(lm, tmp_path):
     rows = triplet_rows(8, seed=9)
-    spec = [BenchmarkSpec("t", "triplets", str(write_triplets(tmp_path / "b", rows)))]
+    spec = [BenchmarkSpec("t", "triplets", str(write_rows(tmp_path / "b", rows)))]
     default = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec)
     fp32 = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, precision="fp32")
     bf16 = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, precision="bf16")
@@ -137,7 +138,7 @@ def _world(tmp_path):
     """A stand-in synthetic world folder: <world>/benchmark/{replace_attribute,replace_relation,swap}.parquet."""
     world = tmp_path / "world"
     for k, stem in enumerate(("replace_attribute", "replace_relation", "swap")):
-        write_triplets(world / "benchmark", triplet_rows(6 + k, seed=10 + k, image_dir="img"), name=f"{stem}.parquet")
+        write_rows(world / "benchmark", triplet_rows(6 + k, seed=10 + k, image_dir="img"), name=f"{stem}.parquet")
     return world
 
 
@@ -154,7 +155,7 @@ def test_evaluate_stage_writes_recomputable_outputs_and_mlflow(tmp_path, trackin
     world = _world(tmp_path)
     rows = triplet_rows(5, seed=4)
     rows[0] = {**rows[0], "image": "images/gone.png"}
-    custom = write_triplets(tmp_path / "custom", rows)
+    custom = write_rows(tmp_path / "custom", rows)
     (tmp_path / "custom" / "images" / "gone.png").unlink()
     cfg = load_config(stage.Config, None, [f"output_dir={tmp_path / 'out'}", f"world={world}", "device=cpu",
                                            f"benchmarks=[{{name: custom, kind: triplets, path: {custom}}}]", "batch_size=4"])
@@ -219,7 +220,7 @@ def test_ray_data_engine_equals_local_engine_and_retention(tmp_path, ray_session
 
     rows = triplet_rows(10, seed=5)
     rows[3] = {**rows[3], "image": "images/absent.png"}
-    path = write_triplets(tmp_path / "b", rows)
+    path = write_rows(tmp_path / "b", rows)
     (tmp_path / "b" / "images" / "absent.png").unlink()
     for colour in ("red", "blue"):
         write_image(tmp_path / "zs" / colour / "x.png")
@@ -255,7 +256,7 @@ def test_shipped_configs_parse():
 
 def test_bench_naive_and_efficient_agree(shared_data):
     """The measurement's two evaluators score identically (timing itself is not asserted)."""
-    from hardpos.eval.bench import run
+    from hardpos.perf.eval_bench import run
 
     out = run(n_rows=24, arch="hardpos-tiny", data_dir=str(shared_data), image_size=(40, 30), batch_size=16)
     assert out["n_rows"] == 24 and out["n_distinct_images"] < 24
@@ -265,7 +266,7 @@ def test_bench_naive_and_efficient_agree(shared_data):
 
 def test_every_image_missing_scores_nothing_and_does_not_crash(lm, tmp_path):
     rows = triplet_rows(3, seed=6)
-    path = write_triplets(tmp_path / "b", rows, images=False)
+    path = write_rows(tmp_path / "b", rows, images=False)
     res = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("t", "triplets", str(path))]).results[0]
     assert res.metrics["t/n_items"] == 0 and "t/orig_acc" not in res.metrics
     assert res.metrics["t/n_excluded_items"] == 3 and len(res.missing_images) == len({r["image"] for r in rows})
@@ -275,7 +276,7 @@ def test_benchmark_and_images_on_s3(lm, tmp_path, s3_env):
     from hardpos import storage
 
     rows = triplet_rows(4, seed=7)
-    write_triplets(tmp_path / "b", rows)
+    write_rows(tmp_path / "b", rows)
     prefix = f"s3://{s3_env}/bench"
     storage.upload_dir(tmp_path / "b", prefix)
     spec = BenchmarkSpec("s3", "triplets", f"{prefix}/bench.jsonl")
@@ -308,9 +309,10 @@ def test_jobs_evaluate_on_the_generated_synthetic_world(tmp_path):
 
 
 def test_harness_suite_runs_without_shared_data(tmp_path, monkeypatch):
-    """`hardpos benchmark suite=evaluate quick=true` works for users without ../shared/data."""
-    from hardpos.eval.bench import evaluate_bench
+    """`hardpos benchmark suite=evaluate quick=true` works for users without the reference data."""
+    from hardpos.perf.eval_bench import evaluate_bench
 
+    monkeypatch.delenv("HARDPOS_REFERENCE_DATA", raising=False)
     monkeypatch.setenv("HARDPOS_SHARED_DATA", str(tmp_path / "absent"))
     (row,) = evaluate_bench(quick=True)
     assert row["suite"] == "evaluate" and row["max_abs_score_diff"] < 1e-5 and row["ratio_median"] > 0
@@ -322,7 +324,7 @@ def test_cuda_fp32_scores_equal_cpu_and_bf16_is_close(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     rows = triplet_rows(16, seed=8)
-    path = write_triplets(tmp_path / "b", rows)
+    path = write_rows(tmp_path / "b", rows)
     spec = [BenchmarkSpec("t", "triplets", str(path))]
     lm = tiny_model(seed=0)
     cpu = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec).results[0]

@@ -1,4 +1,4 @@
-"""Fault tolerance on a multi-node Ray cluster simulated on one machine (hardpos.resilience).
+"""Fault tolerance on a multi-node Ray cluster simulated on one machine (hardpos.perf.resilience).
 
 The scenario run starts its own cluster (``ray.cluster_utils.Cluster``), so it runs in a
 subprocess: the test session's own Ray (``ray_session``) stays untouched. The scenarios
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hardpos.resilience import duplicated_steps, exactly_once, failover_stats, missing_steps
+from hardpos.perf.resilience import duplicated_steps, exactly_once, failover_stats, missing_steps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,10 +49,24 @@ def test_failover_stats_around_a_kill():
 
 
 def test_a_scenario_refuses_to_share_an_existing_ray(ray_session):
-    from hardpos.resilience import SimCluster
+    from hardpos.perf.resilience import SimCluster
 
     with pytest.raises(RuntimeError, match="process without Ray"):
         SimCluster()
+
+
+def test_scoped_environ_restores_the_callers_environment(monkeypatch):
+    from hardpos.perf.resilience import scoped_environ
+
+    monkeypatch.setenv("HP_KEEP", "1")
+    monkeypatch.setenv("HP_CHANGE", "before")
+    monkeypatch.delenv("HP_NEW", raising=False)
+    with scoped_environ(HP_CHANGE="inside", HP_NEW="x"):
+        assert os.environ["HP_CHANGE"] == "inside" and os.environ["HP_NEW"] == "x"
+        del os.environ["HP_KEEP"]
+        os.environ["HP_ADDED_INSIDE"] = "y"
+    assert os.environ["HP_KEEP"] == "1" and os.environ["HP_CHANGE"] == "before"
+    assert "HP_NEW" not in os.environ and "HP_ADDED_INSIDE" not in os.environ
 
 
 # --------------------------------------------------------------------------- the real thing
@@ -65,7 +79,7 @@ def _run_scenarios(tmp_path: Path, *names: str, timeout: int) -> dict:
     env.pop("MLFLOW_TRACKING_URI", None)
     out = tmp_path / "resilience"
     try:
-        proc = subprocess.run([sys.executable, "-m", "hardpos.resilience", str(out), *names, "--quick"],
+        proc = subprocess.run([sys.executable, "-m", "hardpos.perf.resilience", str(out), *names, "--quick"],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)

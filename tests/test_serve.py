@@ -275,7 +275,7 @@ def test_200_concurrent_requests_all_succeed_and_are_batched(app):
 
 
 def test_loadgen_measures_the_running_app(app, monkeypatch):
-    from hardpos.loadgen import LoadgenConfig, measure
+    from hardpos.perf.loadgen import LoadgenConfig, measure
 
     monkeypatch.setenv("HARDPOS_LOADGEN_TEST_TOKEN", TOKEN)
     cfg = LoadgenConfig(concurrency=[1, 4], requests_per_level=12, warmup_requests=2, images=3, image_size=40,
@@ -289,7 +289,7 @@ def test_loadgen_measures_the_running_app(app, monkeypatch):
 
 
 def test_loadgen_refuses_replicas_the_cluster_cannot_hold(ray_session):
-    from hardpos.loadgen import LoadgenConfig, compare_batching
+    from hardpos.perf.loadgen import LoadgenConfig, compare_batching
 
     # would deploy one app and wait forever for the second (seen with num_cpus=1 on 2 CPUs)
     with pytest.raises(ValueError, match=r"need 2\.2 CPU \(cluster has 2\); lower num_cpus"):

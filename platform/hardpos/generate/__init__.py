@@ -5,7 +5,8 @@
   and the pure builders of the ``ray.data.llm`` processor configs.
 * :mod:`hardpos.generate.pipeline` -- planning, validation, sharded resumable output, the
   triplet join.
-* :mod:`hardpos.generate.bench`    -- captions/s of the rules and http engines.
+
+Its throughput benchmark is :mod:`hardpos.perf.generate_bench` (measuring tools live apart).
 
 Nothing is imported eagerly (the CLI imports the stage module to list its config keys).
 """

@@ -12,13 +12,16 @@ Two entry points:
   and reports the ratios from that one run. :func:`serve_bench` adapts it to the
   ``benchmark`` stage's row format.
 
-    python -m hardpos.loadgen                                  # compare_batching, defaults
-    python -m hardpos.loadgen concurrency=[1,8,32] requests_per_level=300
-    python -m hardpos.loadgen url=http://127.0.0.1:8000 token_env=HARDPOS_SERVE_TOKEN
+    python -m hardpos.perf.loadgen                                  # compare_batching, defaults
+    python -m hardpos.perf.loadgen concurrency=[1,8,32] requests_per_level=300
+    python -m hardpos.perf.loadgen url=http://127.0.0.1:8000 token_env=HARDPOS_SERVE_TOKEN
 
 Safety: only loopback URLs are accepted (127.0.0.0/8, ::1, localhost), every level is
 bounded in requests and seconds, and the whole run in seconds (``max_total_s``). This is a
 measuring tool for one's own server, not a traffic generator.
+
+Moved from ``hardpos.loadgen`` (issue 16: measuring tools live in :mod:`hardpos.perf`); the
+app now comes from :mod:`hardpos.serve.app` instead of a ``serve/`` folder added to the import path.
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ HARD_MAX_SECONDS = 300.0  # per level, whatever the config says
 
 @dataclasses.dataclass
 class LoadgenConfig:
-    """Load generation settings (``python -m hardpos.loadgen key=value ...``).
+    """Load generation settings (``python -m hardpos.perf.loadgen key=value ...``).
 
     url: a running server to measure (loopback only); None -> deploy the app twice on a
         local Ray (batching on / off) and compare them.
@@ -231,27 +234,6 @@ def measure(cfg: LoadgenConfig, base_url: str | None = None, payloads: list[dict
 
 
 # --------------------------------------------------------------------------- batching on vs off
-def _import_build_app():
-    """``serve.app.build_app`` from the repository (serve/ is a top-level folder)."""
-    try:
-        from serve.app import build_app  # type: ignore[import-not-found]
-    except ImportError:
-        repo = Path(__file__).resolve().parents[2]
-        if not (repo / "serve" / "app.py").is_file():
-            raise ImportError("serve/app.py not found: run from the HardPos repository root") from None
-        sys.path.insert(0, str(repo))
-        from serve.app import build_app  # type: ignore[import-not-found]
-    return build_app
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _model_source(cfg: LoadgenConfig, workdir: Path) -> str:
     """``random`` weights are saved once as a checkpoint so both apps load the same model."""
     if cfg.model != "random":
@@ -277,12 +259,13 @@ def compare_batching(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
 
     from ray import serve
 
-    from hardpos import runtime
-
     import ray
 
+    from hardpos import runtime
+    from hardpos.serve.app import build_app
+    from hardpos.testing import free_port
+
     cfg = cfg or LoadgenConfig()
-    build_app = _import_build_app()
     runtime.init_ray()
     # Two apps (model + ingress each) must fit at once, or the second never starts and its
     # warm-up requests wait forever: say so now instead.
@@ -295,7 +278,7 @@ def compare_batching(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
             + "; lower num_cpus / num_gpus per replica")
     workdir = Path(tempfile.mkdtemp(prefix="hardpos-loadgen-"))
     source = _model_source(cfg, workdir)
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     port = _serve_port(port)
     base = {

@@ -12,7 +12,12 @@ with stand-in JPEGs (``image_size``, random noise so decoding is not trivial) ge
 in a temporary folder at the referenced relative paths. Both evaluators must produce the
 same per-item scores (checked: ``max_abs_score_diff``) and the same metrics.
 
-    python -c "from hardpos.eval.bench import run; print(run(n_rows=2000))"
+    python -m hardpos.perf.eval_bench n_rows=2000 data_dir=/path/to/reference/data
+
+Moved from ``hardpos.eval.bench`` (issue 16: measuring code lives in :mod:`hardpos.perf`).
+The reference files come from ``data_dir=`` or ``$HARDPOS_REFERENCE_DATA``
+(:func:`hardpos.perf.harness.reference_data_dir`), never from a path guessed next to the
+repository.
 """
 from __future__ import annotations
 
@@ -40,19 +45,16 @@ def _stand_in_jpegs(root: Path, rel_paths, size: tuple[int, int], seed: int) -> 
     return made
 
 
-def default_data_dir() -> Path:
-    import os
-
-    return Path(os.environ.get("HARDPOS_SHARED_DATA") or Path(__file__).resolve().parents[3].parent / "shared" / "data")
-
-
 def replace_source(data_dir: str | None, fallback: Path, n_rows: int) -> Path:
     """The real REPLACE folder (``<data_dir>/hard_positives``) when present, else a
     synthetic one in the paper's format with the real files' shape (~3 items per image)."""
     import json
 
-    hp = Path(data_dir) / "hard_positives" if data_dir else default_data_dir() / "hard_positives"
-    if hp.is_dir():
+    from hardpos.perf.harness import reference_data_dir
+
+    root = reference_data_dir(data_dir)
+    hp = root / "hard_positives" if root is not None else None
+    if hp is not None and hp.is_dir():
         return hp
     if data_dir:
         raise FileNotFoundError(f"{hp} not found: pass data_dir= (the folder holding hard_positives/)")
@@ -126,8 +128,8 @@ def run(*, n_rows: int = 2000, arch: str = "ViT-B-32", data_dir: str | None = No
         num_threads: int | None = None, seed: int = 0) -> dict[str, Any]:
     """Time the naive and the efficient evaluator once each on the same REPLACE rows and model.
 
-    data_dir: folder holding ``hard_positives/`` (default ``$HARDPOS_SHARED_DATA`` or
-    ``../shared/data`` next to the repository; a synthetic REPLACE folder when absent).
+    data_dir: folder holding ``hard_positives/`` (default ``$HARDPOS_REFERENCE_DATA``; a
+    synthetic REPLACE folder when neither is set or the variable's folder lacks it).
     Returns the timings, their ratio, the dedup counts and the score agreement.
     """
     import torch
@@ -170,8 +172,8 @@ def evaluate_bench(*, quick: bool = False, repeats: int = 1, n_rows: int | None 
                    data_dir: str | None = None, device: str = "cpu") -> list[dict[str, Any]]:
     """The benchmark harness's ``evaluate`` suite (``hardpos benchmark suite=evaluate``):
     naive vs efficient evaluator alternated ``repeats`` times on the same rows
-    (:func:`hardpos.benchutil.compare_alternating`); ``quick`` = tiny model, 16 rows."""
-    from hardpos.benchutil import compare_alternating
+    (:func:`hardpos.perf.harness.compare_alternating`); ``quick`` = tiny model, 16 rows."""
+    from hardpos.perf.harness import compare_alternating
     from hardpos.eval.evaluator import evaluate_benchmarks
 
     arch = arch or ("hardpos-tiny" if quick else "ViT-B-32")

@@ -1,49 +1,45 @@
 """Throughput of the generate stage, measured side by side (``benchmark suite=generate``).
 
-Cases (each pair alternates in one process, see :func:`hardpos.benchutil.compare_alternating`):
+Cases (each pair alternates in one process, see :func:`hardpos.perf.harness.compare_alternating`):
 
 * rules: the full stage on Ray Data (rule tasks fused with validation and the join's rule
   negatives, sharded parquet, triplet join) vs the same rule work in a plain in-process loop
   (``RulePerturber.pick`` + ``validate`` + ``rule_negative``, nothing written), on a warm
   local cluster; the first run, which also starts Ray, is reported beside it.
 * http: the full stage with ``engine.http.concurrency`` actors against the OpenAI-compatible
-  stub (``tests/openai_stub.py``) with a fixed per-request latency vs a sequential client
+  stub (:mod:`hardpos.testing.openai_stub`) with a fixed per-request latency vs a sequential client
   (one ``requests.post`` at a time, the paper's "plain pipeline" shape).
 
 :func:`generate_bench` returns rows for the harness; :func:`measure_stage` runs the stage
 once and returns its captions/s, requests/s and tokens/s.
+
+Moved from ``hardpos.generate.bench`` (issue 16: measuring code lives in :mod:`hardpos.perf`;
+it used to load the stub out of the test folder and the captions from a path next to the repo).
+Captions: ``negclip/valid_neg_clip.tsv`` under ``data_dir`` / ``$HARDPOS_REFERENCE_DATA``
+when present, else synthetic ones.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[3]
-STUB = REPO / "tests" / "openai_stub.py"
-NEGCLIP = REPO.parent / "shared" / "data" / "negclip" / "valid_neg_clip.tsv"
+NEGCLIP = "negclip/valid_neg_clip.tsv"  # under the reference data folder
 
 
-def load_stub():
-    """The OpenAI-compatible test stub module (tests/openai_stub.py), or None when absent."""
-    if not STUB.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location("hardpos_openai_stub", STUB)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+def caption_file(n: int, tmp: str, data_dir: str | None = None) -> str:
+    """A jsonl of n real NegCLIP captions (repeated if needed) from ``data_dir`` /
+    ``$HARDPOS_REFERENCE_DATA``, else synthetic ones."""
+    from hardpos.perf.harness import reference_data_dir
 
-
-def caption_file(n: int, tmp: str) -> str:
-    """A jsonl of n real NegCLIP captions (repeated if needed), else synthetic ones."""
     caps: list[str] = []
-    if NEGCLIP.is_file():
+    root = reference_data_dir(data_dir)
+    if root is not None and (root / NEGCLIP).is_file():
         from hardpos.data.captions import read_captions
 
-        caps = [r["caption"] for r in read_captions(str(NEGCLIP)) if r["caption"].strip()]
+        caps = [r["caption"] for r in read_captions(str(root / NEGCLIP)) if r["caption"].strip()]
     if not caps:
         words = "a man riding a red bike and a small dog walking on a sunny street".split()
         caps = [" ".join(words[: 6 + i % 10]) for i in range(200)]
@@ -112,15 +108,16 @@ def sequential_http(input_uri: str, url: str, model: str = "stub-llm") -> int:
     return done
 
 
-def generate_bench(quick: bool = False, repeats: int = 3, latency_s: float = 0.02, http_concurrency: int = 4
-                   ) -> list[dict[str, Any]]:
+def generate_bench(quick: bool = False, repeats: int = 3, latency_s: float = 0.02, http_concurrency: int = 4,
+                   data_dir: str | None = None) -> list[dict[str, Any]]:
     """Rows for the benchmark harness (see the module docstring)."""
-    from hardpos.benchutil import compare_alternating, time_call
+    from hardpos.perf.harness import compare_alternating, time_call
+    from hardpos.testing.openai_stub import OpenAIStub
 
     n_rules, n_http = (200, 40) if quick else (4839, 400)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="hardpos-genbench-") as tmp:
-        src = caption_file(n_rules, tmp)
+        src = caption_file(n_rules, tmp, data_dir)
         last: dict[str, Any] = {}
 
         def rules_stage():
@@ -137,12 +134,8 @@ def generate_bench(quick: bool = False, repeats: int = 3, latency_s: float = 0.0
                    stage_captions_per_s=last.get("captions_per_s"), first_run_with_ray_start_s=round(cold_s, 2))
         rows.append(row)
 
-        stub_mod = load_stub()
-        if stub_mod is None:
-            rows.append({"case": "http: skipped (tests/openai_stub.py not found)", "value": None})
-            return rows
-        src_http = caption_file(n_http, tmp)
-        with stub_mod.OpenAIStub(latency_s=latency_s) as stub:
+        src_http = caption_file(n_http, tmp, data_dir)
+        with OpenAIStub(latency_s=latency_s) as stub:
             over = ["engine.kind=http", f"engine.http.url={stub.url}", "engine.http.model=stub-llm",
                     f"engine.http.concurrency={http_concurrency}", "engine.http.batch_size=8",
                     "engine.http.retry_wait_s=0.01", "shard_size=100"]
@@ -166,7 +159,7 @@ def generate_bench(quick: bool = False, repeats: int = 3, latency_s: float = 0.0
     return rows
 
 
-if __name__ == "__main__":  # python -m hardpos.generate.bench [quick]
+if __name__ == "__main__":  # python -m hardpos.perf.generate_bench [quick]
     import sys
 
     result = generate_bench(quick="quick" in sys.argv[1:], repeats=3)

@@ -1,0 +1,265 @@
+"""Calibrate the synthetic world and measure the demo over seeds.
+
+Two commands::
+
+    # cheap probe, Ray-free, one process: pretrain + finetune variants with the SAME model,
+    # loss and evaluator code as the stages (hardpos.model, hardpos.train.loss,
+    # hardpos.eval.evaluator) on tensors decoded once; prints the Table-1-style comparison.
+    python -m hardpos.calibrate probe world_dir=outputs/world triplets=outputs/demo/generate/triplets.parquet \
+        pretrain_steps=600 finetune_steps=150
+
+    # the measurement: the real demo (every stage, Ray, MLflow) once per seed, then mean and
+    # spread of every table cell over the seeds (results_seeds.md / .json / .png)
+    python -m hardpos.calibrate seeds seeds=[0,1,2] output_dir=outputs/calibrate [demo.key=value ...]
+
+``probe`` answers "is the world hard enough / does the mechanism show" in minutes; only the
+``seeds`` numbers (the real pipeline) go into the README.  Every key=value is parsed as YAML;
+``seeds`` passes ``demo.<key>=<value>`` on to the demo config (e.g. ``demo.finetune.steps=200``).
+
+Moved from ``hardpos.calibrate`` (issue 16: measuring tools live in :mod:`hardpos.perf`);
+``python -m hardpos.calibrate`` is an alias of ``python -m hardpos.perf.calibrate``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hardpos.config import load_config
+
+
+# --------------------------------------------------------------------------- probe
+@dataclasses.dataclass
+class ProbeConfig:
+    """Ray-free probe.
+
+    world_dir: a generated world (pretrain.parquet, benchmark/*.parquet).
+    triplets: the generate stage's triplets for the world's finetune split.
+    arch: open_clip architecture (from scratch).
+    seed: model init / batch order.
+    pretrain_steps / pretrain_batch / pretrain_lr: the from-scratch phase (plain CLIP loss).
+    finetune_steps / finetune_batch / finetune_lr: every variant's finetune.
+    warmup: warmup steps of both phases.
+    variants: name -> [w_pos, w_neg] (captions-only uses w = [0, 0] on captions without negatives).
+    threads: torch CPU threads.
+    pretrained: start from this checkpoint (e.g. a demo's <output_dir>/pretrain/model) and
+        skip the pretraining phase.
+    output: also write the rows (model -> table row) as JSON here (for aggregating seeds).
+    """
+
+    world_dir: str = "outputs/world"
+    triplets: str = "outputs/demo/generate/triplets.parquet"
+    arch: str = "hardpos-tiny"
+    seed: int = 0
+    pretrain_steps: int = 600
+    pretrain_batch: int = 128
+    pretrain_lr: float = 5e-4
+    finetune_steps: int = 150
+    finetune_batch: int = 128
+    finetune_lr: float = 1e-4
+    warmup: int = 20
+    variants: dict[str, list[float]] = dataclasses.field(
+        default_factory=lambda: {"captions-only": [0.0, 0.0], "hn-only": [0.0, 1.0], "hp+hn": [1.0, 1.0]})
+    threads: int = 2
+    pretrained: str | None = None
+    output: str | None = None
+
+
+def _load_images(paths: list[str], preprocess) -> "Any":
+    import torch
+    from PIL import Image
+
+    return torch.stack([preprocess(Image.open(p).convert("RGB")) for p in paths])
+
+
+def _train(clip, images, caps, negs, poss, tokenizer, steps: int, batch: int, lr: float, warmup: int,
+           w_pos: float, w_neg: float, negclip: bool, seed: int, log_every: int = 50) -> None:
+    import torch
+
+    from hardpos.model import tokenize
+    from hardpos.train.loop import OptimConfig, _triplet_module, build_optimizer, lr_factor
+    from hardpos.train.loss import LossConfig, clamp_logit_scale, combined_loss
+
+    net = _triplet_module()(clip).train()
+    opt = build_optimizer(clip, OptimConfig(lr=lr, weight_decay=0.1, beta1=0.9, beta2=0.98, eps=1e-6))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, steps))
+    loss_cfg = LossConfig(w_pos=w_pos, w_neg=w_neg, negclip_columns=negclip)
+    g = torch.Generator().manual_seed(seed)
+    n = len(caps)
+    order = torch.randperm(n, generator=g)
+    pos_i = 0
+    t0 = time.time()
+    for step in range(steps):
+        if pos_i + batch > n:
+            order, pos_i = torch.randperm(n, generator=g), 0
+        idx = order[pos_i:pos_i + batch].tolist()
+        pos_i += batch
+        has_n = torch.tensor([negs[i] is not None for i in idx])
+        has_p = torch.tensor([poss[i] is not None for i in idx])
+        texts = [caps[i] for i in idx] + [negs[i] or "" for i in idx] + [poss[i] or "" for i in idx]
+        tok = tokenize(tokenizer, texts)
+        b = len(idx)
+        out = net(images[idx], tok[:b], tok[b:2 * b], tok[2 * b:], has_n, has_p)
+        terms = combined_loss(out["image"], out["text"], out["negative"], out["positive"], has_n, has_p,
+                              out["logit_scale"], loss_cfg)
+        opt.zero_grad(set_to_none=True)
+        terms["total"].backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        clamp_logit_scale(net)
+        if (step + 1) % log_every == 0 or step + 1 == steps:
+            print(f"  step {step + 1}/{steps} loss {float(terms['total'].detach()):.3f} ({time.time() - t0:.0f}s)",
+                  file=sys.stderr, flush=True)
+
+
+def probe(cfg: ProbeConfig) -> dict[str, Any]:
+    """Pretrain once, finetune every variant from the same weights, evaluate all; return the rows."""
+    import copy
+
+    import pyarrow.parquet as pq
+    import torch
+
+    from hardpos import demo_report as R
+    from hardpos.eval.evaluator import run_benchmarks
+    from hardpos.eval.spec import BenchmarkSpec
+    from hardpos.model import ModelConfig, load_model
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    world = Path(cfg.world_dir)
+    lm = load_model(ModelConfig(arch=cfg.arch, pretrained=cfg.pretrained))
+    t0 = time.time()
+    pre = [] if cfg.pretrained else pq.read_table(world / "pretrain.parquet", columns=["image", "caption"]).to_pylist()
+    pre_imgs = _load_images([str(world / r["image"]) for r in pre], lm.preprocess_val) if pre else None
+    trip = pq.read_table(cfg.triplets, columns=["image", "caption", "hard_negative", "hard_positive"]).to_pylist()
+    trip_base = Path(cfg.triplets).parent
+    paths = sorted({r["image"] for r in trip})
+    idx_of = {p: i for i, p in enumerate(paths)}
+    ft_imgs_u = _load_images([p if Path(p).is_absolute() else str(trip_base / p) for p in paths], lm.preprocess_val)
+    ft_imgs = ft_imgs_u[[idx_of[r["image"]] for r in trip]]
+    cap_rows = {r["image"]: r["caption"] for r in trip}  # captions-only: one row per image
+    cap_imgs = ft_imgs_u[[idx_of[p] for p in cap_rows]]
+    print(f"decoded {len(pre)} pretrain + {len(paths)} finetune images in {time.time() - t0:.0f}s", file=sys.stderr)
+
+    specs = [BenchmarkSpec(name=f"world_{b}", kind="triplets", path=str(world / "benchmark" / f"{b}.parquet"))
+             for b in ("replace_attribute", "replace_relation", "swap")]
+
+    def evaluate(model) -> dict[str, float]:
+        model.eval()
+        with torch.no_grad():
+            m = run_benchmarks(model, lm.preprocess_val, lm.tokenizer, specs)
+        model.train()
+        return R.table_row(m)
+
+    rows: dict[str, dict[str, float]] = {}
+    if not cfg.pretrained:
+        print(f"pretraining {cfg.pretrain_steps} steps ...", file=sys.stderr)
+        nothing = [None] * len(pre)
+        _train(lm.model, pre_imgs, [r["caption"] for r in pre], nothing, nothing, lm.tokenizer, cfg.pretrain_steps,
+               cfg.pretrain_batch, cfg.pretrain_lr, cfg.warmup, 0.0, 0.0, False, cfg.seed)
+    rows["pretrained"] = evaluate(lm.model)
+    base_state = copy.deepcopy(lm.model.state_dict())
+    for name, (w_pos, w_neg) in cfg.variants.items():
+        lm.model.load_state_dict(base_state)
+        print(f"finetuning {name} (w_pos={w_pos}, w_neg={w_neg}) ...", file=sys.stderr)
+        if w_pos == 0 and w_neg == 0:
+            caps = list(cap_rows.values())
+            none = [None] * len(caps)
+            _train(lm.model, cap_imgs, caps, none, none, lm.tokenizer, cfg.finetune_steps, cfg.finetune_batch,
+                   cfg.finetune_lr, cfg.warmup, 0.0, 0.0, False, cfg.seed + 1)
+        else:
+            _train(lm.model, ft_imgs, [r["caption"] for r in trip], [r["hard_negative"] for r in trip],
+                   [r["hard_positive"] for r in trip], lm.tokenizer, cfg.finetune_steps, cfg.finetune_batch,
+                   cfg.finetune_lr, cfg.warmup, w_pos, w_neg, True, cfg.seed + 1)
+        rows[name] = evaluate(lm.model)
+    print(R.markdown_table(rows, title=f"probe: {json.dumps(dataclasses.asdict(cfg))}"))
+    if cfg.output:
+        Path(cfg.output).write_text(json.dumps({"config": dataclasses.asdict(cfg), "rows": rows}, indent=2))
+    return rows
+
+
+# --------------------------------------------------------------------------- seeds
+@dataclasses.dataclass
+class SeedsConfig:
+    """The demo over several seeds.
+
+    seeds: one demo per seed; the seed is both the training seed and the world seed.
+    output_dir: demo outputs go to <output_dir>/seed<k>; the aggregate to results_seeds.*.
+    vary_world: False keeps world.seed fixed (only the training seed varies).
+    demo: extra demo config overrides (dotted keys) for every seed; "{seed}" in a string
+        value is replaced by the seed.
+    resume: reuse a seed whose <output_dir>/seed<k>/summary.json says it finished (so an
+        interrupted measurement continues); false reruns every seed.
+    """
+
+    seeds: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2])
+    output_dir: str = "outputs/calibrate"
+    vary_world: bool = True
+    demo: dict[str, Any] = dataclasses.field(default_factory=dict)
+    resume: bool = True
+
+
+def seeds(cfg: SeedsConfig) -> dict[str, Any]:
+    """Run the demo per seed (each through runtime.execute) and aggregate mean / spread."""
+    from hardpos.runtime import execute
+    from hardpos.stages import demo
+
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    per_seed, summaries = [], {}
+    for s in cfg.seeds:
+        # string values may name the seed: demo.pretrained=outputs/calibrate/seed{seed}/pretrain/model
+        overrides = [f"{k}={json.dumps(v) if not isinstance(v, str) else v.replace('{seed}', str(s))}"
+                     for k, v in cfg.demo.items()]
+        overrides += [f"seed={s}", f"output_dir={out / f'seed{s}'}"]
+        if cfg.vary_world:
+            overrides.append(f"world.seed={s}")
+        done = out / f"seed{s}" / "summary.json"
+        if cfg.resume and done.exists() and json.loads(done.read_text()).get("status") == "ok":
+            summary = json.loads(done.read_text())  # finished earlier: a rerun only adds missing seeds
+            print(f"seed {s}: reusing {done}", file=sys.stderr)
+        else:
+            dcfg = load_config(demo.Config, None, overrides)
+            summary = execute("demo", dcfg)
+        per_seed.append(summary["rows"])
+        summaries[s] = {"champion": summary["champion"], "pipeline_s": summary["pipeline_s"],
+                        "timings_s": summary["timings_s"]}
+        _write_aggregate(out, cfg, per_seed, summaries)
+    return _write_aggregate(out, cfg, per_seed, summaries)
+
+
+def _write_aggregate(out: Path, cfg: SeedsConfig, per_seed, summaries) -> dict[str, Any]:
+    from hardpos import demo_report as R
+
+    mean, std = R.aggregate(per_seed)
+    n = len(per_seed)
+    title = f"mean ± std over {n} seed(s) {list(summaries)}"
+    md = R.markdown_table(mean, std, title=title)
+    (out / "results_seeds.md").write_text(md)
+    result = {"seeds": list(summaries), "mean": mean, "std": std, "per_seed": per_seed, "runs": summaries,
+              "demo_overrides": cfg.demo}
+    (out / "results_seeds.json").write_text(json.dumps(result, indent=2))
+    R.write_chart(mean, str(out / "results_seeds.png"), std, title=f"HardPos demo, {title}")
+    print(md)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("probe", "seeds"):
+        print(__doc__)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "probe":
+        probe(load_config(ProbeConfig, None, rest))
+    else:
+        seeds(load_config(SeedsConfig, None, rest))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,553 @@
+"""Resilience run: kill Ray nodes under real HardPos work and count what survives.
+
+A multi-node Ray cluster is simulated on one machine with ``ray.cluster_utils.Cluster``
+(every node is its own raylet + object store on this machine; the head takes no tasks). Each
+scenario starts real work, kills one worker node (SIGKILL of that node's processes, by the
+PIDs Ray recorded for it), adds a fresh node (the "restarted resources"), and checks the
+result:
+
+* ``train``: a 2-worker Ray Train run with one worker per node (a custom resource forces
+  the spread); a worker node dies mid-epoch; the run must resume from its last checkpoint
+  and finish with exactly ``total_steps`` steps. Duplicated MLflow steps (steps logged
+  before the failure and logged again after the resume) are counted.
+* ``generate``: the rules engine over a few thousand captions on Ray Data; a node dies
+  mid-run; Ray's task retries (or a rerun, which resumes from the finished shards) must
+  end with ``inputs == accepted + rejected`` and every request exactly once.
+* ``serve``: the scoring app with two model replicas on two nodes under a bounded,
+  loopback-only request loop; the node of one replica dies; requests must succeed again
+  after recovery. Failed requests during the failover are counted and reported.
+
+``run_resilience(output_dir, scenarios, quick)`` returns the figures (the benchmark harness
+calls it); ``python -m hardpos.perf.resilience OUTPUT_DIR [scenario ...] [--quick]`` writes
+them to ``OUTPUT_DIR/summary.json``. It must run in a process with no Ray initialised (it
+starts its own cluster); use a private ``RAY_TMPDIR`` so the cluster's address file does
+not replace another local Ray's. The cluster runs with ``RAY_AUTH_MODE=disabled``
+(loopback only, torn down at the end).
+
+Moved from ``hardpos.resilience`` (issue 16: measuring tools live in :mod:`hardpos.perf`;
+``python -m hardpos.resilience`` still works through an alias). The environment variables
+the simulated cluster needs (``RAY_ADDRESS``, ``RAY_AUTH_MODE``, the train scenario's
+``MLFLOW_TRACKING_URI``) are set only inside :func:`scoped_environ` and restored on exit, so
+a caller's ``os.environ`` is left as it was. The Serve app is :mod:`hardpos.serve.app`.
+"""
+from __future__ import annotations
+
+import base64
+import collections
+import contextlib
+import io
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from hardpos.testing import free_port, write_triplets
+
+SCENARIOS = ("train", "generate", "serve")
+
+
+@contextlib.contextmanager
+def scoped_environ(**values: str) -> Iterator[None]:
+    """Set ``values`` in ``os.environ`` for the ``with`` block and restore the whole mapping on
+    exit (what the block added is removed, what it changed or removed is put back).
+
+    Why the process environment at all: the simulated cluster's raylets, and their workers,
+    inherit it when ``ray.cluster_utils.Cluster`` starts them; there is no per-node env
+    argument. Restoring keeps that a private detail of the run.
+    """
+    saved = dict(os.environ)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+# --------------------------------------------------------------------------- pure checks
+def duplicated_steps(steps: Iterable[int]) -> list[int]:
+    """Steps that appear more than once in a metric history (sorted)."""
+    counts = collections.Counter(int(s) for s in steps)
+    return sorted(s for s, n in counts.items() if n > 1)
+
+
+def missing_steps(steps: Iterable[int], total: int, every: int = 1) -> list[int]:
+    """Steps of ``every, 2*every, ..., total`` (and ``total``) that were never logged."""
+    want = set(range(every, total + 1, every)) | ({total} if total else set())
+    return sorted(want - {int(s) for s in steps})
+
+
+def exactly_once(expected_ids: Iterable[str], accepted_ids: Iterable[str], rejected_ids: Iterable[str]) -> dict[str, int]:
+    """Row accounting of a generation run.
+
+    ``rows_lost``: expected ids in neither output; ``duplicates``: ids written more than
+    once (within or across the outputs); ``unexpected``: ids nobody asked for.
+    """
+    expected = set(expected_ids)
+    seen = collections.Counter(list(accepted_ids) + list(rejected_ids))
+    return {
+        "expected": len(expected),
+        "written": sum(seen.values()),
+        "rows_lost": len(expected - set(seen)),
+        "duplicates": sum(n - 1 for n in seen.values() if n > 1),
+        "unexpected": len(set(seen) - expected),
+    }
+
+
+def failover_stats(events: list[tuple[float, bool]], kill_t: float) -> dict[str, Any]:
+    """Summarise a request log ``[(t, ok)]`` around a node kill at ``kill_t``.
+
+    ``recovered_after_s``: from the kill to the first success after which every request
+    succeeded (None if the log never settles); ``failed_during_failover``: failures
+    between the kill and that point; ``failed_after_recovery`` must be 0 by definition.
+    """
+    events = sorted(events)
+    before = [ok for t, ok in events if t < kill_t]
+    after = [(t, ok) for t, ok in events if t >= kill_t]
+    last_fail = max((i for i, (_, ok) in enumerate(after) if not ok), default=-1)
+    settled = after[last_fail + 1:]
+    recovered_t = settled[0][0] if settled else None
+    return {
+        "requests": len(events),
+        "ok_before_kill": sum(before),
+        "failed_before_kill": len(before) - sum(before),
+        "requests_after_kill": len(after),
+        "failed_during_failover": sum(1 for _, ok in after[:last_fail + 1] if not ok),
+        "ok_after_recovery": len(settled),
+        "recovered_after_s": None if recovered_t is None else round(recovered_t - kill_t, 3),
+    }
+
+
+# --------------------------------------------------------------------------- the cluster
+class SimCluster:
+    """A Ray cluster of separate raylets on this machine; the driver connects to its head.
+
+    The head has 0 CPUs (drivers, GCS, Serve controller/proxy only), so every task and
+    worker runs on a node this class can kill. ``kill`` stops one node's processes by the
+    PIDs Ray started for it (never anything else on the machine). The environment it sets
+    for its processes (``RAY_AUTH_MODE``, ``RAY_ADDRESS``) is restored by :meth:`close`.
+    """
+
+    def __init__(self, node_cpus: float = 1, node_resources: dict[str, float] | None = None, workers: int = 2):
+        import ray
+
+        if ray.is_initialized():
+            raise RuntimeError("the resilience run starts its own cluster: run it in a process without Ray")
+        self._environ = contextlib.ExitStack()  # closed (the environment restored) in close()
+        self._environ.enter_context(scoped_environ())
+        try:
+            self._start(node_cpus, node_resources, workers)
+        except BaseException:
+            self._environ.close()
+            raise
+
+    def _start(self, node_cpus: float, node_resources: dict[str, float] | None, workers: int) -> None:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # loopback-only, private cluster
+        self.node_cpus = node_cpus
+        self.node_resources = dict(node_resources or {})
+        self.gcs_port = free_port()
+        self.cluster = Cluster(initialize_head=True, connect=False, head_node_args={
+            "num_cpus": 0, "gcs_server_port": self.gcs_port,
+            "dashboard_agent_listen_port": free_port(), "include_dashboard": False,
+            "object_store_memory": 200 * 1024 * 1024,
+        })
+        # Every process of this cluster (raylets inherit this environment, their workers
+        # too) must find *this* GCS: Ray's address auto-detection picks the newest of all
+        # Rays on the machine (e.g. Ray Train's placement-group cleaner would watch another).
+        os.environ["RAY_ADDRESS"] = self.cluster.address
+        self.nodes = [self.add_node() for _ in range(workers)]
+        ray.init(address=self.cluster.address)
+        self.killed = 0
+
+    def add_node(self, attempts: int = 3):
+        # Ray gives a raylet 30 s (fixed) to register; on a loaded machine that can pass, so
+        # retry (a late raylet still joins; the cluster's exit hook stops its processes).
+        for attempt in range(attempts):
+            try:
+                return self.cluster.add_node(num_cpus=self.node_cpus, resources=dict(self.node_resources),
+                                             object_store_memory=150 * 1024 * 1024)
+            except Exception:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(2)
+
+    def node_by_id(self, node_id: str):
+        for node in list(self.cluster.worker_nodes):
+            if node.node_id == node_id:
+                return node
+        raise LookupError(f"no live worker node {node_id}")
+
+    def kill(self, node, replace: bool = True):
+        """SIGKILL one worker node's processes (raylet, agents: the PIDs Ray recorded when it
+        started them; its worker processes exit with their raylet); optionally start a fresh
+        node in its place. Safe from any thread (Cluster.remove_node is main-thread only)."""
+        import signal
+
+        infos = [info for group in node.all_processes.values() for info in group]
+        for info in infos:
+            try:
+                os.kill(info.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for info in infos:
+            try:
+                info.process.wait(timeout=30)  # reap: they are this process's children
+            except Exception:
+                pass
+        node.all_processes = {}
+        self.cluster.worker_nodes.discard(node)
+        self.nodes = [n for n in self.nodes if n is not node]
+        self.killed += 1
+        if replace:
+            self.nodes.append(self.add_node())
+
+    def close(self) -> None:
+        import ray
+
+        try:
+            ray.shutdown()
+        finally:
+            try:
+                self.cluster.shutdown()
+            finally:
+                self._environ.close()
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str, poll: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(poll)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run the work in a thread: node kills and node starts must stay in the main thread
+    (Ray's node bookkeeping installs signal handlers)."""
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # re-raised by the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def _kill_when(sim: SimCluster, thread: threading.Thread, ready: Callable[[], bool], victim: Callable[[], Any],
+               timeout: float, what: str) -> dict[str, Any]:
+    """Wait (main thread) until ``ready()``, then kill ``victim()`` and start a fresh node."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and thread.is_alive():
+        if ready():
+            node = victim()
+            kill_t = time.time()
+            sim.kill(node)
+            return {"kill_t": kill_t}
+        time.sleep(0.1)
+    return {"killer_error": f"no kill: the work {'finished' if not thread.is_alive() else 'timed out'} "
+                            f"before {what}"}
+
+
+# --------------------------------------------------------------------------- train
+def train_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, Any]:
+    """Kill the node of one of two DDP workers mid-epoch; the run must resume and finish."""
+    from mlflow.tracking import MlflowClient
+
+    from hardpos import runtime
+    from hardpos.config import load_config
+    from hardpos.runtime import stage_module
+
+    rows = 48 if quick else 96
+    data, _ = write_triplets(workdir / "train-data", rows)
+    out = workdir / "train-out"
+    uri = f"sqlite:///{workdir / 'mlruns.db'}"
+    cfg = load_config(stage_module("train").Config, None, [
+        f"output_dir={out}", f"data.train_path={data}", "data.val_fraction=0", "data.shuffle_buffer=0",
+        "batch_size=4", "epochs=2", "log_every=1", "optim.warmup_steps=1", "checkpoint.every_steps=2",
+        "scaling.num_workers=2", "scaling.cpus_per_worker=0.5", "scaling.resources_per_worker={hp_train: 1}",
+        "fault.max_failures=3", f"tracking.tracking_uri={uri}", "tracking.experiment=resilience-train",
+    ])
+    spe = (rows // 2) // 4
+    total = 2 * spe
+    # Kill in epoch 2 as soon as its first mid-epoch checkpoint folder appears
+    # (checkpoint.every_steps=2): the run must resume from the last checkpoint Ray Train had
+    # committed by then (that one, or the end of epoch 1), never from step 0.
+    kill_after = spe + 2
+    seen: dict[str, Any] = {}
+
+    def checkpoint_step() -> int:
+        steps = [int(p.name.rsplit("_", 1)[1]) for p in out.glob("ray_train/*/checkpoint_*")
+                 if p.name.rsplit("_", 1)[1].isdigit()]
+        return max(steps, default=0)
+
+    def ready() -> bool:
+        seen["step"] = checkpoint_step()
+        return seen["step"] >= kill_after
+
+    started = time.time()
+    with scoped_environ(MLFLOW_TRACKING_URI=uri):  # the run's workers inherit it; the caller's env is untouched
+        thread, result = _in_thread(lambda: runtime.execute("train", cfg, quiet=True))
+        box = _kill_when(sim, thread, ready, lambda: sim.nodes[-1], 600, f"a checkpoint at step {kill_after}")
+        box["killed_after_checkpoint"] = seen.get("step")
+        thread.join()
+    if "error" in result:
+        raise result["error"]
+    summary = result["result"]
+    client = MlflowClient(uri)
+    steps = [m.step for m in client.get_metric_history(summary["mlflow_run_id"], "loss/total")]
+    fm = summary.get("final_metrics", {})
+    return {
+        "failures_injected": 1 if "kill_t" in box else 0,
+        "killer_error": box.get("killer_error"),
+        "killed_after_checkpoint": box.get("killed_after_checkpoint"),
+        "resumed_from_step": fm.get("resumed_from_step"),
+        "recovered": summary.get("status") == "ok" and summary.get("steps") == total,
+        "steps": summary.get("steps"),
+        "expected_steps": total,
+        "mlflow_duplicated_steps": len(duplicated_steps(steps)),
+        "mlflow_missing_steps": len(missing_steps(steps, total)),
+        "wall_s": round(time.time() - started, 1),
+    }
+
+
+# --------------------------------------------------------------------------- generate
+def write_captions(path: Path, n: int) -> Path:
+    """``n`` varied captions (jsonl): REPLACE for all, SWAP for the "X and Y" ones."""
+    colours = ["red", "blue", "green", "yellow", "purple", "orange", "white", "black"]
+    things = ["dog", "cat", "car", "chair", "ball", "cup", "bike", "bird", "table", "lamp"]
+    lines = []
+    for i in range(n):
+        a, b = colours[i % 8], colours[(i * 3 + 1) % 8]
+        x, y = things[(i // 8) % 10], things[(i // 3 + 4) % 10]
+        caption = f"a {a} {x} and a {b} {y}" if i % 2 else f"a {a} {x} next to a small {y} on the grass"
+        lines.append(json.dumps({"caption_id": f"c{i}", "caption": caption, "image": f"img{i % 50}.jpg"}))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def generate_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, Any]:
+    """Kill a node mid-run; Ray retries or a resuming rerun must give every row exactly once."""
+    import pyarrow.parquet as pq
+
+    from hardpos import runtime
+    from hardpos.config import load_config
+    from hardpos.generate import pipeline
+    from hardpos.generate.prompts import load_prompts
+    from hardpos.runtime import stage_module
+
+    n = 2400 if quick else 6000
+    shard_size = 50 if quick else 100
+    src = write_captions(workdir / "gen-data" / "captions.jsonl", n)
+    out = workdir / "gen-out"
+    module = stage_module("generate")
+    cfg = load_config(module.Config, None, [
+        f"output_dir={out}", f"input={src}", "engine.kind=rules", f"shard_size={shard_size}",
+        "tracking.enabled=false", "join.enabled=false",
+    ])
+    captions = pipeline.load_inputs(str(src))
+    shards = pipeline.plan(captions, load_prompts(cfg.prompts, None), shard_size, "rule")
+    expected = [r["request_id"] for s in shards for r in (*s.requests, *s.input_rejects)]
+    kill_after = max(2, len(shards) // 6)
+    seen: dict[str, Any] = {}
+
+    def ready() -> bool:
+        seen["shards"] = len(pipeline.done_shards(str(out)))
+        return seen["shards"] >= kill_after
+
+    def work():
+        attempts, errors, summary = 0, [], {}
+        while attempts < 3:
+            attempts += 1
+            try:
+                summary = runtime.execute("generate", cfg, quiet=True)
+                if summary.get("complete"):
+                    break
+            except Exception as exc:  # the run died with the node: a rerun resumes from the done shards
+                errors.append(repr(exc)[:300])
+        return attempts, errors, summary
+
+    started = time.time()
+    thread, result = _in_thread(work)
+    box = _kill_when(sim, thread, ready, lambda: sim.nodes[-1], 300, f"{kill_after} shards")
+    box["killed_after_shards"] = seen.get("shards")
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    attempts, errors, summary = result["result"]
+    accepted = pq.read_table(out / "accepted.parquet").to_pylist() if (out / "accepted.parquet").exists() else []
+    rejects = pq.read_table(out / "rejects.parquet").to_pylist() if (out / "rejects.parquet").exists() else []
+    counts = exactly_once(expected, [r["request_id"] for r in accepted], [r["request_id"] for r in rejects])
+    per_kind = collections.Counter((r["caption_id"], r["kind"]) for r in accepted + rejects)
+    return {
+        "failures_injected": 1 if "kill_t" in box else 0,
+        "killer_error": box.get("killer_error"),
+        "killed_after_shards": box.get("killed_after_shards"),
+        "shards": len(shards),
+        "runs_needed": attempts,
+        "run_errors": errors,
+        "recovered": bool(summary.get("complete")),
+        "inputs": summary.get("inputs"),
+        "accepted": len(accepted),
+        "rejected": len(rejects),
+        "conservation_ok": summary.get("inputs") == len(accepted) + len(rejects) == len(expected),
+        "rows_lost": counts["rows_lost"],
+        "duplicates": counts["duplicates"],
+        "duplicate_caption_ids": sum(c - 1 for c in per_kind.values() if c > 1),
+        "wall_s": round(time.time() - started, 1),
+    }
+
+
+# --------------------------------------------------------------------------- serve
+def _png_b64() -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def serve_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, Any]:
+    """Kill the node of one of two model replicas under a steady, bounded request loop."""
+    import requests
+    import torch
+    from ray import serve
+    from ray._private import state as ray_state
+
+    from hardpos.model import ModelConfig, load_model, save_checkpoint
+    from hardpos.serve.app import build_app
+
+    torch.manual_seed(0)
+    lm = load_model(ModelConfig(arch="hardpos-tiny"))
+    ckpt = save_checkpoint(lm.model, lm.model_cfg, workdir / "serve-model", {"step": 0})
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+    app = build_app({
+        "model": str(ckpt), "reload_poll_s": 0, "auth_token_env": "",
+        "model_deployment": {"num_replicas": 2, "num_cpus": 1, "num_gpus": 0},
+        "ingress_deployment": {"num_replicas": 1, "num_cpus": 0, "num_gpus": 0},
+    })
+    serve.run(app, name="hardpos", route_prefix="/")
+    url = f"http://127.0.0.1:{port}/v1/score"
+    payload = {"image_b64": _png_b64(), "captions": ["a red square", "a blue circle"]}
+    max_requests, max_seconds = (300, 90) if quick else (1200, 180)
+    events: list[tuple[float, bool]] = []
+    stop = threading.Event()
+
+    def load():
+        # Bounded in count and time, loopback only, one request at a time (steady load).
+        deadline = time.monotonic() + max_seconds
+        with requests.Session() as session:
+            while not stop.is_set() and len(events) < max_requests and time.monotonic() < deadline:
+                try:
+                    ok = session.post(url, json=payload, timeout=10).status_code == 200
+                except requests.RequestException:
+                    ok = False
+                events.append((time.time(), ok))
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    _wait_for(lambda: sum(ok for _, ok in events) >= 20, 120, "20 successful requests before the kill")
+    # The GCS actor table (no dashboard needed): which nodes host a ScoringModel replica.
+    table = ray_state.actors()
+    replicas = [a for a in table.values()
+                if a.get("State") == "ALIVE" and "ScoringModel" in (a.get("ActorClassName") or "")]
+    nodes = {a["Address"]["NodeID"] for a in replicas}
+    victim = next(n for n in list(sim.nodes) if n.node_id in nodes)
+    kill_t = time.time()
+    sim.kill(victim)
+    # Recovery: Serve restarts the lost replica on the fresh node; keep loading for a while.
+    try:
+        _wait_for(lambda: sum(ok for t, ok in events if t > kill_t + 1) >= 50, max_seconds,
+                  "50 successful requests after the kill")
+    except TimeoutError:
+        pass
+    time.sleep(2)
+    stop.set()
+    thread.join(timeout=15)
+    stats = failover_stats(list(events), kill_t)
+    serve.shutdown()
+    return {
+        "failures_injected": 1,
+        "replicas_before": len(replicas),
+        "recovered": stats["recovered_after_s"] is not None and stats["ok_after_recovery"] >= 20,
+        **stats,
+    }
+
+
+# --------------------------------------------------------------------------- the run
+RUNNERS = {"train": train_scenario, "generate": generate_scenario, "serve": serve_scenario}
+
+
+def run_resilience(output_dir: str | os.PathLike, scenarios: Iterable[str] = SCENARIOS, quick: bool = False) -> dict[str, Any]:
+    """Run the scenarios, each on a fresh simulated cluster; return (and write) the figures.
+
+    Returns ``{"scenarios": {name: figures}, "failures_injected", "recovered",
+    "rows_lost", "failed_requests"}`` and writes it to ``output_dir/summary.json``.
+    """
+    out = Path(output_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    for name in scenarios:
+        if name not in RUNNERS:
+            raise ValueError(f"unknown scenario {name!r}; scenarios: {', '.join(SCENARIOS)}")
+        workdir = out / name
+        workdir.mkdir(parents=True, exist_ok=True)
+        # Train: one DDP worker per node (hp_train), with CPU left for Ray Data's tasks.
+        resources = {"hp_train": 1} if name == "train" else {}
+        started = time.time()
+        sim = None
+        try:
+            sim = SimCluster(node_cpus=2 if name == "train" else 1, node_resources=resources)
+            results[name] = RUNNERS[name](sim, workdir, quick)
+        except Exception as exc:
+            results[name] = {"error": repr(exc)[:1000], "recovered": False,
+                             "failures_injected": sim.killed if sim else 0}
+        finally:
+            if sim is not None:
+                sim.close()
+        results[name]["scenario_wall_s"] = round(time.time() - started, 1)
+        print(f"[resilience] {name}: {json.dumps(results[name], default=str)}", file=sys.stderr)
+    summary = {
+        "stage": "resilience",
+        "quick": quick,
+        "scenarios": results,
+        "failures_injected": sum(int(r.get("failures_injected", 0)) for r in results.values()),
+        "recovered": sum(1 for r in results.values() if r.get("recovered")),
+        "rows_lost": results.get("generate", {}).get("rows_lost"),
+        "failed_requests": results.get("serve", {}).get("failed_during_failover"),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    # SIGTERM (e.g. a test timeout) unwinds through the `finally` that stops the cluster.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    args = list(sys.argv[1:] if argv is None else argv)
+    quick = "--quick" in args
+    args = [a for a in args if a != "--quick"]
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: python -m hardpos.perf.resilience OUTPUT_DIR [train|generate|serve ...] [--quick]")
+        return 0 if args else 2
+    summary = run_resilience(args[0], args[1:] or SCENARIOS, quick=quick)
+    print(json.dumps({k: v for k, v in summary.items() if k != "scenarios"}))
+    return 0 if summary["recovered"] == len(summary["scenarios"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Training-step benchmarks (called by the benchmark harness; never timed in tests).
+
+:func:`bench_train_step` measures, on one model and one batch, alternating side by side
+(:func:`hardpos.perf.harness.compare_alternating`, median of per-pair ratios):
+
+* ``combined_vs_clip``: a full HardPos training step (one forward through
+  :class:`TripletCLIP` encoding images + captions + negatives + positives with
+  batch-length text, combined loss, backward, AdamW step) against a plain open_clip CLIP
+  step (``model(images, 77-token captions)`` + ``ClipLoss``, backward, AdamW step; both
+  with the training loop's fused AdamW).
+  Samples/s counts images; the combined step runs the text tower on up to 3x the texts.
+* ``combined_padding``: the same combined step with batch-length text vs text padded to
+  the full context, i.e. what batch-length padding buys inside training.
+* ``fused_adamw``: the same combined step with the loop's fused AdamW vs torch's default
+  per-parameter AdamW (:func:`hardpos.train.loop.build_optimizer`).
+* ``text_tower_padding``: forward-only text features, batch-length vs full context.
+
+On CUDA every path runs under bf16 autocast (as the training loop does) and is timed to
+``torch.cuda.synchronize()``. Every function returns a flat dict of numbers (and the case
+names) for the harness.
+
+Moved from ``hardpos.train.bench`` (issue 16: measuring code lives in :mod:`hardpos.perf`).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+
+def _batch(lm, batch_size: int, seed: int = 0):
+    import torch
+
+    from hardpos.model import tokenize
+
+    g = torch.Generator().manual_seed(seed)
+    size = lm.model.visual.image_size
+    size = size[0] if isinstance(size, (tuple, list)) else int(size)
+    images = torch.randn(batch_size, 3, size, size, generator=g)
+    colours = ["red", "blue", "green", "yellow", "purple", "orange"]
+    shapes = ["circle", "square", "triangle", "star"]
+    caps, negs, poss = [], [], []
+    for i in range(batch_size):
+        c, d, s = colours[i % 6], colours[(i + 1) % 6], shapes[i % 4]
+        caps.append(f"a {c} {s} to the left of a small {d} {shapes[(i + 1) % 4]}")
+        negs.append(f"a {d} {s} to the left of a small {c} {shapes[(i + 1) % 4]}")
+        poss.append(f"a small {d} {shapes[(i + 1) % 4]} to the right of a {c} {s}")
+    full = lm.tokenizer(caps + negs + poss)  # padded to the context length
+    trimmed = tokenize(lm.tokenizer, caps + negs + poss)
+    b = batch_size
+    return images, full[:b], full[b:2 * b], full[2 * b:], trimmed[:b], trimmed[b:2 * b], trimmed[2 * b:]
+
+
+def bench_train_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: int = 5, warmup: int = 1,
+                     device: str = "cpu", threads: int | None = None) -> dict[str, Any]:
+    """Samples/s of a combined-loss step vs a plain CLIP step, and batch-length padding gains."""
+    import torch
+    from open_clip.loss import ClipLoss
+
+    from hardpos.perf.harness import compare_alternating
+    from hardpos.model import ModelConfig, encode_text, load_model
+    from hardpos.train.loop import OptimConfig, _triplet_module, build_optimizer
+    from hardpos.train.loss import LossConfig, combined_loss
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    lm = load_model(ModelConfig(arch=arch), device=device)
+    model = lm.model.train()
+    net = _triplet_module()(model)
+    # the training loop's optimiser (fused AdamW), and the per-parameter loop it replaced
+    opt = build_optimizer(model, OptimConfig(lr=1e-6))
+    opt_loop = build_optimizer(model, OptimConfig(lr=1e-6, fused=False))
+    images, t77, n77, p77, tb, nb, pb = (x.to(device) for x in _batch(lm, batch_size))
+    mask = torch.ones(batch_size, dtype=torch.bool, device=device)
+    clip_loss = ClipLoss()
+    cuda = torch.device(device).type == "cuda"
+
+    def autocast():
+        # as the training loop does on GPU (precision "auto"): bf16 autocast, fp32 weights
+        return torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+
+    def sync():
+        if cuda:  # CUDA runs asynchronously: a step is timed to its end, not its launch
+            torch.cuda.synchronize()
+
+    def combined(text, neg, pos, optimizer=opt):
+        def step():
+            with autocast():
+                out = net(images, text, neg, pos, mask, mask)
+                terms = combined_loss(out["image"], out["text"], out["negative"], out["positive"], mask, mask,
+                                      out["logit_scale"], LossConfig())
+            optimizer.zero_grad(set_to_none=True)
+            terms["total"].backward()
+            optimizer.step()
+            sync()
+        return step
+
+    def plain_clip():
+        with autocast():
+            img, txt, scale = model(images, t77)
+            loss = clip_loss(img, txt, scale)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sync()
+
+    def text_only(tokens):
+        def fwd():
+            with torch.no_grad(), autocast():
+                encode_text(model, tokens)
+            sync()
+        return fwd
+
+    text_all_b = torch.cat([tb, nb, pb])
+    text_all_77 = torch.cat([t77, n77, p77])
+    rows = {
+        "combined_vs_clip": compare_alternating(combined(tb, nb, pb), plain_clip, repeats=repeats, warmup=warmup,
+                                                work_items=batch_size),
+        "combined_padding": compare_alternating(combined(tb, nb, pb), combined(t77, n77, p77), repeats=repeats,
+                                                warmup=warmup, work_items=batch_size),
+        "fused_adamw": compare_alternating(combined(tb, nb, pb), combined(tb, nb, pb, opt_loop), repeats=repeats,
+                                           warmup=warmup, work_items=batch_size),
+        "text_tower_padding": compare_alternating(text_only(text_all_b), text_only(text_all_77), repeats=repeats,
+                                                  warmup=warmup, work_items=3 * batch_size),
+    }
+    out: dict[str, Any] = {"arch": arch, "batch_size": batch_size, "device": device,
+                           "text_tokens_batch": int(tb.shape[1]), "text_tokens_full": int(t77.shape[1])}
+    for case, r in rows.items():
+        for k, v in r.items():
+            out[f"{case}/{k}"] = v
+    # Plain-language summary figures (images per second of one training step).
+    out["combined_samples_per_s"] = rows["combined_vs_clip"]["optimised_items_per_s"]
+    out["clip_samples_per_s"] = rows["combined_vs_clip"]["baseline_items_per_s"]
+    out["combined_77_samples_per_s"] = rows["combined_padding"]["baseline_items_per_s"]
+    return out
+
+
+if __name__ == "__main__":  # python -m hardpos.perf.train_bench [arch] [batch_size]
+    import json
+    import sys
+
+    args = sys.argv[1:]
+    result = bench_train_step(args[0] if args else "hardpos-tiny", int(args[1]) if len(args) > 1 else 32)
+    print(json.dumps(result, indent=1))
