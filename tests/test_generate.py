@@ -315,8 +315,18 @@ def test_http_engine_end_to_end_on_real_negclip_captions(ray_session, shared_dat
     assert len(with_pos) == len(with_positive) == summary["triplets_with_positive"] == summary["captions_with_positive"]
     assert summary["positives_unused"] == len(accepted) - len(with_pos)
     assert len(triplets) == len({t["caption_id"] for t in triplets})
-    # NegCLIP carries its own negatives: the join uses them, and images resolve absolutely
-    assert all(t["negative_source"] == "dataset:valid_neg_clip" for t in triplets)
+    # NegCLIP carries its own negatives: the join uses them (except those that are whole-conjunct
+    # swaps, which keep the meaning: such a caption falls back to a rule negative), and images
+    # resolve absolutely
+    from hardpos.generate.pipeline import dataset_negatives
+
+    by_caption = {c["caption_id"]: c for c in captions}
+    for t in triplets:
+        usable = dataset_negatives(by_caption[t["caption_id"]])
+        assert t["negative_source"] == ("dataset:valid_neg_clip" if usable else "rule"), t
+        assert not usable or t["hard_negative"] in usable
+    assert summary["dataset_negatives_meaning_kept"] == sum(
+        len(c["negatives"]) - len(dataset_negatives(c)) for c in captions) > 0
     assert all(t["hard_negative"] for t in triplets) and all(os.path.isabs(t["image"]) for t in triplets)
     assert {t["caption_id"] for t in triplets} == {c["caption_id"] for c in captions}
 
