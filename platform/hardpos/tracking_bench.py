@@ -3,7 +3,8 @@ vs alive (called by the benchmark harness, ``python jobs/benchmark.py suite=trac
 ``python -m hardpos.tracking_bench``; never timed in tests).
 
 One process, one model, one batch; each timed unit is ``steps`` training steps of the
-combined loss (hardpos-tiny, fused AdamW: the training loop's step) each followed by the
+combined loss (hardpos-tiny, fused AdamW, one torch thread as in a Ray Train CPU worker,
+whose OMP_NUM_THREADS Ray sets to its CPU share) each followed by the
 rank-0 logging call of ``train/loop.py`` with ``log_every=1`` (``RunLogger.log_metrics``:
 the loss terms, lr and logit scale at the global step), the paths alternated side by side
 (:func:`hardpos.benchutil.compare_alternating`, median of per-pair ratios):
@@ -19,9 +20,10 @@ the loss terms, lr and logit scale at the global step), the paths alternated sid
 * ``queued_vs_sync``: the queued path vs the synchronous ``MlflowClient.log_batch`` per
   step that the loop used before (both into a live server).
 
-Plus one figure, outside the ratios: how long a single synchronous ``log_batch`` into
-the dead server blocks with MLflow's default HTTP retries (capped; the old loop paid it
-on every logging step, then failed the worker).
+Plus two figures outside the ratios, which load on a shared machine does not blur: the
+time of one ``log_metrics`` call itself (microseconds, dead and live server), and how long
+a single synchronous ``log_batch`` into the dead server blocks with MLflow's default HTTP
+retries (capped; the old loop paid it on every logging step, then failed the worker).
 
 The server runs on 127.0.0.1 in a child process (SQLite backend in a temporary folder)
 and is stopped by its process-group id; nothing else is touched.
@@ -133,6 +135,19 @@ def _sync_log(uri: str, run_id: str, metrics: dict[str, float], step: int) -> No
     MlflowClient(uri).log_batch(run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
 
 
+def call_us(logger, metrics: dict[str, float], calls: int = 1000, rounds: int = 5) -> float:
+    """Median microseconds of one ``logger.log_metrics(metrics, step)`` call."""
+    import statistics
+
+    times = []
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        for i in range(calls):
+            logger.log_metrics(metrics, step=10_000_000 + r * calls + i)
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(times)
+
+
 def blocked_seconds(uri: str, run_id: str, cap_s: float) -> tuple[float, bool]:
     """Seconds one synchronous ``log_batch`` into ``uri`` blocks with MLflow's defaults,
     measured up to ``cap_s`` -> (seconds, returned?). The call is left running in a
@@ -159,8 +174,12 @@ def tracking_bench(quick: bool = False, repeats: int = 5, steps: int = 10, batch
     from hardpos.benchutil import compare_alternating
     from hardpos.config import TrackingConfig
 
+    import torch
+
     if quick:
         repeats, steps, blocked_cap_s = 1, 2, 0.0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="hardpos-trackbench-"))
     live_srv, dead_srv = LocalMlflowServer(root / "live"), LocalMlflowServer(root / "dead")
     live_srv.start(wait=False)
@@ -207,6 +226,11 @@ def tracking_bench(quick: bool = False, repeats: int = 5, steps: int = 10, batch
             row = compare_alternating(fast, slow, repeats=repeats, work_items=steps)
             row.update(suite="tracking", case=f"hardpos-tiny b{batch_size}, {steps} steps: {label}", key=key)
             rows.append(row)
+        metrics = train_step()
+        for name, logger in (("dead", dead), ("live", live)):
+            rows.append({"suite": "tracking", "key": f"call_us_{name}", "value": round(call_us(logger, metrics), 1),
+                         "case": f"one log_metrics call ({len(metrics)} metrics), server {name} (microseconds, "
+                                 "median of 5 x 1000 calls)"})
         backlog = tracking_queue.existing_queue(dead.tracking_uri, dead.run_id, dead.spill_dir)
         rows[0]["dead_server_backlog_records"] = backlog.pending() if backlog else None
         if blocked_cap_s > 0:
@@ -221,6 +245,7 @@ def tracking_bench(quick: bool = False, repeats: int = 5, steps: int = 10, batch
         live_srv.kill()
         dead_srv.kill()
         shutil.rmtree(root, ignore_errors=True)
+        torch.set_num_threads(threads)
 
 
 if __name__ == "__main__":  # python -m hardpos.tracking_bench [--quick] [repeats] [steps]

@@ -18,8 +18,8 @@ records goes through the :class:`RunQueue` of its run in the calling process:
   line: a header naming the run and the tracking URI) and returns a
   :class:`DeliveryReport`. :func:`replay` (``hardpos track replay <dir>``) sends such files
   later to the same run.
-* While the server is unreachable the log gets one warning line when it goes away and one
-  when it comes back, never one per retry.
+* While the server is unreachable each process logs one warning line when it goes away
+  and one when it comes back, never one per retry.
 
 Exactly once. A failed request can be ambiguous (sent, committed, the answer lost), so the
 queue delivers *at least* once and makes every resend a no-op instead of checking what the
@@ -43,6 +43,14 @@ down, and a restarted worker does not log re-trained steps a second time. A proc
 without running Python code (SIGKILL, a lost node) loses the records still in its memory
 (at most ``max_queued_records``, usually the last second or two) and up to a second of
 ledger updates.
+
+Where the files are. ``spill_dir`` is a local folder (``<output_dir>/tracking``; for an
+``s3://`` output_dir a folder under the system temp directory, named in summary.json). A
+Ray Train worker that ends while the server is down does not wait: it leaves its file
+there and the driver adopts it and waits instead (one ``drain_timeout_s`` per job, not per
+process). On a multi-node cluster the driver sees a worker's file only when the folder is
+shared (or the worker ran on the driver's node); otherwise the file stays on the worker's
+node, named in that worker's log line.
 
 Artifacts are copied into the spill directory when queued (the caller's temporary file may
 vanish) and uploaded by the sender. A model (``log_model``) is never sent from the
