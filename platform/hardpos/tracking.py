@@ -160,17 +160,14 @@ class RunLogger:
         return tracking_queue.queue_for(self.tracking_uri, self.run_id, self.spill_dir, self.options, local=self.local)
 
     def log_params(self, params: dict[str, Any]) -> None:
-        q = self._queue()
-        for key, value in clean_params(params).items():
-            q.put({"kind": "param", "key": key, "value": value})
+        self._queue().put_many([{"kind": "param", "key": k, "value": v} for k, v in clean_params(params).items()])
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         # The timestamp is fixed here, when the value is known: a resend after an
         # ambiguous failure is then an identical row, which MLflow's SQL store drops.
         now = int(time.time() * 1000)
-        q = self._queue()
-        for key, value in numeric_metrics(metrics).items():
-            q.put({"kind": "metric", "key": key, "value": value, "timestamp": now, "step": step or 0})
+        self._queue().put_many([{"kind": "metric", "key": k, "value": v, "timestamp": now, "step": step or 0}
+                                for k, v in numeric_metrics(metrics).items()])
 
     def last_step(self, metric: str) -> int:
         """The highest step logged for ``metric`` (0 when it was never logged): in MLflow,
@@ -184,9 +181,7 @@ class RunLogger:
                                                local=self.local)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        q = self._queue()
-        for key, value in tags.items():
-            q.put({"kind": "tag", "key": key, "value": str(value)})
+        self._queue().put_many([{"kind": "tag", "key": k, "value": str(v)} for k, v in tags.items()])
 
     def log_artifact(self, local_path: str | os.PathLike, artifact_path: str | None = None) -> None:
         """Queue a file or folder (copied now, uploaded by the sender)."""

@@ -435,15 +435,21 @@ class RunQueue:
     # ----------------------------------------------------------------- caller side
     def put(self, record: dict) -> None:
         """Queue one record (never blocks on the network; see the module docstring)."""
+        self.put_many([record])
+
+    def put_many(self, records: list[dict]) -> None:
+        """Queue records in order under one lock, waking the sender once (one log call ->
+        at most one request while the server is healthy)."""
         with self._lock:
-            self._seq += 1
-            record["seq"] = self._seq
-            self._memory.append(record)
-            if record["kind"] == "metric" and record["step"] > self.high_water.get(record["key"], -1):
-                self.high_water[record["key"]] = record["step"]
-                self._ledger_dirty = True
-            if len(self._memory) >= self.options.max_queued_records:
-                self._spill_memory()
+            for record in records:
+                self._seq += 1
+                record["seq"] = self._seq
+                self._memory.append(record)
+                if record["kind"] == "metric" and record["step"] > self.high_water.get(record["key"], -1):
+                    self.high_water[record["key"]] = record["step"]
+                    self._ledger_dirty = True
+                if len(self._memory) >= self.options.max_queued_records:
+                    self._spill_memory()
             self._cond.notify()
 
     def put_artifact(self, local_path: str | os.PathLike, artifact_path: str | None) -> None:
@@ -592,18 +598,29 @@ class RunQueue:
                 self._send(transport, batch)
             except _Transient as exc:
                 self._went_down(str(exc))
-                with self._lock:
-                    cap = min(self.options.retry_max_s, 1.0) if self._closing else self.options.retry_max_s
-                    self._cond.wait(timeout=min(backoff, cap))
+                self._back_off(backoff)
                 backoff = min(backoff * 2, self.options.retry_max_s)
                 continue
             except Exception as exc:  # noqa: BLE001 - never let the sender die on a surprise
                 self._went_down(f"{type(exc).__name__}: {exc}")
-                time.sleep(min(backoff, self.options.retry_max_s))
+                self._back_off(backoff)
                 backoff = min(backoff * 2, self.options.retry_max_s)
                 continue
             backoff = self.options.retry_min_s
             self._came_back()
+
+    def _back_off(self, delay: float) -> None:
+        """Wait ``delay`` s before the next try. New records do not cut it short (each log
+        call would otherwise cost a failed request); :meth:`close` does: while draining,
+        tries come at least every second."""
+        with self._lock:
+            was_closing = self._closing
+            until = time.monotonic() + (min(delay, 1.0) if was_closing else delay)
+            while not self._stopped and not (self._closing and not was_closing):
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(timeout=left)
 
     def _send(self, transport, batch: list[dict]) -> None:
         try:
