@@ -14,10 +14,8 @@ import pytest
 
 from hardpos import runtime, tracking, tracking_queue
 from hardpos.config import ConfigError, JobConfig, TrackingConfig, load_config
-from hardpos.tracking_bench import LocalMlflowServer
-
-from conftest import free_port
-from hardpos.testing import write_triplets
+from hardpos.testing import free_port, write_triplets
+from hardpos.testing.mlflow_server import LocalMlflowServer
 
 
 # --------------------------------------------------------------------------- helpers
@@ -341,6 +339,7 @@ def _kill_after_first_step(server: LocalMlflowServer, box: dict) -> threading.Th
     return thread
 
 
+@pytest.mark.slow  # ~110 s here (server start ~20 s, Ray Train ~40 s, the restart ~20 s): over the default suite's budget
 def test_train_survives_a_server_crash_and_restart(ray_session, tmp_path, server, monkeypatch):
     """2 Ray Train workers; the server is SIGKILLed after the first logged step and brought
     back while the job drains: the job finishes, every step is in the run exactly once."""

@@ -9,6 +9,7 @@ next to the repository, ``os.environ`` changed for the caller):
 * :mod:`hardpos.perf.suites` -- the ``benchmark`` stage's suites (``hardpos benchmark``).
 * :mod:`hardpos.perf.train_bench`, :mod:`hardpos.perf.eval_bench`,
   :mod:`hardpos.perf.generate_bench` -- per-stage measurements the suites call.
+* :mod:`hardpos.perf.tracking_bench` -- the training step with the MLflow server dead vs alive.
 * :mod:`hardpos.perf.loadgen` -- the loopback-only load generator for the Serve app.
 * :mod:`hardpos.perf.resilience` -- node-loss fault injection on a simulated cluster.
 * :mod:`hardpos.perf.calibrate` -- the synthetic world's probe and the demo over seeds.

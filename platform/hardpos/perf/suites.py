@@ -256,7 +256,7 @@ SUITE_FUNCTIONS: dict[str, Callable[[Config], list[dict[str, Any]]]] = {
     "generate": _optional_suite("hardpos.perf.generate_bench", "generate_bench", data_dir=True),
     "gpu": gpu_suite,
     "resilience": resilience_suite,
-    "tracking": _optional_suite("hardpos.tracking_bench", "tracking_bench"),
+    "tracking": _optional_suite("hardpos.perf.tracking_bench", "tracking_bench"),
 }
 
 

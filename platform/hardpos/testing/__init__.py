@@ -8,6 +8,7 @@ and the benchmarks, and had drifted apart (three colour palettes with different 
   :func:`draw_shape`, :func:`write_triplets` (a training triplet file over drawn shapes),
   :func:`triplet_rows` / :func:`write_rows` (benchmark rows and their solid-colour images).
 * :mod:`hardpos.testing.openai_stub` -- an OpenAI-compatible chat/completions server.
+* :mod:`hardpos.testing.mlflow_server` -- a real ``mlflow server`` to crash and restart by PID.
 
 Nothing here runs at import time, and nothing here reads outside the package.
 """

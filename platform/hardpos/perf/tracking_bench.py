@@ -1,13 +1,13 @@
 """Tracking-outage benchmark: the training loop's step time with the tracking server dead
 vs alive (called by the benchmark harness, ``python jobs/benchmark.py suite=tracking``, or
-``python -m hardpos.tracking_bench``; never timed in tests).
+``python -m hardpos.perf.tracking_bench``; never timed in tests).
 
 One process, one model, one batch; each timed unit is ``steps`` training steps of the
 combined loss (hardpos-tiny, fused AdamW, one torch thread as in a Ray Train CPU worker,
 whose OMP_NUM_THREADS Ray sets to its CPU share) each followed by the
 rank-0 logging call of ``train/loop.py`` with ``log_every=1`` (``RunLogger.log_metrics``:
 the loss terms, lr and logit scale at the global step), the paths alternated side by side
-(:func:`hardpos.benchutil.compare_alternating`, median of per-pair ratios):
+(:func:`hardpos.perf.harness.compare_alternating`, median of per-pair ratios):
 
 * ``dead_vs_live``: logging into a run whose server was killed (SIGKILL, by PID) after
   the run was created, vs logging into a run on a live server. The ratio is
@@ -30,10 +30,7 @@ and is stopped by its process-group id; nothing else is touched.
 """
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,67 +39,12 @@ from pathlib import Path
 from typing import Any
 
 
-class LocalMlflowServer:
-    """``mlflow server`` on 127.0.0.1 (SQLite + local artifacts under ``root``) that can be
-    crashed and restarted on the same port and database. Stops only its own process group."""
-
-    def __init__(self, root: str | os.PathLike, port: int | None = None) -> None:
-        import socket
-
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        if port is None:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.db = self.root / "server.db"
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def store(self) -> str:
-        """The backing database: readable directly while the server is down."""
-        return f"sqlite:///{self.db}"
-
-    def start(self, wait: bool = True, timeout: float = 300) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.store,
-             "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1",
-             "--port", str(self.port), "--workers", "1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        if wait:
-            self.wait_ready(timeout)
-
-    def wait_ready(self, timeout: float = 300) -> None:
-        import requests
-
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                if requests.get(f"{self.url}/health", timeout=2).ok:
-                    return
-            except requests.RequestException:
-                pass
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}")
-            time.sleep(0.3)
-        raise RuntimeError(f"mlflow server on {self.url} did not answer /health within {timeout:.0f} s")
-
-    def kill(self) -> None:
-        """SIGKILL its process group (the server forks a uvicorn worker): a crash, not a goodbye."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-        self.proc = None
-
-
 def _step_fn(batch_size: int):
     """One combined-loss training step of hardpos-tiny -> (step(), metrics of the last step)."""
     import torch
 
     from hardpos.model import ModelConfig, load_model
-    from hardpos.train.bench import _batch
+    from hardpos.perf.train_bench import _batch
     from hardpos.train.loop import OptimConfig, _triplet_module, build_optimizer
     from hardpos.train.loss import LossConfig, combined_loss, loss_metrics
 
@@ -171,8 +113,9 @@ def tracking_bench(quick: bool = False, repeats: int = 5, steps: int = 10, batch
                    blocked_cap_s: float = 30.0) -> list[dict[str, Any]]:
     """Rows for the harness: three alternating ratios and the synchronous blocking figure."""
     from hardpos import tracking, tracking_queue
-    from hardpos.benchutil import compare_alternating
     from hardpos.config import TrackingConfig
+    from hardpos.perf.harness import compare_alternating
+    from hardpos.testing.mlflow_server import LocalMlflowServer
 
     import torch
 
@@ -248,10 +191,10 @@ def tracking_bench(quick: bool = False, repeats: int = 5, steps: int = 10, batch
         torch.set_num_threads(threads)
 
 
-if __name__ == "__main__":  # python -m hardpos.tracking_bench [--quick] [repeats] [steps]
+if __name__ == "__main__":  # python -m hardpos.perf.tracking_bench [--quick] [repeats] [steps]
     import json
 
-    from hardpos.benchutil import format_table
+    from hardpos.perf.harness import format_table
 
     args = [a for a in sys.argv[1:] if a != "--quick"]
     out = tracking_bench(quick="--quick" in sys.argv, repeats=int(args[0]) if args else 5,
