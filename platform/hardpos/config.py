@@ -1,17 +1,39 @@
 """Typed job configuration: dataclasses + YAML files + dotted command-line overrides.
 
 Contract (every stage):
-    python jobs/<stage>.py [--config FILE.yaml] [dotted.key=value ...]
+    python jobs/<stage>.py [--config FILE.yaml] [dotted.key=value ...] [--help] [--print-config]
 
-* A stage's configuration is a dataclass (fields with defaults and docstring-style
-  comments).  Nested sections are nested dataclasses.
+* A stage's configuration is a dataclass whose docstring documents its fields, one
+  ``name: doc`` line each (continuation lines indented; ``a / b: doc`` documents both), as
+  litgpt's configs carry their own docs.  Nested sections are nested dataclasses.
+  ``--help`` prints every key with its type, the stage's real default (a section's
+  ``default_factory`` wins over the section class's defaults; ``--config``/overrides given
+  with ``--help`` are applied first), the choices of a ``Literal`` and the field's doc.
 * YAML files hold any subset of the fields; overrides are applied on top, in order.
   Override values are parsed as YAML scalars/flow collections, so ``loss.w_neg=0.5``,
   ``benchmarks=[replace,swap]`` and ``model.pretrained=null`` all do what they say.
-* Unknown keys, wrong types and bad choices raise :class:`ConfigError` naming the key,
-  before any work starts.  ``int`` is accepted where ``float`` is declared, and so is
-  scientific notation that YAML 1.1 leaves as text (``1e-3``); nothing else is coerced
-  silently (``"3"`` is not an int).
+* Overriding one key of a section keeps the section's other keys at the stage's defaults
+  (``pretrain.steps=5`` in the demo keeps its ``lr=5e-4``), and list items are addressed by
+  index: ``variants.1.w_neg=0.5``, ``benchmarks.0.image_root=/data/vg`` (the list is the
+  YAML file's, else the stage's default; an index outside it is an error naming the list
+  and its length).  A mapping-typed field (``search_space``) is replaced as a whole.
+* Validation has ONE style.  Types, unknown keys and ``Literal`` choices are checked here;
+  each dataclass checks its own invariants in ``__post_init__`` and raises
+  :class:`ConfigError` (a ``ValueError``) whose message starts with the key relative to the
+  dataclass (``require(ok, "val_fraction", "must be in [0, 1)", value)``); loading prefixes
+  the section's path, so the user reads ``data.val_fraction must be in [0, 1), got 2.0``.  Checks that
+  need the outside world (a file exists, a server answers) stay in the stage's ``run``
+  and raise :class:`ConfigError` too (the CLI exits 2 for either, before any compute).
+  ``int`` is accepted where ``float`` is declared, and so is scientific notation that YAML
+  1.1 leaves as text (``1e-3``); nothing else is coerced silently (``"3"`` is not an int).
+* "world", for a user: ``world.<key>`` is always a setting of the synthetic world's
+  generation (:class:`hardpos.data.world.WorldConfig`: ``world.seed``, ``world.n_pretrain``
+  ...) and ``world_dir`` is always the folder of a generated world.  The demo has both as
+  fields; the world stage also takes ``world.<key>`` (its old top-level keys such as
+  ``n_pretrain=`` stay valid) and ``world_dir`` (= its ``output_dir``); evaluate takes
+  ``world_dir`` for its older ``world=<folder>``.  A stage declares such alternative
+  spellings in a ``config_aliases`` class variable (see :func:`from_dict`), so the old keys
+  keep working (``--print-config`` prints the dataclass's own field names).
 """
 from __future__ import annotations
 
@@ -29,7 +51,31 @@ _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 class ConfigError(ValueError):
-    """A configuration file or override is invalid (message names the key)."""
+    """A configuration file or override is invalid; the message starts with the key path.
+
+    ``ConfigError("must be >= 1, got 0", key="steps")`` reads ``steps must be >= 1, got 0``
+    (``key: reason`` when the reason is not a "must ..." rule); :func:`from_dict` re-raises it
+    with the section's path in front (``pretrain.steps must be ...``).  Without ``key`` the
+    message is taken as written (it names the key itself).
+    """
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        self.key = key
+        self.reason = message
+        if key:
+            message = f"{key} {message}" if message.startswith("must ") else f"{key}: {message}"
+        super().__init__(message)
+
+    def __reduce__(self):  # keep ``key`` through pickling (Ray ships exceptions between processes)
+        return (ConfigError, (self.reason, self.key))
+
+
+def require(ok: bool, key: str, rule: str, value: Any = dataclasses.MISSING) -> None:
+    """Raise ``ConfigError(f"{rule}, got {value!r}", key)`` unless ``ok``: the one way a config
+    dataclass's ``__post_init__`` reports a bad value (``rule`` reads "must be ...", ``key`` is
+    relative to that dataclass)."""
+    if not ok:
+        raise ConfigError(rule if value is dataclasses.MISSING else f"{rule}, got {value!r}", key=key)
 
 
 # --------------------------------------------------------------------------- sections
@@ -64,12 +110,9 @@ class TrackingConfig:
     max_queued_records: int = 10_000
 
     def __post_init__(self) -> None:
-        if self.drain_timeout_s < 0:
-            raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
-        if self.request_timeout_s <= 0:
-            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
-        if self.max_queued_records < 1:
-            raise ValueError(f"max_queued_records must be >= 1, got {self.max_queued_records}")
+        require(self.drain_timeout_s >= 0, "drain_timeout_s", "must be >= 0", self.drain_timeout_s)
+        require(self.request_timeout_s > 0, "request_timeout_s", "must be > 0", self.request_timeout_s)
+        require(self.max_queued_records >= 1, "max_queued_records", "must be >= 1", self.max_queued_records)
 
 
 @dataclasses.dataclass
@@ -100,13 +143,13 @@ class JobConfig:
 
 # --------------------------------------------------------------------------- loading
 def load_config(cls: type[T], config_file: str | Path | None = None, overrides: list[str] | tuple = ()) -> T:
-    """Build ``cls`` from an optional YAML file plus ``key=value`` overrides."""
+    """Build ``cls`` from an optional YAML file plus ``key=value`` overrides (applied in order)."""
     data: dict[str, Any] = {}
     if config_file is not None:
         data = read_yaml_mapping(config_file)
     for item in overrides:
         key, value = parse_override(item)
-        set_dotted(data, key, value)
+        set_dotted(data, key, value, cls=cls)
     return from_dict(cls, data)
 
 
@@ -145,48 +188,193 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key, value
 
 
-def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+def set_dotted(data: dict[str, Any], key: str, value: Any, *, cls: type | None = None) -> None:
+    """Set ``key`` (dotted; integer parts index lists) in the plain ``data`` of a config.
+
+    With ``cls`` (the dataclass ``data`` will build), a list that ``data`` does not hold yet
+    is first copied from the stage's default, so ``variants.1.w_neg=0.5`` edits the second
+    default variant.  An index outside the list is a :class:`ConfigError` naming the list
+    and its length.  Without ``cls`` (plain dicts, e.g. a sweep's trial overrides) integer
+    parts still index lists already in ``data``.
+    """
     parts = key.split(".")
-    node = data
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        elif not isinstance(child, dict):
-            raise ConfigError(f"override {key!r}: {part!r} is not a section")
-        node = child
-    node[parts[-1]] = value
+    node: Any = data
+    tp: Any = cls  # the declared type of ``node`` when known
+    default: Any = _default_instance(cls) if cls is not None else None  # the stage's value of ``node``
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[:depth]) or "config"
+        last = depth == len(parts) - 1
+        if isinstance(node, list):
+            index = _list_index(part, node, where)
+            if last:
+                node[index] = value
+                return
+            child, child_tp = node[index], _item_type(tp)
+            child_default = None
+        else:
+            field_tp = _field_type(tp, part)
+            field_default = _field_default(tp, default, part)
+            if last:
+                node[part] = value
+                return
+            child = node.get(part)
+            if child is None:
+                # a list must exist before an index can address it: copy the stage's default
+                child = _plain(field_default) if isinstance(field_default, (list, tuple)) else {}
+                node[part] = child
+            child_tp, child_default = field_tp, field_default
+        if not isinstance(child, (dict, list)):
+            raise ConfigError(f"override {key!r}: {_join_path(parts[:depth + 1])!r} is neither a section nor a list")
+        node, tp, default = child, child_tp, child_default
 
 
-def from_dict(cls: type[T], data: dict[str, Any], *, path: str = "") -> T:
-    """Validate ``data`` against dataclass ``cls`` (recursively) and build it."""
+def _join_path(parts: list[str]) -> str:
+    return ".".join(parts)
+
+
+def _list_index(part: str, items: list, where: str) -> int:
+    if not re.fullmatch(r"\d+", part):
+        raise ConfigError(f"{where} is a list: address its items by index ({where}.0 ...), not {part!r}")
+    index = int(part)
+    if index >= len(items):
+        raise ConfigError(f"{where}: index {index} is out of range, the list has {len(items)} item(s)"
+                          + (f" (0..{len(items) - 1})" if items else ""))
+    return index
+
+
+def _unwrap_optional(tp: Any) -> Any:
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _field_type(tp: Any, name: str) -> Any:
+    tp = _unwrap_optional(tp)
+    if tp is not None and dataclasses.is_dataclass(tp):
+        return _unwrap_optional(get_type_hints(tp).get(name))
+    return None
+
+
+def _item_type(tp: Any) -> Any:
+    tp = _unwrap_optional(tp)
+    if get_origin(tp) in (list, tuple, typing.Sequence):
+        args = get_args(tp)
+        return _unwrap_optional(args[0]) if args else None
+    return None
+
+
+def _default_instance(cls: Any) -> Any:
+    """``cls()`` when it can be built from its defaults alone, else None."""
+    try:
+        return cls()
+    except Exception:  # required fields, or defaults that do not validate: no defaults to offer
+        return None
+
+
+def _field_default(tp: Any, instance: Any, name: str) -> Any:
+    """The value of field ``name`` in the stage's default of the section (``instance``), else
+    the field's own default; None when there is none."""
+    if instance is not None and hasattr(instance, name) and dataclasses.is_dataclass(instance):
+        return getattr(instance, name)
+    tp = _unwrap_optional(tp)
+    if tp is None or not dataclasses.is_dataclass(tp):
+        return None
+    for f in dataclasses.fields(tp):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                return f.default_factory()  # type: ignore[misc]
+    return None
+
+
+def _plain(value: Any) -> Any:
+    """A default value as the plain data a YAML file would hold."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _apply_aliases(cls: type, data: dict[str, Any], path: str) -> dict[str, Any]:
+    """Rewrite the alternative spellings ``cls.config_aliases`` declares into ``cls``'s own keys.
+
+    ``{"world_dir": "world"}`` renames a key; ``{"world": "."}`` splices the keys of a
+    ``world:`` mapping into this level (the world stage's fields are its top-level keys).
+    Giving a key in both spellings is an error rather than a silent pick.
+    """
+    aliases: dict[str, str] = getattr(cls, "config_aliases", None) or {}
+    if not aliases or not any(a in data for a in aliases):
+        return data
+    out = dict(data)
+    for alias, target in aliases.items():
+        if alias not in out:
+            continue
+        value = out.pop(alias)
+        if target == ".":
+            if not isinstance(value, dict):
+                raise ConfigError(f"{_join(path, alias)}: expected a mapping of keys, got {value!r}")
+            pairs = value.items()
+        else:
+            pairs = [(target, value)]
+        for name, v in pairs:
+            spelled = f"{alias}.{name}" if target == "." else alias
+            if name in out:
+                raise ConfigError(f"{_join(path, spelled)} and {_join(path, name)} are the same key; give one of them")
+            out[name] = v
+    return out
+
+
+def from_dict(cls: type[T], data: dict[str, Any], *, path: str = "", base: Any = None) -> T:
+    """Validate ``data`` against dataclass ``cls`` (recursively) and build it.
+
+    Keys ``data`` leaves out take their value from ``base`` (an instance of ``cls``: the
+    stage's default of this section) when given, else the field's default; a nested section
+    given in part keeps the rest of its defaults the same way.  Errors raised while building
+    (``__post_init__``) come back as :class:`ConfigError` with ``path`` in front.
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(data).__name__}")
+    data = _apply_aliases(cls, data, path)
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         where = f"in section {path!r}" if path else "at top level"
+        aliases = sorted(getattr(cls, "config_aliases", None) or {})
         raise ConfigError(
             f"unknown config key(s) {', '.join(repr(_join(path, u)) for u in unknown)} {where}; "
-            f"valid keys: {', '.join(sorted(fields))}"
+            f"valid keys: {', '.join(sorted(fields))}" + (f" (also accepted: {', '.join(aliases)})" if aliases else "")
         )
     kwargs = {}
+    if base is not None and isinstance(base, cls):
+        kwargs = {name: getattr(base, name) for name in fields if name not in data}
     for name, value in data.items():
-        kwargs[name] = _convert(hints[name], value, _join(path, name))
+        sub_base = _field_default(cls, base if isinstance(base, cls) else None, name)
+        kwargs[name] = _convert(hints[name], value, _join(path, name), base=sub_base)
     try:
         return cls(**kwargs)
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
+    except ConfigError as exc:
+        if exc.key is not None:
+            raise ConfigError(exc.reason, key=_join(path, exc.key)) from exc
+        if not path or str(exc).startswith(path):
             raise
-        raise ConfigError(f"{path or cls.__name__}: {exc}") from exc
+        raise ConfigError(f"{path}: {exc}") from exc
+    except (TypeError, ValueError) as exc:
+        message = str(exc)
+        raise ConfigError(message if not path or message.startswith(path) else f"{path}: {message}") from exc
 
 
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _convert(tp: Any, value: Any, key: str) -> Any:
+def _convert(tp: Any, value: Any, key: str, *, base: Any = None) -> Any:
     origin = get_origin(tp)
     if tp is Any:
         return value
@@ -201,7 +389,7 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
             if arg is type(None):
                 continue
             try:
-                return _convert(arg, value, key)
+                return _convert(arg, value, key, base=base)
             except ConfigError as exc:
                 errors.append(str(exc))
         raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} matches none of {tp}")
@@ -213,7 +401,7 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
-        return from_dict(tp, value if value is not None else {}, path=key)
+        return from_dict(tp, value if value is not None else {}, path=key, base=base if isinstance(base, tp) else None)
     if origin in (list, tuple, typing.Sequence):
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
