@@ -97,3 +97,32 @@ def test_benchmark_metrics_names_and_aggregation():
     assert pooled["custom/orig_acc"] == pytest.approx(2 / 3)
     single = benchmark_metrics("swap", ["swap"] * 3, s_c, s_n, s_p, "pooled")
     assert not any(k.startswith("swap/swap/") for k in single)  # no redundant one-subset copy
+
+
+def test_mean_over_flat_benchmarks_is_the_evaluators_replace():
+    """The demo's REPLACE (flat per-benchmark keys) equals the evaluator's mean_of_subsets."""
+    subsets = ["attributes", "attributes", "relations"]
+    s_c, s_n, s_p = [0.9, 0.1, 0.9], [0.1, 0.9, 0.5], [0.5, 0.5, 0.1]
+    nested = benchmark_metrics("replace", subsets, s_c, s_n, s_p, "mean_of_subsets")
+    flat = {**benchmark_metrics("a", subsets[:2], s_c[:2], s_n[:2], s_p[:2], "pooled"),
+            **benchmark_metrics("r", subsets[2:], s_c[2:], s_n[2:], s_p[2:], "pooled")}
+    got = M.mean_over(flat, ["a", "r"])
+    for key in ("orig_acc", "aug_acc", "brittleness", "mean_s_c", "mean_s_n", "mean_s_p", "n_items"):
+        assert got[key] == pytest.approx(nested[f"replace/{key}"]), key
+    # without counts every subset still counts (and no count is invented)
+    got = M.mean_over({"a/orig_acc": 0.5, "r/orig_acc": 1.0, "a/x/orig_acc": 0.0}, ["a", "r"])
+    assert got == {"orig_acc": 0.75}
+    with pytest.raises(KeyError, match="'r/...'"):
+        M.mean_over({"a/orig_acc": 0.5}, ["a", "r"])
+
+
+@pytest.mark.parametrize("s_c, s_n, s_p, want", [
+    (0.9, 0.5, 0.8, (True, True, False)),
+    (0.9, 0.5, 0.4, (True, False, True)),
+    (0.5, 0.5, 0.9, (False, False, False)),   # a tie counts against the model
+    (0.9, 0.5, None, (True, None, None)),     # no positive: unknown, not False
+])
+def test_item_verdicts(s_c, s_n, s_p, want):
+    got = M.verdicts(s_c, s_n, s_p)
+    assert (got["correct_original"], got["correct_augmented"], got["brittle"]) == want
+    assert all(v is None or type(v) is bool for v in got.values())

@@ -243,6 +243,7 @@ def test_verdicts_are_the_benchmark_metrics_per_item():
     assert [v["brittle"] for v in got] == metrics.brittle(s_c, s_n, s_p).tolist()
     assert all(type(v) is bool for row in got for v in row.values())  # JSON booleans, not numpy
     assert 0 < sum(v["brittle"] for v in got) < len(got)
+    assert SC.verdicts is metrics.verdicts  # not a second implementation that could drift
 
 
 def test_compute_batch_matches_the_evaluator_and_rejects_a_bad_item_alone():

@@ -9,6 +9,10 @@ Per item: ``s_c = s(c|i)`` (true caption), ``s_n = s(c_n|i)`` (hard negative),
 * aug_drop            ``aug_acc - orig_acc`` (<= 0; how much the hard positive costs)
 * mean_s_c / mean_s_n / mean_s_p
 
+This module is the one definition of these figures: the evaluator aggregates with
+:func:`summarize` / :func:`mean_of`, the demo's REPLACE column with :func:`mean_over`, and
+the Serve app's per-item ``/v1/compare`` answer with :func:`verdicts`.
+
 All comparisons are strict, so a tie always counts against the model (a tie is never
 "correct" and never "brittle": brittleness needs the negative strictly in between).
 
@@ -57,6 +61,19 @@ def brittle(s_c, s_n, s_p) -> np.ndarray:
     return ((c > n) & (n > p)) | ((p > n) & (n > c))
 
 
+def verdicts(s_c: float, s_n: float, s_p: float | None = None) -> dict[str, bool | None]:
+    """One item's verdicts (what ``/v1/compare`` answers), by the same per-item functions
+    the benchmark figures average: ``correct_original``, ``correct_augmented``, ``brittle``.
+    Without a hard positive (``s_p`` None) the last two are None (unknown, not False)."""
+    out: dict[str, bool | None] = {"correct_original": bool(orig_correct(s_c, s_n))}
+    if s_p is None:
+        out.update(correct_augmented=None, brittle=None)
+    else:
+        out["correct_augmented"] = bool(aug_correct(s_c, s_n, s_p))
+        out["brittle"] = bool(brittle(s_c, s_n, s_p))
+    return out
+
+
 def summarize(s_c, s_n, s_p=None) -> dict[str, float]:
     """All figures for one set of items (fractions in [0, 1]; ``n_items`` a count).
 
@@ -92,4 +109,27 @@ def mean_of(subsets: Iterable[Mapping[str, float]]) -> dict[str, float]:
     keys = set.intersection(*(set(s) for s in subsets)) - {"n_items", "n_with_positive"}
     out: dict[str, float] = {k: float(np.mean([s[k] for s in subsets])) for k in sorted(keys)}
     out["n_items"] = int(sum(s["n_items"] for s in subsets))
+    return out
+
+
+def mean_over(metrics: Mapping[str, float], prefixes: Iterable[str]) -> dict[str, float]:
+    """:func:`mean_of` over benchmarks logged flat (``<prefix>/<figure>`` keys), e.g. the
+    demo's REPLACE = ``mean_over(m, ["world_replace_attribute", "world_replace_relation"])``.
+
+    Returns figure -> unweighted mean, for the figures every prefix has (``n_items``
+    summed when every prefix logged it). Raises KeyError naming a prefix with no figures.
+    """
+    prefixes = list(prefixes)
+    subsets = []
+    for prefix in prefixes:
+        sub = {k[len(prefix) + 1:]: float(v) for k, v in metrics.items()
+               if k.startswith(prefix + "/") and "/" not in k[len(prefix) + 1:]}
+        if not sub:
+            raise KeyError(f"no '{prefix}/...' figures in the metrics (have {sorted(metrics)[:8]}...)")
+        subsets.append(sub)
+    counted = all("n_items" in s for s in subsets)
+    # mean_of leaves out empty subsets; a subset logged without its count is not empty.
+    out = mean_of([s if counted else {**s, "n_items": 1} for s in subsets])
+    if not counted:
+        out.pop("n_items", None)
     return out

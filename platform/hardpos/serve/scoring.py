@@ -8,7 +8,8 @@ embeddings, score a batch, and turn scores into the paper's per-item verdicts.
   pass over it (a bad item gets its own error; it never fails the batch).
 * :class:`LRUCache`, :func:`encode_with_cache` -- the bounded text-embedding cache.
 * :class:`BatchStats` -- what batch sizes the deployment actually ran.
-* :func:`softmax`, :func:`verdicts` (computed by :mod:`hardpos.eval.metrics`).
+* :func:`softmax`; :func:`verdicts` is :func:`hardpos.eval.metrics.verdicts`, re-exported
+  here for the app: per-item verdicts have one definition, the benchmark's.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import math
 import threading
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
+from hardpos.eval.metrics import verdicts  # noqa: F401 - re-exported for the app (one definition)
 from hardpos.serve.config import ServeAppConfig, ServingLimits
 from hardpos.serve.errors import ServingError
 
@@ -170,25 +172,6 @@ def softmax(scores: Sequence[float], scale: float) -> list[float]:
     exps = [math.exp(v - top) for v in logits]
     total = sum(exps)
     return [e / total for e in exps]
-
-
-def verdicts(s_c: float, s_n: float, s_p: float | None = None) -> dict[str, bool | None]:
-    """The paper's per-item verdicts, by :mod:`hardpos.eval.metrics` (the benchmark's own
-    definitions: strict inequalities, a tie counts against the model).
-
-    correct_original = s_c > s_n; correct_augmented = s_c > s_n and s_p > s_n;
-    brittle = (s_c > s_n > s_p) or (s_p > s_n > s_c). Without a hard positive the last two
-    are None.
-    """
-    from hardpos.eval import metrics
-
-    out: dict[str, bool | None] = {"correct_original": bool(metrics.orig_correct(s_c, s_n))}
-    if s_p is None:
-        out.update(correct_augmented=None, brittle=None)
-    else:
-        out["correct_augmented"] = bool(metrics.aug_correct(s_c, s_n, s_p))
-        out["brittle"] = bool(metrics.brittle(s_c, s_n, s_p))
-    return out
 
 
 def iter_chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
