@@ -1,4 +1,4 @@
-"""Tracking as a side channel (hardpos.tracking_queue): a dead or slow MLflow server never
+"""Tracking as a side channel (hardpos.tracking): a dead or slow MLflow server never
 stalls or fails a job; records are kept (memory, then a spill file), sent in order when it
 returns, never twice, and replayed later when it does not. Units run against a real SQLite
 store behind a switchable transport; the end-to-end tests stop and restart a real
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hardpos import runtime, tracking, tracking_queue
+from hardpos import runtime, tracking
 from hardpos.config import ConfigError, JobConfig, TrackingConfig, load_config
 from hardpos.testing import free_port, write_triplets
 from hardpos.testing.mlflow_server import LocalMlflowServer
@@ -24,7 +24,7 @@ class Switch:
     make ambiguous (the request is committed, then the answer is 'lost')."""
 
     def __init__(self, uri: str) -> None:
-        self.real = tracking_queue.ClientTransport(uri, 5.0)
+        self.real = tracking.ClientTransport(uri, 5.0)
         self.down = False
         self.ambiguous = 0          # the next N batches commit, then fail as if the answer was lost
         self.gate = threading.Event()
@@ -34,7 +34,7 @@ class Switch:
     def _check(self) -> None:
         self.gate.wait()
         if self.down:
-            raise tracking_queue._Transient("connection refused (test)")
+            raise tracking.Transient("connection refused (test)")
 
     def log_batch(self, run_id, metrics, params, tags):
         self._check()
@@ -42,7 +42,7 @@ class Switch:
         self.calls.append([m["step"] for m in metrics])
         if self.ambiguous:
             self.ambiguous -= 1
-            raise tracking_queue._Transient("read timed out (test): committed, answer lost")
+            raise tracking.Transient("read timed out (test): committed, answer lost")
 
     def terminate(self, run_id, status, end_time):
         self._check()
@@ -76,10 +76,10 @@ def tracking_uri(store, monkeypatch) -> str:
 @pytest.fixture
 def switch(tracking_uri, monkeypatch):
     sw = Switch(tracking_uri)
-    monkeypatch.setattr(tracking_queue, "transport_for", lambda uri, timeout_s: sw)
+    monkeypatch.setattr(tracking.transport, "transport_for", lambda uri, timeout_s: sw)
     yield sw
     sw.gate.set()
-    tracking_queue.close_all(timeout=0)
+    tracking.close_all(timeout=0)
 
 
 def _wait(predicate, timeout: float = 30.0, what: str = "condition") -> None:
@@ -114,7 +114,7 @@ def test_logging_never_waits_for_a_hung_server(tmp_path, tracking_uri, switch):
 
     threading.Thread(target=loop, daemon=True).start()
     assert done.wait(10), "log_metrics blocked on a hung tracking server"
-    assert tracking_queue.existing_queue(run.tracking_uri, run.run_id, run.spill_dir).pending() >= 299
+    assert tracking.existing_queue(run.tracking_uri, run.run_id, run.spill_dir).pending() >= 299
     switch.gate.set()
     report = tracking.end_run(run, timeout=30)
     assert report["undelivered"] == 0
@@ -126,7 +126,7 @@ def test_outage_spills_beyond_the_memory_bound_and_flushes_in_order(tmp_path, tr
     switch.down = True
     for step in range(1, 176):
         run.log_metrics({"loss": float(step)}, step=step)
-    q = tracking_queue.existing_queue(run.tracking_uri, run.run_id, run.spill_dir)
+    q = tracking.existing_queue(run.tracking_uri, run.run_id, run.spill_dir)
     assert len(q._memory) < 50                       # bounded memory ...
     spill = list((tmp_path / "tracking").glob("*.spill.jsonl"))
     assert len(spill) == 1 and sum(1 for _ in spill[0].open()) >= 150  # ... the rest on disk
@@ -193,14 +193,14 @@ def test_close_gives_up_after_its_timeout_and_replay_delivers_once(tmp_path, tra
     assert client.get_run(run.run_id).info.status == "RUNNING"
     switch.down = False
     monkeypatch.undo()  # replay through the real transport
-    out = tracking_queue.replay(tmp_path / "tracking")
+    out = tracking.replay(tmp_path / "tracking")
     assert out.left == 0 and out.errors == [] and out.runs == {run.run_id: run.run_id}
     got = client.get_run(run.run_id)
     assert _steps(tracking_uri, run.run_id, "loss") == list(range(1, 41))
     assert got.info.status == "FINISHED" and got.data.params == {"p": "v"} and got.data.tags["t"] == "x"
     assert "note.txt" in {a.path for a in client.list_artifacts(run.run_id)}
     assert not files[0].exists() and not (tmp_path / "tracking" / "artifacts").exists()
-    assert tracking_queue.replay(tmp_path / "tracking").delivered == 0  # nothing is sent twice
+    assert tracking.replay(tmp_path / "tracking").delivered == 0  # nothing is sent twice
 
 
 def test_a_restarted_worker_adopts_the_leftovers_and_skips_logged_steps(tmp_path, tracking_uri, switch):
@@ -208,7 +208,7 @@ def test_a_restarted_worker_adopts_the_leftovers_and_skips_logged_steps(tmp_path
     # attempt 1 (rank 0): steps 1-5 delivered, 6-8 queued while the server is down, then it raises
     for step in range(1, 6):
         run.log_metrics({"loss/total": 1.0}, step=step)
-    q = tracking_queue.existing_queue(run.tracking_uri, run.run_id, run.spill_dir)
+    q = tracking.existing_queue(run.tracking_uri, run.run_id, run.spill_dir)
     _wait(lambda: q.pending() == 0)
     switch.down = True
     for step in range(6, 9):
@@ -242,7 +242,7 @@ def test_start_fails_fast_when_the_server_is_down_unless_not_required(tmp_path, 
     run.log_metrics({"loss": 0.25}, step=3)
     report = tracking.end_run(run)
     assert report["undelivered"] == 4  # create, param, metric, end
-    out = tracking_queue.replay(tmp_path / "t", tracking_uri=tracking_uri)
+    out = tracking.replay(tmp_path / "t", tracking_uri=tracking_uri)
     assert out.left == 0 and run.run_id in out.runs
     from mlflow.tracking import MlflowClient
 
@@ -272,7 +272,7 @@ def test_a_job_finishes_ok_and_its_summary_says_what_was_not_delivered(tmp_path,
     t = summary["tracking"]
     assert t["undelivered"] >= 10 and all(Path(f).parent == tmp_path / "out" / "tracking" for f in t["undelivered_files"])
     switch.down = False
-    tracking_queue.close_all(timeout=0)
+    tracking.close_all(timeout=0)
     assert main(["track", "replay", str(tmp_path / "out")]) == 0
     assert _steps(tracking_uri, summary["mlflow_run_id"], "loss") == list(range(1, 21))
     assert main(["track", "replay", str(tmp_path / "nope")]) == 2
@@ -289,12 +289,12 @@ def test_tracking_config_is_validated():
 
 def test_next_unit_respects_log_batch_limits():
     metrics = [{"kind": "metric"}] * 1500
-    assert tracking_queue.next_unit(metrics) == 1000
+    assert tracking.next_unit(metrics) == 1000
     mixed = [{"kind": "param"}] * 150 + [{"kind": "metric"}] * 3
-    assert tracking_queue.next_unit(mixed) == 100
-    assert tracking_queue.next_unit([{"kind": "tag"}, {"kind": "end"}, {"kind": "tag"}]) == 1
-    assert tracking_queue.next_unit([{"kind": "end"}, {"kind": "tag"}]) == 1
-    assert tracking_queue.next_unit([]) == 0
+    assert tracking.next_unit(mixed) == 100
+    assert tracking.next_unit([{"kind": "tag"}, {"kind": "end"}, {"kind": "tag"}]) == 1
+    assert tracking.next_unit([{"kind": "end"}, {"kind": "tag"}]) == 1
+    assert tracking.next_unit([]) == 0
 
 
 # --------------------------------------------------------------------------- a real server
@@ -308,7 +308,7 @@ def server(tmp_path):
 
 
 def _train_cfg(tmp_path: Path, uri: str, n_rows: int, extra: list[str] = ()):
-    from hardpos.train.loop import TrainConfig
+    from hardpos.train.config import TrainConfig
 
     path, _ = write_triplets(tmp_path / "data", n=n_rows)
     return load_config(TrainConfig, None, [
@@ -372,7 +372,7 @@ def test_train_survives_a_server_crash_and_restart(ray_session, tmp_path, server
     # as it was queued (same key, value, timestamp, step), as after an ambiguous failure,
     # stores nothing new.
     first = min(history, key=lambda m: m.step)
-    tracking_queue.HttpTransport(server.url, 30).log_batch(run_id, [{
+    tracking.HttpTransport(server.url, 30).log_batch(run_id, [{
         "key": "loss/total", "value": first.value, "timestamp": first.timestamp, "step": first.step}], [], [])
     assert len(client.get_metric_history(run_id, "loss/total")) == total
 
@@ -394,7 +394,7 @@ def test_train_with_a_server_that_never_returns_then_replay(ray_session, tmp_pat
     assert t["undelivered"] > 0 and t["undelivered_files"] and summary["model_deferred"] is True
     run_id = summary["mlflow_run_id"]
     server.start()
-    tracking_queue.close_all(timeout=0)
+    tracking.close_all(timeout=0)
     assert main(["track", "replay", str(tmp_path / "out" / "tracking")]) == 0
     from mlflow.tracking import MlflowClient
 

@@ -17,7 +17,7 @@ import typing
 
 from hardpos.config import ConfigError, dump_yaml, load_config
 from hardpos.runtime import STAGES, execute, stage_module
-from hardpos.tracking_queue import TrackingUnavailableError
+from hardpos.tracking import TrackingUnavailableError
 
 USAGE = f"""usage: hardpos <stage> [--config FILE.yaml] [dotted.key=value ...] [--print-config] [--help]
 
@@ -45,7 +45,7 @@ what is left. --tracking-uri overrides the URI each file names (the server moved
 
 def track_main(argv: list[str]) -> int:
     """``hardpos track replay ...``: 0 when everything was delivered, 1 when some records are left."""
-    from hardpos import tracking_queue
+    from hardpos import tracking
 
     args = list(argv)
     if not args or args[0] in ("-h", "--help"):
@@ -71,7 +71,7 @@ def track_main(argv: list[str]) -> int:
         print(f"hardpos track replay: give one folder or file\n\n{TRACK_USAGE}", file=sys.stderr)
         return 2
     try:
-        report = tracking_queue.replay(paths[0], tracking_uri=uri)
+        report = tracking.replay(paths[0], tracking_uri=uri)
     except (FileNotFoundError, ValueError) as exc:
         print(f"hardpos track replay: {exc}", file=sys.stderr)
         return 2

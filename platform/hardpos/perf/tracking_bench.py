@@ -45,25 +45,23 @@ def _step_fn(batch_size: int):
 
     from hardpos.model import ModelConfig, load_model
     from hardpos.perf.train_bench import _batch
-    from hardpos.train.loop import OptimConfig, _triplet_module, build_optimizer
-    from hardpos.train.loss import LossConfig, combined_loss, loss_metrics
+    from hardpos.train.config import OptimConfig
+    from hardpos.train.loss import LossConfig, loss_metrics
+    from hardpos.train.step import TripletCLIP, build_optimizer, model_batch, train_step
 
     torch.manual_seed(0)
     lm = load_model(ModelConfig(arch="hardpos-tiny"))
     model = lm.model.train()
-    net = _triplet_module()(model)
-    opt = build_optimizer(model, OptimConfig(lr=1e-6))
+    net = TripletCLIP(model)
+    optim = OptimConfig(lr=1e-6)
+    opt = build_optimizer(model, optim)
     images, _, _, _, text, neg, pos = _batch(lm, batch_size)
-    mask = torch.ones(batch_size, dtype=torch.bool)
+    batch = model_batch(images, text, neg, pos)
 
     def step() -> dict[str, float]:
-        out = net(images, text, neg, pos, mask, mask)
-        terms = combined_loss(out["image"], out["text"], out["negative"], out["positive"], mask, mask,
-                              out["logit_scale"], LossConfig())
-        opt.zero_grad(set_to_none=True)
-        terms["total"].backward()
-        opt.step()
-        return {**loss_metrics(terms), "lr": 1e-6, "logit_scale": float(model.logit_scale.exp())}
+        terms = train_step(net, batch, LossConfig(), opt, grad_clip=optim.grad_clip)  # the training loop's step
+        return {**loss_metrics({k: v for k, v in terms.items() if not k.startswith("_")}), "lr": 1e-6,
+                "logit_scale": float(model.logit_scale.exp())}
 
     return step
 
@@ -112,7 +110,7 @@ def blocked_seconds(uri: str, run_id: str, cap_s: float) -> tuple[float, bool]:
 def tracking_bench(quick: bool = False, repeats: int = 5, steps: int = 10, batch_size: int = 16,
                    blocked_cap_s: float = 30.0) -> list[dict[str, Any]]:
     """Rows for the harness: three alternating ratios and the synchronous blocking figure."""
-    from hardpos import tracking, tracking_queue
+    from hardpos import tracking
     from hardpos.config import TrackingConfig
     from hardpos.perf.harness import compare_alternating
     from hardpos.testing.mlflow_server import LocalMlflowServer
@@ -174,7 +172,7 @@ def tracking_bench(quick: bool = False, repeats: int = 5, steps: int = 10, batch
             rows.append({"suite": "tracking", "key": f"call_us_{name}", "value": round(call_us(logger, metrics), 1),
                          "case": f"one log_metrics call ({len(metrics)} metrics), server {name} (microseconds, "
                                  "median of 5 x 1000 calls)"})
-        backlog = tracking_queue.existing_queue(dead.tracking_uri, dead.run_id, dead.spill_dir)
+        backlog = tracking.existing_queue(dead.tracking_uri, dead.run_id, dead.spill_dir)
         rows[0]["dead_server_backlog_records"] = backlog.pending() if backlog else None
         if blocked_cap_s > 0:
             seconds, returned = blocked_seconds(dead.tracking_uri, dead.run_id, blocked_cap_s)

@@ -1,114 +1,40 @@
-"""MLflow tracking helpers shared by every stage.
-
-Default store: ``sqlite:///<cwd>/mlruns.db`` with artifacts in ``<cwd>/mlartifacts``
-(MLflow 3 deprecates the plain file store).  ``$MLFLOW_TRACKING_URI`` or the config's
-``tracking.tracking_uri`` point at a server instead.
+"""Log into an MLflow run from any process without ever waiting on the server.
 
 :class:`RunLogger` is a small picklable handle (tracking URI + run id + spill folder) so
 Ray workers (e.g. Ray Train rank 0) log into the driver's run without touching MLflow's
-global "active run" state. Its records never block the caller: they go through a
-per-process queue (:mod:`hardpos.tracking_queue`) that survives a tracking outage.
+global "active run" state. Its records go through this process's queue for the run
+(:mod:`hardpos.tracking.queue`, one per run and process, kept here) that survives a
+tracking outage. :func:`start_run` / :func:`end_run` bracket a job's run.
 """
 from __future__ import annotations
 
-import contextlib
+import atexit
 import dataclasses
+import hashlib
 import json
 import logging
 import math
 import os
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
-from hardpos import tracking_queue
+from mlflow.tracking import MlflowClient
+
+from hardpos import storage
 from hardpos.config import TrackingConfig, flatten
-from hardpos.tracking_queue import QueueOptions, TrackingUnavailableError  # noqa: F401  (re-exported)
+from hardpos.tracking.files import LOCAL_PREFIX, ledger_step
+from hardpos.tracking.queue import DeliveryReport, QueueOptions, RunQueue
+from hardpos.tracking.store import ensure_experiment, resolve_tracking_uri
+from hardpos.tracking.transport import TrackingUnavailableError, fail_fast_http, probe
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("hardpos.tracking")
 
 # MLflow rejects param values over this many characters.
 _MAX_PARAM_CHARS = 6000
-DEFAULT_DB = "mlruns.db"
-
-
-def default_tracking_uri() -> str:
-    return f"sqlite:///{Path.cwd().resolve() / DEFAULT_DB}"
-
-
-def resolve_tracking_uri(uri: str | None = None) -> str:
-    """Config value, else $MLFLOW_TRACKING_URI, else the local SQLite store.
-
-    A relative SQLite path (``sqlite:///mlruns.db``) is made absolute against the current
-    directory here, in the process that reads the config: Ray workers and Serve replicas
-    get the resolved URI and run in other working directories.
-    """
-    return _absolute_sqlite(uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri())
-
-
-def _absolute_sqlite(uri: str) -> str:
-    if not uri.startswith("sqlite:///"):
-        return uri
-    path, sep, query = uri[len("sqlite:///"):].partition("?")
-    if not path or path == ":memory:" or os.path.isabs(path):
-        return uri
-    return f"sqlite:///{(Path.cwd() / path).resolve()}{sep}{query}"
-
-
-def _local_artifact_root(tracking_uri: str) -> str | None:
-    """For a local sqlite store: an absolute artifact directory beside the database."""
-    if tracking_uri.startswith("sqlite:///"):
-        db = Path(tracking_uri[len("sqlite:///"):])
-        return (db.parent / "mlartifacts").resolve().as_uri()
-    return None
-
-
-@contextlib.contextmanager
-def use_tracking_uri(uri: str) -> Iterator[None]:
-    """Point MLflow's process-global tracking URI at ``uri`` for a block.
-
-    Only for the few MLflow *writes* that read global state (``log_model`` on the active
-    run, the SQL registry resolving a new version's ``models:/<model_id>`` source). Model
-    loading never uses it: :func:`hardpos.registry.download_model` passes the URI
-    explicitly, so a loader running in a thread (a Serve reload) or another process (a Ray
-    Train worker) cannot be redirected by this global. ``mlflow.set_tracking_uri`` also
-    writes ``$MLFLOW_TRACKING_URI`` (and *unsets* it when given None), so both the global
-    and the environment variable are restored exactly afterwards.
-    """
-    import mlflow
-    from mlflow.tracking._tracking_service import utils as mlflow_uri
-
-    saved_global, saved_env = mlflow_uri._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
-    mlflow.set_tracking_uri(uri)
-    try:
-        yield
-    finally:
-        mlflow_uri._tracking_uri = saved_global
-        if saved_env is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = saved_env
-
-
-def ensure_experiment(name: str, tracking_uri: str) -> str:
-    """Experiment id for ``name``, creating it (with an absolute artifact root) if needed."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        if exp.lifecycle_stage == "deleted":
-            client.restore_experiment(exp.experiment_id)
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=_local_artifact_root(tracking_uri))
-    except Exception:  # noqa: BLE001 - created concurrently by another process
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
 
 
 def clean_params(params: dict[str, Any]) -> dict[str, str]:
@@ -140,7 +66,7 @@ class RunLogger:
     """Log into one MLflow run from any process, without ever waiting on the server.
 
     Picklable (a Ray Train worker gets a copy) and holds no connections: every call hands
-    its records to this process's queue for the run (:mod:`hardpos.tracking_queue`: a
+    its records to this process's queue for the run (:mod:`hardpos.tracking.queue`: a
     bounded in-memory queue, a background sender, a spill file under ``spill_dir``), so a
     slow or dead tracking server costs the caller an append. :meth:`close` (or
     :func:`end_run`) waits a bounded time for delivery and reports what was not delivered.
@@ -157,7 +83,7 @@ class RunLogger:
     options: QueueOptions = QueueOptions()
 
     def _queue(self):
-        return tracking_queue.queue_for(self.tracking_uri, self.run_id, self.spill_dir, self.options, local=self.local)
+        return queue_for(self.tracking_uri, self.run_id, self.spill_dir, self.options, local=self.local)
 
     def log_params(self, params: dict[str, Any]) -> None:
         self._queue().put_many([{"kind": "param", "key": k, "value": v} for k, v in clean_params(params).items()])
@@ -177,7 +103,7 @@ class RunLogger:
         so a metric's history never holds the same step twice, even when the tracking
         server is down at the restart.
         """
-        return tracking_queue.last_logged_step(self.tracking_uri, self.run_id, self.spill_dir, metric, self.options,
+        return last_logged_step(self.tracking_uri, self.run_id, self.spill_dir, metric, self.options,
                                                local=self.local)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
@@ -206,12 +132,12 @@ class RunLogger:
 
     def reachable(self) -> bool:
         """True when the tracking server answers now (one short request)."""
-        return not self.local and tracking_queue.probe(self.tracking_uri, self.options.request_timeout_s) is None
+        return not self.local and probe(self.tracking_uri, self.options.request_timeout_s) is None
 
-    def close(self, timeout: float | None = None, *, hand_off: bool = False) -> tracking_queue.DeliveryReport:
+    def close(self, timeout: float | None = None, *, hand_off: bool = False) -> DeliveryReport:
         """Wait up to ``timeout`` s (default ``drain_timeout_s``) for this process's records,
-        then keep the rest on disk; see :meth:`hardpos.tracking_queue.RunQueue.close`."""
-        q = tracking_queue.existing_queue(self.tracking_uri, self.run_id, self.spill_dir) or self._queue()
+        then keep the rest on disk; see :meth:`hardpos.tracking.queue.RunQueue.close`."""
+        q = existing_queue(self.tracking_uri, self.run_id, self.spill_dir) or self._queue()
         return q.close(timeout, hand_off=hand_off)
 
 
@@ -223,10 +149,6 @@ def queue_options(cfg: TrackingConfig) -> QueueOptions:
 def spill_dir_for(output_dir: str) -> str:
     """Where a job's tracking queue keeps what it could not send: ``<output_dir>/tracking``,
     or a local folder named after an ``s3://`` output_dir (the queue writes local files)."""
-    import hashlib
-
-    from hardpos import storage
-
     if storage.is_s3(output_dir):
         digest = hashlib.sha1(output_dir.encode()).hexdigest()[:12]
         return str(Path(tempfile.gettempdir()) / "hardpos-tracking" / digest)
@@ -251,17 +173,15 @@ def start_run(
     """
     if not cfg.enabled:
         return None
-    from mlflow.tracking import MlflowClient
-
     uri = resolve_tracking_uri(cfg.tracking_uri)
     options = queue_options(cfg)
     all_tags = {"mlflow.runName": run_name, **{k: str(v) for k, v in (tags or {}).items()}}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
-    problem = tracking_queue.probe(uri, cfg.request_timeout_s, attempts=3)
+    problem = probe(uri, cfg.request_timeout_s, attempts=3)
     if problem is None:
         try:
-            with tracking_queue.fail_fast_http(cfg.request_timeout_s):
+            with fail_fast_http(cfg.request_timeout_s):
                 exp_id = ensure_experiment(cfg.experiment, uri)
                 run = MlflowClient(uri).create_run(exp_id, tags=all_tags, run_name=run_name)
             return RunLogger(uri, run.info.run_id, spill_dir, options=options)
@@ -276,7 +196,7 @@ def start_run(
             f"the MLflow tracking server {uri} is unreachable ({problem}); nothing was run. Start it, point "
             "tracking.tracking_uri at one that is up, or set tracking.required=false to record this run locally "
             "and send it later with `hardpos track replay <output_dir>/tracking`")
-    logger = RunLogger(uri, f"{tracking_queue.LOCAL_PREFIX}{uuid.uuid4().hex}", spill_dir, local=True, options=options)
+    logger = RunLogger(uri, f"{LOCAL_PREFIX}{uuid.uuid4().hex}", spill_dir, local=True, options=options)
     log.warning("tracking: %s unreachable (%s); recording run %r locally in %s (tracking.required=false)", uri,
                 problem[:200], run_name, logger._queue().spill_dir)
     logger._queue().put({"kind": "create", "experiment": cfg.experiment, "run_name": run_name, "tags": all_tags,
@@ -295,12 +215,62 @@ def end_run(logger: RunLogger | None, status: str = "FINISHED", timeout: float |
     return logger.close(timeout).to_dict()
 
 
-def search_runs(tracking_uri: str, experiment: str, filter_string: str = "", order_by: Iterable[str] = ()):
-    """Runs of one experiment as MLflow ``Run`` objects (newest first by default)."""
-    from mlflow.tracking import MlflowClient
+# --------------------------------------------------------------------------- this process's queues
+_QUEUES: dict[tuple[str, str, str], RunQueue] = {}
+_REGISTRY_LOCK = threading.Lock()
+_ATEXIT = False
 
-    client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return []
-    return client.search_runs([exp.experiment_id], filter_string=filter_string, order_by=list(order_by) or None, max_results=5000)
+
+def queue_for(tracking_uri: str, run_id: str, spill_dir: str | None, options: QueueOptions,
+              local: bool = False) -> RunQueue:
+    """This process's queue for the run (created, with its thread, on first use)."""
+    global _ATEXIT
+    key = (tracking_uri, run_id, str(spill_dir))
+    with _REGISTRY_LOCK:
+        q = _QUEUES.get(key)
+        if q is None or q.pid != os.getpid():  # a forked child gets its own
+            q = _QUEUES[key] = RunQueue(tracking_uri, run_id, spill_dir, options, local=local, on_close=_forget)
+            if not _ATEXIT:
+                atexit.register(close_all)
+                _ATEXIT = True
+        return q
+
+
+def existing_queue(tracking_uri: str, run_id: str, spill_dir: str | None) -> RunQueue | None:
+    """This process's open queue for the run, or None (never creates one)."""
+    with _REGISTRY_LOCK:
+        q = _QUEUES.get((tracking_uri, run_id, str(spill_dir)))
+        return q if q is not None and q.pid == os.getpid() else None
+
+
+def _forget(q: RunQueue) -> None:
+    with _REGISTRY_LOCK:
+        for key, value in list(_QUEUES.items()):
+            if value is q:
+                del _QUEUES[key]
+
+
+def close_all(timeout: float | None = None) -> list[DeliveryReport]:
+    """Close every queue of this process (at interpreter exit: nothing is silently lost)."""
+    with _REGISTRY_LOCK:
+        queues = list(_QUEUES.values())
+    return [q.close(timeout) for q in queues if q.pid == os.getpid()]
+
+
+def last_logged_step(tracking_uri: str, run_id: str, spill_dir: str | None, key: str, options: QueueOptions,
+                     local: bool = False) -> int:
+    """The highest step logged for ``key``: in MLflow (when it answers fast) or queued by any
+    process of this run (ledgers, adopted files). A resumed worker skips steps up to it."""
+    q = queue_for(tracking_uri, run_id, spill_dir, options, local=local)  # adopts leftovers first
+    best = max(ledger_step(spill_dir, run_id, key), q.high_water.get(key, 0))
+    if local:
+        return best
+    if probe(tracking_uri, options.request_timeout_s) is None:
+        try:
+            with fail_fast_http(options.request_timeout_s):
+                history = MlflowClient(tracking_uri).get_metric_history(run_id, key)
+            best = max(best, max((m.step for m in history), default=0))
+        except Exception as exc:  # noqa: BLE001 - the ledger is the fallback
+            log.warning("tracking: could not read %s's history from %s (%s); using the local ledger", key,
+                        tracking_uri, str(exc)[:200])
+    return best

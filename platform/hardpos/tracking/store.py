@@ -1,0 +1,99 @@
+"""Where runs live: the tracking URI, experiments, and the reads that go to MLflow directly.
+
+Default store: ``sqlite:///<cwd>/mlruns.db`` with artifacts in ``<cwd>/mlartifacts``
+(MLflow 3 deprecates the plain file store).  ``$MLFLOW_TRACKING_URI`` or the config's
+``tracking.tracking_uri`` point at a server instead.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import mlflow
+from mlflow.tracking import MlflowClient
+from mlflow.tracking._tracking_service import utils as mlflow_uri
+
+DEFAULT_DB = "mlruns.db"
+
+
+def default_tracking_uri() -> str:
+    return f"sqlite:///{Path.cwd().resolve() / DEFAULT_DB}"
+
+
+def resolve_tracking_uri(uri: str | None = None) -> str:
+    """Config value, else $MLFLOW_TRACKING_URI, else the local SQLite store.
+
+    A relative SQLite path (``sqlite:///mlruns.db``) is made absolute against the current
+    directory here, in the process that reads the config: Ray workers and Serve replicas
+    get the resolved URI and run in other working directories.
+    """
+    return _absolute_sqlite(uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri())
+
+
+def _absolute_sqlite(uri: str) -> str:
+    if not uri.startswith("sqlite:///"):
+        return uri
+    path, sep, query = uri[len("sqlite:///"):].partition("?")
+    if not path or path == ":memory:" or os.path.isabs(path):
+        return uri
+    return f"sqlite:///{(Path.cwd() / path).resolve()}{sep}{query}"
+
+
+def _local_artifact_root(tracking_uri: str) -> str | None:
+    """For a local sqlite store: an absolute artifact directory beside the database."""
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
+        return (db.parent / "mlartifacts").resolve().as_uri()
+    return None
+
+
+@contextlib.contextmanager
+def use_tracking_uri(uri: str) -> Iterator[None]:
+    """Point MLflow's process-global tracking URI at ``uri`` for a block.
+
+    Only for the few MLflow *writes* that read global state (``log_model`` on the active
+    run, the SQL registry resolving a new version's ``models:/<model_id>`` source). Model
+    loading never uses it: :func:`hardpos.registry.download_model` passes the URI
+    explicitly, so a loader running in a thread (a Serve reload) or another process (a Ray
+    Train worker) cannot be redirected by this global. ``mlflow.set_tracking_uri`` also
+    writes ``$MLFLOW_TRACKING_URI`` (and *unsets* it when given None), so both the global
+    and the environment variable are restored exactly afterwards.
+    """
+    saved_global, saved_env = mlflow_uri._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow_uri._tracking_uri = saved_global
+        if saved_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved_env
+
+
+def ensure_experiment(name: str, tracking_uri: str) -> str:
+    """Experiment id for ``name``, creating it (with an absolute artifact root) if needed."""
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            client.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=_local_artifact_root(tracking_uri))
+    except Exception:  # noqa: BLE001 - created concurrently by another process
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def search_runs(tracking_uri: str, experiment: str, filter_string: str = "", order_by: Iterable[str] = ()):
+    """Runs of one experiment as MLflow ``Run`` objects (newest first by default)."""
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    return client.search_runs([exp.experiment_id], filter_string=filter_string, order_by=list(order_by) or None, max_results=5000)
