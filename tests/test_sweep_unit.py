@@ -1,7 +1,11 @@
-"""Search-space parsing, grid expansion, objective and Pareto front (no Ray)."""
+"""Search-space parsing, grid expansion, objective, Pareto front, the comparison table and
+the one ranking of "best model" (no Ray)."""
+import math
+from types import SimpleNamespace
+
 import pytest
 
-from hardpos import sweep
+from hardpos import compare, registry, report, sweep
 from hardpos.config import ConfigError
 
 PAPER_SPACE = {"loss.w_neg": {"grid_search": [0.0, 0.25, 0.5, 0.75, 1.0]}, "loss.w_pos": 1.0}
@@ -57,9 +61,62 @@ def test_pareto_front_max_aug_min_brittleness():
         {"aug": 0.65, "brittle": 0.05},  # a tie is not domination
         {"aug": None, "brittle": 0.0},   # incomplete: left out
     ]
-    assert sweep.pareto_front(rows, {"aug": "max", "brittle": "min"}) == [1, 2, 3]
+    assert compare.pareto_front(rows, {"aug": "max", "brittle": "min"}) == [1, 2, 3]
 
 
 def test_comparison_table_shows_percentages():
-    table = sweep.comparison_table([{"loss.w_neg": 0.25, "replace/aug_acc": 0.555}], [("w_neg", "loss.w_neg"), ("aug", "replace/aug_acc")])
+    table = report.comparison_table([{"loss.w_neg": 0.25, "replace/aug_acc": 0.555}],
+                                    columns=[("w_neg", "loss.w_neg"), ("aug", "replace/aug_acc")])
     assert table.splitlines()[-1] == "| 0.25 | 55.5 |"
+
+
+def test_comparison_of_runs_marks_the_pareto_front():
+    rows = [{"run_name": "a", "param:loss.w_neg": 0.0, "objective": 0.5, "replace/brittleness": 0.2},
+            {"run_name": "b", "param:loss.w_neg": 1.0, "objective": 0.6, "replace/brittleness": 0.1}]
+    table, front = compare.compare_rows(rows, {"objective": "max", "replace/brittleness": "min"})
+    assert front == [1]
+    assert table.splitlines()[0] == "| run | w_neg | objective | REPLACE brittle | Pareto |"
+    assert table.splitlines()[2:] == ["| a | 0 | 50.0 | 20.0 |  |", "| b | 1 | 60.0 | 10.0 | yes |"]
+
+
+def _run(run_id, **metrics):
+    return SimpleNamespace(info=SimpleNamespace(run_id=run_id), data=SimpleNamespace(metrics=metrics))
+
+
+def test_rank_best_first_ties_keep_the_given_order():
+    rows = [{"run_id": "old", "objective": 0.5}, {"run_id": "best", "objective": 0.7}, {"run_id": "new", "objective": 0.5}]
+    assert [r["run_id"] for r in registry.rank(rows, "objective")] == ["best", "old", "new"]
+    assert [r["run_id"] for r in registry.rank(rows, "objective", "min")] == ["old", "new", "best"]
+    # MLflow runs rank the same way as rows
+    runs = [_run("old", objective=0.5), _run("new", objective=0.5)]
+    assert [r.info.run_id for r in registry.rank(runs, "objective")] == ["old", "new"]
+
+
+def test_rank_leaves_out_missing_nan_and_non_numbers():
+    rows = [{"run_id": "nan", "objective": math.nan}, {"run_id": "none"}, {"run_id": "inf", "objective": math.inf},
+            {"run_id": "text", "objective": "0.9"}, {"run_id": "flag", "objective": True},
+            {"run_id": "ok", "objective": 0.1}, {"run_id": "int", "objective": 0}]
+    assert [r["run_id"] for r in registry.rank(rows, "objective")] == ["ok", "int"]
+    assert registry.rank([], "objective") == []
+    with pytest.raises(ValueError, match="mode"):
+        registry.rank(rows, "objective", "best")
+
+
+def test_rank_by_name_is_the_demos_champion():
+    table = {"pretrained": {"objective": 0.9}, "hn-only": {"objective": 0.6}, "hp+hn": {"objective": 0.6}}
+    assert registry.rank(["hn-only", "hp+hn"], "objective", metrics_of=table.__getitem__)[0] == "hn-only"
+
+
+def test_register_ranked_registers_champion_and_challenger(monkeypatch):
+    calls = []
+    monkeypatch.setattr(registry, "register", lambda client, run, name, alias, metric=None: calls.append(
+        (run.info.run_id, name, alias)) or registry.Registered(name, str(len(calls)), run.info.run_id, alias, "u", None))
+    client = SimpleNamespace(get_run=lambda run_id: _run(run_id))
+    out = registry.register_ranked(client, [{"run_id": "a"}, {"run_id": "b"}, {"run_id": "c"}], "m", "champion", "challenger")
+    assert calls == [("a", "m", "champion"), ("b", "m", "challenger")]
+    assert out["model_uri"] == "models:/m@champion" and out["challenger"]["run_id"] == "b"
+    calls.clear()
+    out = registry.register_ranked(client, [_run("a"), _run("b")], "m", "champion", "")
+    assert calls == [("a", "m", "champion")] and "challenger" not in out
+    with pytest.raises(ValueError, match="no ranked run"):
+        registry.register_ranked(client, [], "m")

@@ -1,34 +1,24 @@
-"""Compare finished runs from MLflow: the paper's Table-3 layout and a trade-off plot.
+"""Compare finished runs: the rows, the Pareto front and the comparison files.
 
-Rows come from ``search_runs`` (children of a sweep's parent run, or any runs of an
-experiment), so the comparison always reflects what is tracked, not what a process
-happened to hold in memory.
+Rows come from MLflow's ``search_runs`` (:func:`collect_runs`: children of a sweep's
+parent run, or any runs of an experiment), so the comparison reflects what is tracked, not
+what a process happened to hold in memory; when the tracking server cannot answer, a
+sweep's rows come from its trials' ``summary.json`` files instead (:func:`summary_rows`).
+The compare stage and the sweep stage both end in :func:`compare_rows` and
+:func:`write_comparison`; the table and the plot are :mod:`hardpos.report`'s.
 """
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from hardpos import sweep
-
-# Table 3 of the paper: the loss weights, then accuracy and brittleness per benchmark.
-DEFAULT_COLUMNS = [
-    ("run", "run_name"),
-    ("w_pos", "param:loss.w_pos"),
-    ("w_neg", "param:loss.w_neg"),
-    ("objective", "objective"),
-    ("REPLACE orig", "replace/orig_acc"),
-    ("REPLACE aug", "replace/aug_acc"),
-    ("REPLACE brittle", "replace/brittleness"),
-    ("SWAP orig", "swap/orig_acc"),
-    ("SWAP aug", "swap/aug_acc"),
-    ("SWAP brittle", "swap/brittleness"),
-]
+from hardpos import report, storage
 
 
 def collect_runs(tracking_uri: str, experiment: str, parent_run_id: str | None = None) -> list[dict[str, Any]]:
-    """One flat dict per finished or failed run: ``run_id``, ``run_name``, ``status``,
-    ``param:<key>`` for params and the metric names as they are."""
+    """One flat dict per finished or failed run, oldest first: ``run_id``, ``run_name``,
+    ``status``, ``param:<key>`` for params and the metric names as they are."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
@@ -57,57 +47,68 @@ def _number_or_text(value: str) -> Any:
         return value
 
 
-def columns_for(rows: list[dict[str, Any]], columns=DEFAULT_COLUMNS) -> list[tuple[str, str]]:
-    """Keep the default columns some row has, plus every other ``*/aug_acc`` benchmark."""
-    present = [(h, k) for h, k in columns if any(k in r for r in rows)]
-    known = {k for _, k in present}
-    extra = sorted({k for r in rows for k in r if k.endswith(("/aug_acc", "/brittleness")) and k.count("/") == 1 and k not in known})
-    return present + [(k, k) for k in extra]
+def summary_rows(output_dir: str) -> list[dict[str, Any]]:
+    """Rows like :func:`collect_runs` gives, from a sweep's ``trials/<name>/summary.json``
+    (the finished trials only; ``param:<key>`` from the trial's overrides)."""
+    from hardpos.tracking import numeric_metrics
+
+    trials = storage.join(output_dir, "trials")
+    rows = []
+    for uri in storage.list_files(trials, suffix="/summary.json"):
+        if uri[len(trials):].strip("/").count("/") != 1:  # trials/<name>/summary.json only
+            continue
+        s = storage.read_json(uri)
+        if s.get("status") != "ok":
+            continue
+        row: dict[str, Any] = {"run_id": s.get("mlflow_run_id"), "run_name": uri.rstrip("/").split("/")[-2],
+                               "status": "FINISHED"}
+        row.update({f"param:{k}": v for k, v in (s.get("overrides") or {}).items()})
+        row.update(numeric_metrics(s.get("final_metrics") or {}))
+        if isinstance(s.get("objective"), (int, float)):
+            row["objective"] = float(s["objective"])
+        rows.append(row)
+    return rows
 
 
-def markdown_table(rows: list[dict[str, Any]], pareto: list[int] | None = None) -> str:
-    cols = columns_for(rows)
-    if pareto is not None:
-        rows = [{**r, "pareto": "yes" if i in pareto else ""} for i, r in enumerate(rows)]
-        cols = cols + [("Pareto", "pareto")]
-    table_rows = [{k: r.get(k) for _, k in cols} for r in rows]
-    return sweep.comparison_table(table_rows, cols)
+def pareto_front(rows: list[dict[str, Any]], criteria: dict[str, str]) -> list[int]:
+    """Indices of rows no other row dominates. ``criteria``: metric -> "max" | "min".
 
-
-def tradeoff_plot(rows: list[dict[str, Any]], path: str | Path, x: str = "param:loss.w_neg") -> Path | None:
-    """Augmented accuracy and brittleness (REPLACE, SWAP, any ``*/aug_acc``) against ``x``.
-
-    Only rows with a numeric ``x`` are plotted (the HN-only control has w_pos = 0 and is
-    drawn as a separate marker). Returns None when nothing can be plotted.
+    Rows missing a criterion are left out. Row a dominates b when a is at least as good on
+    every criterion and strictly better on one (so equal rows are both on the front).
     """
-    import matplotlib
+    usable = [i for i, r in enumerate(rows) if all(isinstance(r.get(m), (int, float)) for m in criteria)]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def better_or_equal(a, b, m, mode):
+        return a[m] >= b[m] if mode == "max" else a[m] <= b[m]
 
-    points = [r for r in rows if isinstance(r.get(x), float)]
-    if not points:
-        return None
-    benches = sorted({k.split("/")[0] for r in points for k in r if k.endswith("/aug_acc") and k.count("/") == 1})
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for name, ax in zip(("aug_acc", "brittleness"), axes):
-        for bench in benches:
-            key = f"{bench}/{name}"
-            main = sorted((r[x], r[key]) for r in points if key in r and r.get("param:loss.w_pos", 1.0) != 0.0)
-            ctrl = [(r[x], r[key]) for r in points if key in r and r.get("param:loss.w_pos", 1.0) == 0.0]
-            if main:
-                line, = ax.plot([p[0] for p in main], [100 * p[1] for p in main], marker="o", label=f"{bench} (w_pos=1)")
-                if ctrl:
-                    ax.scatter([p[0] for p in ctrl], [100 * p[1] for p in ctrl], marker="x", s=80, color=line.get_color(), label=f"{bench} HN-only")
-        ax.set_xlabel("hard-negative weight w_neg")
-        ax.set_ylabel(f"{name.replace('_', ' ')} (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    axes[0].set_title("Augmented accuracy (higher is better)")
-    axes[1].set_title("Brittleness (lower is better)")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    def strictly_better(a, b, m, mode):
+        return a[m] > b[m] if mode == "max" else a[m] < b[m]
+
+    front = []
+    for i in usable:
+        dominated = any(
+            all(better_or_equal(rows[j], rows[i], m, mode) for m, mode in criteria.items())
+            and any(strictly_better(rows[j], rows[i], m, mode) for m, mode in criteria.items())
+            for j in usable if j != i
+        )
+        if not dominated:
+            front.append(i)
+    return front
+
+
+def compare_rows(rows: list[dict[str, Any]], criteria: dict[str, str]) -> tuple[str, list[int]]:
+    """(the Table-3-style Markdown with a Pareto column, the Pareto front's row indices)."""
+    front = pareto_front(rows, criteria)
+    return report.comparison_table(rows, pareto=front), front
+
+
+def write_comparison(rows: list[dict[str, Any]], table: str, ctx) -> list[str]:
+    """``comparison.md`` + ``tradeoff.png``: drawn locally, copied to ``ctx.output_dir``
+    (local or s3://) and logged to the job's MLflow run. Returns the written URIs."""
+    local = Path(tempfile.mkdtemp(prefix="hardpos-compare-"))
+    (local / "comparison.md").write_text(table + "\n")
+    report.tradeoff_plot(rows, local / "tradeoff.png")
+    written = storage.upload_dir(local, ctx.output_dir)
+    for path in sorted(local.iterdir()):
+        ctx.log_artifact(path)
+    return written

@@ -18,14 +18,16 @@ global state.  MLflow's own ``models:/`` download resolves registered models thr
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from hardpos import tracking
 
 MODEL_URI_TAG = "hardpos.model_uri"
 _NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"
+T = TypeVar("T")
 
 
 class ModelNotFoundError(LookupError):
@@ -252,11 +254,53 @@ def model_uri_of(run) -> str:
     return run.data.tags.get(MODEL_URI_TAG) or f"runs:/{run.info.run_id}/model"
 
 
-def rank_runs(runs: list, metric: str, mode: str = "max") -> list:
-    """Runs that have ``metric``, best first (ties: newest first)."""
-    scored = [r for r in runs if metric in r.data.metrics]
-    scored.sort(key=lambda r: (r.data.metrics[metric] if mode == "max" else -r.data.metrics[metric], r.info.start_time), reverse=True)
-    return scored
+def metric_of(item: Any, metric: str) -> float | None:
+    """``metric`` of an MLflow run (``run.data.metrics``) or of a plain row (a mapping),
+    as a float; None when it is missing, not a number, NaN or infinite."""
+    metrics = item.data.metrics if hasattr(item, "data") else item
+    value = metrics.get(metric) if isinstance(metrics, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def rank(items: Sequence[T], metric: str, mode: str = "max", *, metrics_of: Callable[[T], Any] | None = None) -> list[T]:
+    """THE ranking of "best model" (the sweep, the register stage and the demo all use it):
+    the items with a finite ``metric``, best first (``mode`` "max" or "min").
+
+    Items are MLflow runs or rows (mappings); ``metrics_of`` maps an item to what holds its
+    metrics when it is neither (e.g. a model name -> its table row).
+    Ties keep the given order: the earlier item wins. Callers list candidates oldest first
+    (:func:`candidate_runs`, :func:`hardpos.compare.collect_runs`) or in configuration order
+    (the demo's variants), so a later run that only equals the champion never replaces it.
+    Items with a missing, NaN or infinite metric are left out, never ranked last.
+    """
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode must be 'max' or 'min', not {mode!r}")
+    get = metrics_of or (lambda item: item)
+    scored = [(v, i, item) for i, item in enumerate(items) if (v := metric_of(get(item), metric)) is not None]
+    # sorted() is stable and the index breaks ties explicitly: earlier first.
+    scored.sort(key=lambda t: (-t[0] if mode == "max" else t[0], t[1]))
+    return [item for _, _, item in scored]
+
+
+def register_ranked(client, ranked: Sequence[Any], name: str, alias: str = "champion",
+                    challenger_alias: str | None = "challenger", *, metric: str | None = None) -> dict[str, Any]:
+    """THE registration: ``ranked[0]`` (an MLflow run, or a row with ``run_id``) becomes
+    ``name@alias``; ``ranked[1]``, when there is one and ``challenger_alias`` is not empty,
+    becomes ``name@challenger_alias``. Returns ``{"champion", "model_uri"[, "challenger"]}``
+    (the :class:`Registered` facts as dicts). Raises ValueError for an empty ``ranked``."""
+    if not ranked:
+        raise ValueError(f"nothing to register as {name}@{alias}: no ranked run")
+
+    def run_of(item):
+        return item if hasattr(item, "info") else client.get_run(item["run_id"])
+
+    champion = register(client, run_of(ranked[0]), name, alias, metric=metric)
+    out: dict[str, Any] = {"champion": dataclasses.asdict(champion), "model_uri": f"models:/{name}@{alias}"}
+    if challenger_alias and len(ranked) > 1:
+        out["challenger"] = dataclasses.asdict(register(client, run_of(ranked[1]), name, challenger_alias, metric=metric))
+    return out
 
 
 def candidate_runs(client, experiment: str, parent_run_id: str | None = None, stage: str = "train") -> list:
@@ -267,7 +311,9 @@ def candidate_runs(client, experiment: str, parent_run_id: str | None = None, st
     filters = ["attributes.status = 'FINISHED'"]
     if parent_run_id:
         filters.append(f"tags.mlflow.parentRunId = '{parent_run_id}'")
-    runs = client.search_runs([exp.experiment_id], filter_string=" and ".join(filters), max_results=5000)
+    # oldest first: rank() keeps the given order among ties, so the earlier run wins them
+    runs = client.search_runs([exp.experiment_id], filter_string=" and ".join(filters), max_results=5000,
+                              order_by=["attributes.start_time ASC"])
     return [r for r in runs if MODEL_URI_TAG in r.data.tags or r.data.tags.get("hardpos.stage") == stage]
 
 
@@ -321,10 +367,6 @@ def model_source(client, uri: str, run) -> tuple[str, str | None]:
     if uri.startswith("models:/m-"):
         return uri, uri[len("models:/"):]
     return uri, None
-
-
-def set_alias(client, name: str, alias: str, version: str) -> None:
-    client.set_registered_model_alias(name, alias, version)
 
 
 # --------------------------------------------------------------------------- serving: pin a source

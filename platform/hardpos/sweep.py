@@ -1,4 +1,9 @@
-"""Sweep maths without Ray: search spaces from YAML, objectives, Pareto fronts, Table 3.
+"""Sweep maths without Ray: search spaces from YAML, trial overrides, the objective.
+
+The sweep job in three places, one job each: this module (what a trial is), the sweep
+stage (``hardpos.stages.sweep``: Ray Tune at the edge, one train-stage run per trial) and
+:mod:`hardpos.compare` (the trials compared: rows, Pareto front, ``comparison.md``), whose
+tables and plots are :mod:`hardpos.report`'s.
 
 Search space (YAML, any train config key, dotted)::
 
@@ -82,48 +87,3 @@ def objective(metrics: dict[str, Any], terms: list[str]) -> float | None:
     if not values or any(not isinstance(v, (int, float)) or not math.isfinite(v) for v in values):
         return None
     return sum(values) / len(values)
-
-
-def pareto_front(rows: list[dict[str, Any]], criteria: dict[str, str]) -> list[int]:
-    """Indices of rows no other row dominates. ``criteria``: metric -> "max" | "min".
-
-    Rows missing a criterion are left out. Row a dominates b when a is at least as good on
-    every criterion and strictly better on one.
-    """
-    usable = [i for i, r in enumerate(rows) if all(isinstance(r.get(m), (int, float)) for m in criteria)]
-
-    def better_or_equal(a, b, m, mode):
-        return a[m] >= b[m] if mode == "max" else a[m] <= b[m]
-
-    def strictly_better(a, b, m, mode):
-        return a[m] > b[m] if mode == "max" else a[m] < b[m]
-
-    front = []
-    for i in usable:
-        dominated = any(
-            all(better_or_equal(rows[j], rows[i], m, mode) for m, mode in criteria.items())
-            and any(strictly_better(rows[j], rows[i], m, mode) for m, mode in criteria.items())
-            for j in usable if j != i
-        )
-        if not dominated:
-            front.append(i)
-    return front
-
-
-def comparison_table(rows: list[dict[str, Any]], columns: list[tuple[str, str]], *, percent: bool = True) -> str:
-    """Markdown table; ``columns`` = [(header, key)]; fractions shown as percentages."""
-    head = "| " + " | ".join(h for h, _ in columns) + " |"
-    sep = "|" + "|".join("---" for _ in columns) + "|"
-    lines = [head, sep]
-    for row in rows:
-        cells = []
-        for _, key in columns:
-            value = row.get(key)
-            if isinstance(value, float) and percent and not key.startswith(("param:", "loss.")) and "mean_s" not in key:
-                cells.append(f"{100 * value:.1f}")
-            elif isinstance(value, float):
-                cells.append(f"{value:.3g}")
-            else:
-                cells.append("" if value is None else str(value))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)

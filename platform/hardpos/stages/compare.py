@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hardpos import compare, sweep, tracking
+from hardpos import compare, tracking
 from hardpos.config import ConfigError, JobConfig
 from hardpos.runtime import JobContext
 
@@ -25,16 +25,13 @@ class Config(JobConfig):
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:
-    from hardpos.stages.sweep import write_comparison
-
     experiment = cfg.experiment or cfg.tracking.experiment
     rows = compare.collect_runs(tracking.resolve_tracking_uri(cfg.tracking.tracking_uri), experiment, cfg.parent_run_id)
     rows = [r for r in rows if r["status"] == "FINISHED" and any(k.endswith("/aug_acc") for k in r)]
     if not rows:
         raise ConfigError(f"no finished runs with benchmark metrics in experiment {experiment!r}"
                           + (f" under parent run {cfg.parent_run_id}" if cfg.parent_run_id else ""))
-    front = sweep.pareto_front(rows, cfg.pareto)
-    table = compare.markdown_table(rows, pareto=front)
+    table, front = compare.compare_rows(rows, cfg.pareto)
     print(table)
     return {"runs": len(rows), "table": table, "pareto_front": [rows[i]["run_name"] for i in front],
-            "artifacts": write_comparison(rows, table, ctx)}
+            "artifacts": compare.write_comparison(rows, table, ctx)}

@@ -1,6 +1,7 @@
 """Register the chosen run's model in the MLflow Model Registry with alias ``champion``
 (and ``challenger`` for the runner-up). The run is given (``run_id``) or chosen as the best
-finished train run of ``experiment`` (children of ``parent_run_id`` when given) by ``metric``."""
+finished train run of ``experiment`` (children of ``parent_run_id`` when given) by ``metric``,
+ranked as the sweep and the demo rank (:func:`hardpos.registry.rank`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -33,23 +34,20 @@ class Config(JobConfig):
 
 
 def register_best(cfg: Config, tracking_uri: str, experiment: str) -> dict:
-    """The Ray-free core: pick, register, alias. Returns the summary."""
+    """The Ray-free core: pick (:func:`hardpos.registry.rank`; ties go to the older run),
+    register and alias (:func:`hardpos.registry.register_ranked`). Returns the summary."""
     client = registry.mlflow_client(tracking_uri)  # runs and the registry: the one configured store
     if cfg.run_id:
         ranked = [client.get_run(cfg.run_id)]
     else:
         runs = registry.candidate_runs(client, experiment, cfg.parent_run_id)
-        ranked = registry.rank_runs(runs, cfg.metric, cfg.mode)
+        ranked = registry.rank(runs, cfg.metric, cfg.mode)
         if not ranked:
             raise ConfigError(
                 f"no finished run with a model and metric {cfg.metric!r} in experiment {experiment!r}"
                 + (f" under parent {cfg.parent_run_id}" if cfg.parent_run_id else "")
             )
-    champion = registry.register(client, ranked[0], cfg.name, cfg.alias, metric=cfg.metric)
-    out = {"champion": dataclasses.asdict(champion), "model_uri": f"models:/{cfg.name}@{cfg.alias}"}
-    if cfg.challenger_alias and len(ranked) > 1:
-        out["challenger"] = dataclasses.asdict(registry.register(client, ranked[1], cfg.name, cfg.challenger_alias, metric=cfg.metric))
-    return out
+    return registry.register_ranked(client, ranked, cfg.name, cfg.alias, cfg.challenger_alias, metric=cfg.metric)
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:

@@ -1,12 +1,16 @@
 """Ray Tune sweep over any train-config key (default: the paper's hard-negative weight grid
 with w_pos = 1, plus an HN-only control). Every trial is a full run of the train stage in a
 nested MLflow run; the sweep ends with a Table-3-style comparison, a trade-off plot, the
-Pareto front, and the best model registered as ``champion``."""
+Pareto front, and the best model registered as ``champion``.
+
+This stage is Ray Tune at the edge; what a trial is comes from :mod:`hardpos.sweep`, the
+comparison from :mod:`hardpos.compare` (shared with the compare stage), and "best" and its
+registration from :func:`hardpos.registry.rank` / :func:`hardpos.registry.register_ranked`
+(shared with the register stage and the demo: ties go to the earlier trial)."""
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -131,7 +135,7 @@ def run_trial(tune_config: dict[str, Any], *, base: dict[str, Any], output_dir: 
     import ray
     from ray import tune
 
-    from hardpos.train.loop import decode_task_cpus
+    from hardpos.train.trainer import decode_task_cpus
 
     ctx = tune.get_context()
     overrides = sweep.trial_overrides(tune_config)
@@ -210,9 +214,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
                "error": f"{type(r.error).__name__}: {r.error}"[:2000]} for r in grid if r.error is not None]
     rows, tracking_down = trial_rows(cfg, ctx, tracking_cfg["tracking_uri"])
     finished = [r for r in rows if r["status"] == "FINISHED"]
-    front = sweep.pareto_front(finished, cfg.pareto)
-    table = compare.markdown_table(finished, pareto=front)
-    artifacts = write_comparison(finished, table, ctx)
+    table, front = compare.compare_rows(finished, cfg.pareto)
+    artifacts = compare.write_comparison(finished, table, ctx)
     print(table)
     if failed:
         print(f"WARNING: {len(failed)} of {n_trials} trials failed:", file=sys.stderr)
@@ -221,8 +224,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     if not finished:
         raise RuntimeError(f"all {n_trials} trials failed; first error: {failed[0]['error'] if failed else 'unknown'}")
 
-    ranked = [r for r in finished if isinstance(r.get(cfg.metric), float) and math.isfinite(r[cfg.metric])]
-    ranked.sort(key=lambda r: r[cfg.metric], reverse=cfg.mode == "max")
+    ranked = registry.rank(finished, cfg.metric, cfg.mode)  # the register stage's and the demo's ranking
     summary: dict[str, Any] = {
         "trials": n_trials,
         "finished": len(finished),
@@ -240,12 +242,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
               f"{tracking_down}", file=sys.stderr)
     if cfg.register and ranked and not tracking_down:
         client = registry.mlflow_client(tracking_cfg["tracking_uri"])
-        champion = registry.register(client, client.get_run(ranked[0]["run_id"]), cfg.model_name, "champion", metric=cfg.metric)
-        summary["champion"] = dataclasses.asdict(champion)
-        summary["model_uri"] = f"models:/{cfg.model_name}@champion"
-        if len(ranked) > 1:
-            challenger = registry.register(client, client.get_run(ranked[1]["run_id"]), cfg.model_name, "challenger", metric=cfg.metric)
-            summary["challenger"] = dataclasses.asdict(challenger)
+        summary.update(registry.register_ranked(client, ranked, cfg.model_name, "champion", "challenger", metric=cfg.metric))
         print(f"champion: {ranked[0]['run_name']} ({cfg.metric}={ranked[0][cfg.metric]:.4f}) -> {summary['model_uri']}")
     return summary
 
@@ -261,7 +258,7 @@ def trial_rows(cfg: Config, ctx: JobContext, tracking_uri: str) -> tuple[list[di
     from hardpos import tracking_queue
 
     if not cfg.tracking.enabled or ctx.run is None:
-        return summary_rows(ctx.output_dir), "tracking is disabled"
+        return compare.summary_rows(ctx.output_dir), "tracking is disabled"
     problem = tracking_queue.probe(tracking_uri, cfg.tracking.request_timeout_s)
     if problem is None and not storage.is_s3(ctx.output_dir):
         trials_dir = Path(ctx.output_dir) / "trials"
@@ -276,39 +273,4 @@ def trial_rows(cfg: Config, ctx: JobContext, tracking_uri: str) -> tuple[list[di
         except Exception as exc:  # noqa: BLE001 - the server went away again: fall back below
             problem = f"{type(exc).__name__}: {str(exc)[:200]}"
     reason = problem or "the sweep's run was recorded locally (server down at its start)"
-    return summary_rows(ctx.output_dir), f"{tracking_uri} unreachable ({reason})"
-
-
-def summary_rows(output_dir: str) -> list[dict[str, Any]]:
-    """Rows like :func:`hardpos.compare.collect_runs` gives, from ``trials/<name>/summary.json``."""
-    from hardpos.tracking import numeric_metrics
-
-    trials = storage.join(output_dir, "trials")
-    rows = []
-    for uri in storage.list_files(trials, suffix="/summary.json"):
-        if uri[len(trials):].strip("/").count("/") != 1:  # trials/<name>/summary.json only
-            continue
-        s = storage.read_json(uri)
-        if s.get("status") != "ok":
-            continue
-        row: dict[str, Any] = {"run_id": s.get("mlflow_run_id"), "run_name": uri.rstrip("/").split("/")[-2],
-                               "status": "FINISHED"}
-        row.update({f"param:{k}": v for k, v in (s.get("overrides") or {}).items()})
-        row.update(numeric_metrics(s.get("final_metrics") or {}))
-        if isinstance(s.get("objective"), (int, float)):
-            row["objective"] = float(s["objective"])
-        rows.append(row)
-    return rows
-
-
-def write_comparison(rows: list[dict[str, Any]], table: str, ctx: JobContext) -> list[str]:
-    """comparison.md + tradeoff.png: drawn locally, copied to output_dir, logged to MLflow."""
-    import tempfile
-
-    local = Path(tempfile.mkdtemp(prefix="hardpos-compare-"))
-    (local / "comparison.md").write_text(table + "\n")
-    compare.tradeoff_plot(rows, local / "tradeoff.png")
-    written = storage.upload_dir(local, ctx.output_dir)
-    for path in sorted(local.iterdir()):
-        ctx.log_artifact(path)
-    return written
+    return compare.summary_rows(ctx.output_dir), f"{tracking_uri} unreachable ({reason})"

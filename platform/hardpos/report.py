@@ -1,0 +1,270 @@
+"""Every table and plot HardPos writes, in one module.
+
+* :func:`table` -- THE Markdown table writer (the evaluation report, the demo's results,
+  the sweep/compare comparison and the perf tools' tables all go through it);
+* the demo's results (the paper's Table-1 layout): :func:`table_row` from the evaluate
+  stage's metrics, :func:`markdown_table` (+ the paper's signs, :mod:`hardpos.signs`),
+  :func:`aggregate` over seeds, :func:`write_chart`;
+* the comparison of tracked runs (the paper's Table-3 layout): :func:`comparison_table`,
+  :func:`tradeoff_plot`.
+
+Pure functions over plain dicts; matplotlib is imported only by the two plotting functions
+(it is heavy, and Agg is forced there: no display on a server or in CI).
+
+Demo rows are models (the pretrained base and every finetuned variant); their columns are
+:data:`COLUMNS`, fractions in [0, 1] for accuracies/brittleness (shown as percentages) and
+raw cosine similarities for the mean scores. REPLACE is the unweighted mean of its
+attribute and relation subsets, computed by :func:`hardpos.eval.metrics.mean_over` (the
+evaluator's own REPLACE definition); SWAP is the world's swap benchmark.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from hardpos.eval import metrics as M
+
+# --------------------------------------------------------------------------- the writer
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A Markdown table (no trailing newline). Cells are written with ``str`` (None -> "");
+    a ``|`` inside a cell is escaped so it cannot split the row. Raises ValueError when a
+    row's length differs from the header's."""
+    def cell(v: Any) -> str:
+        return "" if v is None else str(v).replace("|", r"\|")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for i, row in enumerate(rows):
+        row = list(row)
+        if len(row) != len(header):
+            raise ValueError(f"table row {i} has {len(row)} cells, the header {len(header)}: {row!r}")
+        lines.append("| " + " | ".join(cell(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def pct(value: float | None, spread: float | None = None) -> str:
+    """A fraction as a percentage with one decimal ("-" for None/NaN), ``± spread`` when given."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{100 * value:.1f}" + ("" if spread is None else f" ± {100 * spread:.1f}")
+
+
+def num(value: float | None, spread: float | None = None) -> str:
+    """A raw number with three decimals ("-" for None/NaN), ``± spread`` when given."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.3f}" + ("" if spread is None else f" ± {spread:.3f}")
+
+
+# --------------------------------------------------------------------------- the demo's results
+
+#: (benchmark label, evaluate-stage metric prefixes averaged into it)
+GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("replace", ("world_replace_attribute", "world_replace_relation")),
+    ("swap", ("world_swap",)),
+)
+FIGURES = ("orig_acc", "aug_acc", "brittleness", "mean_s_c", "mean_s_n", "mean_s_p")
+#: every cell of the table: "<group>/<figure>"
+COLUMNS = tuple(f"{g}/{f}" for g, _ in GROUPS for f in FIGURES)
+#: the subsets, reported too (REPLACE attribute vs relation)
+SUBSET_COLUMNS = tuple(f"{p}/{f}" for p in ("world_replace_attribute", "world_replace_relation")
+                       for f in ("orig_acc", "aug_acc", "brittleness"))
+#: what "best model" means in the demo: mean augmented accuracy over REPLACE and SWAP
+#: (the sweep stage's default objective); ranked by :func:`hardpos.registry.rank`
+OBJECTIVE = ("replace/aug_acc", "swap/aug_acc")
+PERCENT = ("orig_acc", "aug_acc", "brittleness")
+
+
+def table_row(metrics: Mapping[str, float]) -> dict[str, float]:
+    """One model's row (:data:`COLUMNS` + :data:`SUBSET_COLUMNS` + ``objective``) from its
+    evaluate-stage metrics. Raises KeyError naming the missing metric."""
+    wanted = [f"{p}/{f}" for _, prefixes in GROUPS for p in prefixes for f in FIGURES] + list(SUBSET_COLUMNS)
+    missing = [k for k in wanted if k not in metrics]
+    if missing:
+        raise KeyError(f"evaluate metrics lack {missing} (have {sorted(metrics)[:8]}...)")
+    row: dict[str, float] = {}
+    for group, prefixes in GROUPS:
+        means = M.mean_over(metrics, prefixes)
+        row.update({f"{group}/{f}": means[f] for f in FIGURES})
+    row.update({col: float(metrics[col]) for col in SUBSET_COLUMNS})
+    row["objective"] = sum(row[k] for k in OBJECTIVE) / len(OBJECTIVE)
+    return row
+
+
+def _cell(col: str, value: float | None, spread: float | None) -> str:
+    return pct(value, spread) if col.rsplit("/", 1)[-1] in PERCENT else num(value, spread)
+
+
+def _results(head: list[str], cols: list[str], rows: Mapping[str, Mapping[str, float]],
+             spreads: Mapping[str, Mapping[str, float]]) -> str:
+    return table(head, ([model] + [_cell(c, row.get(c), spreads.get(model, {}).get(c)) for c in cols]
+                        for model, row in rows.items()))
+
+
+def markdown_table(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str, Mapping[str, float]] | None = None,
+                   *, title: str | None = None, signs: bool = True) -> str:
+    """The demo's results as Markdown: the Table-1-style comparison, the mean scores, the
+    REPLACE subsets and (``signs``) whether each of the paper's signs held in these rows
+    (:func:`hardpos.signs.signs_markdown`; nothing when the rows lack the models it compares).
+
+    ``rows``: model -> :func:`table_row`; ``spreads``: model -> same keys (std over seeds),
+    shown as ``± x`` and used by the signs' one-standard-deviation rule.
+    """
+    from hardpos import signs as S  # signs imports this module's formatting
+
+    spreads = spreads or {}
+    out = [f"### {title}", ""] if title else []
+    out.append(_results(["model", "REPLACE orig", "REPLACE aug", "REPLACE brittle", "SWAP orig", "SWAP aug", "SWAP brittle"],
+                        [f"{g}/{f}" for g in ("replace", "swap") for f in PERCENT], rows, spreads))
+    out += ["", "Mean cosine scores (true caption s_c, hard negative s_n, hard positive s_p):", ""]
+    out.append(_results(["model", "REPLACE s_c", "REPLACE s_n", "REPLACE s_p", "SWAP s_c", "SWAP s_n", "SWAP s_p"],
+                        [f"{g}/mean_s_{x}" for g in ("replace", "swap") for x in ("c", "n", "p")], rows, spreads))
+    out += ["", "REPLACE subsets:", ""]
+    out.append(_results(["model", "attribute orig", "attribute aug", "attribute brittle", "relation orig",
+                         "relation aug", "relation brittle"], list(SUBSET_COLUMNS), rows, spreads))
+    text = S.signs_markdown(S.paper_signs(rows, spreads)) if signs else ""
+    if text:
+        out += ["", text.rstrip("\n")]
+    return "\n".join(out) + "\n"
+
+
+def aggregate(per_seed: Sequence[Mapping[str, Mapping[str, float]]]) -> tuple[dict, dict]:
+    """Mean and (sample) standard deviation over seeds: (model -> col -> mean, model -> col -> std).
+
+    Models present in every seed only; std is 0.0 for a single seed."""
+    if not per_seed:
+        raise ValueError("no seeds to aggregate")
+    models = [m for m in per_seed[0] if all(m in s for s in per_seed)]
+    mean: dict[str, dict[str, float]] = {}
+    std: dict[str, dict[str, float]] = {}
+    for m in models:
+        cols = [c for c in per_seed[0][m] if all(c in s[m] for s in per_seed)]
+        mean[m], std[m] = {}, {}
+        for c in cols:
+            vals = [float(s[m][c]) for s in per_seed]
+            mu = sum(vals) / len(vals)
+            mean[m][c] = mu
+            std[m][c] = math.sqrt(sum((v - mu) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return mean, std
+
+
+def write_chart(rows: Mapping[str, Mapping[str, float]], path: str, spreads: Mapping[str, Mapping[str, float]] | None = None,
+                *, title: str = "HardPos on the synthetic world") -> str:
+    """A PNG: per benchmark (REPLACE, SWAP), grouped bars of original accuracy, augmented
+    accuracy and brittleness for every model (error bars = ``spreads`` when given)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spreads = spreads or {}
+    models = list(rows)
+    figs = (("orig_acc", "original acc."), ("aug_acc", "augmented acc."), ("brittleness", "brittleness"))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    width = 0.8 / max(1, len(models))
+    for ax, (group, _) in zip(axes, GROUPS):
+        for k, model in enumerate(models):
+            xs = [i + (k - (len(models) - 1) / 2) * width for i in range(len(figs))]
+            ys = [100 * rows[model][f"{group}/{f}"] for f, _ in figs]
+            err = [100 * spreads.get(model, {}).get(f"{group}/{f}", 0.0) for f, _ in figs] if spreads else None
+            bars = ax.bar(xs, ys, width, label=model, yerr=err, capsize=2 if err else 0)
+            for b, y in zip(bars, ys):
+                ax.text(b.get_x() + b.get_width() / 2, y + 1, f"{y:.0f}", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(figs)), [label for _, label in figs])
+        ax.set_title(group.upper())
+        ax.set_ylim(0, 110)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("%")
+    axes[1].legend(fontsize=8, loc="upper right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------- comparison of tracked runs
+
+#: Table 3 of the paper: the loss weights, then accuracy and brittleness per benchmark.
+COMPARISON_COLUMNS = [
+    ("run", "run_name"),
+    ("w_pos", "param:loss.w_pos"),
+    ("w_neg", "param:loss.w_neg"),
+    ("objective", "objective"),
+    ("REPLACE orig", "replace/orig_acc"),
+    ("REPLACE aug", "replace/aug_acc"),
+    ("REPLACE brittle", "replace/brittleness"),
+    ("SWAP orig", "swap/orig_acc"),
+    ("SWAP aug", "swap/aug_acc"),
+    ("SWAP brittle", "swap/brittleness"),
+]
+
+
+def comparison_columns(rows: list[dict[str, Any]], columns=COMPARISON_COLUMNS) -> list[tuple[str, str]]:
+    """The default columns some row has, plus every other ``<benchmark>/aug_acc|brittleness``."""
+    present = [(h, k) for h, k in columns if any(k in r for r in rows)]
+    known = {k for _, k in present}
+    extra = sorted({k for r in rows for k in r if k.endswith(("/aug_acc", "/brittleness")) and k.count("/") == 1 and k not in known})
+    return present + [(k, k) for k in extra]
+
+
+def _comparison_cell(key: str, value: Any) -> str:
+    """Fractions as percentages; parameters, loss terms and mean scores as numbers."""
+    if isinstance(value, float) and not key.startswith(("param:", "loss.")) and "mean_s" not in key:
+        return f"{100 * value:.1f}"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return "" if value is None else str(value)
+
+
+def comparison_table(rows: list[dict[str, Any]], pareto: list[int] | None = None,
+                     columns: list[tuple[str, str]] | None = None) -> str:
+    """Runs (:func:`hardpos.compare.collect_runs` rows) in the paper's Table-3 layout;
+    ``pareto``: indices of the rows on the Pareto front (a "Pareto" column marks them);
+    ``columns``: [(header, key)] (default: :func:`comparison_columns`)."""
+    cols = list(columns) if columns is not None else comparison_columns(rows)
+    if pareto is not None:
+        rows = [{**r, "pareto": "yes" if i in pareto else ""} for i, r in enumerate(rows)]
+        cols.append(("Pareto", "pareto"))
+    return table([h for h, _ in cols], ([_comparison_cell(k, r.get(k)) for _, k in cols] for r in rows))
+
+
+def tradeoff_plot(rows: list[dict[str, Any]], path: str | Path, x: str = "param:loss.w_neg") -> Path | None:
+    """Augmented accuracy and brittleness (REPLACE, SWAP, any ``*/aug_acc``) against ``x``.
+
+    Only rows with a numeric ``x`` are plotted (the HN-only control has w_pos = 0 and is
+    drawn as a separate marker). Returns None when nothing can be plotted.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [r for r in rows if isinstance(r.get(x), float)]
+    if not points:
+        return None
+    benches = sorted({k.split("/")[0] for r in points for k in r if k.endswith("/aug_acc") and k.count("/") == 1})
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name, ax in zip(("aug_acc", "brittleness"), axes):
+        for bench in benches:
+            key = f"{bench}/{name}"
+            main = sorted((r[x], r[key]) for r in points if key in r and r.get("param:loss.w_pos", 1.0) != 0.0)
+            ctrl = [(r[x], r[key]) for r in points if key in r and r.get("param:loss.w_pos", 1.0) == 0.0]
+            if main:
+                line, = ax.plot([p[0] for p in main], [100 * p[1] for p in main], marker="o", label=f"{bench} (w_pos=1)")
+                if ctrl:
+                    ax.scatter([p[0] for p in ctrl], [100 * p[1] for p in ctrl], marker="x", s=80, color=line.get_color(), label=f"{bench} HN-only")
+        ax.set_xlabel("hard-negative weight w_neg")
+        ax.set_ylabel(f"{name.replace('_', ' ')} (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_title("Augmented accuracy (higher is better)")
+    axes[1].set_title("Brittleness (lower is better)")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
