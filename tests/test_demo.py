@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hardpos import demo_report as R
+from hardpos import report as R
 
 MODELS = ["pretrained", "captions-only", "hn-only", "hp+hn"]
 
@@ -50,7 +50,6 @@ def test_aggregate_mean_and_sample_std_over_seeds_and_markdown_shows_spread(tmp_
     assert "| a | 55.0 ± 10.0 | 30.0 ± 0.0 |" in md
     png = R.write_chart(mean, str(tmp_path / "c.png"), std)
     assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert R.best_model({"x": {"objective": 0.2}, "y": {"objective": 0.3}}) == "y"
 
 
 def test_demo_config_rejects_bad_variants():
@@ -110,6 +109,7 @@ def test_demo_runs_the_whole_pipeline_small(ray_session, tracking_uri, tmp_path)
     md = (out / "results.md").read_text()
     for model in MODELS:
         assert f"| {model} |" in md
+    assert "HN-only more brittle than base (REPLACE): " in md  # the paper's signs, stated per run
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert summary["world_reused"] is False
 

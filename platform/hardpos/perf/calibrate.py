@@ -123,7 +123,7 @@ def probe(cfg: ProbeConfig) -> dict[str, Any]:
     import pyarrow.parquet as pq
     import torch
 
-    from hardpos import demo_report as R
+    from hardpos import report as R
     from hardpos.eval.evaluator import run_benchmarks
     from hardpos.eval.spec import BenchmarkSpec
     from hardpos.model import ModelConfig, load_model
@@ -233,7 +233,7 @@ def seeds(cfg: SeedsConfig) -> dict[str, Any]:
 
 
 def _write_aggregate(out: Path, cfg: SeedsConfig, per_seed, summaries) -> dict[str, Any]:
-    from hardpos import demo_report as R
+    from hardpos import report as R
 
     mean, std = R.aggregate(per_seed)
     n = len(per_seed)

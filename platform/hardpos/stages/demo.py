@@ -283,7 +283,8 @@ def _epochs_for(data_path: str, phase: PhaseConfig) -> int:
 
 # --------------------------------------------------------------------------- the job
 def run(cfg: Config, ctx: JobContext) -> dict:
-    from hardpos import demo_report as R
+    from hardpos import registry
+    from hardpos import report as R
     from hardpos import storage, tracking
     from hardpos.runtime import init_ray
 
@@ -333,7 +334,10 @@ def run(cfg: Config, ctx: JobContext) -> dict:
 
     # 6: the champion = best finetuned model by mean augmented accuracy (REPLACE, SWAP)
     candidates = [n for n in models if n != "pretrained" and models[n].get("run_id")]
-    best = R.best_model(rows, candidates)
+    ranked = registry.rank(candidates, "objective", metrics_of=rows.__getitem__)  # the sweep's and register's ranking
+    if not ranked:
+        raise RuntimeError(f"no finetuned model has a finite objective to register: {candidates}")
+    best = ranked[0]
     from hardpos.stages import register as reg
 
     rcfg = reg.Config(output_dir=ctx.path("register"), seed=cfg.seed, tracking=p.tracking("register"), ray=cfg.ray,
@@ -344,7 +348,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     # 7: the comparison
     title = (f"HardPos demo (world seed {cfg.world.seed}, train seed {cfg.seed}; {cfg.world.n_pretrain} pretrain / "
              f"{cfg.world.n_finetune} finetune scenes; {cfg.pretrain.steps} pretrain + {cfg.finetune.steps} finetune steps)")
-    md = R.markdown_table(rows, title=title)
+    md = R.markdown_table(rows, title=title)  # ends with whether each of the paper's signs held
     out = Path(ctx.output_dir) if not storage.is_s3(ctx.output_dir) else None
     files: dict[str, str] = {}
     results = {"rows": rows, "champion": best, "world_dir": world_dir, "world_reused": reused, "seed": cfg.seed,
