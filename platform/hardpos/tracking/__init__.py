@@ -8,30 +8,66 @@ One module per job (read in this order):
 * :mod:`~hardpos.tracking.queue`: the bounded, spilling queue and its background sender;
 * :mod:`~hardpos.tracking.transport`: one request to the store, and why a resend is harmless;
 * :mod:`~hardpos.tracking.files`: the spill, undelivered and ledger files on disk;
-* :mod:`~hardpos.tracking.replay`: ``hardpos track replay``, sending those files later.
+* :mod:`~hardpos.tracking.resend`: ``hardpos track replay``, sending those files later.
 
-Everything a stage, a test or a user needs is importable from ``hardpos.tracking``. (A test
-that swaps the transport patches ``hardpos.tracking.transport.transport_for``: the queue
-and replay look it up there on every use.)
+Everything a stage, a test or a user needs is importable from ``hardpos.tracking``. The
+names load on first use (PEP 562 ``__getattr__``), because importing MLflow takes seconds
+and ``hardpos.cli`` imports this package: ``hardpos --help`` or a bad command line should
+answer at once. The submodules import what they need at their top. (A test that swaps the
+transport patches ``hardpos.tracking.transport.transport_for``: the queue and replay look
+it up there on every use.)
 """
 from __future__ import annotations
 
-from hardpos.tracking import transport
-from hardpos.tracking.files import LOCAL_PREFIX, read_jsonl, undelivered_files
-from hardpos.tracking.logger import (RunLogger, clean_params, close_all, end_run, existing_queue, last_logged_step,
-                                     numeric_metrics, queue_for, queue_options, spill_dir_for, start_run)
-from hardpos.tracking.queue import DeliveryReport, QueueOptions, RunQueue
-from hardpos.tracking.replay import ReplayReport, replay
-from hardpos.tracking.store import (DEFAULT_DB, default_tracking_uri, ensure_experiment, resolve_tracking_uri,
-                                    search_runs, use_tracking_uri)
-from hardpos.tracking.transport import (ClientTransport, HttpTransport, Rejected, TrackingUnavailableError,
-                                        Transient, fail_fast_http, log_model_now, next_unit, probe)
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "DEFAULT_DB", "LOCAL_PREFIX", "ClientTransport", "DeliveryReport", "HttpTransport", "QueueOptions", "Rejected",
-    "ReplayReport", "RunLogger", "RunQueue", "TrackingUnavailableError", "Transient", "clean_params", "close_all",
-    "default_tracking_uri", "end_run", "ensure_experiment", "existing_queue", "fail_fast_http", "last_logged_step",
-    "log_model_now", "next_unit", "numeric_metrics", "probe", "queue_for", "queue_options", "read_jsonl", "replay",
-    "resolve_tracking_uri", "search_runs", "spill_dir_for", "start_run", "transport", "undelivered_files",
-    "use_tracking_uri",
-]
+
+class TrackingUnavailableError(RuntimeError):
+    """The tracking server cannot be reached when a run starts (``tracking.required=true``).
+
+    Defined here, not in a submodule, so that the CLI can catch it without importing MLflow."""
+
+
+# public name -> the submodule that defines it
+_EXPORTS = {
+    **dict.fromkeys(["DEFAULT_DB", "default_tracking_uri", "ensure_experiment", "resolve_tracking_uri",
+                     "search_runs", "use_tracking_uri"], "store"),
+    **dict.fromkeys(["RunLogger", "clean_params", "close_all", "end_run", "existing_queue", "last_logged_step",
+                     "numeric_metrics", "queue_for", "queue_options", "spill_dir_for", "start_run"], "logger"),
+    **dict.fromkeys(["DeliveryReport", "QueueOptions", "RunQueue"], "queue"),
+    **dict.fromkeys(["ClientTransport", "HttpTransport", "Rejected", "Transient", "fail_fast_http",
+                     "log_model_now", "next_unit", "probe"], "transport"),
+    **dict.fromkeys(["LOCAL_PREFIX", "read_jsonl", "undelivered_files"], "files"),
+    **dict.fromkeys(["ReplayReport", "replay"], "resend"),
+}
+_SUBMODULES = ("files", "logger", "queue", "resend", "store", "transport")
+
+__all__ = ["TrackingUnavailableError", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS, *_SUBMODULES})
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ does this on first use
+    from hardpos.tracking.files import LOCAL_PREFIX, read_jsonl, undelivered_files  # noqa: F401
+    from hardpos.tracking.logger import (RunLogger, clean_params, close_all, end_run, existing_queue,  # noqa: F401
+                                         last_logged_step, numeric_metrics, queue_for, queue_options, spill_dir_for,
+                                         start_run)
+    from hardpos.tracking.queue import DeliveryReport, QueueOptions, RunQueue  # noqa: F401
+    from hardpos.tracking.resend import ReplayReport, replay  # noqa: F401
+    from hardpos.tracking.store import (DEFAULT_DB, default_tracking_uri, ensure_experiment,  # noqa: F401
+                                        resolve_tracking_uri, search_runs, use_tracking_uri)
+    from hardpos.tracking.transport import (ClientTransport, HttpTransport, Rejected, Transient,  # noqa: F401
+                                            fail_fast_http, log_model_now, next_unit, probe)

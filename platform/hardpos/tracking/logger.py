@@ -26,10 +26,11 @@ from mlflow.tracking import MlflowClient
 
 from hardpos import storage
 from hardpos.config import TrackingConfig, flatten
+from hardpos.tracking import TrackingUnavailableError
 from hardpos.tracking.files import LOCAL_PREFIX, ledger_step
 from hardpos.tracking.queue import DeliveryReport, QueueOptions, RunQueue
 from hardpos.tracking.store import ensure_experiment, resolve_tracking_uri
-from hardpos.tracking.transport import TrackingUnavailableError, fail_fast_http, probe
+from hardpos.tracking.transport import fail_fast_http, probe
 
 log = logging.getLogger("hardpos.tracking")
 

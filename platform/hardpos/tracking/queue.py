@@ -17,7 +17,7 @@ records goes through the :class:`RunQueue` of its run in the calling process:
   file holds the oldest ones, memory the newest.
 * :meth:`RunQueue.close` waits at most ``timeout`` seconds for the queue to drain, then
   writes whatever is left, in order, to ``<run_id>.<process>.undelivered.jsonl`` and
-  returns a :class:`DeliveryReport`. :func:`hardpos.tracking.replay.replay`
+  returns a :class:`DeliveryReport`. :func:`hardpos.tracking.resend.replay`
   (``hardpos track replay <dir>``) sends such files later to the same run.
 * While the server is unreachable each process logs one warning line when it goes away
   and one when it comes back, never one per retry.

@@ -36,16 +36,14 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.credentials import get_default_host_creds
 from mlflow.utils.rest_utils import http_request
 
+from hardpos.tracking import TrackingUnavailableError  # noqa: F401  (re-exported: raised by start_run)
+
 # MLflow's log_batch limits (per request).
 MAX_METRICS, MAX_PARAMS, MAX_TAGS, MAX_ENTITIES = 1000, 100, 100, 1000
 BATCH_KINDS = ("metric", "param", "tag")
 # MLflow error codes that no resend can fix (the record is dropped and counted as rejected).
 _PERMANENT_CODES = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST", "INVALID_STATE",
                     "RESOURCE_ALREADY_EXISTS", "PERMISSION_DENIED", "UNAUTHENTICATED"}
-
-
-class TrackingUnavailableError(RuntimeError):
-    """The tracking server cannot be reached when a run starts (``tracking.required=true``)."""
 
 
 class Transient(Exception):
