@@ -255,20 +255,18 @@ def trial_rows(cfg: Config, ctx: JobContext, tracking_uri: str) -> tuple[list[di
     -- server down, tracking off, or the sweep's own run recorded locally -- from the
     trials' summary.json files, so a tracking outage never loses a finished sweep's result.
     """
-    from hardpos import tracking_queue
-
     if not cfg.tracking.enabled or ctx.run is None:
         return compare.summary_rows(ctx.output_dir), "tracking is disabled"
-    problem = tracking_queue.probe(tracking_uri, cfg.tracking.request_timeout_s)
+    problem = tracking.probe(tracking_uri, cfg.tracking.request_timeout_s)
     if problem is None and not storage.is_s3(ctx.output_dir):
         trials_dir = Path(ctx.output_dir) / "trials"
-        if trials_dir.is_dir() and tracking_queue.undelivered_files(trials_dir):
-            sent = tracking_queue.replay(trials_dir, timeout_s=cfg.tracking.request_timeout_s)
+        if trials_dir.is_dir() and tracking.undelivered_files(trials_dir):
+            sent = tracking.replay(trials_dir, timeout_s=cfg.tracking.request_timeout_s)
             print(f"sent {sent.delivered} tracking record(s) the trials could not deliver"
                   + (f"; {sent.left} still left: {sent.errors[:3]}" if sent.left else ""), file=sys.stderr)
     if problem is None and not ctx.run.local:
         try:
-            with tracking_queue.fail_fast_http(cfg.tracking.request_timeout_s):
+            with tracking.fail_fast_http(cfg.tracking.request_timeout_s):
                 return compare.collect_runs(tracking_uri, cfg.tracking.experiment, ctx.run_id), None
         except Exception as exc:  # noqa: BLE001 - the server went away again: fall back below
             problem = f"{type(exc).__name__}: {str(exc)[:200]}"
