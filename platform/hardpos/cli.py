@@ -11,11 +11,10 @@ line or configuration.
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
-import typing
+from typing import Any
 
-from hardpos.config import ConfigError, dump_yaml, load_config
+from hardpos.config import ConfigError, describe_config, dump_yaml, load_config
 from hardpos.runtime import STAGES, execute, stage_module
 from hardpos.tracking import TrackingUnavailableError
 
@@ -27,7 +26,8 @@ stages: {', '.join(STAGES)}
   key=value         override one key (dotted for sections), value parsed as YAML
   --flag            shorthand for flag=true (boolean keys, e.g. demo --full)
   --print-config    print the resolved config as YAML and exit
-  --help            list the stage's config keys with their types and defaults
+  --help            list the stage's config keys: type, the stage's default (or the value
+                    --config/overrides give), allowed values and doc
 
        hardpos track replay <dir|file> [--tracking-uri URI]
                     send the tracking records a job could not deliver (the files named in
@@ -83,25 +83,14 @@ def track_main(argv: list[str]) -> int:
     return 0 if report.left == 0 and not report.errors else 1
 
 
-def describe_config(cls: type, prefix: str = "") -> list[str]:
-    """One line per config key: ``name: type = default``, recursing into sections."""
-    lines = []
-    hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
-        tp = hints[field.name]
-        name = f"{prefix}{field.name}"
-        if dataclasses.is_dataclass(tp):
-            lines.extend(describe_config(tp, prefix=f"{name}."))
-            continue
-        if field.default is not dataclasses.MISSING:
-            default = field.default
-        elif field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = field.default_factory()  # type: ignore[misc]
-        else:
-            default = "<required>"
-        tp_name = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-        lines.append(f"  {name}: {tp_name} = {default!r}")
-    return lines
+def help_text(stage: str, module: Any, cfg: Any, config_file: str | None, overrides: list[str]) -> str:
+    """The stage's doc, then every config key with its type, its value in ``cfg`` (the
+    stage's real defaults; with --config/overrides, theirs), its choices and its doc."""
+    doc = (module.__doc__ or "").strip()
+    source = "the stage's defaults" + (f" + {config_file}" if config_file else "") + (" + overrides" if overrides else "")
+    return (f"hardpos {stage}: {doc}\n\nusage: hardpos {stage} [--config FILE.yaml] [dotted.key=value ...] "
+            f"[--print-config]\n\nconfig keys (values: {source}; list items by index, e.g. key.0.field=...):\n"
+            + "\n".join(describe_config(cfg)))
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, list[str], bool, bool]:
@@ -144,11 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     module = stage_module(stage)
     try:
         config_file, overrides, print_config, want_help = parse_args(rest)
-        if want_help:
-            doc = (module.__doc__ or "").strip()
-            print(f"hardpos {stage}: {doc}\n\nconfig keys:\n" + "\n".join(describe_config(module.Config)))
-            return 0
         cfg = load_config(module.Config, config_file, overrides)
+        if want_help:
+            print(help_text(stage, module, cfg, config_file, overrides))
+            return 0
     except ConfigError as exc:
         print(f"hardpos {stage}: config error: {exc}", file=sys.stderr)
         return 2
