@@ -229,7 +229,7 @@ def test_train_stage_finetunes_the_registered_model_on_ray_train_workers(store, 
 
     from hardpos.config import load_config
     from hardpos.runtime import execute
-    from hardpos.train.loop import TrainConfig
+    from hardpos.train.config import TrainConfig
 
     data, _ = write_train_triplets(tmp_path / "data", n=16)
     cfg = load_config(TrainConfig, None, [

@@ -14,7 +14,9 @@ import torch
 
 from hardpos.config import ConfigError, load_config
 from hardpos.train.data import DataError, Preprocess, read_triplets_dataset, split_of, to_model_batch
-from hardpos.train.loop import TrainConfig, lr_factor, param_groups, plan_steps
+from hardpos.train.config import OptimConfig, TrainConfig
+from hardpos.train.step import build_optimizer, lr_factor, param_groups
+from hardpos.train.trainer import decode_task_cpus, plan_steps
 from hardpos.testing import write_triplets
 
 BASE = ["batch_size=8", "optim.lr=0.001", "optim.warmup_steps=2", "log_every=1", "data.shuffle_buffer=0",
@@ -55,7 +57,6 @@ def test_fused_adamw_makes_the_same_update_as_the_per_parameter_loop():
     import torch
 
     from hardpos.model import ModelConfig, load_model
-    from hardpos.train.loop import OptimConfig, build_optimizer
 
     torch.manual_seed(0)
     fused_model = load_model(ModelConfig()).model
@@ -76,6 +77,53 @@ def test_fused_adamw_makes_the_same_update_as_the_per_parameter_loop():
     # a checkpointed state of either kind loads into the other
     loop.load_state_dict(fused.state_dict())
     fused.load_state_dict(loop.state_dict())
+
+
+def test_train_step_clips_schedules_and_clamps():
+    """The ONE step (used by the worker, calibration and the benchmark) does every part of a step."""
+    import math as _math
+
+    from hardpos.model import ModelConfig, encode_text, load_model
+    from hardpos.train.loss import LossConfig
+    from hardpos.train.step import TripletCLIP, build_scheduler, forward_loss, model_batch, train_step
+
+    torch.manual_seed(0)
+    lm = load_model(ModelConfig())
+    net = TripletCLIP(lm.model).train()
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(4, 3, 32, 32, generator=g)
+    tok = lm.tokenizer(["a red circle", "a blue square", "a green star", "a small red circle",
+                        "a red square", "a blue circle", "a green square", "a small blue circle"] + ["x"] * 4)
+    batch = model_batch(images, tok[:4], tok[4:8], tok[8:], pos_mask=torch.tensor([True, False, True, False]))
+    assert batch["row_mask"].all() and batch["neg_mask"].all()
+    with torch.no_grad():
+        lm.model.logit_scale.fill_(10.0)  # above ln 100: the step must clamp it
+        expected = float(forward_loss(net, batch, LossConfig())["total"])
+    opt = build_optimizer(lm.model, OptimConfig(lr=1e-3))
+    sched = build_scheduler(opt, warmup_steps=4, total_steps=20)
+    before = encode_text(lm.model, tok[:4]).detach()
+    terms = train_step(net, batch, LossConfig(), opt, sched, grad_clip=1e-4)
+    assert float(terms["total"]) == pytest.approx(expected, rel=1e-5) and int(terms["_rows"]) == 4
+    assert float(lm.model.logit_scale) == pytest.approx(_math.log(100))
+    assert sched.last_epoch == 1 and opt.param_groups[0]["lr"] == pytest.approx(1e-3 * lr_factor(1, 4, 20))
+    grads = [p.grad for p in lm.model.parameters() if p.grad is not None]
+    assert grads and float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x) for x in grads]))) \
+        == pytest.approx(1e-4, rel=1e-3)  # clipped to grad_clip
+    assert not torch.allclose(encode_text(lm.model, tok[:4]), before)  # the optimiser stepped
+
+
+def test_fail_once_hook_raises_once_on_the_last_rank(tmp_path):
+    from hardpos.testing.faults import FailOnce
+
+    hook = FailOnce(at_step=3, marker=str(tmp_path / "m"))
+    hook(2, 1, 2)
+    hook(3, 0, 2)  # not the last rank
+    assert not (tmp_path / "m").exists()
+    with pytest.raises(RuntimeError, match="injected fault at step 3"):
+        hook(3, 1, 2)
+    hook(3, 1, 2)  # the restarted run trains on
+    assert (tmp_path / "m").read_text() == "failed once at step 3\n"
+    assert "fail_at_step" not in {f.name for f in dataclasses.fields(TrainConfig().fault)}
 
 
 def test_bad_config_values_are_rejected():
@@ -130,13 +178,13 @@ def test_preprocess_keeps_bad_rows_as_counted_rejects(tmp_path):
 
 def test_triplet_module_features_equal_separate_encoding(tmp_path):
     from hardpos.model import encode_image, encode_text, tokenize
-    from hardpos.train.loop import _triplet_module
+    from hardpos.train.step import TripletCLIP
 
     path, rows = write_triplets(tmp_path, n=6)
     udf, lm = _preprocess_udf(tmp_path)
     batch = {k: np.array([r[k] for r in rows], dtype=object) for k in ("image", "caption", "hard_negative", "hard_positive")}
     mb = to_model_batch(udf(batch), batch_size=6)
-    net = _triplet_module()(lm.model).eval()
+    net = TripletCLIP(lm.model).eval()
     with torch.no_grad():
         out = net(mb["images"], mb["text_tokens"], mb["neg_tokens"], mb["pos_tokens"], mb["neg_mask"], mb["pos_mask"])
         text = encode_text(lm.model, tokenize(lm.tokenizer, [r["caption"] for r in rows]))
@@ -267,7 +315,11 @@ def test_resume_from_continues_at_the_saved_step(trained):
 
 
 def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_env, tmp_path, tracking_uri):
+    import functools
+
     from hardpos import runtime, storage
+    from hardpos.stages import train as train_stage
+    from hardpos.testing.faults import FailOnce
 
     bucket = s3_env
     path, rows = write_triplets(tmp_path / "data", n=40)
@@ -277,9 +329,11 @@ def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_e
         f"data.train_path=s3://{bucket}/data/triplets.parquet", f"checkpoint.storage_path=s3://{bucket}/ckpt",
         f"tracking.tracking_uri={tracking_uri}"])
     spe = (40 // 2) // 8
-    cfg = dataclasses.replace(cfg, fault=dataclasses.replace(cfg.fault, fail_at_step=spe + 1))
-    s = runtime.execute("train", cfg, quiet=True)
-    assert (tmp_path / "out" / ".fault_injected").read_text().startswith(f"failed once at step {spe + 1}")
+    # the fault comes from a test hook passed to the stage, not from the production config
+    marker = tmp_path / "fault_injected"
+    run_fn = functools.partial(train_stage.run, step_hook=FailOnce(at_step=spe + 1, marker=str(marker)))
+    s = runtime.execute("train", cfg, run_fn=run_fn, quiet=True)
+    assert marker.read_text().startswith(f"failed once at step {spe + 1}")
     assert s["final_metrics"]["resumed_from_step"] == spe  # restarted from the epoch-1 checkpoint
     assert (s["steps"], s["epochs"]) == (2 * spe, 2)
     ckpts = sorted({u.split("/")[-2] for u in storage.list_files(f"s3://{bucket}/ckpt") if u.endswith("train_state.pt")})
@@ -296,8 +350,6 @@ def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_e
 
 
 def test_decode_tasks_ask_for_no_more_cpu_than_the_workers_leave():
-    from hardpos.train.loop import decode_task_cpus
-
     cfg = load_config(TrainConfig, None, ["scaling.num_workers=2", "scaling.cpus_per_worker=0.5"])
     assert decode_task_cpus(cfg, 8.0) == 1.0
     assert decode_task_cpus(cfg, 2.0) == 1.0  # standalone on a 2-core machine: 1 CPU left

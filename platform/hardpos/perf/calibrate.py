@@ -77,15 +77,20 @@ def _load_images(paths: list[str], preprocess) -> "Any":
 
 def _train(clip, images, caps, negs, poss, tokenizer, steps: int, batch: int, lr: float, warmup: int,
            w_pos: float, w_neg: float, negclip: bool, seed: int, log_every: int = 50) -> None:
+    """``steps`` steps of THE training step (:func:`hardpos.train.step.train_step`, as the
+    train stage's workers run it: clipping at 1.0, warmup + cosine, logit_scale clamp) on
+    tensors decoded once, one process, no Ray."""
     import torch
 
     from hardpos.model import tokenize
-    from hardpos.train.loop import OptimConfig, _triplet_module, build_optimizer, lr_factor
-    from hardpos.train.loss import LossConfig, clamp_logit_scale, combined_loss
+    from hardpos.train.config import OptimConfig
+    from hardpos.train.loss import LossConfig
+    from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch, train_step
 
-    net = _triplet_module()(clip).train()
-    opt = build_optimizer(clip, OptimConfig(lr=lr, weight_decay=0.1, beta1=0.9, beta2=0.98, eps=1e-6))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, steps))
+    optim = OptimConfig(lr=lr, weight_decay=0.1, beta1=0.9, beta2=0.98, eps=1e-6, warmup_steps=warmup, grad_clip=1.0)
+    net = TripletCLIP(clip).train()
+    opt = build_optimizer(clip, optim)
+    sched = build_scheduler(opt, optim.warmup_steps, steps)
     loss_cfg = LossConfig(w_pos=w_pos, w_neg=w_neg, negclip_columns=negclip)
     g = torch.Generator().manual_seed(seed)
     n = len(caps)
@@ -102,15 +107,8 @@ def _train(clip, images, caps, negs, poss, tokenizer, steps: int, batch: int, lr
         texts = [caps[i] for i in idx] + [negs[i] or "" for i in idx] + [poss[i] or "" for i in idx]
         tok = tokenize(tokenizer, texts)
         b = len(idx)
-        out = net(images[idx], tok[:b], tok[b:2 * b], tok[2 * b:], has_n, has_p)
-        terms = combined_loss(out["image"], out["text"], out["negative"], out["positive"], has_n, has_p,
-                              out["logit_scale"], loss_cfg)
-        opt.zero_grad(set_to_none=True)
-        terms["total"].backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        clamp_logit_scale(net)
+        terms = train_step(net, model_batch(images[idx], tok[:b], tok[b:2 * b], tok[2 * b:], has_n, has_p),
+                           loss_cfg, opt, sched, grad_clip=optim.grad_clip)
         if (step + 1) % log_every == 0 or step + 1 == steps:
             print(f"  step {step + 1}/{steps} loss {float(terms['total'].detach()):.3f} ({time.time() - t0:.0f}s)",
                   file=sys.stderr, flush=True)

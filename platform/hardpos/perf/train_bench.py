@@ -1,29 +1,37 @@
 """Training-step benchmarks (called by the benchmark harness; never timed in tests).
 
+What is timed is THE training step, :func:`hardpos.train.step.train_step`, the function the
+Ray Train workers run (and the calibration probe): zero grads, one forward through
+:class:`~hardpos.train.step.TripletCLIP` (images + captions + negatives + positives, one
+text-tower call), the feature gather (a no-op in one process), the combined loss, backward,
+gradient clipping at the default ``optim.grad_clip`` (1.0), the fused AdamW step, the
+warmup + cosine scheduler step and the ``logit_scale`` clamp. Not timed: data loading and
+decoding, DDP's gradient all-reduce, logging and checkpoints (one process, one batch).
+Until issue 16 this module had its own copy of the step, without clipping, scheduler or
+clamp, so its numbers were of a cheaper step than training runs.
+
 :func:`bench_train_step` measures, on one model and one batch, alternating side by side
 (:func:`hardpos.perf.harness.compare_alternating`, median of per-pair ratios):
 
-* ``combined_vs_clip``: a full HardPos training step (one forward through
-  :class:`TripletCLIP` encoding images + captions + negatives + positives with
-  batch-length text, combined loss, backward, AdamW step) against a plain open_clip CLIP
-  step (``model(images, 77-token captions)`` + ``ClipLoss``, backward, AdamW step; both
-  with the training loop's fused AdamW).
+* ``combined_vs_clip``: the HardPos training step (batch-length text) against a plain
+  open_clip CLIP step (``model(images, 77-token captions)`` + ``ClipLoss``), given the same
+  step bookkeeping as open_clip's trainer and ours (fused AdamW, clipping, scheduler,
+  clamp), so the ratio is the cost of the combined forward + loss alone.
   Samples/s counts images; the combined step runs the text tower on up to 3x the texts.
-* ``combined_padding``: the same combined step with batch-length text vs text padded to
+* ``combined_padding``: the same training step with batch-length text vs text padded to
   the full context, i.e. what batch-length padding buys inside training.
-* ``fused_adamw``: the same combined step with the loop's fused AdamW vs torch's default
-  per-parameter AdamW (:func:`hardpos.train.loop.build_optimizer`).
+* ``fused_adamw``: the same training step with the fused AdamW vs torch's default
+  per-parameter AdamW (:func:`hardpos.train.step.build_optimizer`).
 * ``text_tower_padding``: forward-only text features, batch-length vs full context.
 
 On CUDA every path runs under bf16 autocast (as the training loop does) and is timed to
 ``torch.cuda.synchronize()``. Every function returns a flat dict of numbers (and the case
 names) for the harness.
-
-Moved from ``hardpos.train.bench`` (issue 16: measuring code lives in :mod:`hardpos.perf`).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 
@@ -52,26 +60,32 @@ def _batch(lm, batch_size: int, seed: int = 0):
 
 def bench_train_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: int = 5, warmup: int = 1,
                      device: str = "cpu", threads: int | None = None) -> dict[str, Any]:
-    """Samples/s of a combined-loss step vs a plain CLIP step, and batch-length padding gains."""
+    """Samples/s of the training step vs a plain CLIP step, and batch-length padding gains."""
+    import math
+
     import torch
     from open_clip.loss import ClipLoss
 
-    from hardpos.perf.harness import compare_alternating
     from hardpos.model import ModelConfig, encode_text, load_model
-    from hardpos.train.loop import OptimConfig, _triplet_module, build_optimizer
-    from hardpos.train.loss import LossConfig, combined_loss
+    from hardpos.perf.harness import compare_alternating
+    from hardpos.train.config import OptimConfig
+    from hardpos.train.loss import LossConfig
+    from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch, train_step
 
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
     lm = load_model(ModelConfig(arch=arch), device=device)
     model = lm.model.train()
-    net = _triplet_module()(model)
-    # the training loop's optimiser (fused AdamW), and the per-parameter loop it replaced
-    opt = build_optimizer(model, OptimConfig(lr=1e-6))
-    opt_loop = build_optimizer(model, OptimConfig(lr=1e-6, fused=False))
+    net = TripletCLIP(model)
+    optim = OptimConfig(lr=1e-6)
+    # the training loop's optimiser (fused AdamW), and the per-parameter loop it replaced;
+    # each with its own schedule (long enough to stay in warmup/cosine for the whole run)
+    opt = build_optimizer(model, optim)
+    opt_loop = build_optimizer(model, dataclasses.replace(optim, fused=False))
+    schedulers = {id(o): build_scheduler(o, optim.warmup_steps, 1_000_000) for o in (opt, opt_loop)}
     images, t77, n77, p77, tb, nb, pb = (x.to(device) for x in _batch(lm, batch_size))
-    mask = torch.ones(batch_size, dtype=torch.bool, device=device)
+    loss_cfg = LossConfig()
     clip_loss = ClipLoss()
     cuda = torch.device(device).type == "cuda"
 
@@ -84,24 +98,26 @@ def bench_train_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: 
             torch.cuda.synchronize()
 
     def combined(text, neg, pos, optimizer=opt):
+        batch = model_batch(images, text, neg, pos)
+
         def step():
-            with autocast():
-                out = net(images, text, neg, pos, mask, mask)
-                terms = combined_loss(out["image"], out["text"], out["negative"], out["positive"], mask, mask,
-                                      out["logit_scale"], LossConfig())
-            optimizer.zero_grad(set_to_none=True)
-            terms["total"].backward()
-            optimizer.step()
+            train_step(net, batch, loss_cfg, optimizer, schedulers[id(optimizer)], grad_clip=optim.grad_clip,
+                       autocast_ctx=autocast)
             sync()
         return step
 
     def plain_clip():
+        # open_clip's train_one_epoch step: the same bookkeeping as train_step around CLIP's loss
+        opt.zero_grad(set_to_none=True)
         with autocast():
             img, txt, scale = model(images, t77)
-            loss = clip_loss(img, txt, scale)
-        opt.zero_grad(set_to_none=True)
+        loss = clip_loss(img, txt, scale)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
         opt.step()
+        schedulers[id(opt)].step()
+        with torch.no_grad():
+            model.logit_scale.clamp_(0, math.log(100))
         sync()
 
     def text_only(tokens):

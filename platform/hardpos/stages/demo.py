@@ -203,7 +203,7 @@ class _Pipeline:
     def train(self, name: str, label: str, data_path: str, phase: PhaseConfig, *, pretrained: str | None,
               w_pos: float, w_neg: float, negclip_columns: bool, output_dir: str) -> dict:
         from hardpos.train.data import DataConfig
-        from hardpos.train.loop import OptimConfig, ScalingSection, TrainConfig
+        from hardpos.train.config import OptimConfig, ScalingSection, TrainConfig
         from hardpos.train.loss import LossConfig
         from hardpos.model import ModelConfig
 

@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hardpos.runtime import JobContext
-from hardpos.train.loop import TrainConfig, build_trainer, fit  # noqa: F401  (fit: API for the sweep)
+from hardpos.train.checkpoint import MODEL_DIR
+from hardpos.train.config import TrainConfig
+from hardpos.train.trainer import build_trainer
+from hardpos.train.worker import StepHook
 
 Config = TrainConfig
 log = logging.getLogger(__name__)
@@ -45,12 +48,12 @@ def _log_final_model(run, local: Path, final_dir: str) -> tuple[str | None, bool
     ``hardpos track replay`` (summary.json's ``tracking`` section says which); its URI is
     the one it will have. A run recorded locally has no run id yet: URI None.
     """
-    from hardpos import storage, tracking_queue
+    from hardpos import storage, tracking
 
     if not run.local and run.reachable():
         try:
             # The registry finds a run's model through the hardpos.model_uri tag (set here too).
-            return tracking_queue.log_model_now(run.tracking_uri, run.run_id, str(local),
+            return tracking.log_model_now(run.tracking_uri, run.run_id, str(local),
                                                 run.options.request_timeout_s), False
         except Exception as exc:  # noqa: BLE001 - the server went away mid-upload: defer, do not fail the job
             log.warning("tracking: logging the model failed (%s); deferred", str(exc).splitlines()[0][:200])
@@ -62,16 +65,17 @@ def _log_final_model(run, local: Path, final_dir: str) -> tuple[str | None, bool
     return (None if run.local else f"runs:/{run.run_id}/model"), True
 
 
-def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = ()) -> dict:
+def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = (), step_hook: StepHook | None = None) -> dict:
     """Train, export the final checkpoint to <output_dir>/model, log it as an MLflow model.
 
     ``callbacks``: extra Ray Train callbacks (the sweep passes its Tune report callback, so a
     sweep trial is this exact function, not a copy of it).
+    ``step_hook``: called on every worker after every step (tests inject faults with it;
+    see :func:`hardpos.train.trainer.build_trainer`).
     """
     from hardpos import storage
-    from hardpos.train.loop import MODEL_DIR
 
-    trainer, plan, cfg = build_trainer(cfg, callbacks=callbacks, run_logger=ctx.run)
+    trainer, plan, cfg = build_trainer(cfg, callbacks=callbacks, run_logger=ctx.run, step_hook=step_hook)
     if ctx.run is not None:
         ctx.run.log_params({"plan": vars(plan)})
     result = trainer.fit()

@@ -50,7 +50,7 @@ class DataConfig:
     shuffle_buffer: rows in each worker's local shuffle buffer (0: no shuffling).
     decode_cpus: CPUs each Ray Data decode/preprocess task asks for; None: 1, or the CPUs
         the training workers (and a sweep's trial driver) leave free when that is less, so
-        a decode task can always be scheduled (see ``hardpos.train.loop.decode_task_cpus``).
+        a decode task can always be scheduled (see ``hardpos.train.trainer.decode_task_cpus``).
     """
 
     train_path: str = "outputs/world/finetune.parquet"

@@ -1,0 +1,56 @@
+"""Training checkpoints: save, load, and find the one to resume from (no Ray).
+
+A training checkpoint is a folder holding ``model/`` (the open_clip local-dir format of
+:func:`hardpos.model.save_checkpoint`, loadable on its own as ``model.pretrained``) and
+``train_state.pt`` (``step``, ``epoch``, the optimiser's and the scheduler's state dicts).
+Ray Train names the folders ``checkpoint_<zero-padded step>`` (:mod:`hardpos.train.worker`),
+so the newest sorts last.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from hardpos import storage
+from hardpos.model import WEIGHTS_NAME, save_checkpoint
+
+STATE_NAME = "train_state.pt"
+MODEL_DIR = "model"
+
+
+def save_train_checkpoint(directory: str | os.PathLike, clip: torch.nn.Module, model_cfg: dict, meta: dict,
+                          state: dict) -> Path:
+    """Write ``model/`` (open_clip local-dir format) + ``train_state.pt`` into ``directory``."""
+    directory = Path(directory)
+    save_checkpoint(clip, model_cfg, directory / MODEL_DIR, meta)
+    torch.save(state, directory / STATE_NAME)
+    return directory
+
+
+def load_train_state(directory: str | os.PathLike, clip: torch.nn.Module) -> dict:
+    """Load the weights of ``directory/model`` into ``clip``; return the training state.
+
+    Raises FileNotFoundError when ``directory`` holds no ``train_state.pt``.
+    """
+    directory = Path(directory)
+    state_file = directory / STATE_NAME
+    if not state_file.is_file():
+        raise FileNotFoundError(f"{directory}: not a HardPos training checkpoint (no {STATE_NAME})")
+    clip.load_state_dict(load_file(str(directory / MODEL_DIR / WEIGHTS_NAME)))
+    # weights_only: a checkpoint may come from anywhere (s3, a colleague); no pickle code runs.
+    return torch.load(state_file, map_location="cpu", weights_only=True)
+
+
+def find_resume_checkpoint(uri: str) -> str:
+    """The checkpoint folder ``uri`` names: itself, or the newest ``checkpoint_*`` below it
+    (local or s3://). Raises FileNotFoundError when there is none."""
+    if storage.exists(storage.join(uri, STATE_NAME)):
+        return uri.rstrip("/")
+    states = [f for f in storage.list_files(uri) if f.endswith("/" + STATE_NAME)]
+    if not states:
+        raise FileNotFoundError(f"resume_from={uri}: no {STATE_NAME} at or below it (not a HardPos training checkpoint)")
+    # Checkpoint folders are named checkpoint_<zero-padded step>: the last sorts last.
+    return sorted(states, key=lambda f: (f.rsplit("/", 2)[-2], f))[-1].rsplit("/", 1)[0]
