@@ -7,7 +7,7 @@
 * ``report.md``       the precision the scores were computed in, the paper's Table 1
   layout (orig / aug per benchmark, then brittleness), mean scores (Table 2/9), per-subset
   and SugarCrepe per-category tables, retention, and the list of missing/corrupt images.
-  Figures are percentages (x100).
+  Figures are percentages (x100); the tables are written by :func:`hardpos.report.table`.
 * ``missing_images.json`` every image that could not be read, with the error and the
   number of items excluded because of it; ``rejected_rows.json`` annotation rows that
   could not become items.
@@ -18,24 +18,11 @@ import io
 import json
 from typing import Any, Mapping
 
+from hardpos.report import num, pct, table
 from hardpos.eval.evaluator import EvalReport, benchmark_metrics
 
 SCORES_FILE = "scores.parquet"
 REPORT_FILE = "report.md"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}"
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _is_count(key: str) -> bool:
@@ -60,34 +47,34 @@ def markdown_report(report: EvalReport, model_name: str = "model", retention: Ma
         row = [model_name]
         for r in pos:
             header += [f"{r.name} orig", f"{r.name} aug"]
-            row += [_pct(m.get(f"{r.name}/orig_acc")), _pct(m.get(f"{r.name}/aug_acc"))]
+            row += [pct(m.get(f"{r.name}/orig_acc")), pct(m.get(f"{r.name}/aug_acc"))]
         for r in pos:
             header.append(f"{r.name} brittle")
-            row.append(_pct(m.get(f"{r.name}/brittleness")))
+            row.append(pct(m.get(f"{r.name}/brittleness")))
         parts += ["## Original / augmented accuracy and brittleness (%, Table 1 layout)", "",
                   "Chance: 50 / 33.3 / 33.3. aug = caption and hard positive both beat the hard negative; "
-                  "brittle = the hard negative lies strictly between them.", "", _table(header, [row]), ""]
-        rows = [[r.name, _num(m.get(f"{r.name}/mean_s_c")), _num(m.get(f"{r.name}/mean_s_n")),
-                 _num(m.get(f"{r.name}/mean_s_p")), _pct(m.get(f"{r.name}/aug_drop")), str(int(m.get(f"{r.name}/n_items", 0)))]
+                  "brittle = the hard negative lies strictly between them.", "", table(header, [row]), ""]
+        rows = [[r.name, num(m.get(f"{r.name}/mean_s_c")), num(m.get(f"{r.name}/mean_s_n")),
+                 num(m.get(f"{r.name}/mean_s_p")), pct(m.get(f"{r.name}/aug_drop")), str(int(m.get(f"{r.name}/n_items", 0)))]
                 for r in pos]
-        parts += ["## Mean cosine scores", "", _table(["benchmark", "mean s_c", "mean s_n", "mean s_p", "aug - orig (pts)", "items"], rows), ""]
+        parts += ["## Mean cosine scores", "", table(["benchmark", "mean s_c", "mean s_n", "mean s_p", "aug - orig (pts)", "items"], rows), ""]
     sub_rows = []
     for r in report.results:
         for sub in dict.fromkeys(r.subsets):
             key = f"{r.name}/{sub}"
             if f"{key}/orig_acc" in m:
-                sub_rows.append([r.name, sub, _pct(m.get(f"{key}/orig_acc")), _pct(m.get(f"{key}/aug_acc")),
-                                 _pct(m.get(f"{key}/brittleness")), _num(m.get(f"{key}/mean_s_c")), _num(m.get(f"{key}/mean_s_n")),
-                                 _num(m.get(f"{key}/mean_s_p")), str(int(m[f"{key}/n_items"]))])
+                sub_rows.append([r.name, sub, pct(m.get(f"{key}/orig_acc")), pct(m.get(f"{key}/aug_acc")),
+                                 pct(m.get(f"{key}/brittleness")), num(m.get(f"{key}/mean_s_c")), num(m.get(f"{key}/mean_s_n")),
+                                 num(m.get(f"{key}/mean_s_p")), str(int(m[f"{key}/n_items"]))])
     if sub_rows:
         parts += ["## Per subset / category", "",
-                  _table(["benchmark", "subset", "orig", "aug", "brittle", "mean s_c", "mean s_n", "mean s_p", "items"], sub_rows), ""]
+                  table(["benchmark", "subset", "orig", "aug", "brittle", "mean s_c", "mean s_n", "mean s_p", "items"], sub_rows), ""]
     if neg_only:
-        rows = [[r.name, _pct(m.get(f"{r.name}/orig_acc")), str(int(m.get(f"{r.name}/n_items", 0)))] for r in neg_only]
-        parts += ["## Benchmarks without hard positives (original accuracy, %)", "", _table(["benchmark", "orig", "items"], rows), ""]
+        rows = [[r.name, pct(m.get(f"{r.name}/orig_acc")), str(int(m.get(f"{r.name}/n_items", 0)))] for r in neg_only]
+        parts += ["## Benchmarks without hard positives (original accuracy, %)", "", table(["benchmark", "orig", "items"], rows), ""]
     if retention:
-        rows = [[k, str(int(v)) if _is_count(k) else _pct(v)] for k, v in sorted(retention.items())]
-        parts += ["## Retention (zero-shot classification, retrieval; %)", "", _table(["metric", "value"], rows), ""]
+        rows = [[k, str(int(v)) if _is_count(k) else pct(v)] for k, v in sorted(retention.items())]
+        parts += ["## Retention (zero-shot classification, retrieval; %)", "", table(["metric", "value"], rows), ""]
     missing = [(r.name, mi) for r in report.results for mi in r.missing_images]
     parts += ["## Missing or corrupt images", ""]
     if missing:
