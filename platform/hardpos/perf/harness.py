@@ -81,18 +81,17 @@ def compare_alternating(
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """Markdown table of benchmark rows (suite, case, optimised, baseline, ratio)."""
-    lines = [
-        "| suite | case | optimised | baseline | speed-up (median [min, max]) |",
-        "|---|---|---|---|---|",
-    ]
+    from hardpos.report import table
+
+    cells = []
     for row in rows:
         if "ratio_median" in row:
             ratio = f"{row['ratio_median']:.2f}x [{row['ratio_min']:.2f}, {row['ratio_max']:.2f}]"
             opt, base = _fmt_time(row.get("optimised_s")), _fmt_time(row.get("baseline_s"))
         else:
             ratio, opt, base = "-", _fmt_value(row.get("value")), "-"
-        lines.append(f"| {row.get('suite', '')} | {row.get('case', '')} | {opt} | {base} | {ratio} |")
-    return "\n".join(lines)
+        cells.append([row.get("suite", ""), row.get("case", ""), opt, base, ratio])
+    return table(["suite", "case", "optimised", "baseline", "speed-up (median [min, max])"], cells)
 
 
 def _fmt_time(seconds: float | None) -> str:

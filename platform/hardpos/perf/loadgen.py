@@ -409,19 +409,21 @@ def serve_bench(quick: bool = False, repeats: int = 3) -> list[dict[str, Any]]:
 
 def format_report(result: dict[str, Any]) -> str:
     """A Markdown table of :func:`compare_batching` (or :func:`measure`) output."""
-    lines = ["| concurrency | mode | req/s | scores/s | p50 ms | p99 ms | errors | throughput ratio | p50 ratio | p99 ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    from hardpos.report import table
+
+    rows = []
     for level in result["levels"]:
         if "skipped" in level:
-            lines.append(f"| {level['concurrency']} | skipped: {level['skipped']} | | | | | | | | |")
+            rows.append([level["concurrency"], f"skipped: {level['skipped']}"] + [""] * 8)
             continue
         modes = [(m, level[m]) for m in ("batched", "unbatched") if m in level] or [("-", level)]
         for i, (mode, r) in enumerate(modes):
-            extra = (f"{level.get('throughput_ratio')} | {level.get('p50_ratio')} | {level.get('p99_ratio')}"
-                     if i == 0 and "throughput_ratio" in level else " | | ")
-            lines.append(f"| {level['concurrency']} | {mode} | {r['requests_per_s']} | {r['scores_per_s']} | "
-                         f"{r['p50_ms']} | {r['p99_ms']} | {r['errors']} | {extra} |")
-    return "\n".join(lines)
+            ratios = ([level.get("throughput_ratio"), level.get("p50_ratio"), level.get("p99_ratio")]
+                      if i == 0 and "throughput_ratio" in level else ["", "", ""])
+            rows.append([level["concurrency"], mode, r["requests_per_s"], r["scores_per_s"], r["p50_ms"], r["p99_ms"],
+                         r["errors"], *ratios])
+    return table(["concurrency", "mode", "req/s", "scores/s", "p50 ms", "p99 ms", "errors", "throughput ratio",
+                  "p50 ratio", "p99 ratio"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
