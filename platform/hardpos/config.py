@@ -215,8 +215,15 @@ def set_dotted(data: dict[str, Any], key: str, value: Any, *, cls: type | None =
             child, child_tp = node[index], _item_type(tp)
             child_default = None
         else:
-            field_tp = _field_type(tp, part)
-            field_default = _field_default(tp, default, part)
+            target = _aliases(tp).get(part, part)
+            if target == "." and not last:  # a spliced section (the world stage's ``world.``)
+                child = node.setdefault(part, {})
+                if not isinstance(child, dict):
+                    raise ConfigError(f"override {key!r}: {_join_path(parts[:depth + 1])!r} is not a section")
+                node = child
+                continue
+            field_tp = _field_type(tp, target)
+            field_default = _field_default(tp, default, target)
             if last:
                 node[part] = value
                 return
@@ -304,6 +311,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _aliases(tp: Any) -> dict[str, str]:
+    tp = _unwrap_optional(tp)
+    return (getattr(tp, "config_aliases", None) or {}) if tp is not None and dataclasses.is_dataclass(tp) else {}
+
+
 def _apply_aliases(cls: type, data: dict[str, Any], path: str) -> dict[str, Any]:
     """Rewrite the alternative spellings ``cls.config_aliases`` declares into ``cls``'s own keys.
 
@@ -311,7 +323,7 @@ def _apply_aliases(cls: type, data: dict[str, Any], path: str) -> dict[str, Any]
     ``world:`` mapping into this level (the world stage's fields are its top-level keys).
     Giving a key in both spellings is an error rather than a silent pick.
     """
-    aliases: dict[str, str] = getattr(cls, "config_aliases", None) or {}
+    aliases = _aliases(cls)
     if not aliases or not any(a in data for a in aliases):
         return data
     out = dict(data)
@@ -325,8 +337,12 @@ def _apply_aliases(cls: type, data: dict[str, Any], path: str) -> dict[str, Any]
             pairs = value.items()
         else:
             pairs = [(target, value)]
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
         for name, v in pairs:
             spelled = f"{alias}.{name}" if target == "." else alias
+            if name not in names:
+                raise ConfigError(f"unknown config key {_join(path, spelled)!r}; valid keys under {alias!r}: "
+                                  f"{', '.join(sorted(names))}")
             if name in out:
                 raise ConfigError(f"{_join(path, spelled)} and {_join(path, name)} are the same key; give one of them")
             out[name] = v

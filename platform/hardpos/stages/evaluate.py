@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Literal
+from typing import ClassVar, Literal
 
 from hardpos.config import ConfigError, JobConfig, TrackingConfig
 from hardpos.eval.distributed import RayDataConfig
@@ -52,8 +52,9 @@ class Config(JobConfig):
     model: which model (arch + pretrained: open_clip tag, checkpoint path, s3://, models:/, runs:/).
     model_name: label of the model in report.md (None: the pretrained source or "random <arch>").
     benchmarks: list of {name, kind: replace|swap|sugarcrepe|triplets, path, image_root, limit}.
-    world: a synthetic world folder; adds world_replace_attribute, world_replace_relation and
-        world_swap from <world>/benchmark/*.parquet (files that are absent are an error).
+    world: a synthetic world folder (also accepted as ``world_dir``); adds
+        world_replace_attribute, world_replace_relation and world_swap from
+        <world>/benchmark/*.parquet (files that are absent are an error).
     device: "auto" (CUDA when available), "cpu", "cuda", "cuda:1" ...
     precision: the encoders' arithmetic: "fp32" (default, on every device; no TF32 on CUDA)
         or "bf16" / "fp16" autocast (faster on GPUs; scores move by ~1e-3, which flipped 1% of
@@ -68,6 +69,9 @@ class Config(JobConfig):
     max_missing_fraction: fail the job when more than this fraction of a benchmark's items
         had to be excluded for missing/corrupt images (1.0: never fail, only report).
     """
+
+    # ``world_dir`` is the folder of a generated world in every stage (see hardpos.config)
+    config_aliases: ClassVar[dict[str, str]] = {"world_dir": "world"}
 
     output_dir: str = "outputs/evaluate"
     tracking: TrackingConfig = dataclasses.field(default_factory=lambda: TrackingConfig(experiment="hardpos-evaluate"))
