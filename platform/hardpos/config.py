@@ -425,7 +425,8 @@ def _convert(tp: Any, value: Any, key: str, *, base: Any = None) -> Any:
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         (item_tp, *_) = get_args(tp) or (Any,)
-        items = [_convert(item_tp, v, f"{key}[{i}]") for i, v in enumerate(value)]
+        # item paths as the override syntax spells them: ``variants.1.w_neg``
+        items = [_convert(item_tp, v, f"{key}.{i}") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, dict):

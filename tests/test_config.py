@@ -1,0 +1,262 @@
+"""Configs: one validation style, --help with the stage's real defaults, list items by index,
+"world" spelled the same in every stage, and every shipped YAML loading into its stage."""
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import re
+import shlex
+from pathlib import Path
+from typing import Literal
+
+import pytest
+import yaml
+
+from hardpos import cli, runtime
+from hardpos.config import (ConfigError, JobConfig, TrackingConfig, describe_config, field_docs, from_dict,
+                            load_config, require, type_name)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------- one validation style
+@dataclasses.dataclass
+class _Phase:
+    """A section that checks itself.
+
+    steps: optimiser steps.
+    mode: how / what, on two
+        lines (a continuation).
+    """
+
+    steps: int = 3
+    mode: Literal["a", "b"] = "a"
+
+    def __post_init__(self) -> None:
+        require(self.steps >= 1, "steps", "must be >= 1", self.steps)
+
+
+@dataclasses.dataclass
+class _Item:
+    name: str = "x"
+    weight: float = 1.0
+
+
+@dataclasses.dataclass
+class _Cfg(JobConfig):
+    """Test config.
+
+    inner, outer: two phases.
+    items: a list of items.
+    """
+
+    inner: _Phase = dataclasses.field(default_factory=lambda: _Phase(steps=600, mode="b"))
+    outer: _Phase = dataclasses.field(default_factory=_Phase)
+    items: list[_Item] = dataclasses.field(default_factory=lambda: [_Item("p", 0.5), _Item("q", 2.0)])
+    grid: list[float] = dataclasses.field(default_factory=lambda: [0.0, 1.0])
+
+
+def test_config_error_is_a_value_error_that_names_the_full_key_path():
+    with pytest.raises(ConfigError) as info:
+        load_config(_Cfg, None, ["inner.steps=0"])
+    assert isinstance(info.value, ValueError)
+    assert str(info.value) == "inner.steps must be >= 1, got 0"
+    assert info.value.key == "inner.steps"
+    with pytest.raises(ConfigError, match=r"^tracking\.drain_timeout_s must be >= 0, got -1\.0$"):
+        load_config(_Cfg, None, ["tracking.drain_timeout_s=-1"])
+    # built directly (no loader), the key is relative to the dataclass; still a ValueError
+    with pytest.raises(ValueError, match=r"^max_queued_records must be >= 1, got 0$"):
+        TrackingConfig(max_queued_records=0)
+    # type errors read "key: what was wrong"
+    with pytest.raises(ConfigError, match=r"^outer\.mode: 'c' is not one of 'a', 'b'$"):
+        load_config(_Cfg, None, ["outer.mode=c"])
+
+
+def test_config_error_keeps_its_key_through_pickling():
+    """Ray ships a worker's exception to the driver pickled: the key path must survive."""
+    err = pickle.loads(pickle.dumps(ConfigError("must be > 0, got 0", key="data.limit")))
+    assert (str(err), err.key, err.reason) == ("data.limit must be > 0, got 0", "data.limit", "must be > 0, got 0")
+
+
+def test_stage_configs_raise_config_error_with_the_key():
+    train = runtime.stage_module("train")
+    for override, key in (("loss.w_neg=-1", "loss.w_neg"), ("data.val_fraction=2", "val_fraction"),
+                          ("batch_size=0", "batch_size"), ("tracking.request_timeout_s=0", "tracking.request_timeout_s")):
+        with pytest.raises(ConfigError, match=re.escape(key)):
+            load_config(train.Config, None, [override])
+    demo = runtime.stage_module("demo")
+    with pytest.raises(ConfigError, match="variants"):
+        load_config(demo.Config, None, ["variants=[]"])
+
+
+# --------------------------------------------------------------------------- sections keep the stage's defaults
+def test_overriding_one_key_of_a_section_keeps_the_stages_other_defaults():
+    cfg = load_config(_Cfg, None, ["inner.steps=5"])
+    assert cfg.inner == _Phase(steps=5, mode="b")  # mode from the stage's default_factory, not _Phase's "a"
+    demo = runtime.stage_module("demo").Config
+    cfg = load_config(demo, None, ["pretrain.steps=5", "tracking.enabled=false"])
+    assert (cfg.pretrain.steps, cfg.pretrain.lr, cfg.pretrain.warmup_steps) == (5, 5e-4, 50)
+    assert cfg.tracking.experiment == "hardpos-demo" and cfg.tracking.enabled is False
+
+
+# --------------------------------------------------------------------------- list items by index
+def test_list_items_are_overridable_by_index():
+    cfg = load_config(_Cfg, None, ["items.1.weight=0.25", "grid.0=0.5"])
+    assert cfg.items == [_Item("p", 0.5), _Item("q", 0.25)]
+    assert cfg.grid == [0.5, 1.0]
+    demo = load_config(runtime.stage_module("demo").Config, None, ["variants.1.w_neg=0.5"])
+    assert [(v.name, v.w_neg) for v in demo.variants] == [("captions-only", 0.0), ("hn-only", 0.5), ("hp+hn", 1.0)]
+
+
+def test_index_overrides_edit_the_yaml_files_list(tmp_path):
+    evaluate = runtime.stage_module("evaluate").Config
+    cfg = load_config(evaluate, REPO / "jobs" / "configs" / "evaluate_paper.yaml", ["benchmarks.0.image_root=/data/vg"])
+    plain = load_config(evaluate, REPO / "jobs" / "configs" / "evaluate_paper.yaml")
+    assert cfg.benchmarks[0].image_root == "/data/vg"
+    assert cfg.benchmarks[0].name == plain.benchmarks[0].name and cfg.benchmarks[1:] == plain.benchmarks[1:]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"items": [{"name": "only"}]}))
+    assert load_config(_Cfg, path, ["items.0.weight=3"]).items == [_Item("only", 3.0)]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("items.2.weight=1", "items: index 2 is out of range, the list has 2 item(s) (0..1)"),
+    ("grid.7=1", "grid: index 7 is out of range, the list has 2 item(s)"),
+    ("items.first.weight=1", "items is a list: address its items by index"),
+    ("items.0.wait=1", "unknown config key(s) 'items.0.wait'"),
+    ("items.1.name=[1]", "items.1.name: expected a string"),
+])
+def test_bad_index_overrides_name_the_list_and_its_length(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(_Cfg, None, [override])
+    assert message in str(info.value)
+
+
+def test_an_index_into_an_empty_default_list_is_an_error():
+    evaluate = runtime.stage_module("evaluate").Config
+    with pytest.raises(ConfigError, match="benchmarks: index 0 is out of range, the list has 0 item"):
+        load_config(evaluate, None, ["benchmarks.0.image_root=/x"])
+
+
+# --------------------------------------------------------------------------- world
+def test_world_keys_are_spelled_the_same_in_every_stage():
+    world = runtime.stage_module("world").Config
+    nested = load_config(world, None, ["world.n_pretrain=7", "world.colors.0=blue", "world_dir=/tmp/w"])
+    flat = load_config(world, None, ["n_pretrain=7", "colors=[blue, yellow, green, blue, purple, white]",
+                                     "output_dir=/tmp/w"])
+    assert nested == flat and nested.n_pretrain == 7 and nested.output_dir == "/tmp/w"
+    demo = load_config(runtime.stage_module("demo").Config, None, ["world.n_pretrain=7", "world_dir=/tmp/w"])
+    assert (demo.world.n_pretrain, demo.world_dir) == (7, "/tmp/w")
+    evaluate = runtime.stage_module("evaluate").Config
+    assert load_config(evaluate, None, ["world_dir=/tmp/w"]).world == load_config(evaluate, None, ["world=/tmp/w"]).world == "/tmp/w"
+    with pytest.raises(ConfigError, match="world.n_pretrain and n_pretrain are the same key"):
+        load_config(world, None, ["world.n_pretrain=7", "n_pretrain=8"])
+    with pytest.raises(ConfigError, match="unknown config key 'world.n_pretrian'"):
+        load_config(world, None, ["world.n_pretrian=7"])
+    # the world's own checks run when the config is built (exit 2 before any work)
+    with pytest.raises(ConfigError, match="image_size must be >= 16"):
+        load_config(world, None, ["world.image_size=8"])
+
+
+# --------------------------------------------------------------------------- --help
+def test_field_docs_parse_the_dataclass_docstrings():
+    assert field_docs(_Phase) == {"steps": "optimiser steps.", "mode": "how / what, on two lines (a continuation)."}
+    docs = field_docs(_Cfg)
+    assert docs["inner"] == docs["outer"] == "two phases."
+    assert docs["seed"] == "global seed for everything random in the stage."  # inherited from JobConfig
+    assert type_name(Literal["a", "b"]) == "one of 'a', 'b'" and type_name(str | None) == "str | None"
+
+
+def test_help_lines_show_the_instances_values_docs_and_choices():
+    lines = describe_config(_Cfg())
+    assert "  inner.steps: int = 600" in lines and "  outer.steps: int = 3" in lines
+    assert "  inner.mode: one of 'a', 'b' = 'b'" in lines
+    assert "  items.1.weight: float = 2.0" in lines and "      optimiser steps." in lines
+
+
+def _help(capsys, *argv: str) -> str:
+    assert cli.main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def test_demo_help_shows_the_demos_real_defaults(capsys):
+    out = _help(capsys, "demo", "--help")
+    assert "  pretrain.steps: int = 600" in out and "  pretrain.lr: float = 0.0005" in out
+    assert "  pretrain.steps: int = 300" not in out and "  pretrain.lr: float = 0.0001" not in out
+    assert "  finetune.steps: int = 150" in out and "  tracking.experiment: str = 'hardpos-demo'" in out
+    assert "  generate_engine: one of 'rules', 'http', 'vllm' = 'rules'" in out
+    assert "  variants.1.w_neg: float = 1.0" in out
+    # the field's doc, under its key
+    assert re.search(r"  pretrain\.lr: float = 0\.0005\n +peak learning rate", out)
+    # with --config, the file's values
+    small = yaml.safe_load((REPO / "jobs" / "configs" / "demo-small.yaml").read_text())
+    out = _help(capsys, "demo", "--config", str(REPO / "jobs" / "configs" / "demo-small.yaml"), "--help", "finetune.lr=0.003")
+    assert f"  pretrain.steps: int = {small['pretrain']['steps']}" in out and "  finetune.lr: float = 0.003" in out
+
+
+def test_train_help_documents_every_key(capsys):
+    out = _help(capsys, "train", "--help")
+    assert "  precision: one of 'auto', 'fp32', 'bf16' = 'auto'" in out
+    assert "  loss.w_neg: float = 1.0" in out and "  optim.beta2: float = 0.98" in out
+    assert "  eval_benchmarks.<i>.kind: one of 'replace', 'swap', 'sugarcrepe', 'triplets' = 'triplets'" in out
+    keys = out.split("config keys", 1)[1].splitlines()[1:]
+    undocumented = [line for line, nxt in zip(keys, keys[1:] + [""]) if line.startswith("  ") and not line.startswith("   ")
+                    and not nxt.startswith("      ")]
+    assert undocumented == []
+
+
+def test_help_for_a_bad_override_is_a_config_error(capsys):
+    assert cli.main(["demo", "--help", "pretrain.stepz=1"]) == 2
+    assert "pretrain.stepz" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- every shipped config loads
+def _stage_of(path: Path) -> str:
+    return re.split(r"[_-]", path.stem)[0]
+
+
+def _infra_job_commands() -> list[tuple[str, list[str]]]:
+    """``(manifest, argv)`` for every ``python jobs/<stage>.py ...`` entrypoint in infra/."""
+    out = []
+    for path in sorted((REPO / "infra").rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            entry = ((doc or {}).get("spec") or {}).get("entrypoint") if isinstance(doc, dict) else None
+            if entry and "jobs/" in entry:
+                out.append((str(path.relative_to(REPO)), shlex.split(entry)))
+    return out
+
+
+JOB_CONFIGS = sorted((REPO / "jobs" / "configs").glob("*.yaml"))
+INFRA_COMMANDS = _infra_job_commands()
+
+
+def test_the_config_parametrisations_are_not_empty():
+    """An empty list would turn the two tests below into silent skips."""
+    assert {_stage_of(p) for p in JOB_CONFIGS} >= {"demo", "evaluate", "generate", "perturb", "sweep", "train", "world"}
+    assert sorted(argv[1] for _, argv in INFRA_COMMANDS) == ["jobs/generate.py", "jobs/sweep.py", "jobs/train.py"]
+
+
+@pytest.mark.parametrize("path", JOB_CONFIGS, ids=lambda p: p.name)
+def test_every_job_config_loads_into_its_stage(path):
+    stage = _stage_of(path)
+    assert stage in runtime.STAGES, f"{path.name}: {stage!r} is not a stage"
+    cfg = load_config(runtime.stage_module(stage).Config, path)
+    # every key the file sets survives into the config (no silently dropped sections)
+    data = yaml.safe_load(path.read_text()) or {}
+    loaded = dataclasses.asdict(cfg)
+    aliases = getattr(type(cfg), "config_aliases", {})
+    assert set(data) - set(aliases) <= set(loaded)
+
+
+@pytest.mark.parametrize("manifest, argv", INFRA_COMMANDS, ids=[m for m, _ in INFRA_COMMANDS])
+def test_every_infra_job_command_loads_into_its_stage(manifest, argv):
+    config_file, overrides, _, _ = cli.parse_args(argv[2:])
+    stage = re.fullmatch(r"jobs/(\w+)\.py", argv[1]).group(1)
+    cfg = load_config(runtime.stage_module(stage).Config, REPO / config_file if config_file else None, overrides)
+    assert cfg.output_dir.startswith("${HARDPOS_RUNS_URI}/"), manifest
+
+
+def test_from_dict_names_sections_of_direct_errors():
+    with pytest.raises(ConfigError, match=r"^outer\.steps must be >= 1, got -2$"):
+        from_dict(_Cfg, {"outer": {"steps": -2}})
+    assert from_dict(_Cfg, {}, base=_Cfg(seed=4)).seed == 4
