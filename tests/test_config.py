@@ -198,7 +198,7 @@ def test_train_help_documents_every_key(capsys):
     out = _help(capsys, "train", "--help")
     assert "  precision: one of 'auto', 'fp32', 'bf16' = 'auto'" in out
     assert "  loss.w_neg: float = 1.0" in out and "  optim.beta2: float = 0.98" in out
-    assert "  eval_benchmarks.<i>.kind: one of 'replace', 'swap', 'sugarcrepe', 'triplets' = 'triplets'" in out
+    assert "  eval_benchmarks.<i>.kind: one of 'replace', 'swap', 'sugarcrepe', 'sugarcrepe_pp', 'triplets' = 'triplets'" in out
     keys = out.split("config keys", 1)[1].splitlines()[1:]
     undocumented = [line for line, nxt in zip(keys, keys[1:] + [""]) if line.startswith("  ") and not line.startswith("   ")
                     and not nxt.startswith("      ")]

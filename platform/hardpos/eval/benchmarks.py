@@ -19,6 +19,10 @@ Formats (``BenchmarkSpec.kind``):
 * ``sugarcrepe`` ``<path>/{add_att,add_obj,replace_att,replace_obj,replace_rel,swap_att,
                  swap_obj}.json`` (``{index: {filename, caption, negative_caption}}``), no
                  positives; subsets are the categories, figures their unweighted mean.
+* ``sugarcrepe_pp`` SugarCrepe++: ``<path>/{replace_att,replace_obj,replace_rel,swap_att,
+                 swap_obj}.json`` (lists of ``{id, filename, caption, caption2,
+                 negative_caption}``); ``caption2`` (a paraphrase) is the hard positive;
+                 loader and text-only metric in :mod:`hardpos.eval.sugarcrepe_pp`.
 * ``triplets``   a triplet file (DESIGN section 3; parquet or jsonl): ``image, caption,
                  hard_negative, hard_positive`` (+ optional ``kind`` used as the subset,
                  optional ``bbox`` ``[x, y, w, h]``), read by
@@ -232,7 +236,16 @@ def load_triplets(spec: BenchmarkSpec) -> Benchmark:
     return Benchmark(spec.name, "triplets", _limit(items, spec.limit), has_positives=has_pos, rejected=rejected)
 
 
-LOADERS = {"replace": load_replace, "swap": load_swap, "sugarcrepe": load_sugarcrepe, "triplets": load_triplets}
+def load_sugarcrepe_pp(spec: BenchmarkSpec) -> Benchmark:
+    """SugarCrepe++ (its own module holds the loader and the text-only metric; imported
+    lazily because that module builds on this one's Item and helpers)."""
+    from hardpos.eval.sugarcrepe_pp import load
+
+    return load(spec)
+
+
+LOADERS = {"replace": load_replace, "swap": load_swap, "sugarcrepe": load_sugarcrepe, "sugarcrepe_pp": load_sugarcrepe_pp,
+           "triplets": load_triplets}
 
 
 def load_benchmark(spec: BenchmarkSpec) -> Benchmark:

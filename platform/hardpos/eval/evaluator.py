@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, ge
 import numpy as np
 
 from hardpos.eval import metrics as M
+from hardpos.eval import sugarcrepe_pp as SCPP
 from hardpos.eval.benchmarks import Benchmark, Crop, load_benchmark
 from hardpos.eval.spec import BenchmarkSpec
 
@@ -62,6 +63,8 @@ class BenchmarkResult:
     Per-item arrays cover the *scored* items only (items whose image failed are in
     ``excluded_items``). ``s_p`` is NaN where an item has no hard positive.
     ``metrics`` is flat and prefixed: ``<name>/orig_acc``, ``<name>/<subset>/aug_acc`` ...
+    ``text_sims``: per-item text-only cosines ``t_cp, t_cn, t_pn`` for a benchmark with a
+    text-only task (SugarCrepe++, :mod:`hardpos.eval.sugarcrepe_pp`); empty otherwise.
     """
 
     name: str
@@ -78,6 +81,7 @@ class BenchmarkResult:
     rejected_rows: list[dict[str, Any]]
     n_distinct_images: int = 0
     n_distinct_captions: int = 0
+    text_sims: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -95,7 +99,8 @@ class EvalReport:
         return out
 
     def scores_table(self):
-        """Per-item scores as a pyarrow Table: item_id, benchmark, subset, s_c, s_n, s_p."""
+        """Per-item scores as a pyarrow Table: item_id, benchmark, subset, s_c, s_n, s_p (and
+        t_cp, t_cn, t_pn when a benchmark has text-only cosines; null for the others)."""
         import pyarrow as pa
 
         cols: dict[str, list] = {k: [] for k in ("item_id", "benchmark", "subset", "s_c", "s_n", "s_p")}
@@ -106,20 +111,29 @@ class EvalReport:
             cols["s_c"] += r.s_c.tolist()
             cols["s_n"] += r.s_n.tolist()
             cols["s_p"] += [None if np.isnan(v) else v for v in r.s_p.tolist()]
-        schema = pa.schema([("item_id", pa.string()), ("benchmark", pa.string()), ("subset", pa.string()),
-                            ("s_c", pa.float64()), ("s_n", pa.float64()), ("s_p", pa.float64())],
+        fields = [("item_id", pa.string()), ("benchmark", pa.string()), ("subset", pa.string()),
+                  ("s_c", pa.float64()), ("s_n", pa.float64()), ("s_p", pa.float64())]
+        if any(r.text_sims for r in self.results):  # only then: other files keep their six columns
+            for k in SCPP.TEXT_COLUMNS:
+                cols[k] = [v for r in self.results
+                           for v in (r.text_sims[k].tolist() if r.text_sims else [None] * len(r.item_ids))]
+                fields.append((k, pa.float64()))
+        schema = pa.schema(fields,
                            metadata={b"hardpos.aggregate": json.dumps({r.name: r.aggregate for r in self.results}).encode(),
                                      b"hardpos.precision": self.precision.encode()})
         return pa.table(cols, schema=schema)
 
 
-def benchmark_metrics(name: str, subsets: Sequence[str], s_c, s_n, s_p, aggregate: str) -> dict[str, float]:
+def benchmark_metrics(name: str, subsets: Sequence[str], s_c, s_n, s_p, aggregate: str,
+                      text_sims: dict[str, Any] | None = None) -> dict[str, float]:
     """Flat metrics for one benchmark from its per-item scores (pure; the per-item file
     recomputes to the summary through this function).
 
     Per subset ``<name>/<subset>/<metric>`` (when there is more than one subset, or the
     benchmark averages subsets); overall ``<name>/<metric>``: the unweighted mean of the
     subsets for ``mean_of_subsets`` (REPLACE, SugarCrepe), all items pooled otherwise.
+    ``text_sims`` (per-item ``t_cp, t_cn, t_pn``; SugarCrepe++) adds ``text_only_acc`` by
+    the same rule (:func:`hardpos.eval.sugarcrepe_pp.text_only_metrics`).
     """
     subsets_arr = np.asarray(list(subsets), dtype=object)
     s_c, s_n, s_p = (np.asarray(x, dtype=np.float64) for x in (s_c, s_n, s_p))
@@ -131,6 +145,8 @@ def benchmark_metrics(name: str, subsets: Sequence[str], s_c, s_n, s_p, aggregat
             out.update({f"{name}/{sub}/{k}": v for k, v in figs.items()})
     overall = M.mean_of(per_subset.values()) if aggregate == "mean_of_subsets" else M.summarize(s_c, s_n, s_p)
     out.update({f"{name}/{k}": v for k, v in overall.items()})
+    if text_sims:
+        out.update(SCPP.text_only_metrics(name, subsets_arr.tolist(), text_sims, aggregate))
     return out
 
 
@@ -396,14 +412,16 @@ def evaluate_loaded(model, preprocess: Callable, tokenizer: Callable, bench: Ben
     uses = np.bincount(img_idx, minlength=len(keys))
     missing = [{"image": keys[i][0], "crop": list(keys[i][1]) if keys[i][1] else None, "error": err, "n_items": int(uses[i])}
                for i, err in sorted(failures.items())]
-    result_metrics = benchmark_metrics(bench.name, subsets, s_c, s_n, s_p, bench.aggregate)
+    # SugarCrepe++'s text-only task: cosines between the already-encoded captions (no image)
+    text_sims = SCPP.text_similarities(txt_feats, c_idx[ok], p_idx[ok], n_idx[ok]) if bench.kind == SCPP.KIND else {}
+    result_metrics = benchmark_metrics(bench.name, subsets, s_c, s_n, s_p, bench.aggregate, text_sims=text_sims)
     result_metrics[f"{bench.name}/n_missing_images"] = len(missing)
     result_metrics[f"{bench.name}/n_excluded_items"] = int((~ok).sum())
     return BenchmarkResult(
         name=bench.name, kind=bench.kind, aggregate=bench.aggregate, item_ids=item_ids, subsets=subsets,
         s_c=s_c, s_n=s_n, s_p=s_p, metrics=result_metrics, missing_images=missing,
         excluded_items=[it.item_id for it, keep in zip(items, ok) if not keep], rejected_rows=bench.rejected,
-        n_distinct_images=len(keys), n_distinct_captions=len(cap_index),
+        n_distinct_images=len(keys), n_distinct_captions=len(cap_index), text_sims=text_sims,
     )
 
 

@@ -1,6 +1,7 @@
 """Evaluation outputs a researcher can reuse: per-item scores, Markdown tables, recomputation.
 
 * ``scores.parquet``  one row per scored item: item_id, benchmark, subset, s_c, s_n, s_p
+  (plus t_cp, t_cn, t_pn, the text-only cosines, when a benchmark is SugarCrepe++)
   (s_p null without a hard positive); the schema metadata records how each benchmark
   combines its subsets (so :func:`recompute_metrics` gives back the summary's figures)
   and the precision the scores were computed in (``hardpos.precision``).
@@ -20,6 +21,7 @@ from typing import Any, Mapping
 
 from hardpos.report import num, pct, table
 from hardpos.eval.evaluator import EvalReport, benchmark_metrics
+from hardpos.eval.sugarcrepe_pp import TEXT_COLUMNS, markdown_section as text_only_section
 
 SCORES_FILE = "scores.parquet"
 REPORT_FILE = "report.md"
@@ -69,6 +71,7 @@ def markdown_report(report: EvalReport, model_name: str = "model", retention: Ma
     if sub_rows:
         parts += ["## Per subset / category", "",
                   table(["benchmark", "subset", "orig", "aug", "brittle", "mean s_c", "mean s_n", "mean s_p", "items"], sub_rows), ""]
+    parts += text_only_section(report.results, m)  # SugarCrepe++'s text-only task, when evaluated
     if neg_only:
         rows = [[r.name, pct(m.get(f"{r.name}/orig_acc")), str(int(m.get(f"{r.name}/n_items", 0)))] for r in neg_only]
         parts += ["## Benchmarks without hard positives (original accuracy, %)", "", table(["benchmark", "orig", "items"], rows), ""]
@@ -121,8 +124,20 @@ def recompute_metrics(scores: Any) -> dict[str, float]:
         s_p = np.array([np.nan if v is None else v for v in np.asarray(cols["s_p"], dtype=object)[sel]], dtype=np.float64)
         out.update(benchmark_metrics(name, np.asarray(cols["subset"], dtype=object)[sel].tolist(),
                                      np.asarray(cols["s_c"])[sel], np.asarray(cols["s_n"])[sel], s_p,
-                                     meta.get(name, "pooled")))
+                                     meta.get(name, "pooled"), text_sims=_text_sims(cols, sel)))
     return out
+
+
+def _text_sims(cols: Mapping[str, list], sel: Any) -> dict[str, Any] | None:
+    """The selected rows' text-only cosines, when the file has them for those rows."""
+    import numpy as np
+
+    if not all(k in cols for k in TEXT_COLUMNS):
+        return None
+    text = {k: np.asarray(cols[k], dtype=object)[sel] for k in TEXT_COLUMNS}
+    if any(v is None for v in text[TEXT_COLUMNS[0]]):
+        return None
+    return {k: v.astype(np.float64) for k, v in text.items()}
 
 
 def write_outputs(report: EvalReport, output_dir: str, *, model_name: str = "model",

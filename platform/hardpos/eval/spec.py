@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-BenchmarkKind = Literal["replace", "swap", "sugarcrepe", "triplets"]
+BenchmarkKind = Literal["replace", "swap", "sugarcrepe", "sugarcrepe_pp", "triplets"]
 
 
 @dataclasses.dataclass
@@ -18,6 +18,8 @@ class BenchmarkSpec:
                        the folder holding both; subsets attributes and relations);
         ``swap``       ARO VG-Attribution json paired with its swapped file (path = folder);
         ``sugarcrepe`` folder of the 7 SugarCrepe json files (no positives);
+        ``sugarcrepe_pp`` folder of the 5 SugarCrepe++ json files (two positives per
+                       image, and a text-only task; hardpos.eval.sugarcrepe_pp);
         ``triplets``   a triplet file (parquet/jsonl, DESIGN section 3): caption,
                        hard_negative, hard_positive, image (the synthetic world's
                        benchmarks and any custom benchmark).

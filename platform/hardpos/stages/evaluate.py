@@ -51,7 +51,7 @@ class Config(JobConfig):
 
     model: which model (arch + pretrained: open_clip tag, checkpoint path, s3://, models:/, runs:/).
     model_name: label of the model in report.md (None: the pretrained source or "random <arch>").
-    benchmarks: list of {name, kind: replace|swap|sugarcrepe|triplets, path, image_root, limit}.
+    benchmarks: list of {name, kind: replace|swap|sugarcrepe|sugarcrepe_pp|triplets, path, image_root, limit}.
     world: a synthetic world folder (also accepted as ``world_dir``); adds
         world_replace_attribute, world_replace_relation and world_swap from
         <world>/benchmark/*.parquet (files that are absent are an error).
