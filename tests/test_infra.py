@@ -566,6 +566,19 @@ def test_rayservice_serve_config_is_valid_and_names_the_app():
         assert d["name"] in ref_deployments, f"{path.name}: no deployment {d['name']!r} in serve/config.yaml"
 
 
+def test_top_level_serve_entry_module_is_the_packaged_app():
+    """``serve run serve.app:build_app`` (the documented local command) must keep working: a
+    renamed or removed serve/app.py fails here, as a renamed hardpos.serve.app fails above."""
+    entry = REPO / "serve" / "app.py"
+    assert entry.is_file(), "serve/app.py does not exist (renamed?): `serve run serve.app:build_app` breaks"
+    spec = importlib.util.spec_from_file_location("_hardpos_serve_entry", entry)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from hardpos.serve.app import build_app
+
+    assert module.build_app is build_app
+
+
 # --------------------------------------------------------------------------- cluster launcher
 def test_ray_cluster_launcher_yaml_is_valid_for_ray():
     from ray.autoscaler._private.util import prepare_config, validate_config
