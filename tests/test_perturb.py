@@ -139,6 +139,7 @@ def test_paper_table_rederived_from_shared_files_matches_shipped(shared_data):
 
 
 # ---------------------------------------------------------------------------- the job
+@pytest.mark.integration  # runs jobs/perturb.py in a subprocess
 def test_perturb_job_on_negclip_subprocess(shared_data, tmp_path):
     import subprocess
     import sys
@@ -294,3 +295,45 @@ def test_every_rule_swap_positive_on_negclip_passes_the_conjunct_check(rules, ne
     # 113 of them rejected by the check)
     assert len({c for c, _ in swaps}) >= 400
     assert {p.slot for _, p in swaps} == {"conjuncts:noun_phrases", "conjuncts:verb_phrases", "conjuncts:adjectives"}
+
+
+def test_perturb_stage_and_generate_rules_use_the_input_worlds_lexicon_and_seed(tmp_path):
+    """A world with non-default colours: the perturb stage and the generate stage's rule engine
+    perturb its captions alike, inside its vocabulary (the perturb stage once used the default
+    world's lexicon: "orange" was no colour to it and its negatives named colours of no world)."""
+    import pyarrow as pa
+
+    from hardpos import runtime
+    from hardpos.config import TrackingConfig
+    from hardpos.data.triplets import read_triplets
+    from hardpos.data.world import SYNONYMS, WorldConfig, generate_world
+    from hardpos.generate.engines import rules_batch
+    from hardpos.stages.perturb import Config
+
+    colors = ["orange", "pink", "brown", "gray"]
+    wcfg = WorldConfig(seed=3, n_pretrain=0, n_finetune=60, n_benchmark=0, colors=colors, write_images=False)
+    world = str(tmp_path / "world")
+    generate_world(wcfg, world)
+    summary = runtime.execute("perturb", Config(input=world, output_dir=str(tmp_path / "p"), seed=7,
+                                                tracking=TrackingConfig(enabled=False)), quiet=True)
+    assert summary["lexicon"] == "world" and summary["world_dir"] == world
+    rows = read_triplets(str(tmp_path / "p" / "triplets.parquet"))
+    known = set(colors) | {SYNONYMS[c] for c in colors}
+    other = {"red", "yellow", "green", "blue", "purple", "white"}  # the default world's colours
+    colour_negs = [r for r in rows if r["negative_slot"] and "color" in r["negative_slot"]]
+    assert len(colour_negs) >= 5  # the world's colours are colours to the rules
+    for r in rows:
+        for text in (r["hard_negative"], r["hard_positive"]):
+            assert text is None or not set(text.split()) & other, text
+    assert any(set(r["hard_negative"].split()) & known for r in colour_negs)
+    # the generate stage's rule engine, same seed and world: the same negative and positive per row
+    requests = [{"request_id": f"{k}:{r['kind']}_{pol}", "shard": 0, "caption_id": r["caption_id"],
+                 "caption": r["caption"], "kind": r["kind"] if pol == "positive" else f"{r['kind']}_negative",
+                 "polarity": pol}
+                for k, r in enumerate(rows) if r["kind"] != "none" for pol in ("negative", "positive")]
+    out = rules_batch(pa.Table.from_pylist(requests), seed=7, world_dir=world).to_pylist()
+    mine = {(r["caption"], pol): r[col] for r in rows if r["kind"] != "none"
+            for pol, col in (("negative", "hard_negative"), ("positive", "hard_positive"))}
+    same = [o["raw_output"] == mine[(o["caption"], o["polarity"])] for o in out
+            if mine[(o["caption"], o["polarity"])] is not None]
+    assert len(same) >= 60 and all(same)

@@ -101,6 +101,9 @@ class WorldConfig:
         relation template instead of the list template.
     noncanonical_rate: share of pretraining captions that use one non-canonical form
         (a synonym or a reordered list).
+    binding_negative_rate: share of REPLACE-attribute benchmark items whose negative takes
+        its new value from another object of the scene when one can ("a red circle and a
+        blue square" -> "a blue circle and a blue square"): only the binding is wrong.
     relation_margin: a relation is "clearly true" when the centres differ by more than
         this fraction of the image along its axis (and "false" when they differ the other way).
     background_jitter: +- range of the background grey level (adds nuisance variation).
@@ -120,6 +123,7 @@ class WorldConfig:
     sizes: list[str] = field(default_factory=lambda: ["small", "large"])
     relation_caption_rate: float = 0.5
     noncanonical_rate: float = 0.005
+    binding_negative_rate: float = 0.0
     relation_margin: float = 0.1
     background_jitter: int = 12
     color_jitter: int = 18
@@ -145,7 +149,7 @@ class WorldConfig:
                 raise ValueError(f"sizes: unknown size {s!r}; known: {list(SIZE_SCALE)}")
         if len(set(self.colors)) < 2 or len(set(self.shapes)) < 1 or len(set(self.sizes)) < 1:
             raise ValueError("need at least 2 colours, 1 shape and 1 size")
-        for name in ("relation_caption_rate", "noncanonical_rate"):
+        for name in ("relation_caption_rate", "noncanonical_rate", "binding_negative_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1]")
         if not 0.0 < self.relation_margin < 0.5:
@@ -430,6 +434,12 @@ def benchmark_item(rng: random.Random, scene: Scene, cfg: WorldConfig, subset: s
         value = getattr(objs[i], attr)
         pool = [v for v in (cfg.colors if attr == "color" else cfg.sizes) if v != value]
         rng.shuffle(pool)
+        if rng.random() < cfg.binding_negative_rate:
+            # a binding negative: the new value is another object's in this scene, so every word of
+            # the negative is true of some object and only the attribute-object binding is wrong
+            # (a bag-of-words model cannot tell it from the caption); falls back to any value
+            others = {getattr(o, attr) for k, o in enumerate(objs) if k != i}
+            pool.sort(key=lambda v: v not in others)  # stable: the shuffled order within each group
         for new in pool:
             neg = _render_caption(scene, cap, words={(i, attr): new})
             if truth(neg, scene, cfg) is False:
@@ -654,3 +664,16 @@ def load_world(world_dir: str) -> dict:
 def config_from_world(world_dir: str) -> WorldConfig:
     """The WorldConfig a world was generated with."""
     return WorldConfig(**load_world(world_dir)["config"])
+
+
+def world_dir_of(uri: str) -> str | None:
+    """The synthetic world an input belongs to: ``uri`` itself when it is a world folder, the
+    file's folder when that holds a ``world.json`` (e.g. ``<world>/finetune.parquet``), else None.
+
+    The perturb stage and the generate stage's rule engine both decide "is this a world input,
+    and which world" with this one function, so both use that world's own lexicon.
+    """
+    if storage.exists(storage.join(uri, "world.json")):
+        return uri
+    parent = uri.rsplit("/", 1)[0] if "/" in uri else "."
+    return parent if storage.exists(storage.join(parent, "world.json")) else None

@@ -114,15 +114,13 @@ def check_config(cfg: Config, templates) -> None:
 
 def resolve_input(cfg: Config) -> tuple[str, str | None]:
     """(the caption file to read, the world folder whose lexicon the rules use or None)."""
-    src, world_dir = cfg.input, None
-    if storage.exists(storage.join(src, "world.json")):
-        world_dir, src = src, storage.join(src, f"{cfg.split}.parquet")
+    from hardpos.data.world import world_dir_of
+
+    src, world_dir = cfg.input, world_dir_of(cfg.input)  # the perturb stage decides it the same way
+    if world_dir == src:
+        src = storage.join(src, f"{cfg.split}.parquet")
         if not storage.exists(src):
             raise ConfigError(f"world folder {cfg.input} has no split {cfg.split!r} ({src} is missing)")
-    else:
-        parent = src.rsplit("/", 1)[0] if "/" in src else "."
-        if storage.exists(storage.join(parent, "world.json")):
-            world_dir = parent
     mode = cfg.engine.rules.lexicon
     if mode == "world" and world_dir is None:
         raise ConfigError(f"engine.rules.lexicon=world needs a synthetic world input; {cfg.input} is not one")

@@ -3,7 +3,10 @@
 Input (``input=``): any caption source :func:`hardpos.data.captions.read_captions` reads
 (COCO captions json, jsonl/json, parquet, NegCLIP tsv, SugarCrepe json), a triplet file,
 or a synthetic world folder (its ``<split>.parquet``; the world's lexicon is then used so
-negatives stay in the world's vocabulary).
+negatives stay in the world's vocabulary). Which world an input belongs to, its lexicon and
+the rule engine's seed are decided exactly as the generate stage's rule engine decides them
+(:func:`hardpos.data.world.world_dir_of`, :func:`hardpos.generate.engines.cached_perturber`),
+so both stages perturb a caption of the same world alike.
 
 Output (``output_dir``):
 
@@ -43,7 +46,8 @@ class Config(JobConfig):
     positives: fill hard_positive.
     split: world split to read when input is a world folder ("finetune", "pretrain").
     limit: only the first N input rows (None: all).
-    lexicon: "auto" (the world's lexicon for world inputs, else the full one), "default" or "world".
+    lexicon: "auto" (the world's lexicon when the input is a world folder or a file next to its
+        world.json, else the full one), "default" or "world" (an error without a world).
     image_root: folder/URI that relative image paths of caption sources are relative to.
     output_format: "parquet" or "jsonl".
     num_workers: 0 perturbs in this process; N > 0 splits the captions over N Ray tasks.
@@ -65,8 +69,8 @@ class Config(JobConfig):
 TRIPLET_INPUT_COLUMNS = {"caption", "hard_negative", "hard_positive", "kind", "source", "caption_id"}
 
 
-def _load_rows(cfg: Config) -> tuple[list[dict], str, bool]:
-    """(rows with caption_id/caption/image[/extra], the file read, is_world)."""
+def _load_rows(cfg: Config) -> tuple[list[dict], str, str | None]:
+    """(rows with caption_id/caption/image[/extra], the file read, the input's world folder or None)."""
     from hardpos import storage
     from hardpos.data.captions import CaptionSourceError, read_captions
     from hardpos.data.triplets import TripletFileError, read_triplets, resolve_image
@@ -74,10 +78,11 @@ def _load_rows(cfg: Config) -> tuple[list[dict], str, bool]:
     src = cfg.input
     if not src:
         raise ConfigError("input is required: a caption file, a triplet file or a world folder")
-    is_world = False
-    if storage.exists(storage.join(src, "world.json")):
+    from hardpos.data.world import world_dir_of
+
+    world_dir = world_dir_of(src)  # the generate stage decides it the same way
+    if world_dir == src:
         src = storage.join(src, f"{cfg.split}.parquet")
-        is_world = True
         if not storage.exists(src):
             raise ConfigError(f"world folder {cfg.input} has no split {cfg.split!r} ({src} is missing)")
     import os
@@ -96,7 +101,6 @@ def _load_rows(cfg: Config) -> tuple[list[dict], str, bool]:
                 extra = {k: v for k, v in t.items() if k not in TRIPLET_INPUT_COLUMNS and k != "image"}
                 image = resolve_image(t["image"], base) if t.get("image") else None
                 rows.append({**extra, "caption_id": t["caption_id"], "caption": t["caption"] or "", "image": image})
-            is_world = is_world or any(t.get("source") == "world" for t in triplets[:10])
     if rows is None:
         try:
             rows = read_captions(src, limit=cfg.limit)
@@ -106,21 +110,22 @@ def _load_rows(cfg: Config) -> tuple[list[dict], str, bool]:
             for r in rows:
                 if r["image"]:
                     r["image"] = resolve_image(r["image"], base, image_root=cfg.image_root)
-    return rows, src, is_world
+    return rows, src, world_dir
 
 
 def _perturb_chunk(captions: list[str], seed: int, kinds: list[str], want_neg: bool, want_pos: bool,
-                   world: bool) -> tuple[list[dict], float]:
+                   world_dir: str | None) -> tuple[list[dict], float]:
     """Pure per-caption work (runs in-process or in a Ray task): (results, CPU seconds spent).
+
+    world_dir: the input's world (its lexicon is used), None for the full lexicon.
 
     CPU seconds, not wall time, make the throughput figure comparable on a shared machine.
     """
     cpu0 = time.process_time()
-    from hardpos.data.perturb import RulePerturber
     from hardpos.data.validate import validate
-    from hardpos.data.world import world_lexicon
+    from hardpos.generate.engines import cached_perturber
 
-    rules = RulePerturber(seed=seed, lexicon=world_lexicon() if world else None)
+    rules = cached_perturber(seed, world_dir)  # the generate stage's rule engine, same lexicon and seed
     out = []
     for caption in captions:
         negs = [p for p in rules.hard_negatives(caption) if p.kind in kinds] if want_neg else []
@@ -164,15 +169,18 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         raise ConfigError("num_workers must be >= 0")
 
     started = time.perf_counter()
-    rows, src, is_world = _load_rows(cfg)
-    world = cfg.lexicon == "world" or (cfg.lexicon == "auto" and is_world)
+    rows, src, input_world = _load_rows(cfg)
+    if cfg.lexicon == "world" and input_world is None:
+        raise ConfigError(f"lexicon=world needs a synthetic world input (a folder with world.json, or a file "
+                          f"next to one); {cfg.input} is not one")
+    world_dir = input_world if cfg.lexicon in ("auto", "world") else None
     keep = [r for r in rows if isinstance(r["caption"], str) and r["caption"].strip()]
     rejects = [{**r, "reason": "empty"} for r in rows if not (isinstance(r["caption"], str) and r["caption"].strip())]
 
     t0 = time.perf_counter()
     cpu_s = 0.0
     captions = [r["caption"] for r in keep]
-    args = (cfg.seed, list(cfg.kinds), cfg.negatives, cfg.positives, world)
+    args = (cfg.seed, list(cfg.kinds), cfg.negatives, cfg.positives, world_dir)
     if cfg.num_workers > 0 and captions:
         import ray
 
@@ -219,7 +227,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         kinds_written[r["kind"]] = kinds_written.get(r["kind"], 0) + 1
     assert len(rows) == len(out_rows) + len(rejects)  # nothing is lost
     summary = {
-        "input": cfg.input, "read": src, "lexicon": "world" if world else "default",
+        "input": cfg.input, "read": src, "lexicon": "world" if world_dir else "default",
+        "world_dir": world_dir,
         "inputs": len(rows), "written": len(out_rows), "rejected": len(rejects),
         "rejects_by_reason": {"empty": len(rejects)} if rejects else {},
         "coverage": coverage, "filled": filled, "kinds_written": kinds_written,
