@@ -10,7 +10,7 @@ SHELL  := /bin/bash
 # Drop pip's noise about extra indexes that do not exist on some machines; keep errors.
 QUIET  := { grep -v "^WARNING: Location" || true; }
 
-.PHONY: demo test test-all install install-dev clean-venv
+.PHONY: demo test test-unit test-all install install-dev clean-venv
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "HardPos needs Python 3.10+"'
@@ -35,6 +35,10 @@ demo: $(VENV)/.installed
 ## make test: the default test suite (CPU; real Ray Data/Train/Tune/Serve, MLflow, moto S3)
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest -m "not gpu and not slow" $(ARGS)
+
+## make test-unit: the unit tests only (no Ray, no server, no subprocess; about a minute)
+test-unit: $(VENV)/.installed-dev
+	$(PY) -m pytest -m "not integration and not slow and not gpu" $(ARGS)
 
 ## make test-all: also the slow tests
 test-all: $(VENV)/.installed-dev

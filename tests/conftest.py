@@ -1,5 +1,11 @@
-"""Shared fixtures: one local Ray per test session, a moto S3 server on 127.0.0.1,
-a throwaway MLflow SQLite store, and the real reference data in ../shared/data."""
+"""Shared fixtures: one local Ray per test session, a moto S3 server on 127.0.0.1, a real
+``mlflow server``, a throwaway MLflow SQLite store, and the real reference data.
+
+Unit vs integration: a test that uses Ray, a server or a subprocess is an integration test.
+Tests that use one of :data:`INTEGRATION_FIXTURES` (directly or through another fixture)
+are marked ``integration`` here; the few that start one themselves carry the mark in their
+file. ``make test-unit`` (``-m "not integration and not slow and not gpu"``) runs the rest.
+"""
 from __future__ import annotations
 
 import os
@@ -8,9 +14,19 @@ from pathlib import Path
 import pytest
 
 from hardpos.testing import free_port  # noqa: F401  (re-exported: `from conftest import free_port`)
+from hardpos.testing.mlflow_server import LocalMlflowServer
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("HARDPOS_SHARED_DATA", REPO.parent / "shared" / "data"))
+# Fixtures that start Ray, a server or a subprocess: their users are integration tests.
+INTEGRATION_FIXTURES = frozenset({"ray_session", "s3_server", "s3_env", "mlflow_server"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that needs Ray, a server or a subprocess through a fixture ``integration``."""
+    for item in items:
+        if INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
@@ -76,3 +92,14 @@ def tracking_uri(tmp_path, monkeypatch) -> str:
     # each test unset (so the env var rules) and undo whatever the test sets.
     monkeypatch.setattr(mlflow_uri, "_tracking_uri", None)
     return uri
+
+
+@pytest.fixture
+def mlflow_server(tmp_path, monkeypatch):
+    """A real ``mlflow server`` on 127.0.0.1 (sqlite store under tmp_path), also exported as
+    $MLFLOW_TRACKING_URI; the test may crash and restart it by PID. Killed afterwards."""
+    srv = LocalMlflowServer(tmp_path / "mlflow")
+    srv.start()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", srv.url)
+    yield srv
+    srv.kill()

@@ -286,6 +286,7 @@ def test_benchmark_and_images_on_s3(lm, tmp_path, s3_env):
     np.testing.assert_allclose(remote.s_c, local.s_c, atol=1e-6)
 
 
+@pytest.mark.integration  # runs jobs/evaluate.py in a subprocess
 def test_jobs_evaluate_on_the_generated_synthetic_world(tmp_path):
     """Done-when: the evaluate job over the real synthetic world's three benchmarks."""
     import json

@@ -163,6 +163,7 @@ def test_tracking_uri_resolution(monkeypatch, tmp_path):
     assert tracking.resolve_tracking_uri("sqlite:////abs/x.db") == "sqlite:////abs/x.db"
 
 
+@pytest.mark.integration  # runs jobs/demo.py in a subprocess
 def test_cli_reports_config_errors_before_work(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "jobs" / "demo.py"), "no_such_key=1", f"output_dir={tmp_path}"],
@@ -173,6 +174,7 @@ def test_cli_reports_config_errors_before_work(tmp_path):
     assert not (tmp_path / "summary.json").exists()
 
 
+@pytest.mark.integration  # runs jobs/demo.py in a subprocess
 def test_cli_help_lists_config_keys():
     proc = subprocess.run([sys.executable, str(REPO / "jobs" / "demo.py"), "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0

@@ -217,8 +217,14 @@ def test_pos_over_neg_needs_hard_negatives():
 
 
 def test_negative_weight_is_rejected():
-    with pytest.raises(ValueError, match="loss.w_neg"):
+    from hardpos.config import ConfigError, load_config
+    from hardpos.train.config import TrainConfig
+
+    with pytest.raises(ValueError, match=r"^w_neg must be a finite number >= 0, got -1"):
         LossConfig(w_neg=-1)
+    # loaded as the train config's section, the error names the full key
+    with pytest.raises(ConfigError, match=r"^loss\.w_neg must be a finite number >= 0, got -1\.0$"):
+        load_config(TrainConfig, None, ["loss.w_neg=-1"])
 
 
 def test_shape_mismatch_is_a_clear_error():
@@ -307,6 +313,7 @@ def _worker(rank, world, init_file, result_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.integration  # two torch.distributed worker processes
 def test_two_workers_equal_one_worker_on_the_same_global_batch(tmp_path):
     import torch.multiprocessing as mp
 

@@ -15,7 +15,7 @@ import pytest
 from hardpos import runtime, tracking
 from hardpos.config import ConfigError, JobConfig, TrackingConfig, load_config
 from hardpos.testing import free_port, write_triplets
-from hardpos.testing.mlflow_server import LocalMlflowServer
+from hardpos.testing.mlflow_server import LocalMlflowServer  # noqa: F401  (annotations)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -298,15 +298,6 @@ def test_next_unit_respects_log_batch_limits():
 
 
 # --------------------------------------------------------------------------- a real server
-@pytest.fixture
-def server(tmp_path):
-    """A real ``mlflow server`` on 127.0.0.1 that the test crashes and restarts by PID."""
-    srv = LocalMlflowServer(tmp_path / "mlflow")
-    srv.start()
-    yield srv
-    srv.kill()
-
-
 def _train_cfg(tmp_path: Path, uri: str, n_rows: int, extra: list[str] = ()):
     from hardpos.train.config import TrainConfig
 
@@ -339,21 +330,28 @@ def _kill_after_first_step(server: LocalMlflowServer, box: dict) -> threading.Th
     return thread
 
 
-@pytest.mark.slow  # ~110 s here (server start ~20 s, Ray Train ~40 s, the restart ~20 s): over the default suite's budget
-def test_train_survives_a_server_crash_and_restart(ray_session, tmp_path, server, monkeypatch):
-    """2 Ray Train workers; the server is SIGKILLed after the first logged step and brought
-    back while the job drains: the job finishes, every step is in the run exactly once."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
-    cfg = _train_cfg(tmp_path, server.url, n_rows=160, extra=["tracking.drain_timeout_s=300"])
+@pytest.fixture
+def crash_and_restart(mlflow_server) -> dict:
+    """The server is SIGKILLed as soon as training has logged a step and started again 3 s
+    later, while the job runs. The dict gets ``down_at_ms`` (when it went down)."""
     box: dict = {}
-    watcher = _kill_after_first_step(server, box)
+    watcher = _kill_after_first_step(mlflow_server, box)
 
     def restart_later():
         watcher.join()
         time.sleep(3)
-        server.start(wait=False)
+        mlflow_server.start(wait=False)
 
     threading.Thread(target=restart_later, daemon=True).start()
+    return box
+
+
+@pytest.mark.slow  # ~110 s here (server start ~20 s, Ray Train ~40 s, the restart ~20 s): over the default suite's budget
+def test_train_survives_a_server_crash_and_restart(ray_session, tmp_path, mlflow_server, crash_and_restart):
+    """2 Ray Train workers; the server is SIGKILLed after the first logged step and brought
+    back while the job drains: the job finishes, every step is in the run exactly once."""
+    server, box = mlflow_server, crash_and_restart
+    cfg = _train_cfg(tmp_path, server.url, n_rows=160, extra=["tracking.drain_timeout_s=300"])
     summary = runtime.execute("train", cfg, quiet=True)
     assert summary["status"] == "ok" and "down_at_ms" in box
     assert summary["tracking"]["undelivered"] == 0, summary["tracking"]
@@ -378,13 +376,13 @@ def test_train_survives_a_server_crash_and_restart(ray_session, tmp_path, server
 
 
 @pytest.mark.slow
-def test_train_with_a_server_that_never_returns_then_replay(ray_session, tmp_path, server, monkeypatch):
+def test_train_with_a_server_that_never_returns_then_replay(ray_session, tmp_path, mlflow_server):
     """The server dies after the first step and stays down: the job still finishes (exit
     status ok), summary.json counts what was not delivered, and ``hardpos track replay``
     sends it into the same run once the server is back (model included)."""
     from hardpos.cli import main
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+    server = mlflow_server
     cfg = _train_cfg(tmp_path, server.url, n_rows=96, extra=["tracking.drain_timeout_s=3"])
     box: dict = {}
     _kill_after_first_step(server, box).join(timeout=0)
@@ -407,13 +405,14 @@ def test_train_with_a_server_that_never_returns_then_replay(ray_session, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_sweep_trial_outage_neither_fails_the_trial_nor_loses_its_metrics(ray_session, tmp_path, server, monkeypatch):
+def test_a_sweep_trial_outage_neither_fails_the_trial_nor_loses_its_metrics(ray_session, tmp_path, mlflow_server,
+                                                                           crash_and_restart, monkeypatch):
     """Two trials; the server crashes during the first one and is back a few seconds later
     (the next trial may start while it is down: it records locally, sent at the sweep's end)."""
     from mlflow.tracking import MlflowClient
 
+    server, box = mlflow_server, crash_and_restart
     monkeypatch.chdir(Path(__file__).resolve().parent.parent)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
     triplets, _ = write_triplets(tmp_path / "data", n=96)
     bench = {"kind": "triplets", "path": str(triplets)}
     overrides = {"data.train_path": str(triplets), "data.val_fraction": 0.0, "epochs": 1, "batch_size": 8,
@@ -425,15 +424,6 @@ def test_a_sweep_trial_outage_neither_fails_the_trial_nor_loses_its_metrics(ray_
         'search_space={"loss.w_neg": {"grid_search": [0.0, 1.0]}, "loss.w_pos": 1.0}', "extra_trials=[]",
         f"tracking.tracking_uri={server.url}", "tracking.experiment=outage", "tracking.drain_timeout_s=300",
         "register=false"])
-    box: dict = {}
-    watcher = _kill_after_first_step(server, box)
-
-    def restart_later():
-        watcher.join()
-        time.sleep(3)
-        server.start(wait=False)
-
-    threading.Thread(target=restart_later, daemon=True).start()
     summary = runtime.execute("sweep", cfg, quiet=True)
     assert "down_at_ms" in box
     assert summary["finished"] == 2 and summary["failed"] == [] and summary["tracking"]["undelivered"] == 0
