@@ -64,6 +64,8 @@ from typing import Mapping
 import torch
 import torch.nn.functional as F
 
+from hardpos.config import require
+
 TERMS = ("contrastive", "hard_negative", "hard_positive", "pos_over_neg", "kl")
 LOGIT_SCALE_MAX = math.log(100.0)
 _MASKED = -1e9
@@ -94,12 +96,10 @@ class LossConfig:
     def __post_init__(self) -> None:
         for name in ("w_pos", "w_neg", "w_pos_over_neg", "w_kl"):
             value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"loss.{name} must be a finite number >= 0, got {value}")
-        if self.w_neg == 0 and self.w_pos_over_neg != 0:
-            raise ValueError(
-                f"loss.w_pos_over_neg={self.w_pos_over_neg} reads the hard negatives, but loss.w_neg=0 "
-                "means training without hard negatives; set loss.w_neg > 0 or loss.w_pos_over_neg=0")
+            require(math.isfinite(value) and value >= 0, name, "must be a finite number >= 0", value)
+        require(not (self.w_neg == 0 and self.w_pos_over_neg != 0), "w_pos_over_neg",
+                "must be 0 when w_neg is 0 (it reads the hard negatives, and w_neg=0 means training without "
+                "them; set w_neg > 0 or w_pos_over_neg=0)", self.w_pos_over_neg)
 
     @property
     def uses_negatives(self) -> bool:
