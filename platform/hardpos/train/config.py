@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from hardpos.config import JobConfig, TrackingConfig
+from hardpos.config import JobConfig, TrackingConfig, require
 from hardpos.eval.spec import BenchmarkSpec
 from hardpos.model import ModelConfig
 from hardpos.train.data import DataConfig
@@ -132,9 +132,6 @@ class TrainConfig(JobConfig):
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.scaling.num_workers < 1:
-            raise ValueError(f"scaling.num_workers must be >= 1, got {self.scaling.num_workers}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1 or null, got {self.max_steps}")
+            require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
+        require(self.scaling.num_workers >= 1, "scaling.num_workers", "must be >= 1", self.scaling.num_workers)
+        require(self.max_steps is None or self.max_steps >= 1, "max_steps", "must be >= 1 or null", self.max_steps)

@@ -27,6 +27,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from hardpos.config import require
+
 REQUIRED_COLUMNS = ("image", "caption")
 TEXT_COLUMNS = ("caption", "hard_negative", "hard_positive")
 
@@ -62,12 +64,10 @@ class DataConfig:
     decode_cpus: float | None = None
 
     def __post_init__(self) -> None:
-        if self.decode_cpus is not None and not self.decode_cpus > 0:
-            raise ValueError(f"data.decode_cpus must be > 0 (or null for automatic), got {self.decode_cpus}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
-        if self.shuffle_buffer < 0:
-            raise ValueError(f"data.shuffle_buffer must be >= 0, got {self.shuffle_buffer}")
+        require(self.decode_cpus is None or self.decode_cpus > 0, "decode_cpus",
+                "must be > 0 (or null for automatic)", self.decode_cpus)
+        require(0.0 <= self.val_fraction < 1.0, "val_fraction", "must be in [0, 1)", self.val_fraction)
+        require(self.shuffle_buffer >= 0, "shuffle_buffer", "must be >= 0", self.shuffle_buffer)
 
 
 # --------------------------------------------------------------------------- reading
