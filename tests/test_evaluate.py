@@ -248,7 +248,8 @@ def test_shipped_configs_parse():
 
     jobs = Path(__file__).resolve().parent.parent / "jobs" / "configs"
     paper = load_config(stage.Config, jobs / "evaluate_paper.yaml")
-    assert [(b.name, b.kind) for b in paper.benchmarks] == [("replace", "replace"), ("swap", "swap"), ("sugarcrepe", "sugarcrepe")]
+    assert [(b.name, b.kind) for b in paper.benchmarks] == [("replace", "replace"), ("swap", "swap"), ("sugarcrepe", "sugarcrepe"),
+                                                                ("sugarcrepe_pp", "sugarcrepe_pp")]
     assert paper.model.arch == "ViT-B-32-quickgelu" and paper.model.pretrained == "openai"
     default = load_config(stage.Config, jobs / "evaluate.yaml")
     assert default.world == "outputs/world" and default.model.arch == "hardpos-tiny"
