@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -97,7 +98,7 @@ def test_missing_checkpoints_are_clear_errors(tmp_path):
 
 
 # --------------------------------------------------------------------------- MLflow model
-def test_mlflow_model_roundtrip_runs_registry_and_pyfunc(tmp_path, tracking_uri):
+def test_mlflow_model_roundtrip_runs_registry_and_pyfunc(tmp_path, tracking_uri, monkeypatch):
     import mlflow
     import pandas as pd
     from mlflow.tracking import MlflowClient
@@ -127,6 +128,8 @@ def test_mlflow_model_roundtrip_runs_registry_and_pyfunc(tmp_path, tracking_uri)
 
     # The pyfunc scores (image, caption) pairs; a missing image is a per-row reject.
     Image.new("RGB", (32, 32), (200, 20, 20)).save(tmp_path / "red.png")
+    # Loading prepends the model's carried code to sys.path: keep it from leaking into later tests.
+    monkeypatch.setattr(sys, "path", list(sys.path))
     pyfunc = mlflow.pyfunc.load_model(uri)
     df = pd.DataFrame({"image": [str(tmp_path / "red.png"), str(tmp_path / "red.png"), str(tmp_path / "gone.png")],
                        "caption": ["a red square", "a blue circle", "a red square"]})
