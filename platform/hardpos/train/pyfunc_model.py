@@ -5,6 +5,6 @@ is never imported by HardPos itself (importing it registers the model with MLflo
 """
 import mlflow
 
-from hardpos.mlflow_model import _pyfunc_class
+from hardpos.mlflow_model import HardPosModel
 
-mlflow.models.set_model(_pyfunc_class()())
+mlflow.models.set_model(HardPosModel())
