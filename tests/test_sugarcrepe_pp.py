@@ -13,6 +13,7 @@ from hardpos.eval.benchmarks import BenchmarkError, load_benchmark
 from hardpos.eval.evaluator import benchmark_metrics, encode_captions, evaluate_benchmarks
 from hardpos.eval.spec import BenchmarkSpec
 from hardpos.eval.sugarcrepe_pp import CATEGORIES, text_only_correct, text_only_metrics, text_similarities
+from hardpos.sweep import objective
 
 COUNTS = {"replace_att": 788, "replace_obj": 1652, "replace_rel": 1406, "swap_att": 666, "swap_obj": 245}
 
@@ -146,6 +147,8 @@ def test_tiny_model_scores_recompute_from_independent_encodings(shared_data, tmp
         assert m[f"scpp/{cat}/text_only_acc"] == pytest.approx(np.mean((tt["t_cp"] > tt["t_cn"]) & (tt["t_cp"] > tt["t_pn"])))
     for key in ("orig_acc", "aug_acc", "brittleness", "text_only_acc"):
         assert m[f"scpp/{key}"] == pytest.approx(np.mean([m[f"scpp/{c}/{key}"] for c in CATEGORIES]))
+    # the figures are sweep objectives like any other (train's per-epoch metrics are these keys)
+    assert objective(m, ["scpp/aug_acc", "scpp/text_only_acc"]) == pytest.approx((m["scpp/aug_acc"] + m["scpp/text_only_acc"]) / 2)
 
 
 def test_evaluate_stage_reports_logs_and_recomputes(shared_data, tmp_path, tracking_uri):
