@@ -16,7 +16,7 @@ import dataclasses
 import logging
 from typing import ClassVar, Literal
 
-from hardpos.config import ConfigError, JobConfig, TrackingConfig
+from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
 from hardpos.eval.distributed import RayDataConfig
 from hardpos.eval.evaluator import Precision
 from hardpos.eval.retention import RetrievalSpec, ZeroShotSpec
@@ -88,6 +88,12 @@ class Config(JobConfig):
     retention: RetentionConfig = dataclasses.field(default_factory=RetentionConfig)
     max_missing_fraction: float = 1.0
 
+    def __post_init__(self) -> None:
+        require(self.batch_size >= 1, "batch_size", "must be >= 1", self.batch_size)
+        require(self.num_threads >= 1, "num_threads", "must be >= 1", self.num_threads)
+        require(0.0 <= self.max_missing_fraction <= 1.0, "max_missing_fraction", "must be in [0, 1]",
+                self.max_missing_fraction)
+
 
 def resolve_specs(cfg: Config) -> list[BenchmarkSpec]:
     """The configured benchmarks plus the world's; validated before any model is built."""
@@ -111,10 +117,6 @@ def resolve_specs(cfg: Config) -> list[BenchmarkSpec]:
     if not specs and not cfg.retention.zeroshot and not cfg.retention.retrieval:
         raise ConfigError("nothing to evaluate: give benchmarks=[...], world=... or retention datasets")
     check_retention(cfg.retention)
-    if cfg.batch_size < 1 or cfg.num_threads < 1:
-        raise ConfigError("batch_size and num_threads must be >= 1")
-    if not 0.0 <= cfg.max_missing_fraction <= 1.0:
-        raise ConfigError("max_missing_fraction must be in [0, 1]")
     return specs
 
 

@@ -11,7 +11,7 @@ import tempfile
 from typing import Literal
 
 from hardpos import storage
-from hardpos.config import ConfigError, JobConfig, TrackingConfig
+from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
 from hardpos.generate.engines import EngineConfig
 from hardpos.runtime import JobContext, init_ray
 
@@ -88,20 +88,20 @@ class Config(JobConfig):
     join: JoinConfig = dataclasses.field(default_factory=JoinConfig)
     tracking: TrackingConfig = dataclasses.field(default_factory=lambda: TrackingConfig(experiment="hardpos-generate"))
 
+    def __post_init__(self) -> None:
+        require(self.shard_size >= 1, "shard_size", "must be >= 1", self.shard_size)
+        require(self.max_shards is None or self.max_shards >= 1, "max_shards", "must be >= 1 or null", self.max_shards)
+        require(self.limit is None or self.limit >= 0, "limit", "must be >= 0 or null", self.limit)
+
 
 def check_config(cfg: Config, templates) -> None:
-    """Everything that can be wrong with the config, before any work starts."""
+    """What the config's own ``__post_init__`` cannot check (prompt kinds, engine settings,
+    the input's files), before any work starts."""
     from hardpos.data.validate import KINDS
 
     unknown = [t.kind for t in templates if t.kind not in KINDS]
     if unknown:
         raise ConfigError(f"prompt kinds {unknown} have no validator; kinds must be one of {sorted(KINDS)}")
-    if cfg.shard_size < 1:
-        raise ConfigError(f"shard_size must be >= 1, got {cfg.shard_size}")
-    if cfg.max_shards is not None and cfg.max_shards < 1:
-        raise ConfigError(f"max_shards must be >= 1 or null, got {cfg.max_shards}")
-    if cfg.limit is not None and cfg.limit < 0:
-        raise ConfigError(f"limit must be >= 0 or null, got {cfg.limit}")
     if cfg.engine.kind == "http":
         from hardpos.generate.engines import build_http_processor_config
 
