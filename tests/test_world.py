@@ -187,3 +187,41 @@ def test_world_to_s3(tmp_path, s3_env):
     assert storage.exists(resolve_image(rows[0]["image"], uri))
     bench = read_triplets(f"{uri}/benchmark/replace_attribute.parquet")
     assert storage.exists(resolve_image(bench[0]["image"], f"{uri}/benchmark"))
+
+
+def test_binding_negatives_take_another_objects_value():
+    """binding_negative_rate=1: a REPLACE-attribute negative names a value another object of the
+    scene has whenever one differs (only the binding is wrong); 0 (the old default) mostly does not."""
+    from hardpos.data.world import benchmark_item
+
+    def share(rate: float) -> tuple[float, int]:
+        cfg = WorldConfig(min_objects=2, binding_negative_rate=rate)
+        rng = random.Random(5)
+        hits = n = 0
+        for _ in range(300):
+            scene = sample_scene(rng, cfg)
+            item = benchmark_item(rng, scene, cfg, "replace_attribute")
+            attr, change = item["slot"].split(":", 1)[1].split(" ", 1)
+            old, new = change.split("->")
+            others = {getattr(o, attr) for o in scene.objects} - {old}
+            if others:  # a binding negative is possible in this scene
+                n += 1
+                hits += new in others
+        return hits / n, n
+
+    bound, n = share(1.0)
+    assert n > 150 and bound == 1.0
+    assert share(0.0)[0] < 0.8
+
+
+def test_world_lexicon_without_shape_negatives():
+    from hardpos.data.perturb import RulePerturber
+
+    assert any(k[0] == "circle" for k in world_lexicon(WorldConfig()).negatives)  # the default keeps them
+    lex = world_lexicon(WorldConfig(shape_negatives=False))
+    assert not any(k[0] in CFG.shapes for k in lex.negatives)
+    rules = RulePerturber(seed=0, lexicon=lex)
+    caption = "a large red circle to the left of a small blue square"
+    slots = {p.slot.split(":", 1)[0] for p in rules.hard_negatives(caption)}
+    assert "object" not in slots and {"attribute", "relation"} <= slots
+    assert rules.hard_positives(caption)  # shapes are still nouns: positives and swaps work

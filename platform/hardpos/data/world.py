@@ -104,6 +104,10 @@ class WorldConfig:
     binding_negative_rate: share of REPLACE-attribute benchmark items whose negative takes
         its new value from another object of the scene when one can ("a red circle and a
         blue square" -> "a blue circle and a blue square"): only the binding is wrong.
+    shape_negatives: the rule engine may make a REPLACE hard negative by changing a shape
+        ("circle" -> "square"); False leaves finetuning negatives to what needs binding or
+        relations (colours, sizes, relations, attribute swaps): a changed shape is named by
+        no object of the scene, so a bag-of-words model already rejects it.
     relation_margin: a relation is "clearly true" when the centres differ by more than
         this fraction of the image along its axis (and "false" when they differ the other way).
     background_jitter: +- range of the background grey level (adds nuisance variation).
@@ -124,6 +128,7 @@ class WorldConfig:
     relation_caption_rate: float = 0.5
     noncanonical_rate: float = 0.005
     binding_negative_rate: float = 0.0
+    shape_negatives: bool = True
     relation_margin: float = 0.1
     background_jitter: int = 12
     color_jitter: int = 18
@@ -511,7 +516,10 @@ def world_lexicon(cfg: WorldConfig | None = None):
     cfg = cfg or WorldConfig()
     voc = vocabulary(cfg)
     forms = set(voc["colors"]) | set(voc["shapes"]) | set(voc["sizes"]) | set(voc["relations"]) | set(voc["synonyms"].values())
-    return load_lexicon(restrict_to=forms)
+    lex = load_lexicon(restrict_to=forms)
+    if not cfg.shape_negatives:  # shapes stay nouns (binding and swaps need them), only their negatives go
+        lex = dataclasses.replace(lex, negatives={k: v for k, v in lex.negatives.items() if k[0] not in voc["shapes"]})
+    return lex
 
 
 # ---------------------------------------------------------------------- generation
