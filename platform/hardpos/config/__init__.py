@@ -21,9 +21,9 @@ Contract (every stage):
   each dataclass checks its own invariants in ``__post_init__`` and raises
   :class:`ConfigError` (a ``ValueError``) whose message starts with the key relative to the
   dataclass (``require(ok, "val_fraction", "must be in [0, 1)", value)``); loading prefixes
-  the section's path, so the user reads ``data.val_fraction must be in [0, 1), got 2.0``.  Checks that
-  need the outside world (a file exists, a server answers) stay in the stage's ``run``
-  and raise :class:`ConfigError` too (the CLI exits 2 for either, before any compute).
+  the section's path, so the user reads ``data.val_fraction must be in [0, 1), got 2.0``.
+  Checks that need the outside world (a file exists, a server answers) stay in the stage's
+  ``run`` and raise :class:`ConfigError` too (the CLI exits 2 for either, before any compute).
   ``int`` is accepted where ``float`` is declared, and so is scientific notation that YAML
   1.1 leaves as text (``1e-3``); nothing else is coerced silently (``"3"`` is not an int).
 * "world", for a user: ``world.<key>`` is always a setting of the synthetic world's
@@ -33,12 +33,17 @@ Contract (every stage):
   ``n_pretrain=`` stay valid) and ``world_dir`` (= its ``output_dir``); evaluate takes
   ``world_dir`` for its older ``world=<folder>``.  A stage declares such alternative
   spellings in a ``config_aliases`` class variable (see :func:`from_dict`), so the old keys
-  keep working (``--print-config`` prints the dataclass's own field names).
+  keep working (``--print-config`` prints the dataclass's own field names).  perturb and
+  generate read a world folder as their ``input`` (which may also be a caption file).
+
+Layout: this module holds the shared sections and loading (:func:`load_config`,
+:func:`from_dict`); ``errors`` the :class:`ConfigError` and :func:`require`; ``overrides``
+the ``key=value`` parsing and setting; ``help`` the ``--help`` text; ``fields`` what they
+share about a dataclass's fields.  Import everything from ``hardpos.config``.
 """
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import re
 import types
 import typing
@@ -47,36 +52,18 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
+from hardpos.config.errors import ConfigError, require
+from hardpos.config.fields import aliases as _aliases
+from hardpos.config.fields import field_default as _field_default
+from hardpos.config.help import describe_config, field_docs, type_name
+from hardpos.config.overrides import parse_override, set_dotted
+
+__all__ = ["ConfigError", "JobConfig", "RayConfig", "TrackingConfig", "describe_config", "dump_yaml", "field_docs",
+           "flatten", "from_dict", "load_config", "parse_override", "read_yaml_mapping", "require", "set_dotted",
+           "to_dict", "type_name"]
+
 T = TypeVar("T")
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-
-
-class ConfigError(ValueError):
-    """A configuration file or override is invalid; the message starts with the key path.
-
-    ``ConfigError("must be >= 1, got 0", key="steps")`` reads ``steps must be >= 1, got 0``
-    (``key: reason`` when the reason is not a "must ..." rule); :func:`from_dict` re-raises it
-    with the section's path in front (``pretrain.steps must be ...``).  Without ``key`` the
-    message is taken as written (it names the key itself).
-    """
-
-    def __init__(self, message: str, key: str | None = None) -> None:
-        self.key = key
-        self.reason = message
-        if key:
-            message = f"{key} {message}" if message.startswith("must ") else f"{key}: {message}"
-        super().__init__(message)
-
-    def __reduce__(self):  # keep ``key`` through pickling (Ray ships exceptions between processes)
-        return (ConfigError, (self.reason, self.key))
-
-
-def require(ok: bool, key: str, rule: str, value: Any = dataclasses.MISSING) -> None:
-    """Raise ``ConfigError(f"{rule}, got {value!r}", key)`` unless ``ok``: the one way a config
-    dataclass's ``__post_init__`` reports a bad value (``rule`` reads "must be ...", ``key`` is
-    relative to that dataclass)."""
-    if not ok:
-        raise ConfigError(rule if value is dataclasses.MISSING else f"{rule}, got {value!r}", key=key)
 
 
 # --------------------------------------------------------------------------- sections
@@ -174,146 +161,6 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of config keys, got {type(data).__name__}")
     return data
-
-
-def parse_override(item: str) -> tuple[str, Any]:
-    """``"a.b=1"`` -> ``("a.b", 1)``; the value is parsed as YAML."""
-    if "=" not in item:
-        raise ConfigError(f"override {item!r} is not of the form dotted.key=value")
-    key, raw = item.split("=", 1)
-    key = key.strip()
-    if not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"override {item!r} has an empty key")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw  # e.g. "a: b" style strings: keep verbatim
-    return key, value
-
-
-def set_dotted(data: dict[str, Any], key: str, value: Any, *, cls: type | None = None) -> None:
-    """Set ``key`` (dotted; integer parts index lists) in the plain ``data`` of a config.
-
-    With ``cls`` (the dataclass ``data`` will build), a list that ``data`` does not hold yet
-    is first copied from the stage's default, so ``variants.1.w_neg=0.5`` edits the second
-    default variant.  An index outside the list is a :class:`ConfigError` naming the list
-    and its length.  Without ``cls`` (plain dicts, e.g. a sweep's trial overrides) integer
-    parts still index lists already in ``data``.
-    """
-    parts = key.split(".")
-    node: Any = data
-    tp: Any = cls  # the declared type of ``node`` when known
-    default: Any = _default_instance(cls) if cls is not None else None  # the stage's value of ``node``
-    for depth, part in enumerate(parts):
-        where = ".".join(parts[:depth]) or "config"
-        last = depth == len(parts) - 1
-        if isinstance(node, list):
-            index = _list_index(part, node, where)
-            if last:
-                node[index] = value
-                return
-            child, child_tp = node[index], _item_type(tp)
-            child_default = None
-        else:
-            target = _aliases(tp).get(part, part)
-            if target == "." and not last:  # a spliced section (the world stage's ``world.``)
-                child = node.setdefault(part, {})
-                if not isinstance(child, dict):
-                    raise ConfigError(f"override {key!r}: {_join_path(parts[:depth + 1])!r} is not a section")
-                node = child
-                continue
-            field_tp = _field_type(tp, target)
-            field_default = _field_default(tp, default, target)
-            if last:
-                node[part] = value
-                return
-            child = node.get(part)
-            if child is None:
-                # a list must exist before an index can address it: copy the stage's default
-                child = _plain(field_default) if isinstance(field_default, (list, tuple)) else {}
-                node[part] = child
-            child_tp, child_default = field_tp, field_default
-        if not isinstance(child, (dict, list)):
-            raise ConfigError(f"override {key!r}: {_join_path(parts[:depth + 1])!r} is neither a section nor a list")
-        node, tp, default = child, child_tp, child_default
-
-
-def _join_path(parts: list[str]) -> str:
-    return ".".join(parts)
-
-
-def _list_index(part: str, items: list, where: str) -> int:
-    if not re.fullmatch(r"\d+", part):
-        raise ConfigError(f"{where} is a list: address its items by index ({where}.0 ...), not {part!r}")
-    index = int(part)
-    if index >= len(items):
-        raise ConfigError(f"{where}: index {index} is out of range, the list has {len(items)} item(s)"
-                          + (f" (0..{len(items) - 1})" if items else ""))
-    return index
-
-
-def _unwrap_optional(tp: Any) -> Any:
-    if get_origin(tp) in (Union, types.UnionType):
-        args = [a for a in get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return tp
-
-
-def _field_type(tp: Any, name: str) -> Any:
-    tp = _unwrap_optional(tp)
-    if tp is not None and dataclasses.is_dataclass(tp):
-        return _unwrap_optional(get_type_hints(tp).get(name))
-    return None
-
-
-def _item_type(tp: Any) -> Any:
-    tp = _unwrap_optional(tp)
-    if get_origin(tp) in (list, tuple, typing.Sequence):
-        args = get_args(tp)
-        return _unwrap_optional(args[0]) if args else None
-    return None
-
-
-def _default_instance(cls: Any) -> Any:
-    """``cls()`` when it can be built from its defaults alone, else None."""
-    try:
-        return cls()
-    except Exception:  # required fields, or defaults that do not validate: no defaults to offer
-        return None
-
-
-def _field_default(tp: Any, instance: Any, name: str) -> Any:
-    """The value of field ``name`` in the stage's default of the section (``instance``), else
-    the field's own default; None when there is none."""
-    if instance is not None and hasattr(instance, name) and dataclasses.is_dataclass(instance):
-        return getattr(instance, name)
-    tp = _unwrap_optional(tp)
-    if tp is None or not dataclasses.is_dataclass(tp):
-        return None
-    for f in dataclasses.fields(tp):
-        if f.name == name:
-            if f.default is not dataclasses.MISSING:
-                return f.default
-            if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-                return f.default_factory()  # type: ignore[misc]
-    return None
-
-
-def _plain(value: Any) -> Any:
-    """A default value as the plain data a YAML file would hold."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def _aliases(tp: Any) -> dict[str, str]:
-    tp = _unwrap_optional(tp)
-    return (getattr(tp, "config_aliases", None) or {}) if tp is not None and dataclasses.is_dataclass(tp) else {}
 
 
 def _apply_aliases(cls: type, data: dict[str, Any], path: str) -> dict[str, Any]:
@@ -460,109 +307,6 @@ def _convert(tp: Any, value: Any, key: str, *, base: Any = None) -> Any:
     if isinstance(tp, type) and not isinstance(value, tp):
         raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r}")
     return value
-
-
-# --------------------------------------------------------------------------- help
-_DOC_ITEM = re.compile(r"^([A-Za-z_]\w*(?:\s*[/,]\s*[A-Za-z_]\w*)*)\s*:\s+(\S.*)$")
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """``{field: doc}`` from the ``name: doc`` lines of ``cls``'s docstrings (its own and its
-    dataclass bases'; a subclass's line wins).  ``a / b: doc`` or ``a, b: doc`` documents both;
-    lines indented below an item continue it; a blank or unindented other line ends it."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        text = klass.__dict__.get("__doc__")
-        if not text or not dataclasses.is_dataclass(klass):
-            continue
-        current: list[str] = []
-        for line in inspect.cleandoc(text).splitlines():  # the summary line may be an item too
-            match = _DOC_ITEM.match(line)
-            if match:
-                current = [match.group(2).strip()]
-                for name in re.split(r"\s*[/,]\s*", match.group(1)):
-                    docs[name] = current  # shared list: continuation lines reach every name
-            elif current and line[:1].isspace() and line.strip():
-                current.append(line.strip())
-            else:
-                current = []
-    return {name: " ".join(parts) for name, parts in docs.items() if name in names}
-
-
-def type_name(tp: Any) -> str:
-    """A readable type: ``int``, ``str | None``, ``list[Variant]``, ``one of 'a', 'b'``."""
-    origin = get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(map(repr, get_args(tp)))
-    if origin in (Union, types.UnionType):
-        return " | ".join(type_name(a) for a in get_args(tp))
-    if tp is type(None):
-        return "None"
-    if origin is not None:
-        args = get_args(tp)
-        name = getattr(origin, "__name__", str(origin).replace("typing.", ""))
-        return f"{name}[{', '.join(type_name(a) for a in args)}]" if args else name
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _wrap(doc: str, width: int) -> list[str]:
-    import textwrap
-
-    # no breaks inside words: URIs and keys (models:/hardpos-clip@champion) stay whole
-    return textwrap.wrap(doc, width=width, initial_indent=" " * 6, subsequent_indent=" " * 6,
-                         break_on_hyphens=False, break_long_words=False)
-
-
-def describe_config(cfg: Any, prefix: str = "", *, width: int = 100) -> list[str]:
-    """``--help`` lines for the config instance ``cfg``: ``  key: type = value`` per key, the
-    values being ``cfg``'s (the stage's defaults, or a file's), then the field's doc.
-
-    Sections recurse (``pretrain.lr``); a list of sections lists every item by index
-    (``variants.1.w_neg``; docs on the first item only), an empty one its item keys as
-    ``<i>`` with the item class's defaults.
-    """
-    lines: list[str] = []
-    cls = type(cfg)
-    hints = get_type_hints(cls)
-    docs = field_docs(cls)
-
-    def doc_lines(name: str) -> list[str]:
-        doc = docs.get(name)
-        return _wrap(doc, width) if doc else []
-
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        tp, value, key = hints[f.name], getattr(cfg, f.name), f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(value):
-            lines.append(f"  {key}.*: {type_name(type(value))} section")
-            summary = (inspect.getdoc(type(value)) or "").split("\n\n")[0].replace("\n", " ")
-            lines.extend(doc_lines(f.name) or _wrap(summary, width))
-            lines.extend(describe_config(value, prefix=f"{key}.", width=width))
-            continue
-        item_tp = _item_type(tp)
-        if item_tp is None or not dataclasses.is_dataclass(item_tp):
-            lines.append(f"  {key}: {type_name(tp)} = {value!r}")
-        elif value:
-            lines.append(f"  {key}: {type_name(tp)} ({len(value)} item(s); one key of one item: {key}.<i>.<key>=...)")
-        else:
-            lines.append(f"  {key}: {type_name(tp)} = [] (give the list in YAML or as {key}=[{{...}}, ...])")
-        lines.extend(doc_lines(f.name))
-        if item_tp is not None and dataclasses.is_dataclass(item_tp):
-            if value:
-                for i, item in enumerate(value):
-                    sub = describe_config(item, prefix=f"{key}.{i}.", width=width)
-                    lines.extend(sub if i == 0 else [line for line in sub if line.startswith("  " + key)])
-            else:  # nothing to index yet: the keys an item has (give the list in YAML or as [...])
-                item_hints, item_docs = get_type_hints(item_tp), field_docs(item_tp)
-                for g in dataclasses.fields(item_tp):
-                    default = _field_default(item_tp, None, g.name)
-                    shown = "<required>" if default is None and g.default is dataclasses.MISSING else repr(default)
-                    lines.append(f"  {key}.<i>.{g.name}: {type_name(item_hints[g.name])} = {shown}")
-                    if item_docs.get(g.name):
-                        lines.extend(_wrap(item_docs[g.name], width))
-    return lines
 
 
 # --------------------------------------------------------------------------- export
