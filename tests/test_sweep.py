@@ -3,9 +3,6 @@ nested MLflow run; then the comparison, the Pareto front and the registry (champ
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -13,8 +10,8 @@ import pytest
 from hardpos import runtime
 from hardpos.config import ConfigError, load_config
 
-from conftest import free_port
 from hardpos.testing import write_triplets
+from hardpos.testing.mlflow_server import LocalMlflowServer
 
 
 def _sweep_cfg(tmp_path: Path, triplets: Path, tracking_uri: str, extra: list[str] = ()):
@@ -81,37 +78,15 @@ def test_sweep_on_sqlite_store(tmp_path, ray_session, tracking_uri, monkeypatch)
 
 @pytest.fixture
 def mlflow_server(tmp_path):
-    """A real `mlflow server` on 127.0.0.1 (sqlite backend, local artifact store); stopped by PID."""
-    import requests
-
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-         "--artifacts-destination", str(tmp_path / "server-artifacts"), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+    """A real `mlflow server` on 127.0.0.1 (sqlite backend, local artifact store). It runs in
+    its own process group, stopped as a whole (the server forks a uvicorn worker, which
+    stopping the parent alone left running)."""
+    server = LocalMlflowServer(tmp_path / "mlflow-server")
     try:
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            try:
-                if requests.get(f"{url}/health", timeout=2).ok:
-                    break
-            except requests.RequestException:
-                pass
-            if proc.poll() is not None:
-                pytest.fail(f"mlflow server exited with {proc.returncode}")
-            time.sleep(0.5)
-        else:
-            pytest.fail("mlflow server did not answer /health within 90 s")
-        yield url
+        server.start(timeout=90)
+        yield server.url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.kill()
 
 
 @pytest.mark.slow
