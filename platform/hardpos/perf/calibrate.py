@@ -48,6 +48,9 @@ class ProbeConfig:
     pretrained: start from this checkpoint (e.g. a demo's <output_dir>/pretrain/model) and
         skip the pretraining phase.
     output: also write the rows (model -> table row) as JSON here (for aggregating seeds).
+    base_cache: a state-dict file of the pretrained base: loaded when it exists (pretraining
+        skipped), written after pretraining when it does not, so finetuning settings and
+        benchmark variants are compared on one base (delete it when the world or arch changes).
     """
 
     world_dir: str = "outputs/world"
@@ -66,6 +69,7 @@ class ProbeConfig:
     threads: int = 2
     pretrained: str | None = None
     output: str | None = None
+    base_cache: str | None = None
 
 
 def _load_images(paths: list[str], preprocess) -> "Any":
@@ -130,8 +134,12 @@ def probe(cfg: ProbeConfig) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     world = Path(cfg.world_dir)
     lm = load_model(ModelConfig(arch=cfg.arch, pretrained=cfg.pretrained))
+    cached = bool(cfg.base_cache) and Path(cfg.base_cache).exists()
+    if cached:
+        lm.model.load_state_dict(torch.load(cfg.base_cache, map_location="cpu"))
+        print(f"base: {cfg.base_cache} (pretraining skipped)", file=sys.stderr)
     t0 = time.time()
-    pre = [] if cfg.pretrained else pq.read_table(world / "pretrain.parquet", columns=["image", "caption"]).to_pylist()
+    pre = [] if cfg.pretrained or cached else pq.read_table(world / "pretrain.parquet", columns=["image", "caption"]).to_pylist()
     pre_imgs = _load_images([str(world / r["image"]) for r in pre], lm.preprocess_val) if pre else None
     trip = pq.read_table(cfg.triplets, columns=["image", "caption", "hard_negative", "hard_positive"]).to_pylist()
     trip_base = Path(cfg.triplets).parent
@@ -146,20 +154,26 @@ def probe(cfg: ProbeConfig) -> dict[str, Any]:
     specs = [BenchmarkSpec(name=f"world_{b}", kind="triplets", path=str(world / "benchmark" / f"{b}.parquet"))
              for b in ("replace_attribute", "replace_relation", "swap")]
 
-    def evaluate(model) -> dict[str, float]:
+    def evaluate(model, name: str) -> dict[str, float]:
         model.eval()
         with torch.no_grad():
             m = run_benchmarks(model, lm.preprocess_val, lm.tokenizer, specs)
         model.train()
-        return R.table_row(m)
+        row = R.table_row(m)
+        # each row as soon as it exists: a long probe that is stopped early still told something
+        print(f"{name}: " + " ".join(f"{k} {100 * v:.1f}" for k, v in row.items() if k.endswith(
+            ("orig_acc", "aug_acc", "brittleness"))), file=sys.stderr, flush=True)
+        return row
 
     rows: dict[str, dict[str, float]] = {}
-    if not cfg.pretrained:
+    if not cfg.pretrained and not cached:
         print(f"pretraining {cfg.pretrain_steps} steps ...", file=sys.stderr)
         nothing = [None] * len(pre)
         _train(lm.model, pre_imgs, [r["caption"] for r in pre], nothing, nothing, lm.tokenizer, cfg.pretrain_steps,
                cfg.pretrain_batch, cfg.pretrain_lr, cfg.warmup, 0.0, 0.0, False, cfg.seed)
-    rows["pretrained"] = evaluate(lm.model)
+        if cfg.base_cache:
+            torch.save(lm.model.state_dict(), cfg.base_cache)
+    rows["pretrained"] = evaluate(lm.model, "pretrained")
     base_state = copy.deepcopy(lm.model.state_dict())
     for name, (w_pos, w_neg) in cfg.variants.items():
         lm.model.load_state_dict(base_state)
@@ -173,7 +187,7 @@ def probe(cfg: ProbeConfig) -> dict[str, Any]:
             _train(lm.model, ft_imgs, [r["caption"] for r in trip], [r["hard_negative"] for r in trip],
                    [r["hard_positive"] for r in trip], lm.tokenizer, cfg.finetune_steps, cfg.finetune_batch,
                    cfg.finetune_lr, cfg.warmup, w_pos, w_neg, True, cfg.seed + 1)
-        rows[name] = evaluate(lm.model)
+        rows[name] = evaluate(lm.model, name)
     print(R.markdown_table(rows, title=f"probe: {json.dumps(dataclasses.asdict(cfg))}"))
     if cfg.output:
         Path(cfg.output).write_text(json.dumps({"config": dataclasses.asdict(cfg), "rows": rows}, indent=2))
