@@ -34,8 +34,15 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+import open_clip
 import torch
 import torch.nn.functional as F
+from open_clip.push_to_hf_hub import save_config_for_hf
+from open_clip.transformer import text_global_pool
+from safetensors.torch import save_file
+
+from hardpos import storage, tracking
+from hardpos.registry import download_model
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +88,6 @@ class LoadedModel:
 # --------------------------------------------------------------------------- configs
 def register_model_configs() -> None:
     """Register HardPos's bundled open_clip configs (idempotent, no I/O beyond the package)."""
-    import open_clip
-
     known = set(open_clip.list_models())
     for path in sorted(_CONFIG_DIR.glob("*.json")):
         if path.stem not in known:
@@ -90,8 +95,6 @@ def register_model_configs() -> None:
 
 
 def model_config_dict(arch: str, force_quick_gelu: bool = False) -> dict[str, Any]:
-    import open_clip
-
     register_model_configs()
     cfg = open_clip.get_model_config(arch)
     if cfg is None:
@@ -128,13 +131,8 @@ def resolve_source(pretrained: str, *, tracking_uri: str | None = None) -> Path 
     Raises :class:`hardpos.registry.ModelNotFoundError` (naming the store) for an unknown
     registered model, alias, version or run; ``FileNotFoundError`` for a missing path.
     """
-    from hardpos import storage
-
     if pretrained.startswith(MLFLOW_PREFIXES):
-        from hardpos.registry import download_model
-        from hardpos.tracking import resolve_tracking_uri
-
-        local = download_model(pretrained, resolve_tracking_uri(tracking_uri))
+        local = download_model(pretrained, tracking.resolve_tracking_uri(tracking_uri))
         found = find_checkpoint_dir(local)
         if found is None:
             raise FileNotFoundError(f"{pretrained}: no {CONFIG_NAME} found in the MLflow artifacts ({local})")
@@ -168,8 +166,6 @@ def load_model(cfg: ModelConfig, device: str | torch.device = "cpu", *, tracking
     tracking_uri: the MLflow store MLflow sources (``models:/``, ``runs:/``) resolve in;
         a stage passes its ``tracking.tracking_uri`` (see :func:`resolve_source`).
     """
-    import open_clip
-
     register_model_configs()
     source = resolve_source(cfg.pretrained, tracking_uri=tracking_uri) if cfg.pretrained else None
     meta: dict[str, Any] = {}
@@ -202,9 +198,6 @@ def load_model(cfg: ModelConfig, device: str | torch.device = "cpu", *, tracking
 
 def save_checkpoint(model: torch.nn.Module, model_cfg: dict[str, Any], directory: str | os.PathLike, meta: dict[str, Any] | None = None) -> Path:
     """Write ``model`` in the checkpoint format above (local directory)."""
-    from open_clip.push_to_hf_hub import save_config_for_hf
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model = unwrap(model)
@@ -245,9 +238,6 @@ def encode_text(model: torch.nn.Module, tokens: torch.Tensor, normalize: bool = 
     positional embedding and causal mask are sliced to the batch length, which gives the
     same features as padding to the full context. Other towers get padded input.
     """
-    import open_clip
-    from open_clip.transformer import text_global_pool
-
     m = unwrap(model)
     if isinstance(m, open_clip.CLIP) and m.attn_mask is not None and m.text_pool_type in ("argmax", "eos"):
         length = tokens.shape[1]

@@ -14,9 +14,11 @@ Nothing here touches the network at import time.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlparse
@@ -66,6 +68,8 @@ def region() -> str:
 # --------------------------------------------------------------------------- clients
 @functools.lru_cache(maxsize=8)
 def _client(endpoint: str | None, region_name: str):
+    # boto3 and pyarrow load lazily here: hardpos.cli imports this module (through runtime)
+    # and they cost ~1-2 s, which `hardpos --help` or a local-only job need not pay.
     import boto3
     from botocore.config import Config
 
@@ -83,7 +87,7 @@ def s3_client():
 
 
 def _raise_for(exc: Exception, uri: str) -> None:
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import ClientError  # lazy: see _client
 
     if isinstance(exc, ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
@@ -99,7 +103,7 @@ def _raise_for(exc: Exception, uri: str) -> None:
 
 def arrow_filesystem(uri: str) -> tuple[Any, str]:
     """(pyarrow filesystem, path inside it) for Ray Data / Ray Train ``storage_filesystem``."""
-    import pyarrow.fs as pafs
+    import pyarrow.fs as pafs  # lazy: see _client
 
     if is_s3(uri):
         bucket, key = split_s3(uri)
@@ -279,9 +283,6 @@ def local_copy(uri: str | os.PathLike, cache_dir: str | os.PathLike | None = Non
         if not path.exists():
             raise FileNotFoundError(f"no such file: {uri}")
         return path
-    import hashlib
-    import tempfile
-
     cache = Path(cache_dir or os.environ.get("HARDPOS_CACHE_DIR") or Path(tempfile.gettempdir()) / "hardpos-cache")
     bucket, key = split_s3(uri)
     dest = cache / hashlib.sha1(uri.encode()).hexdigest()[:16] / Path(key).name

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from hardpos.data.perturb import RulePerturber
+
 LABELS = ("ok", "wrong", "doubtful")
 COLUMNS = ("caption", "positive", "label", "why", "slot", "sample")
 
@@ -59,8 +61,6 @@ def sample_rule_positives(captions: Iterable[str], *, n: int = 320, seed: int = 
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if perturber is None:
-        from hardpos.data.perturb import RulePerturber
-
         perturber = RulePerturber(seed=rule_seed)
     caps = unique_captions(captions)
     order = list(caps)

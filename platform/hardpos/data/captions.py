@@ -34,6 +34,8 @@ import io
 import json
 from typing import Any, Iterable
 
+import pyarrow.parquet as pq
+
 from hardpos import storage
 
 CAPTION_COLUMNS = ("caption", "title", "text", "true_caption", "sentence")
@@ -164,8 +166,6 @@ def _delimited(text: str, uri: str, delimiter: str) -> list[dict]:
 
 
 def _parquet(data: bytes, uri: str) -> list[dict]:
-    import pyarrow.parquet as pq
-
     try:
         table = pq.read_table(io.BytesIO(data))
     except Exception as exc:  # noqa: BLE001

@@ -15,6 +15,9 @@ import json
 import os
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from hardpos import storage
 
 TRIPLET_COLUMNS = ("image", "caption", "hard_negative", "hard_positive", "kind", "source", "caption_id")
@@ -88,8 +91,6 @@ def write_triplets(rows: list[dict], uri: str) -> str:
     if fmt == "jsonl":
         text = "".join(json.dumps({c: r.get(c) for c in columns}, ensure_ascii=False) + "\n" for r in clean)
         return storage.write_text(uri, text)
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     data = {c: [r.get(c) for r in clean] for c in columns}
     fields = []
@@ -123,8 +124,6 @@ def read_triplets(uri: str) -> list[dict]:
             raise TripletFileError(f"{uri}: not UTF-8 text") from exc
         rows = storage.parse_jsonl(text, uri, TripletFileError)
     else:
-        import pyarrow.parquet as pq
-
         try:
             table = pq.read_table(io.BytesIO(data))
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types

@@ -49,6 +49,8 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 
+from hardpos.data.lexicon import load_lexicon
+
 REASONS = ("empty", "identical", "chatter", "too_many_edits", "not_a_swap", "not_conjunct_swap", "meaning_kept",
            "length", "non_text")
 
@@ -240,8 +242,6 @@ class _WordClasses:
 
 @functools.lru_cache(maxsize=1)
 def _word_classes() -> _WordClasses:
-    from hardpos.data.lexicon import load_lexicon
-
     lex = load_lexicon()
     nouns = frozenset(f for f, ss in lex.senses.items() if " " not in f and any(s.pos == "noun" for s in ss))
     animate = {f: s.cls for f, ss in lex.senses.items() for s in ss if s.kind == "animate"}

@@ -46,6 +46,7 @@ from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from hardpos import storage
+from hardpos.data.triplets import TripletFileError, read_triplets, resolve_image as resolve_triplet_image
 from hardpos.eval.spec import BenchmarkSpec
 
 REPLACE_SUBSETS = ("attributes", "relations")
@@ -203,8 +204,6 @@ def load_sugarcrepe(spec: BenchmarkSpec) -> Benchmark:
 def read_triplet_rows(uri: str) -> list[dict[str, Any]]:
     """Rows of a parquet or jsonl triplet file (local or s3://), read by the platform's one
     triplet reader (:func:`hardpos.data.triplets.read_triplets`)."""
-    from hardpos.data.triplets import TripletFileError, read_triplets
-
     try:
         return read_triplets(uri)
     except TripletFileError as exc:
@@ -212,8 +211,6 @@ def read_triplet_rows(uri: str) -> list[dict[str, Any]]:
 
 
 def load_triplets(spec: BenchmarkSpec) -> Benchmark:
-    from hardpos.data.triplets import resolve_image as resolve_triplet_image
-
     rows = read_triplet_rows(spec.path)
     base = spec.path.rsplit("/", 1)[0] if "/" in spec.path else "."
     items, rejected = [], []

@@ -13,6 +13,12 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import ray
+import ray.data
+import torch
+
+from hardpos.eval.evaluator import check_precision, encode_image_keys
+from hardpos.model import ModelConfig, load_model, unwrap
 
 
 @dataclasses.dataclass
@@ -34,11 +40,6 @@ class _ImageEncoderActor:
     """Ray Data callable class: builds the model once, encodes batches of image keys."""
 
     def __init__(self, arch: str, quick_gelu: bool, state_box: list, device: str, precision: str = "fp32"):
-        import ray
-        import torch
-
-        from hardpos.model import ModelConfig, load_model
-
         lm = load_model(ModelConfig(arch=arch, force_quick_gelu=quick_gelu), device="cpu")
         lm.model.load_state_dict(ray.get(state_box[0]))
         self.device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -47,8 +48,6 @@ class _ImageEncoderActor:
         self.precision = precision
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        from hardpos.eval.evaluator import encode_image_keys
-
         keys = [(str(img), tuple(float(v) for v in crop) if crop is not None and len(crop) else None)
                 for img, crop in zip(batch["image"], batch["crop"])]
         feats, failures = encode_image_keys(self.model, self.preprocess, keys, device=self.device,
@@ -64,11 +63,6 @@ def ray_image_encoder(model, arch: str, model_cfg: dict, cfg: RayDataConfig | No
     on Ray Data. ``model`` is the driver's model (its weights are shipped to the actors);
     ``arch``/``model_cfg`` come from :class:`hardpos.model.LoadedModel`; ``precision`` is
     the actors' (pass the evaluator's). Ray must be initialised."""
-    import ray
-
-    from hardpos.eval.evaluator import check_precision
-    from hardpos.model import unwrap
-
     check_precision(precision)
     cfg = cfg or RayDataConfig()
     state = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
@@ -76,8 +70,6 @@ def ray_image_encoder(model, arch: str, model_cfg: dict, cfg: RayDataConfig | No
     quick = bool(model_cfg.get("quick_gelu", False))
 
     def encode(keys: Sequence[tuple]) -> tuple[np.ndarray, dict[int, str]]:
-        import ray.data
-
         if not keys:
             return np.zeros((0, 1), dtype=np.float32), {}
         rows = [{"idx": i, "image": k[0], "crop": list(k[1]) if k[1] is not None else []} for i, k in enumerate(keys)]

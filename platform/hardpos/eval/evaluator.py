@@ -38,15 +38,16 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, get_args
 
 import numpy as np
+import pyarrow as pa
+import torch
+from PIL import Image
 
+from hardpos import storage
 from hardpos.eval import metrics as M
 from hardpos.eval import sugarcrepe_pp as SCPP
 from hardpos.eval.benchmarks import Benchmark, Crop, load_benchmark
 from hardpos.eval.spec import BenchmarkSpec
-
-if TYPE_CHECKING:  # torch/PIL are imported lazily: this module is imported by the CLI
-    import torch
-    from PIL import Image
+from hardpos.model import encode_image, encode_text, trim_tokens
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,6 @@ class EvalReport:
     def scores_table(self):
         """Per-item scores as a pyarrow Table: item_id, benchmark, subset, s_c, s_n, s_p (and
         t_cp, t_cn, t_pn when a benchmark has text-only cosines; null for the others)."""
-        import pyarrow as pa
-
         cols: dict[str, list] = {k: [] for k in ("item_id", "benchmark", "subset", "s_c", "s_n", "s_p")}
         for r in self.results:
             cols["item_id"] += r.item_ids
@@ -153,10 +152,6 @@ def benchmark_metrics(name: str, subsets: Sequence[str], s_c, s_n, s_p, aggregat
 # --------------------------------------------------------------------------- images
 def load_image(uri: str, crop: Crop | None = None) -> "Image.Image":
     """Open ``uri`` (local or s3://) as RGB, cropped to ``crop`` = (x, y, w, h) if given."""
-    from PIL import Image
-
-    from hardpos import storage
-
     if storage.is_s3(uri):
         img = Image.open(io.BytesIO(storage.read_bytes(uri)))
     else:
@@ -192,8 +187,6 @@ def _ieee_fp32_on_cuda():
     plain fp32 on an Ampere+ GPU is not fp32 without this. Uses the ``fp32_precision``
     flags where torch has them: mixing them with the legacy ``allow_tf32`` flags makes
     torch raise when anything reads the flags later."""
-    import torch
-
     cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
     if hasattr(matmul, "fp32_precision") and hasattr(cudnn, "conv"):
         flags = [matmul, cudnn.conv, cudnn.rnn]
@@ -221,8 +214,6 @@ def precision_context(device: "torch.device | str", precision: str = "fp32"):
     ``device``'s type with that dtype (CPU autocast is allowed: slow on most CPUs, but it
     makes the low-precision path testable anywhere). Raises ValueError for other values.
     """
-    import torch
-
     check_precision(precision)
     device = torch.device(device)
     if precision == "fp32":
@@ -234,10 +225,6 @@ def encode_image_keys(model, preprocess: Callable, keys: Sequence[ImageKey], *, 
                       num_threads: int = 4, precision: Precision = "fp32") -> tuple["torch.Tensor", dict[int, str]]:
     """L2-normalised features [len(keys), D] (float32, CPU; computed in ``precision``) and
     ``{index: error}`` for keys whose image could not be read (their rows are zero)."""
-    import torch
-
-    from hardpos.model import encode_image
-
     device = torch.device(device)
     check_precision(precision)
     feats: torch.Tensor | None = None
@@ -279,10 +266,6 @@ def encode_captions(model, tokenizer: Callable, captions: Sequence[str], *, devi
     Captions are batched in token-length order so every batch is trimmed to its own
     longest caption; the result is identical to encoding each at full context length.
     """
-    import torch
-
-    from hardpos.model import encode_text, trim_tokens
-
     device = torch.device(device)
     check_precision(precision)
     if not captions:
@@ -320,10 +303,6 @@ def similarity_matrix(model, preprocess: Callable, tokenizer: Callable, images: 
                       precision: Precision = "fp32") -> np.ndarray:
     """Cosine similarities [len(images), len(captions)] for PIL images and caption strings,
     through the evaluator's own encoding path (same preprocessing, batching, precision)."""
-    import torch
-
-    from hardpos.model import encode_image
-
     device = torch.device(device)
     check_precision(precision)
     with eval_mode(model):
@@ -367,8 +346,6 @@ def evaluate_loaded(model, preprocess: Callable, tokenizer: Callable, bench: Ben
 
     ``image_encoder(keys) -> (features, failures)`` replaces the in-process image encoding
     (the Ray Data path plugs in here; it is built with its own ``precision``)."""
-    import torch
-
     items = bench.items
     key_index: dict[ImageKey, int] = {}
     cap_index: dict[str, int] = {}

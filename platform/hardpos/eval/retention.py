@@ -25,8 +25,14 @@ from pathlib import PurePosixPath
 from typing import Any, Callable
 
 import numpy as np
+import open_clip
+import torch
+from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES, SIMPLE_IMAGENET_TEMPLATES
 
 from hardpos import storage
+from hardpos.data.triplets import resolve_image
+from hardpos.eval.evaluator import check_precision, encode_captions, encode_image_keys, eval_mode, precision_context
+from hardpos.model import encode_text, trim_tokens
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
 CLASSNAME_SETS = ("imagenet", "folders")  # named values of ZeroShotSpec.classnames
@@ -108,8 +114,6 @@ def resolve_classnames(classnames: str | list[str]) -> list[str] | None:
     empty files and empty lists."""
     if isinstance(classnames, str):
         if classnames == "imagenet":
-            from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
-
             return list(IMAGENET_CLASSNAMES)
         if classnames == "folders":
             return None
@@ -130,8 +134,6 @@ def resolve_templates(templates: str | list[str]) -> list[str]:
     the equivalent format string (identical prompts for every class name)."""
     if isinstance(templates, str):
         if templates in TEMPLATE_SETS:
-            from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES, SIMPLE_IMAGENET_TEMPLATES
-
             named = OPENAI_IMAGENET_TEMPLATES if templates == "openai" else SIMPLE_IMAGENET_TEMPLATES
             out = [t("{}") for t in named]
         elif "{}" in templates:
@@ -209,9 +211,6 @@ class _TextTower:
         self.model, self.device, self.precision = model, device, precision
 
     def encode_text(self, tokens, normalize: bool = True):
-        from hardpos.eval.evaluator import precision_context
-        from hardpos.model import encode_text, trim_tokens
-
         with precision_context(self.device, self.precision):
             return encode_text(self.model, trim_tokens(tokens), normalize=normalize).float()
 
@@ -221,11 +220,6 @@ def class_embeddings(model, tokenizer: Callable, classnames: list[str], template
     """[n_classes, D] float32 on CPU: open_clip's ``build_zero_shot_classifier`` (mean of
     the normalised template embeddings, re-normalised), transposed; about ``batch_size``
     prompts per forward pass (whole classes at a time)."""
-    import open_clip
-    import torch
-
-    from hardpos.eval.evaluator import check_precision
-
     check_precision(precision)
     templates = resolve_templates(list(templates))
     if not classnames:
@@ -241,8 +235,6 @@ def zero_shot(model, preprocess: Callable, tokenizer: Callable, spec: ZeroShotSp
     """``{"zeroshot/<name>/top1": ..., "/top5", "/n_images", "/n_classes", "/n_templates",
     "/n_missing_images"}``; ``n_classes`` is the classifier's size (1000 for ImageNet, also
     when only some class folders are present)."""
-    from hardpos.eval.evaluator import encode_image_keys, eval_mode
-
     names = resolve_classnames(spec.classnames)
     templates = resolve_templates(spec.templates)
     folders, samples = list_image_folder(spec.root)
@@ -293,9 +285,6 @@ def read_caption_pairs(uri: str) -> list[tuple[str, str]]:
 def retrieval(model, preprocess: Callable, tokenizer: Callable, spec: RetrievalSpec, *, device="cpu",
               batch_size: int = 256, num_threads: int = 4, precision: str = "fp32") -> dict[str, float]:
     """``retrieval/<name>/{i2t,t2i}_r{1,5,10}`` plus counts."""
-    from hardpos.data.triplets import resolve_image
-    from hardpos.eval.evaluator import encode_captions, encode_image_keys, eval_mode
-
     pairs = read_caption_pairs(spec.captions)
     base = _dirname(spec.captions)
     images = list(dict.fromkeys(img for img, _ in pairs))

@@ -30,12 +30,20 @@ import dataclasses
 import hashlib
 import io
 import os
+import shutil
 import sys
 import time
 from typing import Any, Callable, Iterable, Mapping
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from hardpos import storage
 from hardpos.config import ConfigError
+from hardpos.data.captions import read_captions
+from hardpos.data.perturb import RulePerturber
+from hardpos.data.triplets import make_triplet, read_triplets, resolve_image, write_triplets
+from hardpos.data.validate import is_conjunct_swap, validate
 from hardpos.generate import engines
 from hardpos.generate.prompts import PromptTemplate
 
@@ -64,9 +72,6 @@ def load_inputs(uri: str, *, limit: int | None = None, image_root: str | None = 
     against ``image_root`` or the input file's folder, so the output's images resolve
     wherever the output lives.
     """
-    from hardpos.data.captions import read_captions
-    from hardpos.data.triplets import resolve_image
-
     rows = read_captions(uri, limit=limit)
     base_dir = uri.rsplit("/", 1)[0] if storage.is_s3(uri) else os.path.dirname(os.path.abspath(uri))
     out = []
@@ -150,8 +155,6 @@ def plan(captions: list[dict], templates: list[PromptTemplate], shard_size: int,
 # --------------------------------------------------------------------------- validation
 def judge(row: dict) -> dict:
     """Engine row -> result row: the validator's verdict (or the engine error) as status/reason."""
-    from hardpos.data.validate import validate
-
     out = dict(row)
     if row.get("engine_error"):
         out.update(status="rejected", reason=row["engine_error"], detail=row.get("engine_detail"), text=None)
@@ -165,8 +168,6 @@ def judge(row: dict) -> dict:
 
 
 def result_schema():
-    import pyarrow as pa
-
     schema = engines.engine_schema()
     for name in ("status", "reason", "detail", "text", "rule_negative"):
         schema = schema.append(pa.field(name, pa.string()))
@@ -181,8 +182,6 @@ def judge_batch(batch, rule_negatives: dict | None = None):
     so the join needs no rule work on the driver; None leaves the column null. Run in the
     same task as the rule engine, the perturber's per-caption cache makes this nearly free.
     """
-    import pyarrow as pa
-
     rules = engines.cached_perturber(rule_negatives["seed"], rule_negatives["world_dir"]) if rule_negatives else None
     rows = []
     for r in batch.to_pylist():
@@ -205,8 +204,6 @@ def rule_negative(rules, caption: str, kind: str) -> str | None:
     the rules make none or cannot parse the caption. Deterministic (seeded per caption), so
     workers and the driver agree on it.
     """
-    from hardpos.data.validate import validate
-
     if not isinstance(caption, str):
         return None
     try:
@@ -234,8 +231,6 @@ def dataset_negatives(cap: dict) -> list[str]:
     *positives*. Training on one as a negative teaches exactly the brittleness the paper is
     about, so they are left out here (and counted by :func:`meaning_kept_negatives`).
     """
-    from hardpos.data.validate import is_conjunct_swap
-
     return [n for n in cap["negatives"] or [] if not is_conjunct_swap(cap["caption"], n)]
 
 
@@ -261,8 +256,6 @@ class NegativePicker:
         if key in known:
             return known[key]
         if self._rules is None:
-            from hardpos.data.perturb import RulePerturber
-
             self._rules = RulePerturber(seed=self.seed, lexicon=engines.rule_lexicon(self.world_dir))
         return rule_negative(self._rules, cap["caption"], kind)
 
@@ -328,8 +321,6 @@ def join_caption(cap: dict, rows: list[dict], picker: NegativePicker, positives:
     ``positive_index`` (0-based index of this row's positive in that order; null on a
     negative-only row). ``kind``/``source`` are the chosen positive's.
     """
-    from hardpos.data.triplets import make_triplet
-
     if positives not in POSITIVES_MODES:
         raise ValueError(f"positives must be one of {POSITIVES_MODES}, got {positives!r}")
     rows = sorted(rows, key=lambda r: r["kind"])  # a stable order, whatever order the engine answered in
@@ -402,9 +393,6 @@ def join_counts(per_caption: list[list[dict]]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- shard files
 def _parquet_bytes(rows: list[dict], columns: Iterable[str]) -> bytes:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     schema = result_schema()
     fields = [schema.field(c) for c in columns]
     table = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows], schema=pa.schema(fields))
@@ -439,8 +427,6 @@ def write_shard(out_dir: str, shard: Shard, results: list[dict], triplets: list[
 
     join_stats: the join's own counts (:func:`join_counts`), kept in the marker beside the
     row counts so the run's summary can add them up over shards."""
-    from hardpos.data.triplets import write_triplets
-
     expected = {r["request_id"] for r in shard.requests} | {r["request_id"] for r in shard.input_rejects}
     got = [r["request_id"] for r in results]
     if len(got) != len(set(got)) or set(got) != expected:
@@ -507,7 +493,6 @@ def clear_output(out_dir: str, extra: Iterable[str] = ()) -> None:
         for uri in [*storage.list_files(storage.join(out_dir, "shards")), *(storage.join(out_dir, n) for n in names)]:
             client.delete_object(Bucket=bucket, Key=storage.split_s3(uri)[1])  # deleting a missing key is a no-op
         return
-    import shutil
 
     shutil.rmtree(storage.join(out_dir, "shards"), ignore_errors=True)
     for name in names:
@@ -519,18 +504,11 @@ def clear_output(out_dir: str, extra: Iterable[str] = ()) -> None:
 
 # --------------------------------------------------------------------------- merge
 def read_parquet_rows(uri: str) -> list[dict]:
-    import pyarrow.parquet as pq
-
     return pq.read_table(io.BytesIO(storage.read_bytes(uri))).to_pylist()
 
 
 def merge_outputs(out_dir: str, num_shards: int, join: bool, triplets_name: str) -> dict[str, str]:
     """Concatenate every shard's files into the run's merged outputs (shard order)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from hardpos.data.triplets import read_triplets, write_triplets
-
     outputs = {}
     for what in ("accepted", "rejects"):
         tables = [pq.read_table(io.BytesIO(storage.read_bytes(shard_path(out_dir, i, f"{what}.parquet"))))

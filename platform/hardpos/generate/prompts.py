@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from hardpos import storage
 from hardpos.config import ConfigError
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "resources" / "prompts"
@@ -265,8 +266,6 @@ def _parse_entry(entry: Any, where: str) -> PromptTemplate:
 
 def _read_prompt_file(source: str) -> tuple[str, str]:
     """(text, origin) of a bundled name or a path/URI."""
-    from hardpos import storage
-
     if source in BUNDLED or source.removesuffix(".yaml") in BUNDLED:
         name = source.removesuffix(".yaml") + ".yaml"
         return (PROMPTS_DIR / name).read_text(encoding="utf-8"), f"bundled:{name}"
@@ -297,8 +296,6 @@ def load_prompts(source: str = "paper", kinds: list[str] | None = None, _depth: 
         if origin.startswith("bundled:") or include in BUNDLED:
             inc = include
         else:
-            from hardpos import storage
-
             base = origin.rsplit("/", 1)[0] if "/" in origin else "."
             inc = storage.join(base, include)
         templates.extend(load_prompts(inc, None, _depth + 1))

@@ -34,6 +34,7 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
+from hardpos import tracking
 from hardpos.serve.config import BatchingConfig, DeploymentOptions, load_app_config
 from hardpos.serve.deployment import ScoringModel
 from hardpos.serve.errors import ServingError, check_bearer, token_digest
@@ -244,8 +245,6 @@ def build_app(args: dict[str, Any] | None = None):
     and the bearer token digest here (in the process that builds the app) so every replica
     agrees, and binds ``ScoringAPI(ScoringModel)``. Loads nothing.
     """
-    from hardpos import tracking
-
     cfg = load_app_config(args)
     if cfg.model.startswith(("runs:/", "models:/", "mlflow-artifacts:")):
         cfg = dataclasses.replace(cfg, tracking_uri=tracking.resolve_tracking_uri(cfg.tracking_uri))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+from hardpos.config import ConfigError, from_dict
+
 
 @dataclasses.dataclass
 class ServingLimits:
@@ -143,8 +145,6 @@ def load_app_config(args: dict[str, Any] | ServeAppConfig | None) -> ServeAppCon
     Raises :class:`hardpos.config.ConfigError` naming the bad key. Numeric sanity is checked
     here too (a zero byte limit would reject everything and look like a bug).
     """
-    from hardpos.config import ConfigError, from_dict
-
     cfg = args if isinstance(args, ServeAppConfig) else from_dict(ServeAppConfig, dict(args or {}))
     lim = cfg.limits
     for key in ("max_image_bytes", "max_image_pixels", "max_captions", "max_caption_chars", "max_batch_items", "max_body_bytes"):

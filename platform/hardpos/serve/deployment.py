@@ -20,8 +20,11 @@ import logging
 import time
 from typing import Any
 
+import ray
+import torch
 from ray import serve
 
+from hardpos.config import from_dict
 from hardpos.serve.config import BatchingConfig, load_app_config
 from hardpos.serve.errors import ServingError, classify_load_error
 from hardpos.serve.requests import check_token_lengths
@@ -60,8 +63,6 @@ class ScoringModel:
         """user_config: ``{"reload_token": str, "batching": {...}}``; a new token reloads."""
         user_config = dict(user_config or {})
         if "batching" in user_config:
-            from hardpos.config import from_dict
-
             self._apply_batching(from_dict(BatchingConfig, user_config["batching"]))
         token = str(user_config.get("reload_token", self._reload_token or ""))
         previous, self._reload_token = self._reload_token, token
@@ -73,9 +74,6 @@ class ScoringModel:
         return current_version(self.cfg)
 
     def _load(self) -> ModelState:
-        import ray
-        import torch
-
         want_cuda = self.cfg.device == "cuda" or (self.cfg.device == "auto" and bool(ray.get_gpu_ids()))
         if want_cuda and not torch.cuda.is_available():
             raise RuntimeError("device=cuda but no CUDA device is visible to this replica")

@@ -12,6 +12,8 @@ import hashlib
 import hmac
 from typing import Any
 
+from hardpos.registry import ModelNotFoundError
+
 class ServingError(Exception):
     """A request the service refuses: ``status`` (HTTP code) and a specific ``message``."""
 
@@ -54,8 +56,6 @@ def check_bearer(authorization: str | None, expected_digest: str | None) -> None
 def classify_load_error(source: str, exc: BaseException) -> ServingError:
     """A model that cannot be loaded: 404 when it does not exist (unknown registered model,
     alias, version, path or tag), 503 when it exists but cannot be loaded."""
-    from hardpos.registry import ModelNotFoundError
-
     text = f"{type(exc).__name__}: {exc}"
     code = getattr(exc, "error_code", "") or ""
     lowered = text.lower()

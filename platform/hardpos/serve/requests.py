@@ -23,6 +23,8 @@ import json
 import warnings
 from typing import Any, Sequence
 
+from PIL import Image, UnidentifiedImageError
+
 from hardpos.serve.config import ServingLimits
 from hardpos.serve.errors import ServingError, bad_request
 
@@ -87,8 +89,6 @@ def open_image(raw: bytes, limits: ServingLimits, field: str = "image"):
 
 
 def _open_checked(raw: bytes, limits: ServingLimits, field: str, decode: bool = False):
-    from PIL import Image, UnidentifiedImageError
-
     if len(raw) > limits.max_image_bytes:
         raise ServingError(413, f"{field} is {len(raw)} bytes; the limit is {limits.max_image_bytes} bytes")
     with warnings.catch_warnings():

@@ -12,6 +12,10 @@ import random
 import socket
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image, ImageDraw
+
 # The one palette (the tests' and the resilience run's copies had drifted: green was
 # (30, 200, 30) in one of them). Distinct, saturated colours so even a tiny model separates them.
 PALETTE: dict[str, tuple[int, int, int]] = {
@@ -32,8 +36,6 @@ def free_port() -> int:
 
 def write_image(path: Path, colour: tuple[int, int, int] = (128, 128, 128), size: tuple[int, int] = (8, 8)) -> Path:
     """A solid-colour image at ``path`` (format by suffix; parents created)."""
-    from PIL import Image
-
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.new("RGB", size, colour).save(path)
     return path
@@ -41,8 +43,6 @@ def write_image(path: Path, colour: tuple[int, int, int] = (128, 128, 128), size
 
 def draw_shape(path: Path, colour: str, shape: str, size: int = 32) -> Path:
     """A ``PALETTE[colour]`` circle or square on a light background, ``size`` px square."""
-    from PIL import Image, ImageDraw
-
     if shape not in SHAPES:
         raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
     img = Image.new("RGB", (size, size), _BACKGROUND)
@@ -119,9 +119,6 @@ def write_rows(folder: Path, rows: list[dict], name: str = "bench.jsonl", images
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
     if name.endswith(".parquet"):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         pq.write_table(pa.Table.from_pylist(rows), path)
     else:
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import requests
 
 
 class LocalMlflowServer:
@@ -19,8 +22,6 @@ class LocalMlflowServer:
     crashed and restarted on the same port and database. Stops only its own process group."""
 
     def __init__(self, root: str | os.PathLike, port: int | None = None) -> None:
-        import socket
-
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         if port is None:
@@ -47,8 +48,6 @@ class LocalMlflowServer:
             self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float = 300) -> None:
-        import requests
-
         deadline = time.time() + timeout
         while time.time() < deadline:
             try:
