@@ -13,15 +13,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hardpos import report, storage
+from hardpos import registry, report, storage, tracking
 
 
 def collect_runs(tracking_uri: str, experiment: str, parent_run_id: str | None = None) -> list[dict[str, Any]]:
     """One flat dict per finished or failed run, oldest first: ``run_id``, ``run_name``,
     ``status``, ``param:<key>`` for params and the metric names as they are."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
+    client = registry.mlflow_client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return []
@@ -50,8 +48,6 @@ def _number_or_text(value: str) -> Any:
 def summary_rows(output_dir: str) -> list[dict[str, Any]]:
     """Rows like :func:`collect_runs` gives, from a sweep's ``trials/<name>/summary.json``
     (the finished trials only; ``param:<key>`` from the trial's overrides)."""
-    from hardpos.tracking import numeric_metrics
-
     trials = storage.join(output_dir, "trials")
     rows = []
     for uri in storage.list_files(trials, suffix="/summary.json"):
@@ -63,7 +59,7 @@ def summary_rows(output_dir: str) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"run_id": s.get("mlflow_run_id"), "run_name": uri.rstrip("/").split("/")[-2],
                                "status": "FINISHED"}
         row.update({f"param:{k}": v for k, v in (s.get("overrides") or {}).items()})
-        row.update(numeric_metrics(s.get("final_metrics") or {}))
+        row.update(tracking.numeric_metrics(s.get("final_metrics") or {}))
         if isinstance(s.get("objective"), (int, float)):
             row["objective"] = float(s["objective"])
         rows.append(row)

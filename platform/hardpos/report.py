@@ -23,6 +23,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from hardpos import signs as S
 from hardpos.eval import metrics as M
 
 # --------------------------------------------------------------------------- the writer
@@ -112,8 +113,6 @@ def markdown_table(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str
     ``rows``: model -> :func:`table_row`; ``spreads``: model -> same keys (std over seeds),
     shown as ``± x`` and used by the signs' one-standard-deviation rule.
     """
-    from hardpos import signs as S  # signs imports this module's formatting
-
     spreads = spreads or {}
     out = [f"### {title}", ""] if title else []
     out.append(_results(["model", "REPLACE orig", "REPLACE aug", "REPLACE brittle", "SWAP orig", "SWAP aug", "SWAP brittle"],

@@ -9,8 +9,10 @@ registration from :func:`hardpos.registry.rank` / :func:`hardpos.registry.regist
 (shared with the register stage and the demo: ties go to the earlier trial)."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
+import json
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -82,15 +84,11 @@ def base_train_dict(cfg: Config) -> dict[str, Any]:
 
 
 def _yaml(value: Any) -> str:
-    import json
-
     return json.dumps(value) if not isinstance(value, str) else value
 
 
 def trial_train_config(base: dict[str, Any], overrides: dict[str, Any]):
     """Base train dict + one trial's dotted overrides -> a validated train Config."""
-    import copy
-
     data = copy.deepcopy(base)
     for key, value in overrides.items():
         set_dotted(data, key, value)
