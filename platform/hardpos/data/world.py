@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from hardpos import storage
+from hardpos.config import ConfigError
 
 SPLITS = ("pretrain", "finetune", "benchmark")
 BENCHMARKS = ("replace_attribute", "replace_relation", "swap")
@@ -135,30 +136,30 @@ class WorldConfig:
     write_images: bool = True
 
     def validate(self) -> None:
-        """Raise ValueError naming the field for an impossible configuration."""
+        """Raise ConfigError (a ValueError) naming the field for an impossible configuration."""
         if self.image_size < 16:
-            raise ValueError(f"image_size must be >= 16, got {self.image_size}")
+            raise ConfigError(f"image_size must be >= 16, got {self.image_size}")
         if not 1 <= self.min_objects <= self.max_objects <= 3:
-            raise ValueError(f"need 1 <= min_objects <= max_objects <= 3, got {self.min_objects}..{self.max_objects}")
+            raise ConfigError(f"need 1 <= min_objects <= max_objects <= 3, got {self.min_objects}..{self.max_objects}")
         for name in ("n_pretrain", "n_finetune", "n_benchmark"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0")
+                raise ConfigError(f"{name} must be >= 0")
         for c in self.colors:
             if c not in COLOR_RGB:
-                raise ValueError(f"colors: unknown colour {c!r}; known: {sorted(COLOR_RGB)}")
+                raise ConfigError(f"colors: unknown colour {c!r}; known: {sorted(COLOR_RGB)}")
         for s in self.shapes:
             if s not in SHAPES_ALL:
-                raise ValueError(f"shapes: unknown shape {s!r}; known: {list(SHAPES_ALL)}")
+                raise ConfigError(f"shapes: unknown shape {s!r}; known: {list(SHAPES_ALL)}")
         for s in self.sizes:
             if s not in SIZE_SCALE:
-                raise ValueError(f"sizes: unknown size {s!r}; known: {list(SIZE_SCALE)}")
+                raise ConfigError(f"sizes: unknown size {s!r}; known: {list(SIZE_SCALE)}")
         if len(set(self.colors)) < 2 or len(set(self.shapes)) < 1 or len(set(self.sizes)) < 1:
-            raise ValueError("need at least 2 colours, 1 shape and 1 size")
+            raise ConfigError("need at least 2 colours, 1 shape and 1 size")
         for name in ("relation_caption_rate", "noncanonical_rate", "binding_negative_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1]")
+                raise ConfigError(f"{name} must be in [0, 1]")
         if not 0.0 < self.relation_margin < 0.5:
-            raise ValueError("relation_margin must be in (0, 0.5)")
+            raise ConfigError("relation_margin must be in (0, 0.5)")
 
 
 # ---------------------------------------------------------------------- scenes

@@ -54,13 +54,7 @@ def world_config(cfg: Config) -> WorldConfig:
 def run(cfg: Config, ctx: JobContext) -> dict:
     from hardpos.data.world import generate_world
 
-    wc = world_config(cfg)
-    try:
-        wc.validate()
-    except ValueError as exc:
-        from hardpos.config import ConfigError
-
-        raise ConfigError(str(exc)) from exc
+    wc = world_config(cfg)  # validated when cfg was built (Config.__post_init__)
     stats = generate_world(wc, ctx.output_dir)
     metrics = {f"items/{k}": v for k, v in stats["benchmark_items"].items()}
     metrics.update({f"scenes/{k}": v for k, v in stats["scenes"].items()})
