@@ -126,6 +126,25 @@ def test_fail_once_hook_raises_once_on_the_last_rank(tmp_path):
     assert "fail_at_step" not in {f.name for f in dataclasses.fields(TrainConfig().fault)}
 
 
+def test_step_benchmark_times_the_training_step(monkeypatch):
+    """The train_step benchmark suite times train_step itself, not a copy of it."""
+    from hardpos.perf.train_bench import bench_train_step
+    from hardpos.train import step as step_module
+
+    calls = []
+    real = step_module.train_step
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("grad_clip"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(step_module, "train_step", counting)
+    out = bench_train_step("hardpos-tiny", batch_size=4, repeats=1, warmup=0)
+    # combined_vs_clip 1 + combined_padding 2 + fused_adamw 2 steps, clipped as in training
+    assert calls == [OptimConfig().grad_clip] * 5
+    assert out["combined_samples_per_s"] > 0 and out["combined_vs_clip/ratio_median"] > 0
+
+
 def test_bad_config_values_are_rejected():
     with pytest.raises(ConfigError, match="batch_size must be >= 1"):
         load_config(TrainConfig, None, ["batch_size=0"])
