@@ -22,17 +22,24 @@ repository.
 from __future__ import annotations
 
 import contextlib
+import json
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from PIL import Image
+
+from hardpos.eval.benchmarks import load_benchmark
+from hardpos.eval.evaluator import benchmark_metrics, evaluate_benchmarks, load_image
+from hardpos.eval.spec import BenchmarkSpec
+from hardpos.model import ModelConfig, load_model
+from hardpos.perf.harness import compare_alternating, reference_data_dir
 
 
 def _stand_in_jpegs(root: Path, rel_paths, size: tuple[int, int], seed: int) -> int:
-    from PIL import Image
-
     rng = np.random.default_rng(seed)
     made = 0
     for rel in sorted(set(rel_paths)):
@@ -48,10 +55,6 @@ def _stand_in_jpegs(root: Path, rel_paths, size: tuple[int, int], seed: int) -> 
 def replace_source(data_dir: str | None, fallback: Path, n_rows: int) -> Path:
     """The real REPLACE folder (``<data_dir>/hard_positives``) when present, else a
     synthetic one in the paper's format with the real files' shape (~3 items per image)."""
-    import json
-
-    from hardpos.perf.harness import reference_data_dir
-
     root = reference_data_dir(data_dir)
     hp = root / "hard_positives" if root is not None else None
     if hp is not None and hp.is_dir():
@@ -75,10 +78,6 @@ def replace_source(data_dir: str | None, fallback: Path, n_rows: int) -> Path:
 def naive_scores(model, preprocess, tokenizer, items, *, device="cpu", batch_rows: int = 16) -> np.ndarray:
     """[N, 3] (s_c, s_n, s_p) the paper's way: per pass, per batch of rows, every row's
     image encoded again and its two captions encoded at full context (77 tokens)."""
-    import torch
-
-    from hardpos.eval.evaluator import load_image
-
     out = np.zeros((len(items), 3))
     with torch.no_grad():
         for pass_, (first, second) in enumerate((("caption", "negative"), ("positive", "negative"))):
@@ -104,12 +103,6 @@ def stand_in_replace(*, arch: str, n_rows: int, data_dir: str | None, device: st
     """(loaded model, BenchmarkSpec, Benchmark, n stand-in images, seconds to write them) for
     ``n_rows`` REPLACE rows with stand-in JPEGs at their relative paths, in a temp folder that
     lives as long as the ``with`` block. Shared by :func:`run` and :func:`evaluate_bench`."""
-    import torch
-
-    from hardpos.eval.benchmarks import load_benchmark
-    from hardpos.eval.spec import BenchmarkSpec
-    from hardpos.model import ModelConfig, load_model
-
     torch.manual_seed(seed)
     lm = load_model(ModelConfig(arch=arch), device=device)
     lm.model.eval()
@@ -132,10 +125,6 @@ def run(*, n_rows: int = 2000, arch: str = "ViT-B-32", data_dir: str | None = No
     synthetic REPLACE folder when neither is set or the variable's folder lacks it).
     Returns the timings, their ratio, the dedup counts and the score agreement.
     """
-    import torch
-
-    from hardpos.eval.evaluator import benchmark_metrics, evaluate_benchmarks
-
     if num_threads:
         torch.set_num_threads(num_threads)
     with stand_in_replace(arch=arch, n_rows=n_rows, data_dir=data_dir, device=device, image_size=image_size,
@@ -173,9 +162,6 @@ def evaluate_bench(*, quick: bool = False, repeats: int = 1, n_rows: int | None 
     """The benchmark harness's ``evaluate`` suite (``hardpos benchmark suite=evaluate``):
     naive vs efficient evaluator alternated ``repeats`` times on the same rows
     (:func:`hardpos.perf.harness.compare_alternating`); ``quick`` = tiny model, 16 rows."""
-    from hardpos.perf.harness import compare_alternating
-    from hardpos.eval.evaluator import evaluate_benchmarks
-
     arch = arch or ("hardpos-tiny" if quick else "ViT-B-32")
     n_rows = n_rows or (16 if quick else 400)
     image_size = (40, 30) if quick else (500, 375)

@@ -26,19 +26,29 @@ import time
 from pathlib import Path
 from typing import Any
 
+import requests
+
+import hardpos.stages.generate as generate_stage
+from hardpos.config import load_config
+from hardpos.data.captions import read_captions
+from hardpos.data.perturb import RulePerturber
+from hardpos.data.validate import validate
+from hardpos.generate.engines import SamplingConfig, chat_payload
+from hardpos.generate.pipeline import base_kind, rule_negative
+from hardpos.generate.prompts import load_prompts
+from hardpos.perf.harness import compare_alternating, reference_data_dir, time_call
+from hardpos.runtime import execute
+from hardpos.testing.openai_stub import OpenAIStub
+
 NEGCLIP = "negclip/valid_neg_clip.tsv"  # under the reference data folder
 
 
 def caption_file(n: int, tmp: str, data_dir: str | None = None) -> str:
     """A jsonl of n real NegCLIP captions (repeated if needed) from ``data_dir`` /
     ``$HARDPOS_REFERENCE_DATA``, else synthetic ones."""
-    from hardpos.perf.harness import reference_data_dir
-
     caps: list[str] = []
     root = reference_data_dir(data_dir)
     if root is not None and (root / NEGCLIP).is_file():
-        from hardpos.data.captions import read_captions
-
         caps = [r["caption"] for r in read_captions(str(root / NEGCLIP)) if r["caption"].strip()]
     if not caps:
         words = "a man riding a red bike and a small dog walking on a sunny street".split()
@@ -51,11 +61,7 @@ def caption_file(n: int, tmp: str, data_dir: str | None = None) -> str:
 
 def measure_stage(input_uri: str, output_dir: str, overrides: list[str]) -> dict[str, Any]:
     """Run the generate stage once (fresh output, no MLflow) and return its throughput figures."""
-    import hardpos.stages.generate as g
-    from hardpos.config import load_config
-    from hardpos.runtime import execute
-
-    cfg = load_config(g.Config, None, [f"input={input_uri}", f"output_dir={output_dir}", "overwrite=true",
+    cfg = load_config(generate_stage.Config, None, [f"input={input_uri}", f"output_dir={output_dir}", "overwrite=true",
                                        "tracking.enabled=false", *overrides])
     summary = execute("generate", cfg, quiet=True)
     return {**summary["this_run"], "inputs": summary["inputs"], "accepted": summary["accepted"],
@@ -66,12 +72,6 @@ def inprocess_rules(input_uri: str, seed: int = 0) -> int:
     """The baseline: the same rule work as the stage, in this process, nothing written:
     a positive per applicable prompt, validated, and the join's rule negative for it (or
     for the caption, when it gets no positive). Returns the number of triplets."""
-    from hardpos.data.captions import read_captions
-    from hardpos.data.perturb import RulePerturber
-    from hardpos.data.validate import validate
-    from hardpos.generate.pipeline import base_kind, rule_negative
-    from hardpos.generate.prompts import load_prompts
-
     templates = load_prompts("paper")
     rules = RulePerturber(seed=seed)
     triplets = 0
@@ -91,12 +91,6 @@ def inprocess_rules(input_uri: str, seed: int = 0) -> int:
 
 def sequential_http(input_uri: str, url: str, model: str = "stub-llm") -> int:
     """The baseline: one chat/completions request at a time from one client."""
-    import requests
-
-    from hardpos.data.captions import read_captions
-    from hardpos.generate.engines import SamplingConfig, chat_payload
-    from hardpos.generate.prompts import load_prompts
-
     templates = load_prompts("paper")
     done = 0
     with requests.Session() as session:
@@ -111,9 +105,6 @@ def sequential_http(input_uri: str, url: str, model: str = "stub-llm") -> int:
 def generate_bench(quick: bool = False, repeats: int = 3, latency_s: float = 0.02, http_concurrency: int = 4,
                    data_dir: str | None = None) -> list[dict[str, Any]]:
     """Rows for the benchmark harness (see the module docstring)."""
-    from hardpos.perf.harness import compare_alternating, time_call
-    from hardpos.testing.openai_stub import OpenAIStub
-
     n_rules, n_http = (200, 40) if quick else (4839, 400)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="hardpos-genbench-") as tmp:

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from hardpos.report import table
+
 REFERENCE_DATA_ENV = "HARDPOS_REFERENCE_DATA"
 
 
@@ -81,8 +83,6 @@ def compare_alternating(
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """Markdown table of benchmark rows (suite, case, optimised, baseline, ratio)."""
-    from hardpos.report import table
-
     cells = []
     for row in rows:
         if "ratio_median" in row:

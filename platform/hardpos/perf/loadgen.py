@@ -30,13 +30,31 @@ import base64
 import dataclasses
 import io
 import ipaddress
+import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+
+import httpx
+import numpy as np
+import ray
+import requests
+import torch
+from PIL import Image
+from ray import serve
+from ray.serve.context import _get_global_client
+
+from hardpos import runtime
+from hardpos.config import ConfigError, load_config
+from hardpos.model import ModelConfig, load_model, save_checkpoint
+from hardpos.report import table
+from hardpos.serve.app import build_app
+from hardpos.testing import free_port
 
 HARD_MAX_REQUESTS = 20_000  # per level, whatever the config says
 HARD_MAX_SECONDS = 300.0  # per level, whatever the config says
@@ -144,9 +162,6 @@ def summarize(latencies_s: list[float], statuses: list[int], elapsed_s: float, c
 def make_payloads(cfg: LoadgenConfig) -> list[dict[str, Any]]:
     """Request bodies: ``images`` distinct JPEGs (smooth random colour fields, ~photo-sized
     files) x captions drawn from a pool of ``caption_pool`` synthetic-world captions."""
-    import numpy as np
-    from PIL import Image
-
     rng = np.random.default_rng(cfg.seed)
     colours = ["red", "blue", "green", "yellow", "purple", "orange", "black", "white"]
     shapes = ["circle", "square", "triangle", "star"]
@@ -173,8 +188,6 @@ def make_payloads(cfg: LoadgenConfig) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- measuring
 async def _run_level(base_url: str, path: str, payloads: list[dict], concurrency: int, n_requests: int,
                      max_seconds: float, headers: dict[str, str]) -> tuple[list[float], list[int], float]:
-    import httpx
-
     n_requests = max(0, min(int(n_requests), HARD_MAX_REQUESTS))
     max_seconds = min(float(max_seconds), HARD_MAX_SECONDS)
     latencies: list[float] = []
@@ -238,9 +251,6 @@ def _model_source(cfg: LoadgenConfig, workdir: Path) -> str:
     """``random`` weights are saved once as a checkpoint so both apps load the same model."""
     if cfg.model != "random":
         return cfg.model
-    import torch
-
-    from hardpos.model import ModelConfig, load_model, save_checkpoint
 
     torch.manual_seed(cfg.seed)
     loaded = load_model(ModelConfig(arch=cfg.arch))
@@ -255,16 +265,6 @@ def compare_batching(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
     ``p50_ratio`` / ``p99_ratio`` = unbatched latency / batched latency (>1: batched is faster).
     With ``repeats`` > 1 each ratio is the median over the alternating rounds (min/max kept).
     """
-    import tempfile
-
-    from ray import serve
-
-    import ray
-
-    from hardpos import runtime
-    from hardpos.serve.app import build_app
-    from hardpos.testing import free_port
-
     cfg = cfg or LoadgenConfig()
     runtime.init_ray()
     # Two apps (model + ingress each) must fit at once, or the second never starts and its
@@ -315,8 +315,6 @@ def compare_batching(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
             levels.append(_level_report(c, rounds))
         stats = {}
         for mode in apps:
-            import requests
-
             stats[mode] = requests.get(f"{urls[mode]}/v1/model", timeout=30).json().get("batching")
     finally:
         for name in names.values():
@@ -324,7 +322,6 @@ def compare_batching(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
                 serve.delete(name)
             except Exception:  # noqa: BLE001 - best effort cleanup of what we deployed
                 pass
-    import torch
 
     return {
         "model": cfg.model, "arch": cfg.arch, "device": "cuda" if cfg.num_gpus > 0 else "cpu",
@@ -338,8 +335,6 @@ def compare_batching(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
 def _serve_port(default: int) -> int:
     """The port Serve's proxy actually listens on (an already running Serve keeps its own)."""
     try:
-        from ray.serve.context import _get_global_client
-
         return int(_get_global_client().http_config.port)
     except Exception:  # noqa: BLE001 - private API; fall back to what we asked for
         return default
@@ -375,8 +370,6 @@ def _median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 def serve_bench(quick: bool = False, repeats: int = 3) -> list[dict[str, Any]]:
     """Rows for the ``benchmark`` stage: per concurrency level, batched (optimised) vs
     unbatched (baseline) seconds per request, throughput ratio, and p50/p99 values."""
-    import torch
-
     cfg = LoadgenConfig(repeats=max(1, repeats))
     if quick:
         cfg = dataclasses.replace(cfg, concurrency=[1, 4], requests_per_level=12, warmup_requests=2, repeats=1,
@@ -409,8 +402,6 @@ def serve_bench(quick: bool = False, repeats: int = 3) -> list[dict[str, Any]]:
 
 def format_report(result: dict[str, Any]) -> str:
     """A Markdown table of :func:`compare_batching` (or :func:`measure`) output."""
-    from hardpos.report import table
-
     rows = []
     for level in result["levels"]:
         if "skipped" in level:
@@ -427,10 +418,6 @@ def format_report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import json
-
-    from hardpos.config import ConfigError, load_config
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help"):
         print(LoadgenConfig.__doc__)

@@ -38,12 +38,30 @@ import contextlib
 import io
 import json
 import os
+import signal
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+import pyarrow.parquet as pq
+import ray
+import requests
+import torch
+from mlflow.tracking import MlflowClient
+from PIL import Image
+from ray import serve
+from ray._private import state as ray_state
+from ray.cluster_utils import Cluster
+
+from hardpos import runtime
+from hardpos.config import load_config
+from hardpos.generate import pipeline
+from hardpos.generate.prompts import load_prompts
+from hardpos.model import ModelConfig, load_model, save_checkpoint
+from hardpos.runtime import stage_module
+from hardpos.serve.app import build_app
 from hardpos.testing import free_port, write_triplets
 
 SCENARIOS = ("train", "generate", "serve")
@@ -132,8 +150,6 @@ class SimCluster:
     """
 
     def __init__(self, node_cpus: float = 1, node_resources: dict[str, float] | None = None, workers: int = 2):
-        import ray
-
         if ray.is_initialized():
             raise RuntimeError("the resilience run starts its own cluster: run it in a process without Ray")
         self._environ = contextlib.ExitStack()  # closed (the environment restored) in close()
@@ -145,9 +161,6 @@ class SimCluster:
             raise
 
     def _start(self, node_cpus: float, node_resources: dict[str, float] | None, workers: int) -> None:
-        import ray
-        from ray.cluster_utils import Cluster
-
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # loopback-only, private cluster
         self.node_cpus = node_cpus
         self.node_resources = dict(node_resources or {})
@@ -187,8 +200,6 @@ class SimCluster:
         """SIGKILL one worker node's processes (raylet, agents: the PIDs Ray recorded when it
         started them; its worker processes exit with their raylet); optionally start a fresh
         node in its place. Safe from any thread (Cluster.remove_node is main-thread only)."""
-        import signal
-
         infos = [info for group in node.all_processes.values() for info in group]
         for info in infos:
             try:
@@ -208,8 +219,6 @@ class SimCluster:
             self.nodes.append(self.add_node())
 
     def close(self) -> None:
-        import ray
-
         try:
             ray.shutdown()
         finally:
@@ -262,12 +271,6 @@ def _kill_when(sim: SimCluster, thread: threading.Thread, ready: Callable[[], bo
 # --------------------------------------------------------------------------- train
 def train_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, Any]:
     """Kill the node of one of two DDP workers mid-epoch; the run must resume and finish."""
-    from mlflow.tracking import MlflowClient
-
-    from hardpos import runtime
-    from hardpos.config import load_config
-    from hardpos.runtime import stage_module
-
     rows = 48 if quick else 96
     data, _ = write_triplets(workdir / "train-data", rows)
     out = workdir / "train-out"
@@ -339,14 +342,6 @@ def write_captions(path: Path, n: int) -> Path:
 
 def generate_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, Any]:
     """Kill a node mid-run; Ray retries or a resuming rerun must give every row exactly once."""
-    import pyarrow.parquet as pq
-
-    from hardpos import runtime
-    from hardpos.config import load_config
-    from hardpos.generate import pipeline
-    from hardpos.generate.prompts import load_prompts
-    from hardpos.runtime import stage_module
-
     n = 2400 if quick else 6000
     shard_size = 50 if quick else 100
     src = write_captions(workdir / "gen-data" / "captions.jsonl", n)
@@ -411,8 +406,6 @@ def generate_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, 
 
 # --------------------------------------------------------------------------- serve
 def _png_b64() -> str:
-    from PIL import Image
-
     buf = io.BytesIO()
     Image.new("RGB", (32, 32), (200, 30, 30)).save(buf, format="PNG")
     return base64.b64encode(buf.getvalue()).decode()
@@ -420,14 +413,6 @@ def _png_b64() -> str:
 
 def serve_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, Any]:
     """Kill the node of one of two model replicas under a steady, bounded request loop."""
-    import requests
-    import torch
-    from ray import serve
-    from ray._private import state as ray_state
-
-    from hardpos.model import ModelConfig, load_model, save_checkpoint
-    from hardpos.serve.app import build_app
-
     torch.manual_seed(0)
     lm = load_model(ModelConfig(arch="hardpos-tiny"))
     ckpt = save_checkpoint(lm.model, lm.model_cfg, workdir / "serve-model", {"step": 0})
@@ -534,8 +519,6 @@ def run_resilience(output_dir: str | os.PathLike, scenarios: Iterable[str] = SCE
 
 
 def main(argv: list[str] | None = None) -> int:
-    import signal
-
     # SIGTERM (e.g. a test timeout) unwinds through the `finally` that stops the cluster.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args = list(sys.argv[1:] if argv is None else argv)

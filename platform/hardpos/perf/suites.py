@@ -16,13 +16,29 @@ and ``jobs/benchmark.py`` resolve through the stage registry as before. Referenc
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
+import json
+import os
 import platform
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+import torch
+
 from hardpos.config import JobConfig
+from hardpos.data.captions import read_captions
+from hardpos.eval.evaluator import evaluate_benchmarks
+from hardpos.model import ModelConfig, encode_text, load_model, tokenize
+from hardpos.perf.eval_bench import evaluate_bench, stand_in_replace
+from hardpos.perf.generate_bench import caption_file, measure_stage
 from hardpos.perf.harness import compare_alternating, format_table, reference_data_dir
+from hardpos.perf.train_bench import bench_train_step
 from hardpos.runtime import JobContext
 
 Suite = Literal["all", "text", "train_step", "evaluate", "serve", "generate", "gpu", "resilience", "tracking"]
@@ -65,8 +81,6 @@ def _bench_captions(cfg: Config, n: int) -> list[str]:
         default = root / "negclip" / "valid_neg_clip.tsv"
         source = str(default) if default.is_file() else None
     if source is not None:
-        from hardpos.data.captions import read_captions
-
         caps = [r["caption"] for r in read_captions(source, limit=n) if r["caption"]]
         if caps:
             return (caps * (n // len(caps) + 1))[:n]
@@ -76,10 +90,6 @@ def _bench_captions(cfg: Config, n: int) -> list[str]:
 
 def text_suite(cfg: Config) -> list[dict[str, Any]]:
     """Batch-length text encoding vs open_clip's 77-token ``encode_text`` (outputs must match)."""
-    import torch
-
-    from hardpos.model import ModelConfig, encode_text, load_model, tokenize
-
     arch = "hardpos-tiny" if cfg.quick else cfg.text_arch
     n = 8 if cfg.quick else cfg.batch_size
     torch.manual_seed(0)
@@ -112,8 +122,6 @@ def _optional_suite(module: str, function: str, *, data_dir: bool = False
     ``data_dir`` passes ``cfg.data_dir`` on to functions that read reference files."""
 
     def suite(cfg: Config) -> list[dict[str, Any]]:
-        import importlib
-
         fn = getattr(importlib.import_module(module), function)
         extra = {"data_dir": cfg.data_dir} if data_dir else {}
         rows = fn(quick=cfg.quick, repeats=1 if cfg.quick else cfg.repeats, **extra)
@@ -123,8 +131,6 @@ def _optional_suite(module: str, function: str, *, data_dir: bool = False
 
 
 def _train_step_rows(suite: str, arch: str, batch_size: int, repeats: int, device: str = "cpu") -> list[dict[str, Any]]:
-    from hardpos.perf.train_bench import bench_train_step
-
     out = bench_train_step(arch, batch_size=batch_size, repeats=repeats, device=device)
     labels = {
         "combined_vs_clip": "combined-loss step (batch-length) vs plain CLIP step (77 tokens)",
@@ -151,8 +157,6 @@ def train_step_suite(cfg: Config) -> list[dict[str, Any]]:
 def evaluate_suite(cfg: Config) -> list[dict[str, Any]]:
     """The evaluator vs the paper-style per-row evaluator on the same REPLACE rows
     (:func:`hardpos.perf.eval_bench.evaluate_bench`); goal >= 4x, scores equal."""
-    from hardpos.perf.eval_bench import evaluate_bench
-
     if cfg.quick:
         return evaluate_bench(quick=True, repeats=1, data_dir=cfg.data_dir)
     return evaluate_bench(repeats=cfg.evaluate_repeats, n_rows=cfg.evaluate_rows, data_dir=cfg.data_dir)
@@ -164,8 +168,6 @@ def gpu_suite(cfg: Config) -> list[dict[str, Any]]:
     generate stage when vllm is installed and ``$HARDPOS_VLLM_MODEL`` names a model that is
     already on the machine (nothing is downloaded). Serve scores/s on the GPU come from the
     serve suite, which deploys ViT-B-32 on the GPU when CUDA is present."""
-    import torch
-
     if not torch.cuda.is_available():
         return [{"suite": "gpu", "case": "skipped: no CUDA device", "value": None}]
     return (_train_step_rows("gpu", cfg.text_arch, 128, cfg.repeats, device="cuda")
@@ -177,14 +179,6 @@ def evaluate_items_row(cfg: Config, device: str = "cuda", image_size: tuple[int,
     """The evaluator's items/s on ``device`` (bf16 on CUDA): ``cfg.text_arch`` over
     ``cfg.evaluate_rows`` stand-in REPLACE rows, median of ``evaluate_repeats`` timed runs
     after one warm-up run."""
-    import statistics
-    import time
-
-    import torch
-
-    from hardpos.perf.eval_bench import stand_in_replace
-    from hardpos.eval.evaluator import evaluate_benchmarks
-
     with stand_in_replace(arch=cfg.text_arch, n_rows=cfg.evaluate_rows, data_dir=cfg.data_dir, device=device,
                           image_size=image_size) as (lm, spec, bench, _, _):
         times = []
@@ -203,17 +197,12 @@ def vllm_rows(n_captions: int, data_dir: str | None = None) -> list[dict[str, An
     """vLLM captions/s of the generate stage on ``n_captions`` NegCLIP captions (from
     ``data_dir`` / ``$HARDPOS_REFERENCE_DATA``; synthetic when absent), or a row
     saying why it was skipped (vllm not installed, no ``$HARDPOS_VLLM_MODEL``)."""
-    import importlib.util
-    import os
-    import tempfile
-
     model = os.environ.get("HARDPOS_VLLM_MODEL")
     if importlib.util.find_spec("vllm") is None:
         return [{"suite": "gpu", "case": "vLLM: skipped (not installed: pip install 'hardpos[vllm]')", "value": None}]
     if not model:
         return [{"suite": "gpu", "case": "vLLM: skipped (set HARDPOS_VLLM_MODEL to a local model path or cached id)",
                  "value": None}]
-    from hardpos.perf.generate_bench import caption_file, measure_stage
 
     with tempfile.TemporaryDirectory(prefix="hardpos-vllmbench-") as tmp:
         figures = measure_stage(caption_file(n_captions, tmp, data_dir), f"{tmp}/out",
@@ -228,11 +217,6 @@ def resilience_suite(cfg: Config) -> list[dict[str, Any]]:
     Runs in a child process with a private RAY_TMPDIR: it starts and tears down its own
     cluster, which must not meet this process's Ray (if any).
     """
-    import json
-    import os
-    import subprocess
-    import tempfile
-
     out = Path(tempfile.mkdtemp(prefix="hardpos-resilience-"))
     env = {**os.environ, "RAY_TMPDIR": str(out / "ray")}
     env.pop("RAY_ADDRESS", None)
@@ -261,10 +245,6 @@ SUITE_FUNCTIONS: dict[str, Callable[[Config], list[dict[str, Any]]]] = {
 
 
 def machine_info() -> dict[str, Any]:
-    import os
-
-    import torch
-
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),

@@ -31,6 +31,7 @@ and is stopped by its process-group id; nothing else is touched.
 from __future__ import annotations
 
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -38,47 +39,41 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+from hardpos import tracking
+from hardpos.config import TrackingConfig
+from hardpos.perf.harness import compare_alternating
+from hardpos.perf.tiny_step import step_setup
+from hardpos.testing.mlflow_server import LocalMlflowServer
+from hardpos.train.loss import LossConfig, loss_metrics
+from hardpos.train.step import model_batch, train_step
+
 
 def _step_fn(batch_size: int):
-    """One combined-loss training step of hardpos-tiny -> (step(), metrics of the last step)."""
-    import torch
-
-    from hardpos.model import ModelConfig, load_model
-    from hardpos.perf.train_bench import _batch
-    from hardpos.train.config import OptimConfig
-    from hardpos.train.loss import LossConfig, loss_metrics
-    from hardpos.train.step import TripletCLIP, build_optimizer, model_batch, train_step
-
-    torch.manual_seed(0)
-    lm = load_model(ModelConfig(arch="hardpos-tiny"))
-    model = lm.model.train()
-    net = TripletCLIP(model)
-    optim = OptimConfig(lr=1e-6)
-    opt = build_optimizer(model, optim)
-    images, _, _, _, text, neg, pos = _batch(lm, batch_size)
-    batch = model_batch(images, text, neg, pos)
+    """One combined-loss training step of hardpos-tiny (THE training step) -> step() -> its metrics."""
+    setup = step_setup("hardpos-tiny", batch_size)
+    batch = model_batch(setup.images, *setup.trimmed)
+    model = setup.lm.model
 
     def step() -> dict[str, float]:
-        terms = train_step(net, batch, LossConfig(), opt, grad_clip=optim.grad_clip)  # the training loop's step
-        return {**loss_metrics({k: v for k, v in terms.items() if not k.startswith("_")}), "lr": 1e-6,
-                "logit_scale": float(model.logit_scale.exp())}
+        terms = train_step(setup.net, batch, LossConfig(), setup.opt, grad_clip=setup.optim.grad_clip)
+        return {**loss_metrics({k: v for k, v in terms.items() if not k.startswith("_")}), "lr": setup.optim.lr,
+                "logit_scale": float(model.logit_scale.detach().exp())}
 
     return step
 
 
 def _sync_log(uri: str, run_id: str, metrics: dict[str, float], step: int) -> None:
     """What the loop did before: one blocking ``log_batch`` per logging step."""
-    from mlflow.entities import Metric
-    from mlflow.tracking import MlflowClient
-
     now = int(time.time() * 1000)
     MlflowClient(uri).log_batch(run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
 
 
 def call_us(logger, metrics: dict[str, float], calls: int = 1000, rounds: int = 5) -> float:
     """Median microseconds of one ``logger.log_metrics(metrics, step)`` call."""
-    import statistics
-
     times = []
     for r in range(rounds):
         t0 = time.perf_counter()
@@ -110,13 +105,6 @@ def blocked_seconds(uri: str, run_id: str, cap_s: float) -> tuple[float, bool]:
 def tracking_bench(quick: bool = False, repeats: int = 5, steps: int = 10, batch_size: int = 16,
                    blocked_cap_s: float = 30.0) -> list[dict[str, Any]]:
     """Rows for the harness: three alternating ratios and the synchronous blocking figure."""
-    from hardpos import tracking
-    from hardpos.config import TrackingConfig
-    from hardpos.perf.harness import compare_alternating
-    from hardpos.testing.mlflow_server import LocalMlflowServer
-
-    import torch
-
     if quick:
         repeats, steps, blocked_cap_s = 1, 2, 0.0
     threads = torch.get_num_threads()
