@@ -148,7 +148,8 @@ def test_world_keys_are_spelled_the_same_in_every_stage():
     demo = load_config(runtime.stage_module("demo").Config, None, ["world.n_pretrain=7", "world_dir=/tmp/w"])
     assert (demo.world.n_pretrain, demo.world_dir) == (7, "/tmp/w")
     evaluate = runtime.stage_module("evaluate").Config
-    assert load_config(evaluate, None, ["world_dir=/tmp/w"]).world == load_config(evaluate, None, ["world=/tmp/w"]).world == "/tmp/w"
+    assert load_config(evaluate, None, ["world_dir=/tmp/w"]).world == "/tmp/w"
+    assert load_config(evaluate, None, ["world=/tmp/w"]).world == "/tmp/w"
     with pytest.raises(ConfigError, match="world.n_pretrain and n_pretrain are the same key"):
         load_config(world, None, ["world.n_pretrain=7", "n_pretrain=8"])
     with pytest.raises(ConfigError, match="unknown config key 'world.n_pretrian'"):
@@ -203,6 +204,12 @@ def test_train_help_documents_every_key(capsys):
     undocumented = [line for line, nxt in zip(keys, keys[1:] + [""]) if line.startswith("  ") and not line.startswith("   ")
                     and not nxt.startswith("      ")]
     assert undocumented == []
+
+
+def test_world_help_names_the_alternative_spellings(capsys):
+    out = _help(capsys, "world", "--help")
+    assert "  world.<key>=...  same as <key>=..." in out and "  world_dir=...  same as output_dir=..." in out
+    assert "  n_pretrain: int = 20000" in out
 
 
 def test_help_for_a_bad_override_is_a_config_error(capsys):
