@@ -52,6 +52,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
+from hardpos import storage
 from hardpos.config.errors import ConfigError, require
 from hardpos.config.fields import aliases as _aliases
 from hardpos.config.fields import field_default as _field_default
@@ -145,8 +146,6 @@ def load_config(cls: type[T], config_file: str | Path | None = None, overrides: 
 
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """Read a YAML file that must hold a mapping (local path or s3:// URI)."""
-    from hardpos import storage
-
     path = str(path)
     try:
         text = storage.read_text(path)

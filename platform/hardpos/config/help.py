@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import textwrap
 import types
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -59,8 +60,6 @@ def type_name(tp: Any) -> str:
 
 
 def _wrap(doc: str, width: int) -> list[str]:
-    import textwrap
-
     # no breaks inside words: URIs and keys (models:/hardpos-clip@champion) stay whole
     return textwrap.wrap(doc, width=width, initial_indent=" " * 6, subsequent_indent=" " * 6,
                          break_on_hyphens=False, break_long_words=False)
