@@ -225,3 +225,20 @@ def test_world_lexicon_without_shape_negatives():
     slots = {p.slot.split(":", 1)[0] for p in rules.hard_negatives(caption)}
     assert "object" not in slots and {"attribute", "relation"} <= slots
     assert rules.hard_positives(caption)  # shapes are still nouns: positives and swaps work
+
+
+def test_vague_pretraining_captions_are_true_and_controlled(tmp_path):
+    import pyarrow.parquet as pq
+
+    cfg = WorldConfig(seed=2, n_pretrain=400, n_finetune=20, n_benchmark=0, vague_caption_rate=0.5, write_images=False)
+    stats = generate_world(cfg, str(tmp_path / "w"))
+    rows = pq.read_table(tmp_path / "w" / "pretrain.parquet").to_pylist()
+    vague = [r for r in rows if r["form"] == "vague"]
+    assert 150 <= len(vague) <= 250 and stats["pretrain_forms"]["vague"] == len(vague)
+    assert stats["pretrain_noncanonical"] == sum(r["form"] not in ("canonical", "vague") for r in rows)
+    for r in vague:
+        assert not set(r["caption"].split()) & (set(cfg.colors) | set(cfg.sizes)), r["caption"]
+        assert truth(r["caption"], Scene.from_json(r["scene"]), cfg) is True
+    assert any(r["template"] == "relation" for r in vague)
+    finetune = pq.read_table(tmp_path / "w" / "finetune.parquet").to_pylist()
+    assert all(r["form"] == "canonical" for r in finetune)  # only "web" captions are vague

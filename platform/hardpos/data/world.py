@@ -105,6 +105,11 @@ class WorldConfig:
     binding_negative_rate: share of REPLACE-attribute benchmark items whose negative takes
         its new value from another object of the scene when one can ("a red circle and a
         blue square" -> "a blue circle and a blue square"): only the binding is wrong.
+    vague_caption_rate: share of pretraining captions whose noun phrases name only the shape
+        ("a circle above a square", "a circle and a square"), as web captions are often vague:
+        they mention fewer attributes (a weaker attribute and binding signal) and, in a batch,
+        a vague relation caption is often true of another image's objects but for the relation,
+        so the relation words carry signal that fully described objects never need.
     shape_negatives: the rule engine may make a REPLACE hard negative by changing a shape
         ("circle" -> "square"); False leaves finetuning negatives to what needs binding or
         relations (colours, sizes, relations, attribute swaps): a changed shape is named by
@@ -130,6 +135,7 @@ class WorldConfig:
     noncanonical_rate: float = 0.005
     binding_negative_rate: float = 0.0
     shape_negatives: bool = True
+    vague_caption_rate: float = 0.0
     relation_margin: float = 0.1
     background_jitter: int = 12
     color_jitter: int = 18
@@ -155,7 +161,7 @@ class WorldConfig:
                 raise ConfigError(f"sizes: unknown size {s!r}; known: {list(SIZE_SCALE)}")
         if len(set(self.colors)) < 2 or len(set(self.shapes)) < 1 or len(set(self.sizes)) < 1:
             raise ConfigError("need at least 2 colours, 1 shape and 1 size")
-        for name in ("relation_caption_rate", "noncanonical_rate", "binding_negative_rate"):
+        for name in ("relation_caption_rate", "noncanonical_rate", "binding_negative_rate", "vague_caption_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"{name} must be in [0, 1]")
         if not 0.0 < self.relation_margin < 0.5:
@@ -427,6 +433,16 @@ def noncanonical(rng: random.Random, scene: Scene, cap: Caption) -> tuple[str, s
     return _render_caption(scene, cap, words={(i, what): SYNONYMS[value]}), f"{what}_synonym"
 
 
+def vague(scene: Scene, cap: Caption) -> str:
+    """``cap`` with every noun phrase reduced to its shape ("a circle above a square"); still true
+    of the scene (the named objects exist, and the caption's own pair stands in its relation)."""
+    objs = scene.objects
+    if cap.template == "list":
+        return list_text([f"a {objs[i].shape}" for i in cap.objects])
+    i, j = cap.objects
+    return f"a {objs[i].shape} {cap.relation} a {objs[j].shape}"
+
+
 def benchmark_item(rng: random.Random, scene: Scene, cfg: WorldConfig, subset: str) -> dict | None:
     """(caption, hard_negative, hard_positive, slot) for one benchmark subset, verified; None if impossible."""
     objs = scene.objects
@@ -588,6 +604,8 @@ def _generate_local(cfg: WorldConfig, out: Path) -> dict:
             text, form = cap.text, "canonical"
             if split == "pretrain" and rng.random() < cfg.noncanonical_rate:
                 text, form = noncanonical(rng, scene, cap)
+            elif split == "pretrain" and cfg.vague_caption_rate and rng.random() < cfg.vague_caption_rate:
+                text, form = vague(scene, cap), "vague"
             if split == "pretrain":
                 forms[form] = forms.get(form, 0) + 1
             rows[split].append(make_triplet(
@@ -620,7 +638,7 @@ def _generate_local(cfg: WorldConfig, out: Path) -> dict:
     total = time.perf_counter() - started
     cpu_total = time.process_time() - cpu_started
     n_scenes = sum(counts.values())
-    noncanon = sum(v for k, v in forms.items() if k != "canonical")
+    noncanon = sum(v for k, v in forms.items() if k not in ("canonical", "vague"))  # vague: canonical words
     stats = {
         "scenes": counts,
         "benchmark_items": {b: len(v) for b, v in bench.items()},
