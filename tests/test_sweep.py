@@ -83,7 +83,7 @@ def mlflow_server(tmp_path):
     stopping the parent alone left running)."""
     server = LocalMlflowServer(tmp_path / "mlflow-server")
     try:
-        server.start(timeout=90)
+        server.start()  # waits for /health (up to 300 s: a loaded 2-core CI box needs ~80 s)
         yield server.url
     finally:
         server.kill()
