@@ -3,25 +3,28 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip install --disable-pip-version-check -q
+# One constraints file pins the core stack for make, CI and the Docker images alike
+# (how to refresh it: its header).
+CONSTRAINTS ?= infra/docker/constraints.txt
+PIP    := $(PY) -m pip install --disable-pip-version-check -q -c $(CONSTRAINTS)
 ARGS   ?=
 SHELL  := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 # Drop pip's noise about extra indexes that do not exist on some machines; keep errors.
 QUIET  := { grep -v "^WARNING: Location" || true; }
 
-.PHONY: demo test test-unit test-all install install-dev clean-venv
+.PHONY: demo test test-unit test-all smoke install install-dev clean-venv
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "HardPos needs Python 3.10+"'
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip setuptools wheel 2>&1 | $(QUIET)
 
-$(VENV)/.installed: pyproject.toml | $(PY)
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS) | $(PY)
 	$(PIP) -e . 2>&1 | $(QUIET)
 	$(PY) -c "import hardpos, torch, open_clip, ray, mlflow" && touch $@
 
-$(VENV)/.installed-dev: pyproject.toml | $(PY)
+$(VENV)/.installed-dev: pyproject.toml $(CONSTRAINTS) | $(PY)
 	$(PIP) -e '.[dev]' 2>&1 | $(QUIET)
 	$(PY) -c "import hardpos, torch, open_clip, ray, mlflow, moto, pytest" && touch $@ $(VENV)/.installed
 
@@ -39,6 +42,12 @@ test: $(VENV)/.installed-dev
 ## make test-unit: the unit tests only (no Ray, no server, no subprocess; about a minute)
 test-unit: $(VENV)/.installed-dev
 	$(PY) -m pytest -m "not integration and not slow and not gpu" $(ARGS)
+
+## make smoke PYTHON=python3.13 VENV=.venv-3.13: another interpreter's install, the unit tests and the
+## small demo pipeline (CI runs it on the oldest and newest supported Python)
+smoke: $(VENV)/.installed-dev
+	$(PY) -m pytest -q -m "not integration and not slow and not gpu" -p no:cacheprovider $(ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_demo.py -k "whole_pipeline_small" $(ARGS)
 
 ## make test-all: also the slow tests
 test-all: $(VENV)/.installed-dev
