@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import open_clip
 import torch
-from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES, SIMPLE_IMAGENET_TEMPLATES
+from open_clip import zero_shot_metadata  # names read at call time (tests shorten the list)
 
 from hardpos import storage
 from hardpos.data.triplets import resolve_image
@@ -114,7 +114,7 @@ def resolve_classnames(classnames: str | list[str]) -> list[str] | None:
     empty files and empty lists."""
     if isinstance(classnames, str):
         if classnames == "imagenet":
-            return list(IMAGENET_CLASSNAMES)
+            return list(zero_shot_metadata.IMAGENET_CLASSNAMES)
         if classnames == "folders":
             return None
         names = _read_name_list(classnames, "classnames")
@@ -134,7 +134,8 @@ def resolve_templates(templates: str | list[str]) -> list[str]:
     the equivalent format string (identical prompts for every class name)."""
     if isinstance(templates, str):
         if templates in TEMPLATE_SETS:
-            named = OPENAI_IMAGENET_TEMPLATES if templates == "openai" else SIMPLE_IMAGENET_TEMPLATES
+            named = (zero_shot_metadata.OPENAI_IMAGENET_TEMPLATES if templates == "openai"
+                     else zero_shot_metadata.SIMPLE_IMAGENET_TEMPLATES)
             out = [t("{}") for t in named]
         elif "{}" in templates:
             raise RetentionError(f"templates: give a single template as a list: [{templates!r}]")
