@@ -89,7 +89,7 @@ def test_demo_runs_the_whole_pipeline_small(ray_session, tracking_uri, tmp_path)
     from hardpos.stages import demo
 
     cfg = load_config(demo.Config, None, [
-        f"output_dir={tmp_path / 'demo'}",
+        f"output_dir={tmp_path / 'demo'}", "arch=hardpos-tiny",  # the small model keeps the test's time
         "world.n_pretrain=96", "world.n_finetune=64", "world.n_benchmark=24", "world.image_size=32",
         "pretrain.steps=3", "pretrain.batch_size=16", "pretrain.num_workers=1", "pretrain.warmup_steps=1",
         "finetune.steps=2", "finetune.batch_size=16", "finetune.num_workers=1", "finetune.warmup_steps=1",

@@ -5,7 +5,7 @@ and tracked as a child of this demo's MLflow run in one experiment (``hardpos-de
 
 1. ``world``     the synthetic world (pretrain / finetune / benchmark splits). A world folder
                  whose ``world.json`` config equals ``world`` is reused (second ``make demo``).
-2. ``train``     "pretrain" a tiny CLIP from scratch on the pretrain split with the plain
+2. ``train``     "pretrain" a small CLIP from scratch on the pretrain split with the plain
                  CLIP loss (w_pos = w_neg = 0, no NegCLIP columns): the stand-in for a
                  web-pretrained CLIP that has rarely seen non-canonical forms.
 3. ``generate``  hard negatives + hard positives for the finetune split (rule engine; the
@@ -90,8 +90,12 @@ def _default_variants() -> list[Variant]:
 
 
 def _default_world() -> WorldConfig:
-    # The calibrated embedded default (see README "What the demo measures").
-    return WorldConfig(seed=0, n_pretrain=20000, n_finetune=5000, n_benchmark=1000)
+    # The calibrated embedded default (README "Calibration"): vague "web" captions (half of the
+    # pretraining captions name shapes only) so the base learns relations a little and binding
+    # imperfectly; REPLACE-attribute negatives that only a binding-aware model rejects; finetuning
+    # negatives without shape changes (a bag-of-words model already rejects those).
+    return WorldConfig(seed=0, n_pretrain=20000, n_finetune=5000, n_benchmark=1000, binding_negative_rate=1.0,
+                       shape_negatives=False, vague_caption_rate=0.5)
 
 
 @dataclasses.dataclass
@@ -104,7 +108,8 @@ class Config(JobConfig):
     world: the synthetic world (scenes, vocabulary, noncanonical_rate ...; see `hardpos world --help`).
     world_dir: where the world lives (None: <output_dir>/world); reused when its world.json
         config equals ``world``.
-    arch: the open_clip architecture trained from scratch (hardpos-tiny: 32 px, ~5M params).
+    arch: the open_clip architecture trained from scratch (hardpos-demo: 64 px images in 8 x 8
+        patches, so relations are visible; hardpos-tiny: 32 px in 4 x 4, for smoke tests).
     pretrain: the from-scratch "pretraining" phase (plain CLIP loss on the pretrain split).
     pretrained: use this checkpoint (a local dir, s3://, runs:/ or models:/ URI) as the
         pretrained base and skip step 2 (e.g. an earlier demo's <output_dir>/pretrain/model,
@@ -127,10 +132,10 @@ class Config(JobConfig):
     tracking: TrackingConfig = dataclasses.field(default_factory=lambda: TrackingConfig(experiment="hardpos-demo"))
     world: WorldConfig = dataclasses.field(default_factory=_default_world)
     world_dir: str | None = None
-    arch: str = "hardpos-tiny"
+    arch: str = "hardpos-demo"
     pretrained: str | None = None
-    pretrain: PhaseConfig = dataclasses.field(default_factory=lambda: PhaseConfig(steps=600, batch_size=64, lr=5e-4, warmup_steps=50))
-    finetune: PhaseConfig = dataclasses.field(default_factory=lambda: PhaseConfig(steps=150, batch_size=64, lr=1e-4, warmup_steps=10))
+    pretrain: PhaseConfig = dataclasses.field(default_factory=lambda: PhaseConfig(steps=300, batch_size=32, lr=5e-4, warmup_steps=20))
+    finetune: PhaseConfig = dataclasses.field(default_factory=lambda: PhaseConfig(steps=150, batch_size=32, lr=3e-4, warmup_steps=20))
     variants: list[Variant] = dataclasses.field(default_factory=_default_variants)
     generate_engine: Literal["rules", "http", "vllm"] = "rules"
     full: bool = False
@@ -298,7 +303,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         _say(f"2/7 pretrain: skipped, the base is pretrained={cfg.pretrained}")
         pre = {"checkpoint": cfg.pretrained, "mlflow_run_id": None, "model_uri": None}
     else:
-        pre = p.train("pretrained", "2/7 pretrain tiny CLIP from scratch", f"{world_dir}/pretrain.parquet",
+        pre = p.train("pretrained", "2/7 pretrain a small CLIP from scratch", f"{world_dir}/pretrain.parquet",
                       cfg.pretrain, pretrained=None, w_pos=0.0, w_neg=0.0, negclip_columns=False,
                       output_dir=ctx.path("pretrain"))
     base_ckpt = pre["checkpoint"]
