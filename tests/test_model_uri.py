@@ -102,11 +102,11 @@ def test_models_and_runs_uris_load_the_registered_weights_from_the_configured_st
 
 
 def test_without_the_configured_uri_the_cwd_store_is_named_and_not_created(store):
-    """The default (no tracking_uri, no $MLFLOW_TRACKING_URI) is <cwd>/mlruns.db: here it does
+    """The default (no tracking_uri, no $MLFLOW_TRACKING_URI) is <cwd>/mlflow.db (MLflow 3's own default): here it does
     not exist, so the error says so instead of creating an empty database."""
     from hardpos.registry import ModelNotFoundError
 
-    expected = f"sqlite:///{store.cwd.resolve() / 'mlruns.db'}"
+    expected = f"sqlite:///{store.cwd.resolve() / 'mlflow.db'}"
     with pytest.raises(ModelNotFoundError, match=re.escape(f"no MLflow store at {expected}")):
         load_model(ModelConfig(pretrained=f"models:/{store.name}@champion"))
     _no_store_in_cwd(store)
@@ -148,7 +148,7 @@ def test_relative_sqlite_uris_become_absolute_where_the_config_is_read(store):
     assert resolve_tracking_uri("sqlite:///sub/x.db") == f"sqlite:///{store.cwd.resolve() / 'sub' / 'x.db'}"
     assert resolve_tracking_uri(store.uri) == store.uri
     assert resolve_tracking_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
-    assert resolve_tracking_uri() == f"sqlite:///{store.cwd.resolve() / 'mlruns.db'}"
+    assert resolve_tracking_uri() == f"sqlite:///{store.cwd.resolve() / 'mlflow.db'}"
 
 
 # --------------------------------------------------------------------------- evaluate

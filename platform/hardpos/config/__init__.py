@@ -73,7 +73,7 @@ class TrackingConfig:
     """Where runs are tracked.
 
     tracking_uri: MLflow tracking URI; None -> $MLFLOW_TRACKING_URI, else
-        ``sqlite:///<cwd>/mlruns.db`` (the file store is deprecated in MLflow 3).
+        ``sqlite:///<cwd>/mlflow.db`` (the file store is deprecated in MLflow 3).
     experiment: MLflow experiment name (one per stage or one per pipeline).
     run_name: MLflow run name; None -> "<stage>-<timestamp>".
     enabled: False disables MLflow entirely (summary.json is still written).

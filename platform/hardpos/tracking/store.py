@@ -1,7 +1,9 @@
 """Where runs live: the tracking URI, experiments, and the reads that go to MLflow directly.
 
-Default store: ``sqlite:///<cwd>/mlruns.db`` with artifacts in ``<cwd>/mlartifacts``
-(MLflow 3 deprecates the plain file store).  ``$MLFLOW_TRACKING_URI`` or the config's
+Default store: ``sqlite:///<cwd>/mlflow.db`` with artifacts in ``<cwd>/mlartifacts``, the
+same place MLflow 3's own default puts them, so a plain ``mlflow ui`` started in the same
+directory opens HardPos's runs (MLflow 3 deprecates the plain file store). A store made by an
+earlier HardPos (``mlruns.db``) stays readable with ``MLFLOW_TRACKING_URI=sqlite:///mlruns.db``.  ``$MLFLOW_TRACKING_URI`` or the config's
 ``tracking.tracking_uri`` point at a server instead.
 """
 from __future__ import annotations
@@ -15,7 +17,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 from mlflow.tracking._tracking_service import utils as mlflow_uri
 
-DEFAULT_DB = "mlruns.db"
+DEFAULT_DB = "mlflow.db"  # MLflow 3's default (`mlflow ui`, `mlflow server`)
 
 
 def default_tracking_uri() -> str:
@@ -25,7 +27,7 @@ def default_tracking_uri() -> str:
 def resolve_tracking_uri(uri: str | None = None) -> str:
     """Config value, else $MLFLOW_TRACKING_URI, else the local SQLite store.
 
-    A relative SQLite path (``sqlite:///mlruns.db``) is made absolute against the current
+    A relative SQLite path (``sqlite:///mlflow.db``) is made absolute against the current
     directory here, in the process that reads the config: Ray workers and Serve replicas
     get the resolved URI and run in other working directories.
     """
