@@ -6,6 +6,8 @@ Modules (import the one you need; nothing here is imported eagerly so the CLI st
 * :mod:`hardpos.data.captions`  -- ``read_captions(uri)`` for every supported caption format.
 * :mod:`hardpos.data.triplets`  -- the triplet row contract (DESIGN section 3): make/read/write.
 * :mod:`hardpos.data.validate`  -- accept/reject a generated hard positive/negative with a reason.
+  Its parts: :mod:`hardpos.data.textnorm` (normalisation), :mod:`hardpos.data.wordclasses`
+  (word classes for SWAP checks), :mod:`hardpos.data.conjuncts` (``is_conjunct_swap``).
 * :mod:`hardpos.data.perturb`   -- ``RulePerturber``: rule-based hard negatives and positives.
 * :mod:`hardpos.data.lexicon`   -- the curated word classes and synonym tables the rules use.
 * :mod:`hardpos.data.world`     -- the procedural synthetic world with exact ground truth.

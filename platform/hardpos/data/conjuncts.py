@@ -1,0 +1,320 @@
+"""Is a candidate caption the original with two whole coordinated phrases exchanged?
+
+Contract: :func:`is_conjunct_swap` (pure, deterministic; re-exported by
+:mod:`hardpos.data.validate`, which uses it for SWAP positives and to refuse
+meaning-keeping SWAP negatives). It searches every split ``P + X + S + Y + Q`` and accepts
+only when X and Y pass the rules of :func:`_whole_conjuncts`; doubtful splits are rejected.
+Token predicates and word classes come from :mod:`hardpos.data.wordclasses`.
+"""
+from __future__ import annotations
+
+from hardpos.data.textnorm import tokens
+from hardpos.data.wordclasses import (
+    _AFTER_COORDINATION,
+    _BINDS_RIGHT,
+    _BINDS_RIGHT_ANIMATE,
+    _CLAUSE_PUNCT,
+    _COORDINATORS,
+    _DETERMINERS,
+    _FINITE,
+    _LOCATIVE,
+    _NUMERALS,
+    _OF_COLLECTIONS,
+    _PREP_NOUNS,
+    _PREPOSITIONS,
+    _SEPARATORS,
+    _Classify,
+    _plural,
+    _word_classes,
+)
+
+
+def _swap_tokens(text: str) -> list[str]:
+    return ["a" if t == "an" else t for t in tokens(text)]
+
+
+def _separator_at(toks: list[str], k: int) -> int:
+    """Length of the separator starting at ``k`` (0 when none)."""
+    for sep in _SEPARATORS:
+        if tuple(toks[k:k + len(sep)]) == sep:
+            return len(sep)
+    return 0
+
+
+def _runs_after(toks: list[str], a: int) -> list[tuple[int, list[tuple[int, int]], bool]]:
+    """Where a later conjunct may start, given the left conjunct ends at ``a``.
+
+    Returns (start, middle conjuncts skipped on the way, whether a coordinating word was
+    crossed) for each start reachable over separators and whole middle conjuncts:
+    "A, B and C" gives B (nothing skipped) and C (B skipped)."""
+    out = []
+    middles: list[tuple[int, int]] = []
+    crossed = False
+    t = a
+    while True:
+        n = _separator_at(toks, t)
+        if not n:
+            return out
+        crossed = crossed or any(x in _COORDINATORS for x in toks[t:t + n])
+        t += n
+        if t >= len(toks):
+            return out
+        out.append((t, list(middles), crossed))
+        m = t
+        while m < len(toks) and not _separator_at(toks, m) and toks[m] not in _CLAUSE_PUNCT:
+            m += 1
+        if m == t:
+            return out
+        middles.append((t, m))
+        t = m
+
+
+def _list_opener(toks: list[str], i: int, cls: _Classify) -> int:
+    """Index of the token before the whole list the conjunct starting at ``i`` belongs to
+    (-1 at the caption's start): "with a hat, a scarf and a dog" -> the index of "with"."""
+    t = i - 1
+    while t >= 0 and toks[t] == ",":
+        m = t - 1
+        while m >= 0 and toks[m] not in _CLAUSE_PUNCT and toks[m] not in _COORDINATORS and not cls.linker(toks[m]):
+            m -= 1
+        if m == t - 1:
+            break
+        t = m
+    return t
+
+
+def _whole_conjuncts(toks: list[str], i: int, a: int, y0: int, j: int, middles: list[tuple[int, int]],
+                     crossed: bool, cls: _Classify) -> bool:
+    """Are X = toks[i:a] and Y = toks[y0:j] whole, parallel conjuncts of one coordination?
+
+    Each rule guards against one way a swap of *parts* moves a modifier to another thing (the
+    tests name a real caption for each):
+
+    * Shape: X, Y (and list members between them) are all adjectives, all verb phrases or
+      all noun phrases, with no coordinator or clause punctuation inside; a noun phrase holds
+      no finite verb ("a woman ... hold a knife" is a clause) and no second determiner after a
+      noun ("a hand a cellphone" is two phrases).  Members skipped in a non-adjacent swap come
+      from one comma list ("A, B, C and D") and hold no preposition.
+    * A comma alone joins list members only: the list must go on to an "and"/"or"; and the
+      member before a comma has X's shape ("a snowy, icy, [empty street]" lists adjectives).
+    * Nothing starts right after another "and" (nested coordination: "a black and [white cat]
+      and [dog]").
+    * Adjectives share the noun after them ("a [black] and [white] cat") or are predicates
+      after a verb ("is [black] and [white]").
+    * Verb phrases follow their subject ("a man [wearing glasses] and [holding a bottle]"); one
+      with an object ends the clause; two bare verbs share only a place ("sitting and standing
+      on a bench"), not an object or complement ("smiling and taking a picture").
+    * Noun phrases, left edge: the caption's start, clause punctuation or a preposition/verb;
+      or a shared article before two known nouns ("a [dog] and [cat]"), never a shared number
+      or attribute ("two [cats] and [dogs]", "cooked [noodles] and [broccoli]").
+    * Noun phrases, right edge: the caption's end, clause punctuation, a coordinator, a floating
+      "all"/"both"/"together", or a preposition/verb that may attach to the whole coordination;
+      never a noun ("a [cane] and [a roller] bag") or a word that may belong to Y alone ("with",
+      "wearing", "of", "that", and "in" after a person or animal, unless "in front of").
+    * Attribute scope (:func:`_may_share_modifiers`): prenominal modifiers of one conjunct may
+      cover a bare other one ("a white [hat] and [uniform]", "[noodle] and [vegetable dish]").
+    * Modifiers after a head (:func:`_post_modifiers_ok`): Y's may cover both ("a man and [a
+      woman on a motorcycle]"); the coordination may sit inside X's ("[a white plate containing
+      fried food] and [various greens]"); and X with one forbids a preposition right after Y
+      ("[a man with a hat] and [a woman] on a bench": Y stops early there).
+    * Embedded coordination (after a preposition/verb that follows a noun: "a man with [a hat]
+      and [a woman] ..."): Y may instead be the partner of that noun, so reject when the linker
+      repeats after Y ("... with a dog"); when X and Y differ in animacy; when Y is a person or
+      animal anywhere but after "of"; after "of" unless the noun is a collection or a picture
+      ("a group of", "a photo of"; not "a body of water and mountains"); and when only one
+      conjunct has a determiner, after "of" always, elsewhere unless the bare one is a known
+      thing or the linker is a finite verb ("a kitchen has [a stove] and [microwave]"); and when
+      the linker's noun is itself inside a prepositional phrase ("with a frame on [wall] and
+      [sink]": the sink may be the frame's partner).
+    """
+    common = cls.shapes(toks[i:a]) & cls.shapes(toks[y0:j])
+    if middles:
+        seps = [t for t in toks[a:y0] if t in _COORDINATORS or t == ","]
+        if any(t != "," for t in seps[:-1]) or any(cls.linker(t) for s, e in middles for t in toks[s:e]):
+            return False
+    for s, e in middles:
+        common &= cls.shapes(toks[s:e])
+    if not crossed:  # "A, B and C" swapping A and B: the list must carry on to its "and"
+        rest = toks[j:]
+        if not rest or rest[0] not in (",", "and", "or", "&") or not (_COORDINATORS & set(rest)):
+            return False
+    if i > 0 and toks[i - 1] in _COORDINATORS:
+        return False
+    if i > 0 and toks[i - 1] == ",":  # X continues a list: its previous member has X's shape
+        m = i - 2
+        while m >= 0 and toks[m] not in _CLAUSE_PUNCT and toks[m] not in _COORDINATORS and not cls.linker(toks[m]):
+            m -= 1
+        if m == i - 2:
+            return False
+        prev = toks[m + 1:i - 1]
+        bare = [t for t in prev if t not in _DETERMINERS] or prev  # "a blue, [white] and red": "a" is shared
+        common &= cls.shapes(prev) | cls.shapes(bare)  # "a snowy, icy, [empty city street]" lists adjectives
+    return any(_EDGE_RULES[shape](toks, i, a, y0, j, cls) for shape in sorted(common))
+
+
+def _adjectives_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: _Classify) -> bool:
+    left = toks[i - 1] if i > 0 else None
+    right = toks[j] if j < len(toks) else None
+    if cls.content(right):
+        return True  # a shared head noun ("a brown and gold fire hydrant")
+    if (left in _DETERMINERS or cls.content(left)) and cls.ing_verb(right or "") and cls.content(
+            toks[j + 1] if j + 1 < len(toks) else None):
+        return True  # "a black and white sitting room": prenominal, the head comes later
+    return (cls.boundary(right) or right in _COORDINATORS or cls.linker(right)) and cls.opens_at(toks, i)
+
+
+def _verb_phrases_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: _Classify) -> bool:
+    left = toks[i - 1] if i > 0 else None
+    right = toks[j] if j < len(toks) else None
+    if left in _DETERMINERS:
+        return False
+    if a - i == 1 and j - y0 == 1:
+        return cls.boundary(right) or right in _COORDINATORS or right in _LOCATIVE
+    if a - i == 1 and any(t in _PREPOSITIONS for t in toks[y0:j]):
+        return False  # "grazing and [eating in the pasture]": the place may cover both
+    return cls.boundary(right) or right in _COORDINATORS
+
+
+def _noun_phrases_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: _Classify) -> bool:
+    wc = cls.wc
+    x, y = toks[i:a], toks[y0:j]
+    left = toks[i - 1] if i > 0 else None
+    right = toks[j] if j < len(toks) else None
+    x_det, y_det = x[0] in _DETERMINERS, y[0] in _DETERMINERS
+    if not cls.opens_at(toks, i):  # X starts after an article it shares with Y
+        if x_det or y_det or left in _NUMERALS or left not in _DETERMINERS:
+            return False
+        if x[-1] not in wc.nouns or y[-1] not in wc.nouns:
+            return False  # "stand in a [field] and [graze]"
+        if left == "a" and (_plural(x[-1]) or _plural(y[-1])):
+            return False  # "a [bright window] and [house plants]": no article shared with a plural
+    if x_det and len(x) == 2 and x[1] not in wc.nouns and not y_det and y[0] in wc.pure_adjectives:
+        return False  # "a [grown] and [white dog]": two adjectives sharing "dog"
+    if not (cls.boundary(right) or right in _COORDINATORS or cls.linker(right) or right in _AFTER_COORDINATION):
+        return False
+    y_animate = y[-1] in wc.animate
+    in_front = right == "in" and j + 1 < len(toks) and toks[j + 1] == "front"
+    if right in _BINDS_RIGHT or (right in _BINDS_RIGHT_ANIMATE and y_animate and not in_front):
+        return False
+    if (right in _PREPOSITIONS or cls.ing_verb(right or "")) and any(cls.linker(t) for t in x[1:]):
+        return False  # "[a man with a hat] and [a woman] on a bench": Y may go on
+    if not _post_modifiers_ok(x, y, cls):
+        return False
+    if _may_share_modifiers(x, y, cls) or _may_share_modifiers(y, x, cls):
+        return False
+    opener = _list_opener(toks, i, cls)
+    if opener >= 0 and cls.linker(toks[opener]) and any(cls.content(t) for t in toks[:opener]):
+        link = toks[opener]
+        if right == link or (x[-1] in wc.animate) != y_animate:
+            return False
+        if y_animate and (link != "of" or any(t in wc.animate for t in toks[:opener])):
+            return False
+        if link == "of" and toks[opener - 1] not in _OF_COLLECTIONS:
+            return False
+        if link in _PREPOSITIONS and _nested_in_prepositional_phrase(toks, opener, cls):
+            return False  # "with a coat on [his shoulder] and [a suitcase] by his foot"
+        if x_det != y_det:
+            bare = y if x_det else x
+            if link == "of" or (link not in _FINITE and (bare[-1] not in wc.nouns or bare[-1] in wc.animate)):
+                return False  # "a bowl of [soup] and [a sandwich]", "in [a black dress] and [fans]"
+    return True
+
+
+def _nested_in_prepositional_phrase(toks: list[str], opener: int, cls: _Classify) -> bool:
+    """The noun before the preposition at ``opener`` is itself a preposition's object ("a bathroom
+    with [a frame] on ..."): Y may then be that noun's partner ("with [a frame on wall] and [sink]")."""
+    q = opener - 1
+    while q >= 0 and (toks[q] in _DETERMINERS or (cls.content(toks[q]) and toks[q] not in _PREP_NOUNS)):
+        q -= 1
+    if q == opener - 1 or q < 1 or toks[q] not in _PREPOSITIONS or toks[q] == "of":
+        return False
+    return any(cls.content(t) for t in toks[:q])
+
+
+def _post_modifiers_ok(x: list[str], y: list[str], cls: _Classify) -> bool:
+    """Conjuncts with a modifier after their head ("a man [with a hat]").
+
+    * Only Y has one: it may cover both ("a man and a woman [on a motorcycle]"); an "of"
+      complement stays with its noun ("two toothbrushes and a tube [of toothpaste]").
+    * Only X has one: the coordination may sit inside it ("a white plate containing [fried food
+      and various greens]"); clear only when Y is the same kind of person/animal as X's head and
+      X's inner noun is neither ("[a man with a hat] and [a woman]").
+    * Both: the same linking words, and both heads people/animals ("[a man in a white shirt] and
+      [a woman in a white dress]"); "[night scene with clock tower] and [buildings with lights]"
+      is no such pair.
+    """
+    x_links = [k for k, t in enumerate(x) if k and cls.linker(t)]
+    y_links = [k for k, t in enumerate(y) if k and cls.linker(t) and t != "of"]
+    if not x_links and not y_links:
+        return True
+    if not x_links:
+        return False
+    animate = cls.wc.animate
+    x_head = x[x_links[0] - 1]
+    if not y_links:
+        return y[-1] in animate and animate.get(x_head) == animate[y[-1]] and x[-1] not in animate
+    y_head = y[y_links[0] - 1]
+    return [x[k] for k in x_links] == [y[k] for k in y_links] and x_head in animate and y_head in animate
+
+
+def _may_share_modifiers(first: list[str], second: list[str], cls: _Classify) -> bool:
+    """In "first and second", may first's prenominal modifiers also cover a bare second?
+
+    "a white [hat] and [uniform]", "a tennis [racket] and [ball]", "a brown [couch] and [foot
+    stool]"; and, with the conjuncts the other way round, "[noodle] and [vegetable dish]".
+    Either order of such a pair changes which things the modifiers describe.
+    """
+    if second[0] in _DETERMINERS or any(cls.linker(t) for t in first):
+        return False
+    mods = [t for t in first[:-1] if t not in _DETERMINERS]
+    if not mods:
+        return False
+    pure = cls.wc.pure_adjectives
+    return len(second) == 1 or (any(t in pure for t in mods) and not any(t in pure for t in second))
+
+
+_EDGE_RULES = {"adj": _adjectives_ok, "vp": _verb_phrases_ok, "noun": _noun_phrases_ok}
+
+
+def is_conjunct_swap(original: str, candidate: str) -> bool:
+    """True when ``candidate`` is ``original`` with two whole coordinated phrases exchanged.
+
+    That is: for some split ``original = P + X + S + Y + Q`` the candidate reads
+    ``P + Y + S + X + Q``, where S joins conjuncts ("and", "or", ",", ", and"; in a list
+    "A, B and C" it may also hold the members between X and Y) and X, Y pass the rules of
+    :func:`_whole_conjuncts`.  Comparison is on :func:`tokens` (case, whitespace and a final
+    period ignored) with "an" folded to "a", so articles may follow the new order.
+
+    Accepted: "a cat and a dog" -> "a dog and a cat"; "a sink, toilet and shower" -> "a sink,
+    shower and toilet"; "A black and white cat" -> "A white and black cat"; "a man wearing
+    glasses and holding a bottle" -> "a man holding a bottle and wearing glasses"; "a man
+    with a hat and a woman with a dog" -> "a woman with a dog and a man with a hat".
+
+    Rejected (binding swaps, hard negatives): "Blue bathroom with white towels" -> "White
+    bathroom with blue towels" (no coordination); "a man with a hat and a woman with a dog" ->
+    "a man with a woman and a hat with a dog"; "a person with a cane and a roller bag" -> "a
+    person with a roller and a cane bag"; "a train and phone booth" -> "a phone and train booth".
+    Doubtful splits are rejected: a wrong reject costs coverage, a wrong accept teaches the
+    model that a binding change keeps the meaning.
+    """
+    o, c = _swap_tokens(original), _swap_tokens(candidate)
+    n = len(o)
+    if len(c) != n or o == c:
+        return False
+    first = next(k for k in range(n) if o[k] != c[k])
+    last = max(k for k in range(n) if o[k] != c[k]) + 1
+    cls = _Classify(_word_classes())
+    for a in range(1, n):
+        if not _separator_at(o, a):
+            continue
+        for i in range(min(first, a - 1), -1, -1):  # X = o[i:a], longest last
+            if o[i] in _COORDINATORS or o[i] in _CLAUSE_PUNCT:
+                break
+            for y0, middles, crossed in _runs_after(o, a):
+                for j in range(max(last, y0 + 1), n + 1):
+                    if o[j - 1] in _COORDINATORS or o[j - 1] in _CLAUSE_PUNCT:
+                        break
+                    if c[i:j] == o[y0:j] + o[a:y0] + o[i:a] and _whole_conjuncts(
+                            o, i, a, y0, j, middles, crossed, cls):
+                        return True
+    return False
