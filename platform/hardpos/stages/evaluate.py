@@ -14,15 +14,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import tempfile
+import time
+from pathlib import Path
 from typing import ClassVar, Literal
 
+import torch
+
+from hardpos import storage
 from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
-from hardpos.eval.distributed import RayDataConfig
-from hardpos.eval.evaluator import Precision
-from hardpos.eval.retention import RetrievalSpec, ZeroShotSpec
+from hardpos.eval import report as R
+from hardpos.eval.benchmarks import BenchmarkError
+from hardpos.eval.distributed import RayDataConfig, ray_image_encoder
+from hardpos.eval.evaluator import Precision, evaluate_benchmarks
+from hardpos.eval.retention import (RetentionError, RetrievalSpec, ZeroShotSpec, resolve_classnames,
+                                    resolve_templates, retrieval, zero_shot)
 from hardpos.eval.spec import BenchmarkSpec
-from hardpos.model import ModelConfig
-from hardpos.runtime import JobContext
+from hardpos.model import ModelConfig, load_model
+from hardpos.runtime import JobContext, init_ray
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +106,6 @@ class Config(JobConfig):
 
 def resolve_specs(cfg: Config) -> list[BenchmarkSpec]:
     """The configured benchmarks plus the world's; validated before any model is built."""
-    from hardpos import storage
-
     specs = list(cfg.benchmarks)
     if cfg.world:
         for name, stem in WORLD_BENCHMARKS:
@@ -123,8 +130,6 @@ def resolve_specs(cfg: Config) -> list[BenchmarkSpec]:
 def check_retention(cfg: RetentionConfig) -> None:
     """Names unique and free of '/', class names and templates resolvable (named sets,
     lists, readable files): fails before any model is built."""
-    from hardpos.eval.retention import RetentionError, resolve_classnames, resolve_templates
-
     for kind, specs in (("zeroshot", cfg.zeroshot), ("retrieval", cfg.retrieval)):
         names = [s.name for s in specs]
         if len(set(names)) != len(names) or any(not n or "/" in n for n in names):
@@ -138,25 +143,12 @@ def check_retention(cfg: RetentionConfig) -> None:
 
 
 def resolve_device(device: str) -> str:
-    import torch
-
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:
-    import tempfile
-    import time
-
-    import torch
-
-    from hardpos.eval import report as R
-    from hardpos.eval.benchmarks import BenchmarkError
-    from hardpos.eval.evaluator import evaluate_benchmarks
-    from hardpos.eval.retention import retrieval, zero_shot
-    from hardpos.model import load_model
-
     specs = resolve_specs(cfg)
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)  # random-weight models are reproducible from the seed
@@ -165,9 +157,6 @@ def run(cfg: Config, ctx: JobContext) -> dict:
 
     image_encoder = None
     if cfg.engine == "ray_data":
-        from hardpos.eval.distributed import ray_image_encoder
-        from hardpos.runtime import init_ray
-
         init_ray(cfg.ray)
         image_encoder = ray_image_encoder(lm.model, lm.arch, lm.model_cfg, cfg.ray_data, device=cfg.device,
                                           precision=cfg.precision)
@@ -194,10 +183,6 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     ctx.log_metrics(metrics)
     if ctx.run is not None:
         with tempfile.TemporaryDirectory() as tmp:  # artifacts from local copies (output_dir may be s3://)
-            from pathlib import Path
-
-            from hardpos import storage
-
             for uri in paths.values():
                 local = Path(tmp) / uri.rsplit("/", 1)[-1]
                 local.write_bytes(storage.read_bytes(uri))

@@ -10,9 +10,16 @@ import sys
 import tempfile
 from typing import Literal
 
+import ray
+
 from hardpos import storage
 from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
-from hardpos.generate.engines import EngineConfig
+from hardpos.data.captions import CaptionSourceError
+from hardpos.data.validate import KINDS
+from hardpos.data.world import world_dir_of
+from hardpos.generate import engines, pipeline
+from hardpos.generate.engines import EngineConfig, build_http_processor_config, build_vllm_processor_config
+from hardpos.generate.prompts import fingerprint, load_prompts
 from hardpos.runtime import JobContext, init_ray
 
 
@@ -97,25 +104,17 @@ class Config(JobConfig):
 def check_config(cfg: Config, templates) -> None:
     """What the config's own ``__post_init__`` cannot check (prompt kinds, engine settings,
     the input's files), before any work starts."""
-    from hardpos.data.validate import KINDS
-
     unknown = [t.kind for t in templates if t.kind not in KINDS]
     if unknown:
         raise ConfigError(f"prompt kinds {unknown} have no validator; kinds must be one of {sorted(KINDS)}")
     if cfg.engine.kind == "http":
-        from hardpos.generate.engines import build_http_processor_config
-
         build_http_processor_config(cfg.engine.http)
     elif cfg.engine.kind == "vllm":
-        from hardpos.generate.engines import build_vllm_processor_config
-
         build_vllm_processor_config(cfg.engine.vllm)
 
 
 def resolve_input(cfg: Config) -> tuple[str, str | None]:
     """(the caption file to read, the world folder whose lexicon the rules use or None)."""
-    from hardpos.data.world import world_dir_of
-
     src, world_dir = cfg.input, world_dir_of(cfg.input)  # the perturb stage decides it the same way
     if world_dir == src:
         src = storage.join(src, f"{cfg.split}.parquet")
@@ -133,10 +132,6 @@ def _histogram(counts: dict[str, int]) -> dict[str, int]:
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:
-    from hardpos.data.captions import CaptionSourceError
-    from hardpos.generate import engines, pipeline
-    from hardpos.generate.prompts import fingerprint, load_prompts
-
     templates = load_prompts(cfg.prompts, cfg.kinds or None)
     check_config(cfg, templates)
     source_uri, world_dir = resolve_input(cfg)
@@ -179,8 +174,6 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     rule_negatives = {"seed": cfg.seed, "world_dir": world_dir} if needs_rules else None
 
     def make_dataset(requests):
-        import ray
-
         init_ray(cfg.ray)
         # ~2 blocks per shard: rows stream back roughly shard by shard, so shards commit
         # (and become resumable) continuously instead of at the end.

@@ -17,9 +17,15 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
+import ray
+from ray import tune
+from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
 from hardpos import compare, registry, runtime, storage, sweep, tracking
 from hardpos.config import ConfigError, JobConfig, from_dict, load_config, set_dotted, to_dict
 from hardpos.runtime import JobContext
+from hardpos.train.trainer import decode_task_cpus
 
 
 def _paper_grid() -> dict[str, Any]:
@@ -109,8 +115,6 @@ def validate_space(cfg: Config, base: dict[str, Any]) -> int:
 # --------------------------------------------------------------------------- the trial
 def _objective_callback(terms: list[str]):
     """TuneReportCallback that adds ``objective`` (mean of ``terms``) to every report."""
-    from ray.tune.integration.ray_train import TuneReportCallback
-
     class ObjectiveReportCallback(TuneReportCallback):
         def after_report(self, run_context, metrics, checkpoint):
             metrics = [dict(m) for m in metrics]
@@ -130,11 +134,6 @@ def run_trial(tune_config: dict[str, Any], *, base: dict[str, Any], output_dir: 
     driver_cpus / concurrent_trials: what this trial's driver holds and how many trials
     share the cluster, so its data decode tasks ask for no more CPU than its share leaves.
     """
-    import ray
-    from ray import tune
-
-    from hardpos.train.trainer import decode_task_cpus
-
     ctx = tune.get_context()
     overrides = sweep.trial_overrides(tune_config)
     train_cfg = trial_train_config(base, overrides)
@@ -166,9 +165,6 @@ def run_trial(tune_config: dict[str, Any], *, base: dict[str, Any], output_dir: 
 
 # --------------------------------------------------------------------------- the stage
 def run(cfg: Config, ctx: JobContext) -> dict:
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-
     base = base_train_dict(cfg)
     n_trials = validate_space(cfg, base)
     runtime.init_ray(cfg.ray)

@@ -16,7 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
+from hardpos import storage, tracking
 from hardpos.runtime import JobContext
+from hardpos.tracking import numeric_metrics
 from hardpos.train.checkpoint import MODEL_DIR
 from hardpos.train.config import TrainConfig
 from hardpos.train.trainer import build_trainer
@@ -27,8 +29,6 @@ log = logging.getLogger(__name__)
 
 
 def _numeric(metrics: dict[str, Any] | None) -> dict[str, float]:
-    from hardpos.tracking import numeric_metrics
-
     return numeric_metrics(metrics or {})
 
 
@@ -48,8 +48,6 @@ def _log_final_model(run, local: Path, final_dir: str) -> tuple[str | None, bool
     ``hardpos track replay`` (summary.json's ``tracking`` section says which); its URI is
     the one it will have. A run recorded locally has no run id yet: URI None.
     """
-    from hardpos import storage, tracking
-
     if not run.local and run.reachable():
         try:
             # The registry finds a run's model through the hardpos.model_uri tag (set here too).
@@ -73,8 +71,6 @@ def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = (), step_hook: 
     ``step_hook``: called on every worker after every step (tests inject faults with it;
     see :func:`hardpos.train.trainer.build_trainer`).
     """
-    from hardpos import storage
-
     trainer, plan, cfg = build_trainer(cfg, callbacks=callbacks, run_logger=ctx.run, step_hook=step_hook)
     if ctx.run is not None:
         ctx.run.log_params({"plan": vars(plan)})

@@ -11,7 +11,7 @@ import dataclasses
 from typing import ClassVar
 
 from hardpos.config import JobConfig
-from hardpos.data.world import WorldConfig
+from hardpos.data.world import WorldConfig, generate_world
 from hardpos.runtime import JobContext
 
 
@@ -52,8 +52,6 @@ def world_config(cfg: Config) -> WorldConfig:
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:
-    from hardpos.data.world import generate_world
-
     wc = world_config(cfg)  # validated when cfg was built (Config.__post_init__)
     stats = generate_world(wc, ctx.output_dir)
     metrics = {f"items/{k}": v for k, v in stats["benchmark_items"].items()}
