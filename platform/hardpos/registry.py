@@ -55,6 +55,7 @@ def mlflow_client(tracking_uri: str):
     ``mlflow.set_registry_uri`` when either is set; HardPos keeps runs and registered models
     in the one store the job names.
     """
+    # lazy: hardpos.model (every train/eval worker) and the Serve ingress import this module; mlflow costs seconds
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
@@ -104,6 +105,7 @@ def model_version(tracking_uri: str, ref: RegistryRef):
     Raises :class:`ModelNotFoundError` (naming the store and what it does hold) when the
     model, alias or version does not exist.
     """
+    # lazy: hardpos.model (every train/eval worker) and the Serve ingress import this module; mlflow costs seconds
     from mlflow.exceptions import MlflowException
 
     _require_store(tracking_uri)
@@ -154,6 +156,7 @@ def resolve_model_uri(uri: str, tracking_uri: str) -> str:
     ``tracking_uri=`` (creating ``./mlflow.db`` in the working directory when unset).
     Raises :class:`ModelNotFoundError` naming the store.
     """
+    # lazy: hardpos.model (every train/eval worker) and the Serve ingress import this module; mlflow costs seconds
     from mlflow.exceptions import MlflowException
 
     if uri.startswith("runs:/"):
@@ -182,6 +185,7 @@ def resolve_model_uri(uri: str, tracking_uri: str) -> str:
 
 
 def _run_artifact_location(uri: str, tracking_uri: str) -> str:
+    # lazy: hardpos.model (every train/eval worker) and the Serve ingress import this module; mlflow costs seconds
     from mlflow.exceptions import MlflowException
 
     run_id, _, path = uri[len("runs:/"):].strip("/").partition("/")
@@ -218,6 +222,7 @@ def download_model(uri: str, tracking_uri: str, dst_path: str | os.PathLike | No
     URIs).  A missing model, version, alias, run or artifact raises
     :class:`ModelNotFoundError` naming the store.
     """
+    # lazy: hardpos.model (every train/eval worker) and the Serve ingress import this module; mlflow costs seconds
     import mlflow
     from mlflow.exceptions import MlflowException
 

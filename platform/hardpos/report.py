@@ -153,6 +153,7 @@ def write_chart(rows: Mapping[str, Mapping[str, float]], path: str, spreads: Map
                 *, title: str = "HardPos on the synthetic world") -> str:
     """A PNG: per benchmark (REPLACE, SWAP), grouped bars of original accuracy, augmented
     accuracy and brittleness for every model (error bars = ``spreads`` when given)."""
+    # lazy: matplotlib is an optional, heavy plotting dependency only the chart writers need
     import matplotlib
 
     matplotlib.use("Agg")
@@ -236,6 +237,7 @@ def tradeoff_plot(rows: list[dict[str, Any]], path: str | Path, x: str = "param:
     Only rows with a numeric ``x`` are plotted (the HN-only control has w_pos = 0 and is
     drawn as a separate marker). Returns None when nothing can be plotted.
     """
+    # lazy: matplotlib is an optional, heavy plotting dependency only the chart writers need
     import matplotlib
 
     matplotlib.use("Agg")

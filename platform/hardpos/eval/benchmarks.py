@@ -236,6 +236,7 @@ def load_triplets(spec: BenchmarkSpec) -> Benchmark:
 def load_sugarcrepe_pp(spec: BenchmarkSpec) -> Benchmark:
     """SugarCrepe++ (its own module holds the loader and the text-only metric; imported
     lazily because that module builds on this one's Item and helpers)."""
+    # lazy: import cycle (hardpos.eval.sugarcrepe_pp imports Item and helpers from this module at its top)
     from hardpos.eval.sugarcrepe_pp import load
 
     return load(spec)

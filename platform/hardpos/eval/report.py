@@ -19,6 +19,10 @@ import io
 import json
 from typing import Any, Mapping
 
+import numpy as np
+import pyarrow.parquet as pq
+
+from hardpos import storage
 from hardpos.report import num, pct, table
 from hardpos.eval.evaluator import EvalReport, benchmark_metrics
 from hardpos.eval.sugarcrepe_pp import TEXT_COLUMNS, markdown_section as text_only_section
@@ -95,10 +99,6 @@ def markdown_report(report: EvalReport, model_name: str = "model", retention: Ma
 
 def write_scores(report: EvalReport, uri: str) -> str:
     """Per-item scores as parquet (local or s3://)."""
-    import pyarrow.parquet as pq
-
-    from hardpos import storage
-
     buf = io.BytesIO()
     pq.write_table(report.scores_table(), buf)
     return storage.write_bytes(uri, buf.getvalue())
@@ -108,11 +108,6 @@ def recompute_metrics(scores: Any) -> dict[str, float]:
     """Every benchmark's figures from a per-item scores file (path/URI) or pyarrow Table,
     using the same pure function as the evaluator; equals the summary's metrics (minus
     the missing-image counts, which the per-item file cannot know)."""
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    from hardpos import storage
-
     if isinstance(scores, str):
         scores = pq.read_table(io.BytesIO(storage.read_bytes(scores)))
     meta = json.loads((scores.schema.metadata or {}).get(b"hardpos.aggregate", b"{}"))
@@ -130,8 +125,6 @@ def recompute_metrics(scores: Any) -> dict[str, float]:
 
 def _text_sims(cols: Mapping[str, list], sel: Any) -> dict[str, Any] | None:
     """The selected rows' text-only cosines, when the file has them for those rows."""
-    import numpy as np
-
     if not all(k in cols for k in TEXT_COLUMNS):
         return None
     text = {k: np.asarray(cols[k], dtype=object)[sel] for k in TEXT_COLUMNS}
@@ -144,8 +137,6 @@ def write_outputs(report: EvalReport, output_dir: str, *, model_name: str = "mod
                   retention: Mapping[str, float] | None = None, device: str | None = None) -> dict[str, str]:
     """Write scores.parquet, report.md, missing_images.json, rejected_rows.json under
     ``output_dir`` (local or s3://); returns ``{kind: uri}``."""
-    from hardpos import storage
-
     paths = {
         "scores": write_scores(report, storage.join(output_dir, SCORES_FILE)),
         "report": storage.write_text(storage.join(output_dir, REPORT_FILE), markdown_report(report, model_name, retention, device=device)),

@@ -50,6 +50,7 @@ import numpy as np
 from hardpos import storage
 from hardpos.eval.benchmarks import Benchmark, BenchmarkError, Item, _read_json, _root, resolve_image
 from hardpos.eval.spec import BenchmarkSpec
+from hardpos.report import pct, table
 
 KIND = "sugarcrepe_pp"
 CATEGORIES = ("replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
@@ -154,8 +155,6 @@ def markdown_section(results: Sequence[Any], metrics: Mapping[str, float]) -> li
     """report.md lines for the text-only task of every benchmark that has one: per category
     and overall, in percent (empty when none has). ``results`` are the evaluator's
     BenchmarkResults (``.name``, ``.subsets``)."""
-    from hardpos.report import pct, table
-
     rows = []
     for r in results:
         if f"{r.name}/{TEXT_ONLY_METRIC}" not in metrics:

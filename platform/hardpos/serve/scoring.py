@@ -14,21 +14,26 @@ embeddings, score a batch, and turn scores into the paper's per-item verdicts.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import math
 import threading
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
+import torch
+
+from hardpos import registry, tracking
 from hardpos.eval.metrics import verdicts  # noqa: F401 - re-exported for the app (one definition)
+from hardpos.model import ModelConfig, encode_image, encode_text, trim_tokens
+from hardpos.model import load_model as _load_model  # this module's load_model wraps it
 from hardpos.serve.config import ServeAppConfig, ServingLimits
 from hardpos.serve.errors import ServingError
+from hardpos.serve.requests import open_image
 
 # --------------------------------------------------------------------------- model loading
 
 
 def _store(cfg: ServeAppConfig) -> str:
-    from hardpos import tracking
-
     return tracking.resolve_tracking_uri(cfg.tracking_uri)
 
 
@@ -40,14 +45,11 @@ def load_model(cfg: ServeAppConfig, device: Any = "cpu") -> tuple[Any, dict[str,
     actually loaded. MLflow sources resolve in ``cfg.tracking_uri`` (None: the environment's
     store). Raises :class:`hardpos.registry.ModelNotFoundError` for an unknown model.
     """
-    from hardpos import registry
-    from hardpos.model import ModelConfig, load_model as load
-
     if registry.split_registry_uri(cfg.model) is None:
         uri, info = cfg.model, {"source": cfg.model}  # no store needed (checkpoint, tag, runs:/)
     else:
         uri, info = registry.pin_model_uri(cfg.model, _store(cfg))
-    loaded = load(ModelConfig(arch=cfg.arch, pretrained=None if uri in ("", "random") else uri,
+    loaded = _load_model(ModelConfig(arch=cfg.arch, pretrained=None if uri in ("", "random") else uri,
                               force_quick_gelu=cfg.force_quick_gelu),
                   device=device, tracking_uri=cfg.tracking_uri)
     loaded.model.eval()
@@ -56,8 +58,6 @@ def load_model(cfg: ServeAppConfig, device: Any = "cpu") -> tuple[Any, dict[str,
 
 def current_version(cfg: ServeAppConfig) -> str | None:
     """The version the configured alias points at now (None: the source is not an alias)."""
-    from hardpos import registry
-
     if registry.split_registry_uri(cfg.model) is None:
         return None
     return registry.current_alias_version(cfg.model, _store(cfg))
@@ -202,13 +202,6 @@ def compute_batch(state: ModelState, items: list[tuple[bytes, list[str]]], limit
     Returns, per item in order, ``{"scores": [cosine per caption], "logit_scale", "model"}``
     or ``{"error": {"status", "detail"}}``: a bad item gets its own error, never the batch.
     """
-    import contextlib
-
-    import torch
-
-    from hardpos.model import encode_image, encode_text, trim_tokens
-    from hardpos.serve.requests import open_image
-
     results: list[dict[str, Any] | None] = [None] * len(items)
     tensors, ok = [], []
     for i, (raw, _) in enumerate(items):
