@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from hardpos import tracking
 from hardpos.config import ConfigError, describe_config, dump_yaml, load_config
 from hardpos.runtime import STAGES, execute, stage_module
 from hardpos.tracking import TrackingUnavailableError
@@ -45,8 +46,6 @@ what is left. --tracking-uri overrides the URI each file names (the server moved
 
 def track_main(argv: list[str]) -> int:
     """``hardpos track replay ...``: 0 when everything was delivered, 1 when some records are left."""
-    from hardpos import tracking
-
     args = list(argv)
     if not args or args[0] in ("-h", "--help"):
         print(TRACK_USAGE)

@@ -60,6 +60,7 @@ def init_ray(cfg: RayConfig | None = None, **kwargs: Any) -> None:
 
     Idempotent. Never stops anything it did not start (no ``ray stop`` anywhere).
     """
+    # lazy: runtime is on `hardpos`'s import path (cli.py); ray takes seconds to import
     import ray
 
     if ray.is_initialized():

@@ -25,6 +25,8 @@ import itertools
 import math
 from typing import Any
 
+from ray import tune
+
 from hardpos.config import ConfigError
 
 SAMPLERS = ("choice", "uniform", "loguniform", "randint", "quniform")
@@ -65,8 +67,6 @@ def grid_points(grid: dict[str, list], constant: dict[str, Any], extra_trials: l
 
 def to_tune_space(space: dict[str, Any], extra_trials: list[dict[str, Any]]) -> dict[str, Any]:
     """Ray Tune param_space: ``{"overrides": grid_search([...]), "<sampled key>": sampler}``."""
-    from ray import tune
-
     grid, sampled, constant = split_search_space(space)
     out: dict[str, Any] = {"overrides": tune.grid_search(grid_points(grid, constant, extra_trials))}
     for key, (kind, args) in sampled.items():

@@ -269,7 +269,7 @@ def next_unit(records: list[dict] | collections.deque, start: int = 0) -> int:
 
 def log_model_now(tracking_uri: str, run_id: str, checkpoint_dir: str, timeout_s: float) -> str:
     """``log_model`` + the ``hardpos.model_uri`` tag, failing fast when the server is away."""
-    # Lazy: hardpos.mlflow_model loads torch, open_clip and mlflow.pyfunc (seconds); only a model
+    # lazy: hardpos.mlflow_model loads torch, open_clip and mlflow.pyfunc (seconds); only a model
     # upload needs it, not every process that logs a metric.
     from hardpos.mlflow_model import log_model
 

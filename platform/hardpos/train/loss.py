@@ -62,9 +62,11 @@ import math
 from typing import Mapping
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from hardpos.config import require
+from hardpos.model import unwrap
 
 TERMS = ("contrastive", "hard_negative", "hard_positive", "pos_over_neg", "kl")
 LOGIT_SCALE_MAX = math.log(100.0)
@@ -237,10 +239,9 @@ def gather_features(local: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
     Without an initialised process group (or world size 1) it returns ``local`` unchanged.
     Rows are ordered rank 0 first, so the global batch is the ranks' batches in order.
     """
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return dict(local)
+    # lazy: only a distributed run reaches here, and torch builds without distributed support lack this module
     from torch.distributed.nn.functional import all_gather as all_gather_with_grad
 
     out: dict[str, torch.Tensor] = {}
@@ -258,8 +259,6 @@ def gather_features(local: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 def clamp_logit_scale(model: torch.nn.Module) -> None:
     """Clamp ``logit_scale`` to [0, ln 100] in place (call after every optimiser step)."""
-    from hardpos.model import unwrap
-
     m = unwrap(model)
     with torch.no_grad():
         m.logit_scale.clamp_(0, LOGIT_SCALE_MAX)
