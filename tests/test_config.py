@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from hardpos import cli, runtime
+from hardpos.stages.demo import PhaseConfig
 from hardpos.config import (ConfigError, JobConfig, TrackingConfig, describe_config, field_docs, from_dict,
                             load_config, require, type_name)
 
@@ -95,7 +96,9 @@ def test_overriding_one_key_of_a_section_keeps_the_stages_other_defaults():
     assert cfg.inner == _Phase(steps=5, mode="b")  # mode from the stage's default_factory, not _Phase's "a"
     demo = runtime.stage_module("demo").Config
     cfg = load_config(demo, None, ["pretrain.steps=5", "tracking.enabled=false"])
-    assert (cfg.pretrain.steps, cfg.pretrain.lr, cfg.pretrain.warmup_steps) == (5, 5e-4, 50)
+    stage_default = demo().pretrain  # the demo's own, which differs from PhaseConfig's class defaults
+    assert (stage_default.lr, stage_default.warmup_steps) != (PhaseConfig().lr, PhaseConfig().warmup_steps)
+    assert (cfg.pretrain.steps, cfg.pretrain.lr, cfg.pretrain.warmup_steps) == (5, stage_default.lr, stage_default.warmup_steps)
     assert cfg.tracking.experiment == "hardpos-demo" and cfg.tracking.enabled is False
 
 
@@ -182,9 +185,12 @@ def _help(capsys, *argv: str) -> str:
 
 def test_demo_help_shows_the_demos_real_defaults(capsys):
     out = _help(capsys, "demo", "--help")
-    assert "  pretrain.steps: int = 600" in out and "  pretrain.lr: float = 0.0005" in out
-    assert "  pretrain.steps: int = 300" not in out and "  pretrain.lr: float = 0.0001" not in out
-    assert "  finetune.steps: int = 150" in out and "  tracking.experiment: str = 'hardpos-demo'" in out
+    # The demo's own defaults (whatever its calibration sets), not PhaseConfig's class defaults.
+    own, cls = runtime.stage_module("demo").Config(), PhaseConfig()
+    assert own.pretrain.lr != cls.lr and own.finetune.lr != cls.lr
+    assert f"  pretrain.steps: int = {own.pretrain.steps}" in out and f"  pretrain.lr: float = {own.pretrain.lr}" in out
+    assert f"  pretrain.lr: float = {cls.lr}" not in out
+    assert f"  finetune.steps: int = {own.finetune.steps}" in out and "  tracking.experiment: str = 'hardpos-demo'" in out
     assert "  generate_engine: one of 'rules', 'http', 'vllm' = 'rules'" in out
     assert "  variants.1.w_neg: float = 1.0" in out
     # the field's doc, under its key
