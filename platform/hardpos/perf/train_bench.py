@@ -32,46 +32,26 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import math
+import sys
 from typing import Any
 
+import torch
+from open_clip.loss import ClipLoss
 
-def _batch(lm, batch_size: int, seed: int = 0):
-    import torch
-
-    from hardpos.model import tokenize
-
-    g = torch.Generator().manual_seed(seed)
-    size = lm.model.visual.image_size
-    size = size[0] if isinstance(size, (tuple, list)) else int(size)
-    images = torch.randn(batch_size, 3, size, size, generator=g)
-    colours = ["red", "blue", "green", "yellow", "purple", "orange"]
-    shapes = ["circle", "square", "triangle", "star"]
-    caps, negs, poss = [], [], []
-    for i in range(batch_size):
-        c, d, s = colours[i % 6], colours[(i + 1) % 6], shapes[i % 4]
-        caps.append(f"a {c} {s} to the left of a small {d} {shapes[(i + 1) % 4]}")
-        negs.append(f"a {d} {s} to the left of a small {c} {shapes[(i + 1) % 4]}")
-        poss.append(f"a small {d} {shapes[(i + 1) % 4]} to the right of a {c} {s}")
-    full = lm.tokenizer(caps + negs + poss)  # padded to the context length
-    trimmed = tokenize(lm.tokenizer, caps + negs + poss)
-    b = batch_size
-    return images, full[:b], full[b:2 * b], full[2 * b:], trimmed[:b], trimmed[b:2 * b], trimmed[2 * b:]
+from hardpos.model import ModelConfig, encode_text, load_model
+from hardpos.perf.harness import compare_alternating
+from hardpos.perf.tiny_step import synthetic_batch
+from hardpos.train.config import OptimConfig
+from hardpos.train.loss import LossConfig
+from hardpos.train import step as training_step  # step.train_step looked up per call: tests count the calls
+from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch
 
 
 def bench_train_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: int = 5, warmup: int = 1,
                      device: str = "cpu", threads: int | None = None) -> dict[str, Any]:
     """Samples/s of the training step vs a plain CLIP step, and batch-length padding gains."""
-    import math
-
-    import torch
-    from open_clip.loss import ClipLoss
-
-    from hardpos.model import ModelConfig, encode_text, load_model
-    from hardpos.perf.harness import compare_alternating
-    from hardpos.train.config import OptimConfig
-    from hardpos.train.loss import LossConfig
-    from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch, train_step
-
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -84,7 +64,7 @@ def bench_train_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: 
     opt = build_optimizer(model, optim)
     opt_loop = build_optimizer(model, dataclasses.replace(optim, fused=False))
     schedulers = {id(o): build_scheduler(o, optim.warmup_steps, 1_000_000) for o in (opt, opt_loop)}
-    images, t77, n77, p77, tb, nb, pb = (x.to(device) for x in _batch(lm, batch_size))
+    images, t77, n77, p77, tb, nb, pb = (x.to(device) for x in synthetic_batch(lm, batch_size))
     loss_cfg = LossConfig()
     clip_loss = ClipLoss()
     cuda = torch.device(device).type == "cuda"
@@ -101,7 +81,7 @@ def bench_train_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: 
         batch = model_batch(images, text, neg, pos)
 
         def step():
-            train_step(net, batch, loss_cfg, optimizer, schedulers[id(optimizer)], grad_clip=optim.grad_clip,
+            training_step.train_step(net, batch, loss_cfg, optimizer, schedulers[id(optimizer)], grad_clip=optim.grad_clip,
                        autocast_ctx=autocast)
             sync()
         return step
@@ -152,9 +132,6 @@ def bench_train_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: 
 
 
 if __name__ == "__main__":  # python -m hardpos.perf.train_bench [arch] [batch_size]
-    import json
-    import sys
-
     args = sys.argv[1:]
     result = bench_train_step(args[0] if args else "hardpos-tiny", int(args[1]) if len(args) > 1 else 32)
     print(json.dumps(result, indent=1))
