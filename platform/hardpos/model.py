@@ -126,8 +126,8 @@ def resolve_source(pretrained: str, *, tracking_uri: str | None = None) -> Path 
     tracking_uri: the MLflow store (tracking + model registry) that ``models:/``,
         ``runs:/`` and ``mlflow-artifacts:`` sources are looked up in; stages pass their
         ``tracking.tracking_uri``. None -> ``$MLFLOW_TRACKING_URI``, else
-        ``sqlite:///<cwd>/mlflow.db`` (where HardPos's stages log by default, not MLflow's
-        own ``./mlflow.db``). MLflow's process-global URIs are neither read nor changed.
+        ``sqlite:///<cwd>/mlflow.db`` (where HardPos's stages log by default: the same file
+        MLflow 3's own ``mlflow ui`` opens). MLflow's process-global URIs are neither read nor changed.
     Raises :class:`hardpos.registry.ModelNotFoundError` (naming the store) for an unknown
     registered model, alias, version or run; ``FileNotFoundError`` for a missing path.
     """
