@@ -155,7 +155,7 @@ def test_failed_stage_marks_the_run_failed(tmp_path, tracking_uri):
 def test_tracking_uri_resolution(monkeypatch, tmp_path):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
-    assert tracking.resolve_tracking_uri() == f"sqlite:///{tmp_path.resolve() / 'mlruns.db'}"
+    assert tracking.resolve_tracking_uri() == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"  # MLflow 3's own default
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     assert tracking.resolve_tracking_uri() == "http://127.0.0.1:5000"
     # relative SQLite paths are made absolute where the config is read (workers run elsewhere)
