@@ -12,9 +12,13 @@ import importlib.util
 import os
 import re
 import shlex
-import tomllib
 from pathlib import Path
 from typing import Any, Iterator
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same API from PyPI (a dev extra)
+    import tomli as tomllib
 
 import pytest
 import yaml
