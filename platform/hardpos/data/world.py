@@ -43,404 +43,32 @@ Output layout (train / evaluate / demo read exactly this)::
     <out_dir>/benchmark/swap.parquet
 
 Image paths in the files are relative to the file's folder.  Deterministic by seed.
+
+Layout: this module builds benchmark items and writes / loads the world; the vocabulary,
+config and scenes live in :mod:`hardpos.data.scene` and the caption grammar in
+:mod:`hardpos.data.grammar`.  Every public name of both is re-exported here, so
+``from hardpos.data.world import WorldConfig, truth`` keeps working.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import json
-import math
 import random
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from hardpos import storage
-from hardpos.config import ConfigError
-
-SPLITS = ("pretrain", "finetune", "benchmark")
-BENCHMARKS = ("replace_attribute", "replace_relation", "swap")
-
-COLOR_RGB = {
-    "red": (220, 45, 40), "yellow": (235, 205, 40), "green": (40, 165, 70),
-    "blue": (50, 95, 225), "purple": (145, 60, 185), "white": (235, 235, 235),
-    "orange": (240, 135, 30), "pink": (240, 130, 180), "brown": (130, 80, 40), "gray": (140, 140, 140),
-}
-#: canonical word -> its rarer synonym (the REPLACE hard positive); all are in the rule lexicon
-SYNONYMS = {
-    "red": "crimson", "yellow": "golden", "green": "emerald", "blue": "sapphire", "purple": "violet",
-    "white": "ivory", "orange": "tangerine", "pink": "rosy", "brown": "chestnut", "gray": "grey",
-    "large": "big", "small": "little",
-    "above": "over", "below": "beneath",
-    "to the left of": "left of", "to the right of": "right of",
-}
-RELATIONS = ("to the left of", "to the right of", "above", "below")
-SHAPES_ALL = ("circle", "square", "triangle", "diamond", "star")
-#: relative half-extent of an object per size word
-SIZE_SCALE = {"small": 0.085, "large": 0.15}
-
-
-@dataclass
-class WorldConfig:
-    """The synthetic world.
-
-    seed: every random choice derives from it (scenes, captions, perturbations).
-    image_size: rendered image side in pixels.
-    n_pretrain: pretraining scenes (one caption each).
-    n_finetune: finetuning scenes (one canonical caption each; negatives/positives are
-        filled later by the perturb or generate stage).
-    n_benchmark: held-out scenes; each yields at most one item per benchmark subset.
-    min_objects: fewest objects in a scene (>= 1).
-    max_objects: most objects in a scene (<= 3).
-    colors: colour vocabulary (each must have a synonym in SYNONYMS).
-    shapes: shape vocabulary.
-    sizes: size vocabulary (subset of small, large).
-    relation_caption_rate: share of captions (of scenes with >= 2 objects) that use the
-        relation template instead of the list template.
-    noncanonical_rate: share of pretraining captions that use one non-canonical form
-        (a synonym or a reordered list).
-    binding_negative_rate: share of REPLACE-attribute benchmark items whose negative takes
-        its new value from another object of the scene when one can ("a red circle and a
-        blue square" -> "a blue circle and a blue square"): only the binding is wrong.
-    vague_caption_rate: share of pretraining captions whose noun phrases name only the shape
-        ("a circle above a square", "a circle and a square"), as web captions are often vague:
-        they mention fewer attributes (a weaker attribute and binding signal) and, in a batch,
-        a vague relation caption is often true of another image's objects but for the relation,
-        so the relation words carry signal that fully described objects never need.
-    shape_negatives: the rule engine may make a REPLACE hard negative by changing a shape
-        ("circle" -> "square"); False leaves finetuning negatives to what needs binding or
-        relations (colours, sizes, relations, attribute swaps): a changed shape is named by
-        no object of the scene, so a bag-of-words model already rejects it.
-    relation_margin: a relation is "clearly true" when the centres differ by more than
-        this fraction of the image along its axis (and "false" when they differ the other way).
-    background_jitter: +- range of the background grey level (adds nuisance variation).
-    color_jitter: +- per-channel range of each object's colour.
-    write_images: False skips the PNGs (captions and ground truth only; fast tests).
-    """
-
-    seed: int = 0
-    image_size: int = 64
-    n_pretrain: int = 20000
-    n_finetune: int = 5000
-    n_benchmark: int = 1000
-    min_objects: int = 1
-    max_objects: int = 3
-    colors: list[str] = field(default_factory=lambda: ["red", "yellow", "green", "blue", "purple", "white"])
-    shapes: list[str] = field(default_factory=lambda: list(SHAPES_ALL))
-    sizes: list[str] = field(default_factory=lambda: ["small", "large"])
-    relation_caption_rate: float = 0.5
-    noncanonical_rate: float = 0.005
-    binding_negative_rate: float = 0.0
-    shape_negatives: bool = True
-    vague_caption_rate: float = 0.0
-    relation_margin: float = 0.1
-    background_jitter: int = 12
-    color_jitter: int = 18
-    write_images: bool = True
-
-    def validate(self) -> None:
-        """Raise ConfigError (a ValueError) naming the field for an impossible configuration."""
-        if self.image_size < 16:
-            raise ConfigError(f"image_size must be >= 16, got {self.image_size}")
-        if not 1 <= self.min_objects <= self.max_objects <= 3:
-            raise ConfigError(f"need 1 <= min_objects <= max_objects <= 3, got {self.min_objects}..{self.max_objects}")
-        for name in ("n_pretrain", "n_finetune", "n_benchmark"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0")
-        for c in self.colors:
-            if c not in COLOR_RGB:
-                raise ConfigError(f"colors: unknown colour {c!r}; known: {sorted(COLOR_RGB)}")
-        for s in self.shapes:
-            if s not in SHAPES_ALL:
-                raise ConfigError(f"shapes: unknown shape {s!r}; known: {list(SHAPES_ALL)}")
-        for s in self.sizes:
-            if s not in SIZE_SCALE:
-                raise ConfigError(f"sizes: unknown size {s!r}; known: {list(SIZE_SCALE)}")
-        if len(set(self.colors)) < 2 or len(set(self.shapes)) < 1 or len(set(self.sizes)) < 1:
-            raise ConfigError("need at least 2 colours, 1 shape and 1 size")
-        for name in ("relation_caption_rate", "noncanonical_rate", "binding_negative_rate", "vague_caption_rate"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"{name} must be in [0, 1]")
-        if not 0.0 < self.relation_margin < 0.5:
-            raise ConfigError("relation_margin must be in (0, 0.5)")
-
-
-# ---------------------------------------------------------------------- scenes
-@dataclass(frozen=True)
-class Obj:
-    shape: str
-    color: str
-    size: str
-    cx: float  # centre, in pixels
-    cy: float
-    r: float  # half-extent, in pixels
-    rgb: tuple[int, int, int]
-
-
-@dataclass(frozen=True)
-class Scene:
-    objects: tuple[Obj, ...]
-    background: int
-
-    def to_json(self) -> str:
-        return json.dumps({"background": self.background,
-                           "objects": [dataclasses.asdict(o) for o in self.objects]}, separators=(",", ":"))
-
-    @staticmethod
-    def from_json(text: str) -> "Scene":
-        d = json.loads(text)
-        return Scene(tuple(Obj(**{**o, "rgb": tuple(o["rgb"])}) for o in d["objects"]), d["background"])
-
-
-def sample_scene(rng: random.Random, cfg: WorldConfig) -> Scene:
-    """One scene: distinct (shape, colour, size) objects that do not overlap."""
-    S = cfg.image_size
-    while True:
-        n = rng.randint(cfg.min_objects, cfg.max_objects)
-        objs: list[Obj] = []
-        keys: set[tuple[str, str, str]] = set()
-        tries = 0
-        while len(objs) < n and tries < 60:
-            tries += 1
-            shape, color, size = rng.choice(cfg.shapes), rng.choice(cfg.colors), rng.choice(cfg.sizes)
-            if (shape, color, size) in keys:
-                continue
-            r = SIZE_SCALE[size] * S
-            cx = rng.uniform(r + 1, S - r - 1)
-            cy = rng.uniform(r + 1, S - r - 1)
-            if any(math.hypot(cx - o.cx, cy - o.cy) < r + o.r + 2 for o in objs):
-                continue
-            j = cfg.color_jitter
-            rgb = tuple(max(0, min(255, c + rng.randint(-j, j))) for c in COLOR_RGB[color])
-            objs.append(Obj(shape, color, size, round(cx, 2), round(cy, 2), round(r, 2), rgb))  # type: ignore[arg-type]
-            keys.add((shape, color, size))
-        if len(objs) == n:
-            return Scene(tuple(objs), 35 + rng.randint(-cfg.background_jitter, cfg.background_jitter))
-
-
-def render(scene: Scene, size: int):
-    """A Pillow RGB image of the scene."""
-    from PIL import Image, ImageDraw
-
-    img = Image.new("RGB", (size, size), (scene.background,) * 3)
-    draw = ImageDraw.Draw(img)
-    for o in scene.objects:
-        x, y, r = o.cx, o.cy, o.r
-        if o.shape == "circle":
-            draw.ellipse([x - r, y - r, x + r, y + r], fill=o.rgb)
-        elif o.shape == "square":
-            q = r * 0.88  # same visual area class as the circle
-            draw.rectangle([x - q, y - q, x + q, y + q], fill=o.rgb)
-        elif o.shape == "triangle":
-            draw.polygon([(x, y - r), (x + r, y + r * 0.8), (x - r, y + r * 0.8)], fill=o.rgb)
-        elif o.shape == "diamond":
-            draw.polygon([(x, y - r), (x + r, y), (x, y + r), (x - r, y)], fill=o.rgb)
-        elif o.shape == "star":
-            pts = []
-            for k in range(10):
-                rad = r if k % 2 == 0 else r * 0.45
-                ang = -math.pi / 2 + k * math.pi / 5
-                pts.append((x + rad * math.cos(ang), y + rad * math.sin(ang)))
-            draw.polygon(pts, fill=o.rgb)
-    return img
-
-
-# ---------------------------------------------------------------------- grammar
-_WORD_TO_CANON = {}
-for _canon, _syn in SYNONYMS.items():
-    _WORD_TO_CANON[_canon] = _canon
-    _WORD_TO_CANON[_syn] = _canon
-_REL_FORMS = sorted({r for r in RELATIONS} | {SYNONYMS[r] for r in RELATIONS}, key=len, reverse=True)
-
-
-def np_text(o: Obj, *, color_word: str | None = None, size_word: str | None = None, shape_word: str | None = None) -> str:
-    """"a large red circle" (words overridable for synonyms and perturbations)."""
-    return f"a {size_word or o.size} {color_word or o.color} {shape_word or o.shape}"
-
-
-def list_text(nps: list[str]) -> str:
-    if len(nps) == 1:
-        return nps[0]
-    return ", ".join(nps[:-1]) + " and " + nps[-1]
-
-
-def relation_value(rel: str, a: Obj, b: Obj, size: int) -> float:
-    """Signed offset (fraction of the image) by which ``a rel b`` holds; > margin: clearly true."""
-    if rel == "to the left of":
-        d = b.cx - a.cx
-    elif rel == "to the right of":
-        d = a.cx - b.cx
-    elif rel == "above":
-        d = b.cy - a.cy
-    elif rel == "below":
-        d = a.cy - b.cy
-    else:
-        raise ValueError(f"unknown relation {rel!r}")
-    return d / size
-
-
-@dataclass(frozen=True)
-class ParsedNP:
-    shape: str | None
-    color: str | None
-    size: str | None
-
-
-def _parse_np(text: str, cfg: WorldConfig) -> ParsedNP | None:
-    words = text.split()
-    if not words or words[0] not in ("a", "an"):
-        return None
-    shape = color = size = None
-    for w in words[1:]:
-        canon = _WORD_TO_CANON.get(w, w)
-        if canon in cfg.shapes and shape is None:
-            shape = canon
-        elif canon in COLOR_RGB and color is None:
-            color = canon
-        elif canon in SIZE_SCALE and size is None:
-            size = canon
-        else:
-            return None
-    if shape is None or words[-1] != shape:
-        return None
-    return ParsedNP(shape, color, size)
-
-
-def parse(caption: str, cfg: WorldConfig) -> tuple[str, Any] | None:
-    """("list", [NP...]) or ("relation", (NP, rel, NP)); None when not in the grammar."""
-    text = " ".join(caption.lower().strip().rstrip(".").split())
-    for form in _REL_FORMS:
-        marker = f" {form} "
-        if marker in text:
-            left, right = text.split(marker, 1)
-            a, b = _parse_np(left, cfg), _parse_np(right, cfg)
-            if a is None or b is None:
-                return None
-            return "relation", (a, _WORD_TO_CANON[form], b)
-    parts = [p.strip() for chunk in text.split(" and ") for p in chunk.split(",")]
-    if " and " not in text and len(parts) != 1:
-        return None
-    nps = [_parse_np(p, cfg) for p in parts]
-    if not nps or any(n is None for n in nps):
-        return None
-    return "list", nps
-
-
-def _matches(np_: ParsedNP, o: Obj) -> bool:
-    return (np_.shape is None or np_.shape == o.shape) and (np_.color is None or np_.color == o.color) and (
-        np_.size is None or np_.size == o.size)
-
-
-def truth(caption: str, scene: Scene, cfg: WorldConfig) -> bool | None:
-    """Is ``caption`` true of ``scene``?  True / False / None (ambiguous relation); raises
-    ValueError when the caption is not in the world's grammar."""
-    parsed = parse(caption, cfg)
-    if parsed is None:
-        raise ValueError(f"not a world caption: {caption!r}")
-    kind, body = parsed
-    objs = scene.objects
-    if kind == "list":
-        nps = body
-        if len(nps) > len(objs):
-            return False
-        for perm in itertools.permutations(range(len(objs)), len(nps)):
-            if all(_matches(n, objs[i]) for n, i in zip(nps, perm)):
-                return True
-        return False
-    a_np, rel, b_np = body
-    margin = cfg.relation_margin
-    best = None
-    for i, j in itertools.permutations(range(len(objs)), 2):
-        if _matches(a_np, objs[i]) and _matches(b_np, objs[j]):
-            v = relation_value(rel, objs[i], objs[j], cfg.image_size)
-            best = v if best is None else max(best, v)
-    if best is None:
-        return False
-    if best > margin:
-        return True
-    if best <= 0:
-        return False
-    return None
-
-
-# ---------------------------------------------------------------------- captions
-@dataclass
-class Caption:
-    text: str
-    template: str  # "list" | "relation"
-    objects: list[int]  # indices into scene.objects in mention order
-    relation: str | None = None
-
-
-def canonical_caption(rng: random.Random, scene: Scene, cfg: WorldConfig, template: str | None = None) -> Caption | None:
-    """A canonical caption (list: left to right; relation: a clearly true pair)."""
-    objs = scene.objects
-    n = len(objs)
-    if template is None:
-        template = "relation" if n >= 2 and rng.random() < cfg.relation_caption_rate else "list"
-    if template == "list":
-        order = sorted(range(n), key=lambda i: objs[i].cx)
-        return Caption(list_text([np_text(objs[i]) for i in order]), "list", order)
-    if n < 2:
-        return None
-    options = []
-    for i, j in itertools.permutations(range(n), 2):
-        for rel in RELATIONS:
-            if relation_value(rel, objs[i], objs[j], cfg.image_size) > cfg.relation_margin:
-                options.append((i, j, rel))
-    if not options:
-        return None
-    i, j, rel = rng.choice(options)
-    return Caption(f"{np_text(objs[i])} {rel} {np_text(objs[j])}", "relation", [i, j], rel)
-
-
-def _render_caption(scene: Scene, cap: Caption, words: dict[tuple[int, str], str] | None = None,
-                    order: list[int] | None = None, relation: str | None = None) -> str:
-    """Re-render ``cap`` with per-object word overrides, a new order, or a new relation word."""
-    words = words or {}
-    objs = scene.objects
-
-    def np_of(i: int) -> str:
-        return np_text(objs[i], color_word=words.get((i, "color")), size_word=words.get((i, "size")),
-                       shape_word=words.get((i, "shape")))
-
-    if cap.template == "list":
-        return list_text([np_of(i) for i in (order or cap.objects)])
-    i, j = cap.objects
-    return f"{np_of(i)} {relation or cap.relation} {np_of(j)}"
-
-
-def noncanonical(rng: random.Random, scene: Scene, cap: Caption) -> tuple[str, str]:
-    """One non-canonical rewrite of a true caption (synonym or reordered list): (text, form)."""
-    choices = ["color", "size"]
-    if cap.template == "relation":
-        choices.append("relation")
-    elif len(cap.objects) >= 2:
-        choices.append("order")
-    what = rng.choice(choices)
-    if what == "order":
-        order = list(cap.objects)
-        while order == cap.objects:
-            rng.shuffle(order)
-        return _render_caption(scene, cap, order=order), "order"
-    if what == "relation":
-        return _render_caption(scene, cap, relation=SYNONYMS[cap.relation]), "relation_synonym"
-    i = rng.choice(cap.objects)
-    value = getattr(scene.objects[i], what)
-    return _render_caption(scene, cap, words={(i, what): SYNONYMS[value]}), f"{what}_synonym"
-
-
-def vague(scene: Scene, cap: Caption) -> str:
-    """``cap`` with every noun phrase reduced to its shape ("a circle above a square"); still true
-    of the scene (the named objects exist, and the caption's own pair stands in its relation)."""
-    objs = scene.objects
-    if cap.template == "list":
-        return list_text([f"a {objs[i].shape}" for i in cap.objects])
-    i, j = cap.objects
-    return f"a {objs[i].shape} {cap.relation} a {objs[j].shape}"
+# re-exported public names (importers use hardpos.data.world): noqa F401 on purpose
+from hardpos.data.grammar import (Caption, ParsedNP, _render_caption, canonical_caption, list_text,  # noqa: F401
+                                  noncanonical, np_text, parse, relation_value, truth, vague)
+from hardpos.data.lexicon import load_lexicon
+from hardpos.data.scene import (BENCHMARKS, COLOR_RGB, RELATIONS, SHAPES_ALL, SIZE_SCALE, SPLITS, SYNONYMS,  # noqa: F401
+                                Obj, Scene, WorldConfig, render, sample_scene)
+from hardpos.data.triplets import make_triplet, write_triplets
 
 
 def benchmark_item(rng: random.Random, scene: Scene, cfg: WorldConfig, subset: str) -> dict | None:
@@ -528,8 +156,6 @@ def vocabulary(cfg: WorldConfig) -> dict:
 
 def world_lexicon(cfg: WorldConfig | None = None):
     """The rule lexicon restricted to this world's words (so rule negatives stay in-vocabulary)."""
-    from hardpos.data.lexicon import load_lexicon
-
     cfg = cfg or WorldConfig()
     voc = vocabulary(cfg)
     forms = set(voc["colors"]) | set(voc["shapes"]) | set(voc["sizes"]) | set(voc["relations"]) | set(voc["synonyms"].values())
@@ -571,8 +197,6 @@ def _with_paths(stats: dict, out_dir: str) -> dict:
 
 
 def _generate_local(cfg: WorldConfig, out: Path) -> dict:
-    from hardpos.data.triplets import make_triplet, write_triplets
-
     started = time.perf_counter()
     cpu_started = time.process_time()  # CPU seconds of this process (all threads): comparable on a shared box
     timings: dict[str, float] = {}
@@ -667,8 +291,6 @@ def _render_all(cfg: WorldConfig, out: Path, scenes: dict[str, list[Scene]]) -> 
     dominate, and both release the GIL, so a few threads overlap them without the start-up
     cost (and the CPU grab) of a process pool.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     def one(job: tuple[str, int, Scene]) -> None:
         split, k, scene = job
         render(scene, cfg.image_size).save(out / "images" / split / f"{k:06d}.png", format="PNG", compress_level=1)
