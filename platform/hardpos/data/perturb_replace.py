@@ -1,0 +1,131 @@
+"""REPLACE rules of the rule perturber (split out of :mod:`hardpos.data.perturb`).
+
+Contract: :class:`ReplaceRulesMixin` holds the REPLACE rule (negatives: another group of
+the same lexicon class; positives: a synonym allowed by the sense rules in this context)
+and its context checks.  A mixin of :class:`hardpos.data.perturb.RulePerturber`: it reads
+the state ``RulePerturber.__init__`` sets (``lexicon``, ``_determiners``, ``_linkers``,
+``_attr_adjs``) and its shared helpers (``_is_content``, ``_reading`` ...); methods moved
+verbatim, so behaviour is unchanged.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from hardpos.data.lexicon import Context
+from hardpos.data.perturb_text import (_OBJECT_PRONOUNS, _SURFACE_PREPS, _apply, _capitalised, _case_like, _Match, _Tok,
+                                       Perturbation)
+
+
+class ReplaceRulesMixin:
+    """REPLACE rules; mixed into :class:`hardpos.data.perturb.RulePerturber` (not usable alone)."""
+
+    # -------------------------------------------------------------- REPLACE
+    def _replace(self, caption: str, toks: list[_Tok], matches: list[_Match], polarity: str) -> Iterable[Perturbation]:
+        lex = self.lexicon
+        present = " " + " ".join(t.low for t in toks) + " "
+        shouting = caption.isupper()  # "A FULL PLATE OF FOOD": capitals carry no name information
+        for m in matches:
+            old = caption[toks[m.i].start:toks[m.j - 1].end]
+            for s in m.senses:
+                if polarity == "negative":
+                    targets = [(t, "lexicon") for t in lex.negatives.get((m.form, s.cls), ())]
+                else:
+                    targets = list(lex.positives.get((m.form, s.cls), ()))
+                    if s.pos == "noun" and m.j < len(toks) and lex.is_noun(toks[m.j].low):
+                        # a noun modifying another noun ("street signs", "baby shower"): its synonyms
+                        # often do not fit the compound ("road signs" are traffic signs)
+                        targets = []
+                    if m.i > 0 and _capitalised(toks[m.i].text) and not shouting:
+                        targets = []  # a name inside the caption ("the Blue Angels", "Green Lake Drive")
+                for target, _src in targets:
+                    if polarity == "negative" and f" {target} " in present:
+                        continue  # "a red and blue car" -> "a blue and blue car" is nonsense
+                    words = target.split()
+                    if (m.j < len(toks) and toks[m.j].low == words[-1]) or (m.i > 0 and toks[m.i - 1].low == words[0]):
+                        continue  # "laptop computer" -> "notebook computer computer"
+                    if polarity == "positive" and not self._sense_allows(toks, m, target):
+                        continue  # the synonym belongs to another sense here ("flying a kite" -> "soaring")
+                    text = _apply(caption, [(toks[m.i].start, toks[m.j - 1].end, _case_like(target, old))])
+                    yield Perturbation(text, "replace", f"{s.slot}:{s.cls} {m.form}->{target}")
+
+    def _sense_allows(self, toks: list[_Tok], m: _Match, target: str) -> bool:
+        """The lexicon's sense rules for ``m.form -> target``: every "only" context holds, no "block" one does."""
+        for rule in self.lexicon.rules_for(m.form, target):
+            if self._context_holds(rule.when, toks, m) != (rule.mode == "only"):
+                return False
+        return True
+
+    def _context_holds(self, ctx: Context, toks: list[_Tok], m: _Match) -> bool:
+        """Whether every non-empty field of ``ctx`` matches around match ``m`` (see lexicon.Context)."""
+        if ctx.next and not self._token_in(ctx.next, toks, m.j):
+            return False
+        if ctx.prev and not self._token_in(ctx.prev, toks, m.i - 1):
+            return False
+        if ctx.head:
+            head = self._head_noun(toks, m.j)
+            if head is None or toks[head].low not in ctx.head:
+                return False
+        if ctx.subject:
+            k = m.i - 1
+            while k >= 0 and toks[k].low not in ctx.subject and not self._nounish(toks[k]):
+                k -= 1
+            if k < 0 or toks[k].low not in ctx.subject:
+                return False
+        if ctx.before and not any(t.low in ctx.before for t in toks[:m.i]):
+            return False
+        if ctx.caption and not any(t.low in ctx.caption for t in toks):
+            return False
+        if ctx.phrase:
+            lows = [t.low for t in toks]
+            inside = any(lows[a:a + len(ph)] == list(ph)
+                         for ph in ctx.phrase for a in range(max(0, m.j - len(ph)), m.i + 1))
+            if not inside:
+                return False
+        return True
+
+    def _token_in(self, wanted: frozenset[str], toks: list[_Tok], k: int) -> bool:
+        """Token ``k`` is one of the ``wanted`` words or token classes (see lexicon.Context)."""
+        tok = toks[k] if 0 <= k < len(toks) else None
+        if tok is None or not (tok.alpha or tok.text[:1].isdigit()):
+            return "<end>" in wanted or (tok is not None and tok.text in wanted)
+        if tok.low in wanted:
+            return True
+        if "<det>" in wanted and tok.low in self._determiners:
+            return True
+        if "<adj>" in wanted and tok.low in self.lexicon.adjectives and not self.lexicon.is_noun(tok.low):
+            return True  # "kitchen" in "a bright kitchen" is the noun, not a second adjective
+        if "<noun>" in wanted and self._nounish(tok):
+            return True
+        if "<known-noun>" in wanted and self.lexicon.is_noun(tok.low):
+            return True
+        if "<np>" in wanted:
+            if tok.low in self._determiners or tok.text[:1].isdigit() or tok.low in _OBJECT_PRONOUNS:
+                return True
+            while k < len(toks) and toks[k].low in self.lexicon.adjectives and not self.lexicon.is_noun(toks[k].low):
+                k += 1  # "flying colorful kites"
+            return k < len(toks) and self._nounish(toks[k])
+        return False
+
+    def _nounish(self, tok: _Tok) -> bool:
+        """A lexicon noun, or an unknown content word that is not an -ing form, adjective or adverb."""
+        if self.lexicon.is_noun(tok.low):
+            return True
+        return (self._is_content(tok) and not self._is_ing_verb(tok) and tok.low not in self.lexicon.adverbs
+                and tok.low not in self.lexicon.adjectives)
+
+    def _head_noun(self, toks: list[_Tok], j: int) -> int | None:
+        """The first noun from ``j`` on, past determiners, numbers and adjectives ("a bright yellow bus" -> bus),
+        and past a leading "on"-like preposition ("sitting on the side" -> side)."""
+        k = j + 1 if j < len(toks) and toks[j].low in _SURFACE_PREPS else j
+        while k < len(toks):
+            t = toks[k]
+            if t.low in self._determiners or t.text[:1].isdigit() or (
+                    t.low in self.lexicon.adjectives and not self.lexicon.is_noun(t.low)
+                    and k + 1 < len(toks) and self._is_content(toks[k + 1])):
+                k += 1  # an adjective before another content word; "the side of" keeps "side" as the head
+            elif t.low in ("and", ",") and k + 1 < len(toks) and toks[k + 1].low in self.lexicon.adjectives:
+                k += 1  # "a black and white cat"
+            else:
+                break
+        return k if k < len(toks) and self._is_content(toks[k]) else None
+
