@@ -1,0 +1,175 @@
+"""Generation-engine configuration and the engines' shared row contract.
+
+Holds the request / engine column names every engine honours (see
+:mod:`hardpos.generate.engines` for the contract), the typed ``engine`` config sections
+(:class:`EngineConfig` and its ``sampling`` / ``vllm`` / ``http`` / ``rules`` parts), the
+provenance helpers (:func:`model_name`, :func:`source_of`) and the pure
+:func:`sampling_params` both LLM engines send. Pure: no Ray, no I/O.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from hardpos.generate.prompts import PromptTemplate
+
+REQUEST_COLUMNS = ("request_id", "shard", "caption_id", "caption", "kind", "polarity")
+ENGINE_COLUMNS = ("raw_output", "engine_error", "engine_detail", "prompt_tokens", "completion_tokens", "source")
+ENGINE_REASONS = ("http_error", "request_failed", "bad_response", "inference_error", "no_rule")
+
+
+# --------------------------------------------------------------------------- configs
+@dataclasses.dataclass
+class SamplingConfig:
+    """Decoding defaults of the LLM engines. A template's own ``sampling:`` settings (in
+    its prompt file) override these field by field; the bundled ``paper`` prompts set
+    max_tokens, temperature, top_p and top_k per kind, so with them only ``stop`` and
+    what they leave unset come from here.
+
+    max_tokens: most tokens generated per request (a caption is ~15-30 tokens).
+    temperature: sampling temperature (0 = greedy, reproducible).
+    top_p: nucleus sampling mass.
+    top_k: sample from the k most likely tokens (None: the engine's default, no limit).
+        Sent as ``top_k``, which vLLM (offline and its OpenAI server) accepts and the
+        OpenAI API does not.
+    stop: strings that end generation (empty: none).
+    """
+
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    stop: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class VLLMEngineConfig:
+    """vLLM on GPU actors via ``ray.data.llm`` (production path).
+
+    model_source: HF model id or local/s3 path of the model weights.
+    tensor_parallel_size / pipeline_parallel_size: GPUs per engine replica = their product.
+    concurrency: number of engine replicas (GPU actors); total GPUs = concurrency * TP * PP.
+    batch_size: rows per Ray Data batch sent to a replica.
+    max_concurrent_batches: batches in flight per replica (overlaps tail latency).
+    chat_template: for chat-mode templates: True applies the model's chat template to the
+        messages; False sends their plain-text rendering (base models). Raw-mode templates
+        (the bundled ``paper`` prompts) always go as their raw prompt, chat template off;
+        one job's templates must then agree on it (see :func:`vllm_chat_stage`).
+    max_model_len: context length the engine reserves KV cache for.
+    gpu_memory_utilization: fraction of GPU memory vLLM may take.
+    accelerator_type: e.g. "A100", "H100", or null for any GPU.
+    engine_kwargs: extra vLLM engine args (override the ones above).
+    """
+
+    model_source: str = "Qwen/Qwen2.5-0.5B-Instruct"
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    concurrency: int = 1
+    batch_size: int = 64
+    max_concurrent_batches: int = 8
+    chat_template: bool = True
+    max_model_len: int = 2048
+    gpu_memory_utilization: float = 0.85
+    accelerator_type: str | None = None
+    engine_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class HttpEngineConfig:
+    """Any OpenAI-compatible chat/completions endpoint (``vllm serve``, a hosted API).
+
+    url: full URL of the chat/completions route (chat-mode templates).
+    completions_url: full URL of the completions route, for raw-mode templates (the
+        bundled ``paper`` prompts); None derives it from ``url`` (``.../chat/completions``
+        -> ``.../completions``; a ``url`` that already ends in ``/completions`` is used as is).
+    model: the "model" field sent in each request (and recorded as llm:<model>).
+    api_key_env: name of the env var holding the API key (sent as "Authorization: Bearer");
+        unset/empty variable -> no Authorization header. The key itself never goes in config.
+    headers: extra request headers.
+    qps: requests per second per actor (None: as fast as replies come).
+    max_retries: retries per request on 408/429/502/503/504 and connection errors.
+    retry_wait_s: base wait of the exponential backoff between retries.
+    timeout_s: per-request timeout.
+    concurrency: number of HTTP actors. Each actor sends its requests ONE AT A TIME, so
+        throughput ~ concurrency / latency: raise it for slow endpoints.
+    batch_size: rows per actor batch.
+    num_cpus: CPUs reserved per HTTP actor; fractional so a small cluster never deadlocks
+        (actors mostly wait on the network).
+    preflight: send one real request (per route the job's prompts use) from the driver
+        before the job starts; an unreachable
+        endpoint, a wrong route (404) or a refused key (401/403) is then a clear error up
+        front instead of every row becoming a reject after its retries.
+    """
+
+    url: str = "http://127.0.0.1:8000/v1/chat/completions"
+    completions_url: str | None = None
+    model: str = "default"
+    api_key_env: str | None = "OPENAI_API_KEY"
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    qps: int | None = None
+    max_retries: int = 3
+    retry_wait_s: float = 1.0
+    timeout_s: float = 60.0
+    concurrency: int = 2
+    batch_size: int = 16
+    num_cpus: float = 0.25
+    preflight: bool = True
+
+
+@dataclasses.dataclass
+class RulesEngineConfig:
+    """The CPU rule engine (hardpos.data.perturb.RulePerturber).
+
+    batch_size: rows per map_batches task.
+    num_cpus: CPUs per rule task (Ray runs as many tasks as the cluster's CPUs allow).
+    lexicon: "auto" (the world's lexicon when the input is a synthetic world, else the full
+        one), "default" or "world".
+    """
+
+    batch_size: int = 256
+    num_cpus: float = 1.0
+    lexicon: Literal["auto", "default", "world"] = "auto"
+
+
+@dataclasses.dataclass
+class EngineConfig:
+    """Which engine generates, and its settings.
+
+    kind: "rules" (CPU, no model), "http" (OpenAI-compatible endpoint) or "vllm" (GPU actors).
+    """
+
+    kind: Literal["rules", "http", "vllm"] = "rules"
+    sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+    vllm: VLLMEngineConfig = dataclasses.field(default_factory=VLLMEngineConfig)
+    http: HttpEngineConfig = dataclasses.field(default_factory=HttpEngineConfig)
+    rules: RulesEngineConfig = dataclasses.field(default_factory=RulesEngineConfig)
+
+
+def model_name(cfg: EngineConfig) -> str:
+    """The model recorded in provenance and summaries."""
+    if cfg.kind == "vllm":
+        return cfg.vllm.model_source
+    if cfg.kind == "http":
+        return cfg.http.model
+    return "rules"
+
+
+def source_of(cfg: EngineConfig) -> str:
+    return "rule" if cfg.kind == "rules" else f"llm:{model_name(cfg)}"
+
+
+
+def sampling_params(s: SamplingConfig, template: PromptTemplate | None = None) -> dict[str, Any]:
+    """The decoding settings of one request: ``s`` overridden by the template's own. Pure.
+
+    Always max_tokens, temperature and top_p; top_k and stop only when set (an endpoint
+    that does not know top_k never sees it unless a template or config asks for it).
+    """
+    out: dict[str, Any] = {"max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p}
+    if s.top_k is not None:
+        out["top_k"] = s.top_k
+    if s.stop:
+        out["stop"] = list(s.stop)
+    if template is not None:
+        out.update(template.sampling.overrides())
+    return out
