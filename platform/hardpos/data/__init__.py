@@ -4,7 +4,7 @@ perturbation engine and the synthetic world.
 Modules (import the one you need; nothing here is imported eagerly so the CLI stays fast):
 
 * :mod:`hardpos.data.captions`  -- ``read_captions(uri)`` for every supported caption format.
-* :mod:`hardpos.data.triplets`  -- the triplet row contract (DESIGN section 3): make/read/write.
+* :mod:`hardpos.data.triplets`  -- the triplet row contract: make/read/write.
 * :mod:`hardpos.data.validate`  -- accept/reject a generated hard positive/negative with a reason.
   Its parts: :mod:`hardpos.data.textnorm` (normalisation), :mod:`hardpos.data.wordclasses`
   (word classes for SWAP checks), :mod:`hardpos.data.conjuncts` (``is_conjunct_swap``).

@@ -16,7 +16,7 @@ two ``true_caption`` columns word by word recovers that table exactly:
   prefix of a more frequent target for the same source, is folded into that one.
 
 :func:`derive_table` does this; the shipped ``resources/lexicons/paper_replace_table.json``
-is its output (a test re-derives it from ../shared/data and compares).
+is its output (a test re-derives it from the release's files and compares).
 """
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def load_table() -> dict:
     return json.loads(TABLE_FILE.read_text())
 
 
-if __name__ == "__main__":  # regenerate: python -m hardpos.data.paper_table ../shared/data/hard_positives
+if __name__ == "__main__":  # regenerate: python -m hardpos.data.paper_table <the release's hard_positives folder>
     import sys
 
     TABLE_FILE.write_text(json.dumps(derive_table(sys.argv[1]), indent=1) + "\n")

@@ -1,4 +1,4 @@
-"""The triplet row, the training/evaluation unit (DESIGN section 3).
+"""The triplet row, the training/evaluation unit (the contract every stage reads and writes).
 
 A row holds ``image`` (absolute path, s3:// URI, or a path relative to an image root /
 the triplet file's own folder), ``caption``, ``hard_negative`` and ``hard_positive``

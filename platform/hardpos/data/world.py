@@ -1,4 +1,4 @@
-"""The synthetic world: procedural scenes with exact ground truth (DESIGN sections 6 and 8).
+"""The synthetic world: procedural scenes with exact ground truth (the embedded default's data).
 
 A scene holds 1-3 objects, each a shape (circle, square, triangle, diamond, star) with a
 colour, a size (small | large) and a position, drawn with Pillow on a dark background at

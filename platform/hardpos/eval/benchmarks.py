@@ -23,7 +23,7 @@ Formats (``BenchmarkSpec.kind``):
                  swap_obj}.json`` (lists of ``{id, filename, caption, caption2,
                  negative_caption}``); ``caption2`` (a paraphrase) is the hard positive;
                  loader and text-only metric in :mod:`hardpos.eval.sugarcrepe_pp`.
-* ``triplets``   a triplet file (DESIGN section 3; parquet or jsonl): ``image, caption,
+* ``triplets``   a triplet file (the triplet row contract; parquet or jsonl): ``image, caption,
                  hard_negative, hard_positive`` (+ optional ``kind`` used as the subset,
                  optional ``bbox`` ``[x, y, w, h]``), read by
                  :func:`hardpos.data.triplets.read_triplets`. Item ids are row numbers.

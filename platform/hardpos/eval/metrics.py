@@ -1,4 +1,4 @@
-"""The paper's metrics (DESIGN section 5), as pure functions over score arrays.
+"""The paper's metrics, as pure functions over score arrays.
 
 Per item: ``s_c = s(c|i)`` (true caption), ``s_n = s(c_n|i)`` (hard negative),
 ``s_p = s(c_p|i)`` (hard positive); cosine similarities.

@@ -20,7 +20,7 @@ class BenchmarkSpec:
         ``sugarcrepe`` folder of the 7 SugarCrepe json files (no positives);
         ``sugarcrepe_pp`` folder of the 5 SugarCrepe++ json files (two positives per
                        image, and a text-only task; hardpos.eval.sugarcrepe_pp);
-        ``triplets``   a triplet file (parquet/jsonl, DESIGN section 3): caption,
+        ``triplets``   a triplet file (parquet/jsonl, the triplet row contract): caption,
                        hard_negative, hard_positive, image (the synthetic world's
                        benchmarks and any custom benchmark).
     path: file or folder (local or s3://).

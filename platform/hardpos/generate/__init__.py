@@ -1,8 +1,11 @@
 """Hard-positive generation on Ray Data (the ``generate`` stage's machinery).
 
 * :mod:`hardpos.generate.prompts`  -- prompt templates as data (``load_prompts``).
-* :mod:`hardpos.generate.engines`  -- the vllm / http / rules engines behind one contract,
-  and the pure builders of the ``ray.data.llm`` processor configs.
+* :mod:`hardpos.generate.engines`  -- the vllm / http / rules engines behind one contract, and
+  every name of its parts: :mod:`~hardpos.generate.engine_config` (engine and sampling configs),
+  :mod:`~hardpos.generate.vllm_engine` (the pure builders of the ``ray.data.llm`` processor),
+  :mod:`~hardpos.generate.http_engine` (OpenAI-compatible client),
+  :mod:`~hardpos.generate.rules_engine` (the rule engine).
 * :mod:`hardpos.generate.pipeline` -- the driver, and every name of its parts:
   :mod:`~hardpos.generate.planning` (inputs, shards, judging), :mod:`~hardpos.generate.join`
   (the triplet join), :mod:`~hardpos.generate.shard_files` (sharded resumable output).

@@ -8,7 +8,7 @@ Example:
     python jobs/evaluate.py model.pretrained=outputs/train/checkpoint \\
         world=outputs/world output_dir=outputs/eval
     python jobs/evaluate.py --config jobs/configs/evaluate_paper.yaml \\
-        'benchmarks=[{name: replace, kind: replace, path: ../shared/data/hard_positives, image_root: /data/vg}]'
+        'benchmarks=[{name: replace, kind: replace, path: /data/hard_positives, image_root: /data/vg}]'
 """
 from __future__ import annotations
 

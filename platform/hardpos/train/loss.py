@@ -1,4 +1,4 @@
-"""The combined hard-negative + hard-positive loss (DESIGN section 4), pure torch.
+"""The combined hard-negative + hard-positive loss (SVLC-style, as the paper's finetuning), pure torch.
 
 Inputs are per-sample feature rows of one (global) batch of ``B`` slots:
 
@@ -75,7 +75,7 @@ _MASKED = -1e9
 
 @dataclasses.dataclass
 class LossConfig:
-    """Weights and switches of the combined loss (DESIGN section 4).
+    """Weights and switches of the combined loss (see the module docstring).
 
     w_pos: weight of the hard-positive (analogy) term; the paper fixes 1 (0 = "HN-only").
     w_neg: weight of the hard-negative 2-way term; the paper sweeps {0, .25, .5, .75, 1}.
