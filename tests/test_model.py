@@ -149,3 +149,82 @@ def test_log_model_rejects_a_folder_without_a_checkpoint(tmp_path, tracking_uri)
 
     with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
         log_model("0" * 32, tmp_path, tracking_uri)
+
+
+# --------------------------------------------------------------------------- hf-hub: sources
+def _hub_cache(root, repo: str, ckpt, *, weights: str | None = "open_clip_model.safetensors", rev: str = "a" * 40):
+    """A Hugging Face hub cache (the layout huggingface_hub writes) holding ``repo`` at ``rev``."""
+    import shutil
+
+    folder = root / f"models--{repo.replace('/', '--')}"
+    snap = folder / "snapshots" / rev
+    snap.mkdir(parents=True)
+    shutil.copy(ckpt / CONFIG_NAME, snap / CONFIG_NAME)
+    if weights:
+        shutil.copy(ckpt / "open_clip_model.safetensors", snap / weights)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(rev)
+    return root
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch):
+    """HF_HUB_CACHE -> a tmp dir, HF_HUB_OFFLINE=1: any download attempt fails instead of reaching the network."""
+    import huggingface_hub.constants as hf_constants
+
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads these once at import; point its constants at them too.
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def test_hf_hub_pretrained_and_arch_load_from_a_local_hub_cache(tmp_path, offline_hub):
+    torch.manual_seed(3)
+    lm = load_model(ModelConfig(arch="hardpos-tiny"))
+    ckpt = save_checkpoint(lm.model, lm.model_cfg, tmp_path / "ckpt")
+    _hub_cache(offline_hub, "org/tiny-clip", ckpt)
+
+    hub = load_model(ModelConfig(arch="ViT-B-32", pretrained="hf-hub:org/tiny-clip"))  # arch ignored: the repo's
+    assert _same_state(hub.model, lm.model)
+    assert hub.arch == "hf-hub:org/tiny-clip" and hub.meta["source"] == "hf-hub:org/tiny-clip"
+    assert hub.meta["hub_revision"] == "a" * 40 and hub.model_cfg == lm.model_cfg
+    assert tokenize(hub.tokenizer, CAPTIONS).tolist() == tokenize(lm.tokenizer, CAPTIONS).tolist()
+
+    # arch=hf-hub: the repo's architecture with random weights (pretrained None), like any arch.
+    torch.manual_seed(4)
+    random_arch = load_model(ModelConfig(arch="hf-hub:org/tiny-clip"))
+    assert random_arch.model_cfg == lm.model_cfg and random_arch.meta["source"] == "random"
+    assert random_arch.model.state_dict().keys() == lm.model.state_dict().keys()
+    assert not _same_state(random_arch.model, lm.model)
+    # ... or with a weights file's weights.
+    from_file = load_model(ModelConfig(arch="hf-hub:org/tiny-clip", pretrained=str(ckpt / "open_clip_model.safetensors")))
+    assert _same_state(from_file.model, lm.model)
+    # A checkpoint saved from a hub model records the hub name as its arch and reloads.
+    again = load_model(ModelConfig(pretrained=str(save_checkpoint(hub.model, hub.model_cfg, tmp_path / "c2", hub.meta))))
+    assert again.arch == "hf-hub:org/tiny-clip" and _same_state(again.model, lm.model)
+
+
+def test_hf_hub_legacy_bin_weights_and_clear_errors(tmp_path, offline_hub):
+    lm = load_model(ModelConfig(arch="hardpos-tiny"))
+    ckpt = save_checkpoint(lm.model, lm.model_cfg, tmp_path / "ckpt")
+    # open_clip's older hub uploads carry a torch pickle, open_clip_pytorch_model.bin, and no safetensors.
+    _hub_cache(offline_hub, "org/bin-clip", ckpt, weights=None)
+    snap = next((offline_hub / "models--org--bin-clip" / "snapshots").iterdir())
+    torch.save(lm.model.state_dict(), snap / "open_clip_pytorch_model.bin")
+    assert _same_state(load_model(ModelConfig(pretrained="hf-hub:org/bin-clip")).model, lm.model)
+
+    from hardpos.model import HubModelError
+
+    with pytest.raises(HubModelError, match="hf-hub:org/absent.*HF_HUB_OFFLINE"):
+        load_model(ModelConfig(pretrained="hf-hub:org/absent"))  # not cached, offline: no download
+    _hub_cache(offline_hub, "org/config-only", ckpt, weights=None)
+    with pytest.raises(HubModelError, match="weights"):  # never a silent random init
+        load_model(ModelConfig(pretrained="hf-hub:org/config-only"))
+    with pytest.raises(ValueError, match="expected hf-hub:<org>/<name>"):
+        load_model(ModelConfig(pretrained="hf-hub:"))
+    with pytest.raises(ValueError, match="open_clip tag"):
+        load_model(ModelConfig(arch="hf-hub:org/bin-clip", pretrained="openai"))

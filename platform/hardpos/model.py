@@ -6,6 +6,10 @@ Model sources (``ModelConfig.pretrained``):
 * an open_clip tag             ``openai``, ``laion2b_s34b_b79k`` ... (downloaded by open_clip)
 * a local path                 a HardPos/open_clip checkpoint directory, or a weights file
 * ``s3://...``                 the same, fetched through :mod:`hardpos.storage`
+* ``hf-hub:org/name``          an open_clip model on the Hugging Face Hub (its
+                               ``open_clip_config.json`` + weights), through open_clip's own
+                               hub loader and the standard Hugging Face cache (``HF_HOME`` /
+                               ``HF_HUB_CACHE``; ``HF_HUB_OFFLINE=1`` loads from the cache only)
 * ``models:/name@alias`` / ``runs:/id/path``   an MLflow model logged by HardPos, looked up
                                in the store ``load_model(..., tracking_uri=)`` names
 
@@ -37,6 +41,7 @@ from typing import Any, Callable
 import open_clip
 import torch
 import torch.nn.functional as F
+from open_clip.pretrained import download_pretrained_from_hf
 from open_clip.push_to_hf_hub import save_config_for_hf
 from open_clip.transformer import text_global_pool
 from safetensors.torch import save_file
@@ -56,10 +61,13 @@ _CONFIG_DIR = Path(__file__).parent / "resources" / "model_configs"
 class ModelConfig:
     """Which model to build and where its weights come from.
 
-    arch: open_clip architecture (``ViT-B-32``, ``ViT-B-32-quickgelu``) or a HardPos tiny
-        config (``hardpos-tiny``, ``hardpos-small``). Ignored when ``pretrained`` is a
-        HardPos checkpoint (the checkpoint carries its own architecture).
-    pretrained: None (random), an open_clip tag, a local path, s3:// URI or MLflow URI.
+    arch: open_clip architecture (``ViT-B-32``, ``ViT-B-32-quickgelu``), a HardPos tiny
+        config (``hardpos-tiny``, ``hardpos-small``), or ``hf-hub:org/name`` (the
+        architecture in that hub repo's ``open_clip_config.json``; its weights only when
+        ``pretrained`` names them too). Ignored when ``pretrained`` is a HardPos checkpoint
+        or ``hf-hub:`` (both carry their own architecture).
+    pretrained: None (random), an open_clip tag, a local path, s3:// URI, MLflow URI or
+        ``hf-hub:org/name``.
     force_quick_gelu: None = automatic (True for ``openai`` weights).
     grad_checkpointing: trade compute for memory in training.
     """
@@ -95,8 +103,12 @@ def register_model_configs() -> None:
 
 
 def model_config_dict(arch: str, force_quick_gelu: bool = False) -> dict[str, Any]:
+    """The open_clip model config of ``arch`` (a name, or ``hf-hub:org/name``: read from the hub repo)."""
     register_model_configs()
-    cfg = open_clip.get_model_config(arch)
+    if is_hf_hub(arch):
+        cfg = _hub_model_config(arch)
+    else:
+        cfg = open_clip.get_model_config(arch)
     if cfg is None:
         raise ValueError(f"unknown model architecture {arch!r}; known: {', '.join(open_clip.list_models())}")
     if force_quick_gelu:
@@ -118,6 +130,44 @@ def find_checkpoint_dir(root: Path) -> Path | None:
 
 
 MLFLOW_PREFIXES = ("models:/", "runs:/", "mlflow-artifacts:")
+HF_HUB_PREFIX = "hf-hub:"  # open_clip's own schema for Hugging Face Hub models
+
+
+class HubModelError(RuntimeError):
+    """An ``hf-hub:`` source could not be read (not in the cache while offline, no such repo, no config)."""
+
+
+def is_hf_hub(source: str | None) -> bool:
+    return bool(source) and str(source).startswith(HF_HUB_PREFIX)
+
+
+def hub_repo_id(source: str) -> str:
+    """``hf-hub:org/name`` -> ``org/name``; a malformed id is a ``ValueError`` naming the expected form."""
+    repo = source[len(HF_HUB_PREFIX):]
+    parts = repo.split("/")
+    if not repo or len(parts) > 2 or not all(parts) or any(c.isspace() for c in repo):
+        raise ValueError(f"{source!r}: expected hf-hub:<org>/<name> (a Hugging Face Hub model id)")
+    return repo
+
+
+def _hub_config_path(source: str) -> Path:
+    """The cached ``open_clip_config.json`` of a hub model (downloaded unless HF_HUB_OFFLINE is set)."""
+    repo = hub_repo_id(source)
+    try:
+        return Path(download_pretrained_from_hf(repo, filename=CONFIG_NAME))
+    except Exception as exc:  # huggingface_hub raises several types (offline, 404, gated, network)
+        raise HubModelError(
+            f"{source}: cannot read {CONFIG_NAME} from the Hugging Face Hub or its local cache "
+            f"(HF_HUB_CACHE / HF_HOME; with HF_HUB_OFFLINE=1 only the cache is used): {exc}") from exc
+
+
+def _hub_model_config(source: str) -> dict[str, Any]:
+    return json.loads(_hub_config_path(source).read_text())["model_cfg"]
+
+
+def hub_revision(source: str) -> str:
+    """The commit of the hub snapshot a load used (the cache's ``snapshots/<commit>`` folder)."""
+    return _hub_config_path(source).parent.name
 
 
 def resolve_source(pretrained: str, *, tracking_uri: str | None = None) -> Path | str:
@@ -128,9 +178,14 @@ def resolve_source(pretrained: str, *, tracking_uri: str | None = None) -> Path 
         ``tracking.tracking_uri``. None -> ``$MLFLOW_TRACKING_URI``, else
         ``sqlite:///<cwd>/mlflow.db`` (where HardPos's stages log by default: the same file
         MLflow 3's own ``mlflow ui`` opens). MLflow's process-global URIs are neither read nor changed.
+    ``hf-hub:org/name`` is returned unchanged (open_clip loads it through the Hugging Face
+    cache); only its id's form is checked here (``ValueError``).
     Raises :class:`hardpos.registry.ModelNotFoundError` (naming the store) for an unknown
     registered model, alias, version or run; ``FileNotFoundError`` for a missing path.
     """
+    if is_hf_hub(pretrained):
+        hub_repo_id(pretrained)
+        return pretrained
     if pretrained.startswith(MLFLOW_PREFIXES):
         local = download_model(pretrained, tracking.resolve_tracking_uri(tracking_uri))
         found = find_checkpoint_dir(local)
@@ -169,12 +224,17 @@ def load_model(cfg: ModelConfig, device: str | torch.device = "cpu", *, tracking
     register_model_configs()
     source = resolve_source(cfg.pretrained, tracking_uri=tracking_uri) if cfg.pretrained else None
     meta: dict[str, Any] = {}
+    tokenizer_name = cfg.arch
     if isinstance(source, Path) and source.is_dir():
         hp_meta = source / META_NAME
         meta = json.loads(hp_meta.read_text()) if hp_meta.is_file() else {}
         model_cfg = json.loads((source / CONFIG_NAME).read_text())["model_cfg"]
         arch = meta.get("arch", cfg.arch)
         model, pp_train, pp_val = open_clip.create_model_and_transforms(f"local-dir:{source}", device=device)
+        tokenizer_name = f"local-dir:{source}"
+    elif is_hf_hub(source) or is_hf_hub(cfg.arch):
+        model, pp_train, pp_val, model_cfg, arch, meta = _load_hub_model(cfg, source, device)
+        tokenizer_name = arch
     else:
         quick = cfg.force_quick_gelu
         if quick is None:
@@ -190,10 +250,39 @@ def load_model(cfg: ModelConfig, device: str | torch.device = "cpu", *, tracking
         )
     if cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
-    tokenizer = open_clip.get_tokenizer(arch if not (isinstance(source, Path) and source.is_dir()) else f"local-dir:{source}")
+    tokenizer = open_clip.get_tokenizer(tokenizer_name)
     meta.setdefault("arch", arch)
     meta.setdefault("source", cfg.pretrained or "random")
     return LoadedModel(model, pp_train, pp_val, tokenizer, arch, model_cfg, meta)
+
+
+def _load_hub_model(cfg: ModelConfig, source: Path | str | None, device: str | torch.device):
+    """Build a model whose architecture (and maybe weights) come from an ``hf-hub:`` repo.
+
+    * ``pretrained=hf-hub:X``: X's config and weights (``arch`` ignored, like a checkpoint);
+      a repo without weights is an error, never a silent random init.
+    * ``arch=hf-hub:X``, ``pretrained`` None: X's architecture, random weights.
+    * ``arch=hf-hub:X``, ``pretrained`` a weights file: X's architecture, that file's weights.
+    Returns (model, preprocess_train, preprocess_val, model_cfg, arch, meta); ``arch`` is the
+    ``hf-hub:`` name (what ``ModelConfig(arch=...)`` needs to rebuild the architecture) and
+    ``meta`` records the hub revision the load read.
+    """
+    quick = bool(cfg.force_quick_gelu)
+    hub = str(source) if is_hf_hub(source) else cfg.arch
+    if source is not None and not is_hf_hub(source) and not isinstance(source, Path):
+        raise ValueError(f"model.pretrained={cfg.pretrained!r} is an open_clip tag, which names weights of a built-in "
+                         f"architecture, not of model.arch={cfg.arch!r}; use a weights file, or pretrained={hub!r}")
+    model_cfg = model_config_dict(hub, force_quick_gelu=quick)  # HubModelError when unreadable
+    try:
+        model, pp_train, pp_val = open_clip.create_model_and_transforms(
+            hub, load_weights=is_hf_hub(source), require_pretrained=is_hf_hub(source),
+            force_quick_gelu=quick, device=device, weights_only=True)
+    except (RuntimeError, OSError) as exc:
+        raise HubModelError(f"{hub}: cannot load its weights from the Hugging Face Hub or its local cache: {exc}") from exc
+    if isinstance(source, Path):
+        open_clip.load_checkpoint(model, str(source), weights_only=True)
+    meta = {"arch": hub, "hub_revision": hub_revision(hub)}
+    return model, pp_train, pp_val, model_cfg, hub, meta
 
 
 def save_checkpoint(model: torch.nn.Module, model_cfg: dict[str, Any], directory: str | os.PathLike, meta: dict[str, Any] | None = None) -> Path:

@@ -169,6 +169,8 @@ def _train_worker(config: dict[str, Any]) -> None:
     logged_epoch = logger.last_step("epoch") if logger is not None else 0
 
     meta_base = {"arch": lm.arch, "source": cfg.model.pretrained or "random", "loss": dataclasses.asdict(cfg.loss)}
+    if "hub_revision" in lm.meta:  # an hf-hub: source: which snapshot of the repo was finetuned
+        meta_base["hub_revision"] = lm.meta["hub_revision"]
 
     def report(step_: int, epoch_: int, metrics: dict[str, Any]) -> None:
         _report(net, lm, optimizer, scheduler, step_, epoch_, meta_base, metrics, rank)
