@@ -27,7 +27,7 @@ from typing import Any, Callable
 from hardpos import storage, tracking
 from hardpos.config import JobConfig, RayConfig, dump_yaml, to_dict
 
-STAGES = ("world", "perturb", "generate", "train", "evaluate", "sweep", "compare", "register", "demo", "benchmark")
+STAGES = ("world", "perturb", "generate", "train", "evaluate", "sweep", "compare", "register", "demo", "benchmark", "interpolate")
 
 
 @dataclasses.dataclass

@@ -1,0 +1,286 @@
+"""WiSE-FT: the trade-off curve between a base and a finetuned model, without training again.
+
+For each ``alphas`` value the stage mixes the two models' weights,
+theta(alpha) = (1 - alpha) * theta_base + alpha * theta_ft (:mod:`hardpos.interpolate`; the
+two must share an architecture, else a clear error before any evaluation), evaluates the mix
+on the configured benchmarks and retention sets with the evaluate stage's library functions,
+and writes under ``output_dir``:
+
+* ``alpha_<a>/``  per mix: the evaluate stage's outputs (report.md, scores.parquet ...), the
+  mixed checkpoint ``model/`` (open_clip local-dir format) and summary.json;
+* ``curve.md``    the trade-off table (augmented accuracy, brittleness per benchmark,
+  zero-shot / retrieval per retention set, one row per alpha);
+* ``curve.json``  the same numbers, ``curve.png`` the plot.
+
+MLflow: this run is the parent; each alpha is a child run (tag ``hardpos.stage=interpolate``,
+its metrics, the mixed model logged like a trained model, so ``runs:/<child>/model`` loads
+and the register stage can register it) with provenance tags ``hardpos.wise.base``,
+``hardpos.wise.finetuned``, ``hardpos.wise.alpha`` and the same facts as ``model.wise.*``
+params (the register stage copies a run's ``model.*`` params onto the model version).
+``register_alpha=<a>`` registers that child's model here as
+``models:/<register_name>@<register_alias>`` with the provenance tags on the version.
+
+Example:
+    python jobs/interpolate.py base.pretrained=outputs/demo/pretrain/model \\
+        finetuned.pretrained=outputs/demo/finetune/hp_hn/model world=outputs/demo/world \\
+        'alphas=[0, 0.25, 0.5, 0.75, 1]' register_alpha=0.5
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar, Mapping, Sequence
+
+import torch
+
+from hardpos import registry, storage, tracking
+from hardpos import report as R
+from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
+from hardpos.eval import report as eval_report
+from hardpos.eval.benchmarks import BenchmarkError
+from hardpos.eval.evaluator import Precision, evaluate_benchmarks
+from hardpos.eval.retention import retrieval, zero_shot
+from hardpos.eval.spec import BenchmarkSpec
+from hardpos.interpolate import check_alphas, interpolate_state, load_pair, state_of
+from hardpos.model import LoadedModel, ModelConfig, save_checkpoint, unwrap
+from hardpos.runtime import JobContext, execute
+from hardpos.stages import evaluate as ev
+
+#: retention figures shown in the curve (the per-alpha report.md has every figure)
+RETENTION_FIGURES = ("top1", "i2t_r1", "t2i_r1")
+PROVENANCE = ("hardpos.wise.base", "hardpos.wise.finetuned", "hardpos.wise.alpha")
+
+
+@dataclasses.dataclass
+class Config(JobConfig):
+    """WiSE-FT interpolation between two models of the same architecture.
+
+    base / finetuned: the two endpoints (arch + pretrained: open_clip tag, checkpoint path,
+        s3://, runs:/<id>/model, models:/<name>@<alias>; MLflow URIs are looked up in
+        tracking.tracking_uri).
+    base_name / finetuned_name: labels in the curve's title and the reports.
+    alphas: mixing weights in [0, 1] (0 = base, 1 = finetuned), one child run each.
+    benchmarks / world / retention: what each mix is evaluated on, as in the evaluate stage
+        (``world`` adds the synthetic world's three benchmarks).
+    device / precision / batch_size / num_threads: as in the evaluate stage.
+    register_alpha: register this alpha's model (one of ``alphas``; None: register nothing)
+        as models:/<register_name>@<register_alias>, with both parents and alpha as tags.
+    """
+
+    config_aliases: ClassVar[dict[str, str]] = {"world_dir": "world"}
+
+    output_dir: str = "outputs/interpolate"
+    tracking: TrackingConfig = dataclasses.field(default_factory=lambda: TrackingConfig(experiment="hardpos-interpolate"))
+    base: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    finetuned: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    base_name: str = "base"
+    finetuned_name: str = "finetuned"
+    alphas: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    benchmarks: list[BenchmarkSpec] = dataclasses.field(default_factory=list)
+    world: str | None = None
+    retention: ev.RetentionConfig = dataclasses.field(default_factory=ev.RetentionConfig)
+    device: str = "auto"
+    precision: Precision = "fp32"
+    batch_size: int = 256
+    num_threads: int = 4
+    register_alpha: float | None = None
+    register_name: str = "hardpos-clip-wise"
+    register_alias: str = "wise"
+
+    def __post_init__(self) -> None:
+        try:
+            self.alphas = check_alphas(self.alphas)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        require(self.batch_size >= 1, "batch_size", "must be >= 1", self.batch_size)
+        require(self.num_threads >= 1, "num_threads", "must be >= 1", self.num_threads)
+        if self.register_alpha is not None:
+            require(any(math.isclose(self.register_alpha, a) for a in self.alphas), "register_alpha",
+                    f"must be one of alphas {self.alphas}", self.register_alpha)
+
+
+def alpha_label(alpha: float) -> str:
+    """``0.25`` -> ``alpha_0.25`` (the per-alpha folder and, as ``alpha=0.25``, run name)."""
+    return f"alpha_{alpha:g}"
+
+
+def source_of(model: ModelConfig) -> str:
+    """A model's provenance string: the absolute path of a local checkpoint, else the URI or
+    tag as given, ``random <arch>`` for random weights."""
+    if not model.pretrained:
+        return f"random {model.arch}"
+    path = Path(model.pretrained).expanduser()
+    return str(path.resolve()) if path.exists() else model.pretrained
+
+
+def evaluate_model(model: torch.nn.Module, lm: LoadedModel, specs: Sequence[BenchmarkSpec], cfg: Config,
+                   device: str):
+    """(report, retention metrics) of ``model`` (preprocessing/tokenizer from ``lm``): the
+    evaluate stage's benchmark and retention functions with this config's settings."""
+    kw = dict(device=device, batch_size=cfg.batch_size, num_threads=cfg.num_threads, precision=cfg.precision)
+    try:
+        report = evaluate_benchmarks(model, lm.preprocess_val, lm.tokenizer, specs, **kw)
+    except BenchmarkError as exc:
+        raise ConfigError(str(exc)) from exc
+    retention: dict[str, float] = {}
+    for zs in cfg.retention.zeroshot:
+        retention.update(zero_shot(model, lm.preprocess_val, lm.tokenizer, zs, **kw))
+    for rs in cfg.retention.retrieval:
+        retention.update(retrieval(model, lm.preprocess_val, lm.tokenizer, rs, **kw))
+    return report, retention
+
+
+# --------------------------------------------------------------------------- the curve
+def curve_columns(specs: Sequence[BenchmarkSpec], metrics: Mapping[str, float]) -> list[tuple[str, str]]:
+    """[(header, metric key)]: aug acc and brittleness per benchmark (orig acc where a
+    benchmark has no hard positives), then the retention figures present in ``metrics``."""
+    cols: list[tuple[str, str]] = []
+    for s in specs:
+        if f"{s.name}/aug_acc" in metrics:
+            cols += [(f"{s.name} aug", f"{s.name}/aug_acc"), (f"{s.name} brittle", f"{s.name}/brittleness")]
+        elif f"{s.name}/orig_acc" in metrics:
+            cols.append((f"{s.name} orig", f"{s.name}/orig_acc"))
+    for key in sorted(metrics):
+        if key.startswith(("zeroshot/", "retrieval/")) and key.rsplit("/", 1)[-1] in RETENTION_FIGURES:
+            cols.append((key, key))
+    return cols
+
+
+def curve_markdown(points: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]], *, title: str) -> str:
+    """The trade-off table: one row per alpha, figures in percent (hardpos.report's writer)."""
+    rows = [[f"{p['alpha']:g}"] + [R.pct(p["metrics"].get(k)) for _, k in columns] for p in points]
+    return "\n".join([f"### {title}", "", "alpha = 0 is the base, 1 the finetuned model; figures in %.", "",
+                      R.table(["alpha"] + [h for h, _ in columns], rows), ""])
+
+
+def curve_plot(points: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]], path: str, *, title: str) -> str:
+    """PNG: augmented accuracy, brittleness and retention (when any) against alpha."""
+    # lazy: matplotlib is an optional, heavy plotting dependency only the chart writers need
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(name, [(h, k) for h, k in columns if pred(k)]) for name, pred in (
+        ("augmented / original accuracy (%)", lambda k: k.endswith(("/aug_acc", "/orig_acc")) and not k.startswith(("zeroshot/", "retrieval/"))),
+        ("brittleness (%, lower is better)", lambda k: k.endswith("/brittleness")),
+        ("retention (%)", lambda k: k.startswith(("zeroshot/", "retrieval/"))))]
+    panels = [p for p in panels if p[1]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4), squeeze=False)
+    xs = [p["alpha"] for p in points]
+    for ax, (name, cols) in zip(axes[0], panels):
+        for header, key in cols:
+            ax.plot(xs, [100 * p["metrics"].get(key, float("nan")) for p in points], marker="o", label=header)
+        ax.set_xlabel("alpha (0 = base, 1 = finetuned)")
+        ax.set_title(name, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------- the job
+def _save_mix(model: torch.nn.Module, lm: LoadedModel, out_dir: str, meta: dict[str, Any], tmp: str) -> tuple[Path, str]:
+    """Write the mixed checkpoint to a local folder and to ``<out_dir>/model`` (local or
+    s3://); returns (local folder, its output URI)."""
+    local = save_checkpoint(model, lm.model_cfg, Path(tmp) / "model", meta=meta)
+    target = storage.join(out_dir, "model")
+    if storage.is_s3(target) or Path(target).resolve() != local.resolve():
+        storage.upload_dir(local, target)
+    return local, target
+
+
+def _one_alpha(alpha: float, model: torch.nn.Module, lf: LoadedModel, states: tuple[dict, dict],
+               specs: Sequence[BenchmarkSpec], device: str, provenance: dict[str, str]):
+    """The child run of one alpha (a ``run_fn`` for :func:`hardpos.runtime.execute`)."""
+
+    def run_child(cfg: Config, ctx: JobContext) -> dict:
+        unwrap(model).load_state_dict(interpolate_state(*states, alpha))
+        report, retention = evaluate_model(model, lf, specs, cfg, device)
+        metrics = {**report.metrics, **retention}
+        name = f"{cfg.finetuned_name} alpha={alpha:g}"
+        files = eval_report.write_outputs(report, ctx.output_dir, model_name=name, retention=retention, device=device)
+        ctx.log_metrics({**metrics, "alpha": alpha})
+        model_uri = None
+        with tempfile.TemporaryDirectory(prefix="hardpos-wise-") as tmp:
+            meta = {"arch": lf.arch, "source": "wise-ft", **provenance}
+            local, checkpoint = _save_mix(model, lf, ctx.output_dir, meta, tmp)
+            if ctx.run is not None:
+                ctx.run.set_tags(provenance)
+                ctx.run.log_params({f"model.wise.{k.rsplit('.', 1)[-1]}": v for k, v in provenance.items()})
+                for uri in files.values():  # the evaluate stage's outputs, as artifacts
+                    copy = Path(tmp) / uri.rsplit("/", 1)[-1]
+                    copy.write_bytes(storage.read_bytes(uri))
+                    ctx.log_artifact(copy)
+                if not ctx.run.local:  # a locally recorded run has no id to log a model under yet
+                    model_uri = tracking.log_model_now(ctx.run.tracking_uri, ctx.run.run_id, str(local),
+                                                       ctx.run.options.request_timeout_s)
+        return {"alpha": alpha, "metrics": metrics, "checkpoint": checkpoint, "model_uri": model_uri, "files": files}
+
+    return run_child
+
+
+def run(cfg: Config, ctx: JobContext) -> dict:
+    specs = ev.resolve_specs(ev.Config(benchmarks=cfg.benchmarks, world=cfg.world, retention=cfg.retention))
+    device = ev.resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)  # random-weight endpoints are reproducible from the seed
+    lb, lf = load_pair(cfg.base, cfg.finetuned, device=device, tracking_uri=cfg.tracking.tracking_uri)
+    states = (state_of(lb.model), state_of(lf.model))
+    del lb  # the mixes are loaded into the finetuned model's module, in place
+    base_src, ft_src = source_of(cfg.base), source_of(cfg.finetuned)
+
+    points: list[dict[str, Any]] = []
+    for alpha in cfg.alphas:
+        provenance = {"hardpos.wise.base": base_src, "hardpos.wise.finetuned": ft_src, "hardpos.wise.alpha": f"{alpha:g}"}
+        child = dataclasses.replace(cfg, output_dir=ctx.path(alpha_label(alpha)), alphas=[alpha], register_alpha=None,
+                                    tracking=dataclasses.replace(cfg.tracking, run_name=f"alpha={alpha:g}"))
+        s = execute("interpolate", child, parent_run_id=ctx.run_id, quiet=True,
+                    run_fn=_one_alpha(alpha, lf.model, lf, states, specs, device, provenance))
+        points.append({"alpha": alpha, "run_id": s.get("mlflow_run_id"), "metrics": s["metrics"],
+                       "checkpoint": s["checkpoint"], "model_uri": s.get("model_uri"), "output_dir": s["output_dir"]})
+        print(f"[interpolate] alpha={alpha:g}: " + ", ".join(
+            f"{k}={100 * v:.1f}" for k, v in s["metrics"].items() if k.endswith(("/aug_acc", "/brittleness", "/top1"))))
+
+    columns = curve_columns(specs, points[0]["metrics"])
+    title = f"WiSE-FT: {cfg.base_name} (alpha=0) -> {cfg.finetuned_name} (alpha=1)"
+    md = curve_markdown(points, columns, title=title)
+    files = {"curve_md": storage.write_text(ctx.path("curve.md"), md),
+             "curve_json": storage.write_json(ctx.path("curve.json"), {"base": base_src, "finetuned": ft_src,
+                                                                      "points": points})}
+    with tempfile.TemporaryDirectory() as tmp:
+        local = curve_plot(points, columns, str(Path(tmp) / "curve.png"), title=title)
+        files["curve_png"] = storage.write_bytes(ctx.path("curve.png"), Path(local).read_bytes())
+        ctx.log_artifact(local)
+        for key in ("curve_md", "curve_json"):
+            copy = Path(tmp) / files[key].rsplit("/", 1)[-1]
+            copy.write_bytes(storage.read_bytes(files[key]))
+            ctx.log_artifact(copy)
+
+    registered = None
+    if cfg.register_alpha is not None:
+        registered = register_point(cfg, points)
+        print(f"registered alpha={cfg.register_alpha:g} as {registered['model_uri']} (version {registered['version']})")
+    print("\n" + md)
+    return {"base": base_src, "finetuned": ft_src, "alphas": cfg.alphas, "points": points, "columns": columns,
+            "files": files, "registered": registered}
+
+
+def register_point(cfg: Config, points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Register ``cfg.register_alpha``'s child-run model as ``register_name@register_alias``
+    (:func:`hardpos.registry.register`), the provenance tags on the version."""
+    point = next(p for p in points if math.isclose(p["alpha"], cfg.register_alpha))
+    if not point.get("run_id") or not point.get("model_uri"):
+        raise RuntimeError(f"alpha={cfg.register_alpha:g} has no tracked model to register (tracking disabled, or "
+                           "the run was recorded locally); register it later with the register stage")
+    client = registry.mlflow_client(tracking.resolve_tracking_uri(cfg.tracking.tracking_uri))
+    run = client.get_run(point["run_id"])
+    provenance = {k: run.data.tags[k] for k in PROVENANCE if k in run.data.tags}
+    reg = registry.register(client, run, cfg.register_name, cfg.register_alias, extra_tags=provenance)
+    return {**dataclasses.asdict(reg), "model_uri": f"models:/{cfg.register_name}@{cfg.register_alias}",
+            "provenance": provenance}
