@@ -22,6 +22,12 @@ SHARED_DATA = Path(os.environ.get("HARDPOS_SHARED_DATA", REPO.parent / "shared" 
 INTEGRATION_FIXTURES = frozenset({"ray_session", "s3_server", "s3_env", "mlflow_server"})
 
 
+def pytest_configure(config):
+    """The ``browser`` mark: tests that drive a real headless Chromium (tests/test_explorer.py)."""
+    config.addinivalue_line("markers", "browser: drives a real headless Chromium (skips without one unless "
+                                       "HARDPOS_REQUIRE_BROWSER is set, then fails)")
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark every test that needs Ray, a server or a subprocess through a fixture ``integration``."""
     for item in items:
