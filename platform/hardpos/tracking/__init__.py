@@ -5,7 +5,8 @@ One module per job (read in this order):
 * :mod:`~hardpos.tracking.store`: the tracking URI, experiments, run searches;
 * :mod:`~hardpos.tracking.logger`: :class:`RunLogger` (log from any process, never wait),
   :func:`start_run` / :func:`end_run`, this process's queue per run;
-* :mod:`~hardpos.tracking.queue`: the bounded, spilling queue and its background sender;
+* :mod:`~hardpos.tracking.queue`: the bounded, spilling queue (caller side, spill file, close);
+* :mod:`~hardpos.tracking.sender`: the queue's background sender thread (a mixin of the queue);
 * :mod:`~hardpos.tracking.transport`: one request to the store, and why a resend is harmless;
 * :mod:`~hardpos.tracking.files`: the spill, undelivered and ledger files on disk;
 * :mod:`~hardpos.tracking.resend`: ``hardpos track replay``, sending those files later.

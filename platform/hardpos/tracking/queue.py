@@ -10,7 +10,7 @@ records goes through the :class:`RunQueue` of its run in the calling process:
   no HTTP retries of MLflow's own, and its own backoff (``retry_min_s`` doubling to
   ``retry_max_s``). A slow or dead tracking server therefore costs the caller nothing but
   the append. How a request is sent and why a resend is harmless:
-  :mod:`hardpos.tracking.transport`.
+  :mod:`hardpos.tracking.transport`; the sender thread's code: :mod:`hardpos.tracking.sender`.
 * Memory is bounded: when ``max_queued_records`` records wait, they move to a JSON-lines
   spill file in the run's spill directory (``<output_dir>/tracking``; the files:
   :mod:`hardpos.tracking.files`). Records are always sent in sequence order: the spill
@@ -56,11 +56,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-# The module, not its names: tests swap transport.transport_for for a switchable one.
-from hardpos.tracking import transport
-from hardpos.tracking.files import (LEDGER_SUFFIX, SPILL_SUFFIX, UNDELIVERED_SUFFIX, count_lines, drop_copy,
-                                    process_tag, read_jsonl, spill_folder, write_undelivered)
-from hardpos.tracking.transport import MAX_ENTITIES, Rejected, Transient, deliver, log_model_now, next_unit, probe
+from hardpos.tracking.files import (LEDGER_SUFFIX, SPILL_SUFFIX, UNDELIVERED_SUFFIX, count_lines, process_tag,
+                                    read_jsonl, spill_folder, write_undelivered)
+from hardpos.tracking.sender import Sender
+from hardpos.tracking.transport import MAX_ENTITIES, log_model_now, next_unit, probe
 
 log = logging.getLogger("hardpos.tracking")
 
@@ -99,7 +98,7 @@ class DeliveryReport:
         return dataclasses.asdict(self)
 
 
-class RunQueue:
+class RunQueue(Sender):
     """The per-process queue of one run. Create through :func:`hardpos.tracking.logger.queue_for`
     (one queue per run and process); ``on_close`` is called with the queue when it closed."""
 
@@ -276,95 +275,6 @@ class RunQueue:
             path.unlink()
             if body:
                 log.info("tracking: adopted %d undelivered record(s) of run %s from %s", len(body), self.run_id, path.name)
-
-    # ----------------------------------------------------------------- sender thread
-    def _run(self) -> None:
-        conn = None
-        backoff = self.options.retry_min_s
-        while True:
-            with self._lock:
-                while not self._stopped and self._seq == self._done_seq:
-                    self._cond.wait(timeout=1.0)
-                    if self._ledger_dirty:
-                        break
-                if self._stopped:
-                    return
-            self._save_ledger()
-            batch = self._take()
-            if not batch:
-                continue
-            try:
-                if conn is None:
-                    conn = transport.transport_for(self.tracking_uri, self.options.request_timeout_s)
-                self._send(conn, batch)
-            except Transient as exc:
-                self._went_down(str(exc))
-                self._back_off(backoff)
-                backoff = min(backoff * 2, self.options.retry_max_s)
-                continue
-            except Exception as exc:  # noqa: BLE001 - never let the sender die on a surprise
-                self._went_down(f"{type(exc).__name__}: {exc}")
-                self._back_off(backoff)
-                backoff = min(backoff * 2, self.options.retry_max_s)
-                continue
-            backoff = self.options.retry_min_s
-            self._came_back()
-
-    def _back_off(self, delay: float) -> None:
-        """Wait ``delay`` s before the next try. New records do not cut it short (each log
-        call would otherwise cost a failed request); :meth:`close` does: while draining,
-        tries come at least every second."""
-        with self._lock:
-            was_closing = self._closing
-            until = time.monotonic() + (min(delay, 1.0) if was_closing else delay)
-            while not self._stopped and not (self._closing and not was_closing):
-                left = until - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(timeout=left)
-
-    def _send(self, conn, batch: list[dict]) -> None:
-        try:
-            deliver(conn, self.run_id, batch, str(self.spill_dir))
-            self._commit(batch[-1]["seq"], len(batch))
-            self._drop_copies(batch)
-            return
-        except Rejected as exc:
-            if len(batch) == 1:
-                self._reject(batch[0], exc)
-                return
-        for rec in batch:  # isolate the refused record(s); the rest still go
-            try:
-                deliver(conn, self.run_id, [rec], str(self.spill_dir))
-                self._commit(rec["seq"], 1)
-            except Rejected as exc:
-                self._reject(rec, exc)
-            self._drop_copies([rec])
-
-    def _drop_copies(self, records: list[dict]) -> None:
-        """Delete the spill-dir copies of artifacts that are done."""
-        for rec in records:
-            if rec["kind"] == "artifact":
-                drop_copy(self.spill_dir, rec["path"])
-
-    def _reject(self, rec: dict, exc: Exception) -> None:
-        if self.rejected < 5:
-            log.warning("tracking: the server refused a %s record of run %s (%s); dropped", rec["kind"], self.run_id,
-                        str(exc)[:300])
-        self._commit(rec["seq"], 0, rejected=1)
-
-    def _went_down(self, error: str) -> None:
-        self._last_error = error
-        if self._down_since is None:
-            self._down_since = time.time()
-            log.warning("tracking: %s unreachable (%s); records are kept (memory, then %s) and sent when it is back",
-                        self.tracking_uri, error[:200], self.spill_dir)
-
-    def _came_back(self) -> None:
-        if self._down_since is not None:
-            log.warning("tracking: %s reachable again after %.0f s; sending %d queued record(s)", self.tracking_uri,
-                        time.time() - self._down_since, self.pending())
-            self._down_since = None
 
     # ----------------------------------------------------------------- close
     def close(self, timeout: float | None = None, *, hand_off: bool = False) -> DeliveryReport:
