@@ -1,13 +1,25 @@
 """Compare tracked runs: the paper's Table-3 layout (Markdown) and a plot of augmented
 accuracy and brittleness against the hard-negative weight, from MLflow's search_runs.
-``hardpos compare parent_run_id=<sweep run>`` compares one sweep's trials."""
+``hardpos compare parent_run_id=<sweep run>`` compares one sweep's trials.
+
+Given two or more evaluations (``explorer.evaluations``: label -> an evaluate stage's
+output_dir), it also writes the brittleness explorer (:mod:`hardpos.explorer`):
+``<output_dir>/explorer/index.html`` with its thumbnails, logged to the run as the
+``explorer`` artifact folder; ``explorer.enabled=false`` turns it off. With evaluations
+given, the stage runs even when the experiment has no finished runs to tabulate.
+"""
 from __future__ import annotations
 
 import dataclasses
+import tempfile
+from pathlib import Path
 
-from hardpos import compare, tracking
+from hardpos import compare, explorer, storage, tracking
 from hardpos.config import ConfigError, JobConfig
+from hardpos.eval.benchmarks import BenchmarkError, load_benchmark
+from hardpos.explorer import ExplorerConfig, ExplorerError
 from hardpos.runtime import JobContext
+from hardpos.stages import evaluate as evaluate_stage
 
 
 @dataclasses.dataclass
@@ -16,22 +28,62 @@ class Config(JobConfig):
     parent_run_id: only the child runs of this run (a sweep); None: every run of the experiment
         that has the benchmark metrics.
     pareto: metric -> max|min for the Pareto column.
+    explorer: the brittleness explorer (evaluations of two or more models; see hardpos.explorer).
     """
 
     output_dir: str = "outputs/compare"
     experiment: str | None = None
     parent_run_id: str | None = None
     pareto: dict[str, str] = dataclasses.field(default_factory=lambda: {"objective": "max", "replace/brittleness": "min", "swap/brittleness": "min"})
+    explorer: ExplorerConfig = dataclasses.field(default_factory=ExplorerConfig)
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:
     experiment = cfg.experiment or cfg.tracking.experiment
     rows = compare.collect_runs(tracking.resolve_tracking_uri(cfg.tracking.tracking_uri), experiment, cfg.parent_run_id)
     rows = [r for r in rows if r["status"] == "FINISHED" and any(k.endswith("/aug_acc") for k in r)]
-    if not rows:
+    if not rows and not cfg.explorer.active:
         raise ConfigError(f"no finished runs with benchmark metrics in experiment {experiment!r}"
                           + (f" under parent run {cfg.parent_run_id}" if cfg.parent_run_id else ""))
-    table, front = compare.compare_rows(rows, cfg.pareto)
-    print(table)
-    return {"runs": len(rows), "table": table, "pareto_front": [rows[i]["run_name"] for i in front],
-            "artifacts": compare.write_comparison(rows, table, ctx)}
+    out: dict = {"runs": len(rows)}
+    if cfg.explorer.active:  # first: its config errors surface before anything is written
+        out["explorer"] = write_explorer(cfg.explorer, ctx)
+    if rows:
+        table, front = compare.compare_rows(rows, cfg.pareto)
+        print(table)
+        out.update(table=table, pareto_front=[rows[i]["run_name"] for i in front],
+                   artifacts=compare.write_comparison(rows, table, ctx))
+    return out
+
+
+def explorer_items(cfg: ExplorerConfig) -> dict[str, list]:
+    """benchmark name -> its loaded items, for the configured benchmarks and world (resolved
+    and validated exactly as the evaluate stage does)."""
+    if not cfg.benchmarks and not cfg.world:
+        raise ConfigError("explorer.benchmarks / explorer.world: give the benchmarks the evaluations scored "
+                          "(the page shows their images and captions)")
+    specs = evaluate_stage.resolve_specs(evaluate_stage.Config(benchmarks=list(cfg.benchmarks), world=cfg.world))
+    try:
+        return {s.name: load_benchmark(s).items for s in specs}
+    except BenchmarkError as exc:
+        raise ConfigError(f"explorer.benchmarks: {exc}") from exc
+
+
+def write_explorer(cfg: ExplorerConfig, ctx: JobContext) -> dict:
+    """Write ``<output_dir>/explorer/`` (local or s3://) and log it to the run as the
+    ``explorer`` artifact folder; returns where the page is and the per-benchmark counts."""
+    try:
+        models = {label: explorer.read_scores(uri) for label, uri in cfg.evaluations.items()}
+    except ExplorerError as exc:
+        raise ConfigError(f"explorer.evaluations: {exc}") from exc
+    items = explorer_items(cfg)
+    local = Path(tempfile.mkdtemp(prefix="hardpos-explorer-")) / "explorer"
+    try:
+        result = explorer.write_explorer(models, items, local, max_rows_per_benchmark=cfg.max_rows_per_benchmark,
+                                         thumbnail_px=cfg.thumbnail_px)
+    except ExplorerError as exc:
+        raise ConfigError(f"explorer: {exc}") from exc
+    storage.upload_dir(local, ctx.path("explorer"))
+    ctx.log_artifact(local, "explorer")
+    print(f"[hardpos] explorer: {ctx.path('explorer', explorer.INDEX_FILE)}")
+    return {"index": ctx.path("explorer", explorer.INDEX_FILE), "models": result.models, "benchmarks": result.counts}

@@ -1,0 +1,469 @@
+"""The brittleness explorer: a static HTML page of the items where evaluated models disagree.
+
+Numbers say how often a model is brittle; this page shows where. Given the per-item scores
+of two or more evaluated models (each an ``evaluate`` stage's ``scores.parquet``) and the
+benchmarks they were scored on, :func:`write_explorer` writes a self-contained folder::
+
+    <out>/index.html      one page: inline CSS and JS, no server, no CDN, opens offline
+    <out>/images/*.jpg    downscaled thumbnails (cropped to the item's box), referenced relatively
+
+so the folder can be copied anywhere or logged to MLflow as an artifact and still open.
+
+What the page shows, per benchmark: every item whose verdicts differ between the models
+(the verdicts are :func:`hardpos.eval.metrics.verdicts`, the one per-item definition the
+benchmark figures average), with its image, caption, hard negative and hard positive and
+each model's three scores and outcome. Filters: benchmark, subset (REPLACE's attributes /
+relations, swap, SugarCrepe(++) categories, a triplet file's kinds) and outcome -- one
+option per combination of the models' outcomes present (e.g. ``HN-only: brittle (P<N) ·
+HP+HN: correct``); every option shows how many rows it would show given the other filters.
+Rows per benchmark are capped (``max_rows_per_benchmark``); the page says how many
+disagreements each benchmark had and how many are shown.
+
+A model's outcome on one item (strict comparisons: a tie counts against the model)::
+
+    correct          s_c > s_n and s_p > s_n   (augmented-correct; without a positive: s_c > s_n)
+    brittle (P<N)    s_c > s_n > s_p           (the hard positive falls below the negative)
+    brittle (C<N)    s_p > s_n > s_c           (the caption falls below the negative)
+    tie (P=N)        s_c > s_n, s_p == s_n
+    wrong            the caption does not beat the negative and the item is not brittle
+
+Two models disagree on an item exactly when their outcomes differ (the outcome is a
+one-to-one name for the verdict triple). Every text on the page (captions are user data,
+model and benchmark names config values) is HTML-escaped.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import hashlib
+import html
+import io
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pyarrow.parquet as pq
+
+from hardpos import storage
+from hardpos.config import require
+from hardpos.eval.benchmarks import Item
+from hardpos.eval.evaluator import load_image
+from hardpos.eval.metrics import verdicts
+from hardpos.eval.report import SCORES_FILE
+from hardpos.eval.spec import BenchmarkSpec
+
+INDEX_FILE = "index.html"
+IMAGES_DIR = "images"
+
+
+class ExplorerError(ValueError):
+    """Bad input to the explorer: too few models, unreadable scores, nothing in common."""
+
+
+@dataclasses.dataclass
+class ExplorerConfig:
+    """The brittleness explorer section of the compare stage.
+
+    enabled: write ``explorer/`` when ``evaluations`` are given (False: never).
+    evaluations: model label -> that model's evaluation (an ``evaluate`` stage's output_dir
+        holding scores.parquet, or the scores.parquet file itself; local or s3://); at least
+        two. Empty: no explorer. The labels head the page's columns (e.g. ``HN-only``).
+    benchmarks: the benchmarks those evaluations scored (the same list as the evaluate
+        stage's ``benchmarks``): the page reads images and captions from them.
+    world: a synthetic world folder, as in the evaluate stage (adds its three benchmarks).
+    max_rows_per_benchmark: at most this many disagreement rows per benchmark on the page,
+        taken in turn from every outcome combination so rare ones are shown too.
+    thumbnail_px: the longest side of the thumbnails copied next to the page.
+    """
+
+    enabled: bool = True
+    evaluations: dict[str, str] = dataclasses.field(default_factory=dict)
+    benchmarks: list[BenchmarkSpec] = dataclasses.field(default_factory=list)
+    world: str | None = None
+    max_rows_per_benchmark: int = 200
+    thumbnail_px: int = 160
+
+    def __post_init__(self) -> None:
+        require(self.max_rows_per_benchmark >= 1, "max_rows_per_benchmark", "must be >= 1", self.max_rows_per_benchmark)
+        require(self.thumbnail_px >= 16, "thumbnail_px", "must be >= 16", self.thumbnail_px)
+        require(not self.evaluations or len(self.evaluations) >= 2, "evaluations",
+                "must name at least two models (label: evaluation folder) to compare", self.evaluations)
+
+    @property
+    def active(self) -> bool:
+        return self.enabled and bool(self.evaluations)
+
+
+# --------------------------------------------------------------------------- scores and rows
+@dataclasses.dataclass(frozen=True)
+class ItemScores:
+    """One model's scores for one item (``s_p`` None without a hard positive)."""
+
+    subset: str
+    s_c: float
+    s_n: float
+    s_p: float | None = None
+
+
+# benchmark -> item_id -> scores
+ModelScores = Mapping[str, Mapping[str, ItemScores]]
+
+
+def read_scores(uri: str) -> dict[str, dict[str, ItemScores]]:
+    """One model's per-item scores from an evaluation folder (its ``scores.parquet``) or the
+    file itself, as ``{benchmark: {item_id: ItemScores}}``. Raises :class:`ExplorerError`
+    naming the file when it is absent or lacks the score columns."""
+    path = uri if uri.endswith(".parquet") else storage.join(uri, SCORES_FILE)
+    if not storage.exists(path):
+        raise ExplorerError(f"no per-item scores at {path} (give an evaluate stage's output_dir or its {SCORES_FILE})")
+    cols = pq.read_table(io.BytesIO(storage.read_bytes(path))).to_pydict()
+    need = ("item_id", "benchmark", "subset", "s_c", "s_n", "s_p")
+    missing = [c for c in need if c not in cols]
+    if missing:
+        raise ExplorerError(f"{path}: missing column(s) {missing}; expected the evaluate stage's {SCORES_FILE}")
+    out: dict[str, dict[str, ItemScores]] = {}
+    for item_id, bench, subset, s_c, s_n, s_p in zip(*(cols[c] for c in need)):
+        out.setdefault(bench, {})[str(item_id)] = ItemScores(subset, float(s_c), float(s_n),
+                                                             None if s_p is None else float(s_p))
+    return out
+
+
+def outcome(scores: ItemScores) -> str:
+    """The model's outcome on one item (names in the module docstring), from
+    :func:`hardpos.eval.metrics.verdicts`."""
+    v = verdicts(scores.s_c, scores.s_n, scores.s_p)
+    if v["correct_augmented"] is None:
+        return "correct" if v["correct_original"] else "wrong"
+    if v["correct_augmented"]:
+        return "correct"
+    if v["brittle"]:
+        return "brittle (P<N)" if v["correct_original"] else "brittle (C<N)"
+    return "tie (P=N)" if v["correct_original"] else "wrong"
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One item on which the models disagree; ``scores`` and ``outcomes`` in model order."""
+
+    benchmark: str
+    item_id: str
+    subset: str
+    scores: tuple[ItemScores, ...]
+    outcomes: tuple[str, ...]
+
+    def combination(self, models: Sequence[str]) -> str:
+        """The outcome filter's label: ``"HN-only: brittle (P<N) · HP+HN: correct"``."""
+        return " · ".join(f"{m}: {o}" for m, o in zip(models, self.outcomes))
+
+
+@dataclasses.dataclass
+class BenchmarkRows:
+    """A benchmark's disagreements: ``rows`` (all of them, in item order), ``n_common``
+    items scored for every model, ``n_partial`` items some model did not score."""
+
+    benchmark: str
+    rows: list[Row]
+    n_common: int
+    n_partial: int
+
+
+def disagreements(models: Mapping[str, ModelScores]) -> dict[str, BenchmarkRows]:
+    """Per benchmark scored by every model, the items whose outcomes differ between any two
+    models (pure). Items are those every model scored, in the first model's order; the
+    subset is the first model's. Raises :class:`ExplorerError` for fewer than two models or
+    no benchmark in common."""
+    names = list(models)
+    if len(names) < 2:
+        raise ExplorerError(f"the explorer compares at least two models, got {len(names)}: {names}")
+    first = models[names[0]]
+    common = [b for b in first if all(b in models[m] for m in names[1:])]
+    if not common:
+        raise ExplorerError("the models' scores share no benchmark: "
+                            + "; ".join(f"{m}: {sorted(models[m])}" for m in names))
+    out: dict[str, BenchmarkRows] = {}
+    for bench in common:
+        per_model = [models[m][bench] for m in names]
+        ids = [i for i in per_model[0] if all(i in s for s in per_model[1:])]
+        n_all = len(set().union(*(set(s) for s in per_model)))
+        rows = []
+        for item_id in ids:
+            scores = tuple(s[item_id] for s in per_model)
+            outcomes = tuple(outcome(s) for s in scores)
+            if len(set(outcomes)) > 1:
+                rows.append(Row(bench, item_id, scores[0].subset, scores, outcomes))
+        out[bench] = BenchmarkRows(bench, rows, n_common=len(ids), n_partial=n_all - len(ids))
+    return out
+
+
+def cap_rows(rows: Sequence[Row], cap: int, models: Sequence[str]) -> list[Row]:
+    """At most ``cap`` rows, taken in turn from each outcome combination (largest first), so
+    a rare combination is not crowded out; returned in the input order (pure)."""
+    if len(rows) <= cap:
+        return list(rows)
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(r.combination(models), []).append(i)
+    queues = sorted(groups.values(), key=len, reverse=True)
+    keep: list[int] = []
+    depth = 0
+    while len(keep) < cap:
+        for q in queues:
+            if depth < len(q) and len(keep) < cap:
+                keep.append(q[depth])
+        depth += 1
+    return [rows[i] for i in sorted(keep)]
+
+
+# --------------------------------------------------------------------------- thumbnails
+def thumbnail_name(item: Item) -> str:
+    """The thumbnail's file name: a digest of the image and crop (items sharing an image
+    and crop share one file)."""
+    key = json.dumps([item.image, list(item.crop) if item.crop else None])
+    return hashlib.sha1(key.encode()).hexdigest()[:20] + ".jpg"
+
+
+def _write_thumbnail(item: Item, dest: Path, size: int) -> bool:
+    """Write the downscaled (cropped) image; False when it cannot be read."""
+    try:
+        img = load_image(item.image, item.crop)
+        img.thumbnail((size, size))
+        img.save(dest, format="JPEG", quality=82)
+        return True
+    except Exception:  # noqa: BLE001 - a missing/corrupt image is shown as such, never fatal
+        return False
+
+
+def write_thumbnails(items: Sequence[Item], images_dir: Path, size: int, threads: int = 4) -> dict[str, str]:
+    """Thumbnails of ``items``' images under ``images_dir``; returns item image key ->
+    relative path (``images/<name>``) for those written (unreadable images are absent)."""
+    images_dir.mkdir(parents=True, exist_ok=True)
+    todo: dict[str, Item] = {}
+    for it in items:
+        todo.setdefault(thumbnail_name(it), it)
+    with cf.ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        done = dict(zip(todo, pool.map(lambda kv: _write_thumbnail(kv[1], images_dir / kv[0], size), todo.items())))
+    return {name: f"{IMAGES_DIR}/{name}" for name, ok in done.items() if ok}
+
+
+# --------------------------------------------------------------------------- HTML
+def _e(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _fmt(x: float | None) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
+
+
+_CSS = """
+body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.2em;color:#222}
+h1{font-size:1.4em;margin:0 0 .3em}
+.note{color:#555;max-width:70em}
+table{border-collapse:collapse}
+.summary td,.summary th{border:1px solid #ccc;padding:.2em .6em;text-align:right}
+.summary td:first-child,.summary th:first-child{text-align:left}
+.filters{position:sticky;top:0;background:#f6f6f6;padding:.6em;margin:1em 0;border:1px solid #ddd;z-index:1}
+.filters label{margin-right:1.2em}
+.filters select{max-width:36em}
+#shown{font-weight:600}
+#items th,#items td{border-bottom:1px solid #e3e3e3;padding:.35em .5em;vertical-align:top;text-align:left}
+#items thead th{background:#fafafa}
+#items img{display:block;max-width:160px;max-height:160px;border:1px solid #ccc}
+.noimg{width:120px;height:60px;display:flex;align-items:center;justify-content:center;background:#eee;color:#777;font-size:12px}
+.cap b{display:inline-block;width:2.2em;color:#666;font-weight:600}
+.cap div{margin-bottom:.2em}
+.id{color:#777;font-size:12px}
+.sc{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;white-space:nowrap}
+.o{display:inline-block;padding:.05em .4em;border-radius:.3em;font-size:12px;margin-bottom:.2em}
+.o-correct{background:#d7f2d7}
+.o-brittle{background:#fbd5d5}
+.o-wrong{background:#e6e6e6}
+.o-tie{background:#fff1c2}
+"""
+
+_JS = """
+(function () {
+  'use strict';
+  var keys = ['benchmark', 'subset', 'outcome'];
+  var rows = Array.prototype.slice.call(document.querySelectorAll('#items tbody tr'));
+  var selects = {};
+  keys.forEach(function (k) { selects[k] = document.getElementById('f-' + k); });
+  function matches(row, skip) {
+    for (var i = 0; i < keys.length; i++) {
+      var k = keys[i], v = selects[k].value;
+      if (k !== skip && v !== '' && row.getAttribute('data-' + k) !== v) { return false; }
+    }
+    return true;
+  }
+  function update() {
+    var shown = 0;
+    rows.forEach(function (row) {
+      var ok = matches(row, null);
+      row.hidden = !ok;
+      if (ok) { shown++; }
+    });
+    keys.forEach(function (k) {
+      var counts = {}, total = 0;
+      rows.forEach(function (row) {
+        if (matches(row, k)) {
+          var v = row.getAttribute('data-' + k);
+          counts[v] = (counts[v] || 0) + 1;
+          total++;
+        }
+      });
+      Array.prototype.forEach.call(selects[k].options, function (opt) {
+        var n = opt.value === '' ? total : (counts[opt.value] || 0);
+        opt.textContent = opt.getAttribute('data-label') + ' (' + n + ')';
+      });
+    });
+    document.getElementById('shown').textContent = shown + ' of ' + rows.length + ' rows shown';
+  }
+  keys.forEach(function (k) { selects[k].addEventListener('change', update); });
+  update();
+}());
+"""
+
+
+def _select(key: str, title: str, values: Sequence[tuple[str, str]], counts: Mapping[str, int], total: int) -> str:
+    """A filter: ``values`` = (code, label); codes are what the rows' data attributes hold."""
+    opts = [f'<option value="" data-label="all">all ({total})</option>']
+    opts += [f'<option value="{_e(code)}" data-label="{_e(label)}">{_e(label)} ({counts.get(code, 0)})</option>'
+             for code, label in values]
+    return f'<label>{_e(title)} <select id="f-{key}">{"".join(opts)}</select></label>'
+
+
+def render_html(models: Sequence[str], tables: Mapping[str, BenchmarkRows], shown: Mapping[str, Sequence[Row]],
+                items: Mapping[str, Mapping[str, Item]], thumbs: Mapping[str, str], *, cap: int,
+                not_shown: Mapping[str, str] | None = None) -> str:
+    """The page (pure): ``tables`` every benchmark's disagreements, ``shown`` the capped rows
+    per benchmark, ``items`` benchmark -> item_id -> :class:`Item` (captions, image),
+    ``thumbs`` thumbnail file name -> relative path, ``not_shown`` benchmark -> why it is not
+    on the page (or only partly). Filter values are short codes (``b0``, ``s1``, ``o2``) so no user text is
+    ever compared or placed in script; every text is escaped."""
+    models = list(models)
+    benches = list(shown)
+    all_rows = [r for b in benches for r in shown[b]]
+    subsets = list(dict.fromkeys(r.subset for r in all_rows))
+    combos = list(dict.fromkeys(sorted(r.combination(models) for r in all_rows)))
+    bcode = {b: f"b{i}" for i, b in enumerate(benches)}
+    scode = {s: f"s{i}" for i, s in enumerate(subsets)}
+    ocode = {c: f"o{i}" for i, c in enumerate(combos)}
+
+    summary = ['<table class="summary"><thead><tr><th>benchmark</th><th>items scored by every model</th>'
+               '<th>disagreements</th><th>shown</th></tr></thead><tbody>']
+    for b, t in tables.items():
+        partial = f" (+{t.n_partial} not scored by every model)" if t.n_partial else ""
+        summary.append(f"<tr><td>{_e(b)}</td><td>{t.n_common}{_e(partial)}</td><td>{len(t.rows)}</td>"
+                       f"<td>{len(shown.get(b, []))}</td></tr>")
+    summary.append("</tbody></table>")
+    for b, why in (not_shown or {}).items():
+        summary.append(f'<p class="note">{_e(b)}: {_e(why)}.</p>')
+
+    head = ["<th>item</th><th>image</th><th>caption (C) · hard negative (N) · hard positive (P)</th>"]
+    head += [f"<th>{_e(m)}<br><span class=\"id\">s_c / s_n / s_p</span></th>" for m in models]
+    body = []
+    for r in all_rows:
+        it = items[r.benchmark][r.item_id]
+        name = thumbnail_name(it)
+        img = (f'<img src="{_e(thumbs[name])}" alt="{_e(it.image.rsplit("/", 1)[-1])}" loading="lazy">'
+               if name in thumbs else '<div class="noimg">image unavailable</div>')
+        caps = (f'<div><b>C</b>{_e(it.caption)}</div><div><b>N</b>{_e(it.negative)}</div>'
+                f'<div><b>P</b>{_e(it.positive) if it.positive is not None else "—"}</div>')
+        cells = []
+        for s, o in zip(r.scores, r.outcomes):
+            cells.append(f'<td><span class="o o-{o.split(" ")[0]}">{_e(o)}</span>'
+                         f'<div class="sc">{_fmt(s.s_c)} / {_fmt(s.s_n)} / {_fmt(s.s_p)}</div></td>')
+        combo = r.combination(models)
+        body.append(f'<tr data-benchmark="{bcode[r.benchmark]}" data-subset="{scode[r.subset]}" '
+                    f'data-outcome="{ocode[combo]}"><td>{_e(r.benchmark)}<br>{_e(r.subset)}'
+                    f'<div class="id">{_e(r.item_id)}</div></td><td>{img}</td><td class="cap">{caps}</td>'
+                    f'{"".join(cells)}</tr>')
+
+    def counts(attr: Mapping[str, str], key) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in all_rows:
+            code = attr[key(r)]
+            out[code] = out.get(code, 0) + 1
+        return out
+
+    filters = " ".join([
+        _select("benchmark", "Benchmark", [(bcode[b], b) for b in benches], counts(bcode, lambda r: r.benchmark), len(all_rows)),
+        _select("subset", "Subset", [(scode[s], s) for s in subsets], counts(scode, lambda r: r.subset), len(all_rows)),
+        _select("outcome", "Outcome", [(ocode[c], c) for c in combos], counts(ocode, lambda r: r.combination(models)),
+                len(all_rows)),
+    ])
+    model_list = ", ".join(_e(m) for m in models)
+    return "\n".join([
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<title>HardPos brittleness explorer</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>Brittleness explorer</h1>",
+        f'<p class="note">Models: {model_list}. Each row is an item on which the models\' verdicts differ. '
+        "Scores are cosine similarities of the image with the caption (s_c), the hard negative (s_n) and the "
+        "hard positive (s_p). Outcomes: <b>correct</b> = caption and positive both beat the negative; "
+        "<b>brittle (P&lt;N)</b> = s_c &gt; s_n &gt; s_p; <b>brittle (C&lt;N)</b> = s_p &gt; s_n &gt; s_c; "
+        "<b>tie (P=N)</b> = s_c &gt; s_n = s_p; <b>wrong</b> = the caption does not beat the negative "
+        "(without a hard positive: correct / wrong by the caption alone). Ties count against the model.</p>",
+        f'<p class="note">At most {cap} rows per benchmark are shown (explorer.max_rows_per_benchmark), '
+        "taken in turn from every outcome combination.</p>",
+        "".join(summary),
+        f'<div class="filters">{filters} <span id="shown">{len(all_rows)} of {len(all_rows)} rows shown</span></div>',
+        f'<table id="items"><thead><tr>{"".join(head)}</tr></thead><tbody>',
+        "\n".join(body),
+        "</tbody></table>",
+        f"<script>{_JS}</script>",
+        "</body></html>",
+    ])
+
+
+# --------------------------------------------------------------------------- the folder
+@dataclasses.dataclass
+class ExplorerResult:
+    """What :func:`write_explorer` wrote: the page, per-benchmark counts, the rows shown."""
+
+    index: Path
+    counts: dict[str, dict[str, int]]
+    shown: dict[str, list[Row]]
+    models: list[str]
+
+
+def write_explorer(models: Mapping[str, ModelScores], items: Mapping[str, Sequence[Item]], out_dir: str | Path, *,
+                   max_rows_per_benchmark: int = 200, thumbnail_px: int = 160) -> ExplorerResult:
+    """Write ``out_dir/index.html`` and ``out_dir/images/`` (a local folder; replaced if it
+    exists) for ``models`` (label -> :func:`read_scores` output, at least two) and ``items``
+    (benchmark -> its loaded :class:`Item` list). Benchmarks the models share but ``items``
+    lacks are listed on the page as not shown; disagreeing items missing from ``items`` are
+    counted, not shown. Raises :class:`ExplorerError` when no benchmark can be shown."""
+    if max_rows_per_benchmark < 1:
+        raise ExplorerError(f"max_rows_per_benchmark must be >= 1, got {max_rows_per_benchmark}")
+    names = list(models)
+    tables = disagreements(models)
+    by_id = {b: {it.item_id: it for it in its} for b, its in items.items()}
+    not_shown = {b: "not shown: no benchmark configured for it" for b in tables if b not in by_id}
+    if len(not_shown) == len(tables):
+        raise ExplorerError(f"none of the scored benchmarks {sorted(tables)} is configured "
+                            f"(configured: {sorted(items)}); the page needs their images and captions")
+    shown: dict[str, list[Row]] = {}
+    counts: dict[str, dict[str, int]] = {}
+    for b, t in tables.items():
+        if b in not_shown:
+            continue
+        known = [r for r in t.rows if r.item_id in by_id[b]]
+        if len(known) < len(t.rows):
+            not_shown[b] = f"{len(t.rows) - len(known)} disagreeing item(s) not in the configured benchmark, not shown"
+        shown[b] = cap_rows(known, max_rows_per_benchmark, names)
+        counts[b] = {"items": t.n_common, "disagreements": len(t.rows), "shown": len(shown[b])}
+    out = Path(out_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    thumbs = write_thumbnails([by_id[r.benchmark][r.item_id] for b in shown for r in shown[b]],
+                              out / IMAGES_DIR, thumbnail_px)
+    page = render_html(names, {b: tables[b] for b in shown}, shown, by_id, thumbs, cap=max_rows_per_benchmark,
+                       not_shown=not_shown)
+    index = out / INDEX_FILE
+    index.write_text(page, encoding="utf-8")
+    return ExplorerResult(index=index, counts=counts, shown=shown, models=names)
