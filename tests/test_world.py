@@ -242,3 +242,77 @@ def test_vague_pretraining_captions_are_true_and_controlled(tmp_path):
     assert any(r["template"] == "relation" for r in vague)
     finetune = pq.read_table(tmp_path / "w" / "finetune.parquet").to_pylist()
     assert all(r["form"] == "canonical" for r in finetune)  # only "web" captions are vague
+
+
+def test_binding_partial_captions_leave_out_the_donor():
+    """binding_partial_captions: a binding REPLACE-attribute item's caption does not name the new
+    value (the donor object is left out), so the negative drops none of the caption's words and
+    only binding tells them apart; without it the caption names the donor's value."""
+    from hardpos.data.world import benchmark_item
+
+    def count(partial: bool) -> tuple[int, int]:
+        cfg = WorldConfig(min_objects=2, binding_negative_rate=1.0, binding_partial_captions=partial)
+        rng = random.Random(7)
+        in_caption = bound = 0
+        for _ in range(300):
+            scene = sample_scene(rng, cfg)
+            item = benchmark_item(rng, scene, cfg, "replace_attribute")
+            if item is None:  # no verifiable negative in this scene (rare, either way)
+                continue
+            attr, change = item["slot"].split(":", 1)[1].split(" ", 1)
+            old, new = change.split("->")
+            if new in {getattr(o, attr) for o in scene.objects} - {old}:  # a binding negative
+                bound += 1
+                in_caption += new in item["caption"].split()
+                assert truth(item["caption"], scene, cfg) is True and truth(item["hard_negative"], scene, cfg) is False
+        return in_caption, bound
+
+    in_caption, bound = count(True)
+    # the rest: scenes where the changed object differs from the donor only in that attribute, so
+    # the partial negative would be true ("a large white diamond" beside a large white diamond)
+    assert bound > 150 and in_caption <= 0.08 * bound
+    in_caption, bound = count(False)
+    assert in_caption > 0.8 * bound
+
+
+def test_relation_twins_are_mirrored_and_only_the_relation_tells_them_apart(tmp_path):
+    import pyarrow.parquet as pq
+
+    from hardpos.data.world import relation_twin
+
+    cfg = WorldConfig(seed=4, n_pretrain=300, n_finetune=20, n_benchmark=0, vague_caption_rate=0.5,
+                      relation_pair_rate=1.0, write_images=False)
+    stats = generate_world(cfg, str(tmp_path / "w"))
+    rows = pq.read_table(tmp_path / "w" / "pretrain.parquet").to_pylist()
+    twins = [k for k, r in enumerate(rows) if r["form"].startswith("twin_")]
+    assert len(rows) == 300 + len(twins) and stats["pretrain_twins"] == len(twins) > 50
+    assert {rows[k]["form"] for k in twins} == {"twin_relation", "twin_order"}
+    assert stats["pretrain_noncanonical"] == sum(not r["form"].startswith(("canonical", "vague", "twin_")) for r in rows)
+    for k in twins:
+        a, b = rows[k - 1], rows[k]
+        assert a["pair"] == b["pair"] is not None and a["template"] == b["template"] == "relation"
+        sa, sb = Scene.from_json(a["scene"]), Scene.from_json(b["scene"])
+        assert sorted((o.shape, o.color, o.size) for o in sa.objects) == sorted((o.shape, o.color, o.size) for o in sb.objects)
+        assert truth(b["caption"], sb, cfg) is True and truth(b["caption"], sa, cfg) is False
+        assert truth(a["caption"], sb, cfg) is False
+        assert sorted(a["caption"].split()) != sorted(b["caption"].split()) or a["caption"] != b["caption"]
+    assert sum(r["pair"] is None for r in rows) == 300 - len(twins)
+    # a list caption has no twin
+    scene = Scene((_obj("circle", "red", "small", 10, 10), _obj("square", "blue", "large", 50, 50)), 35)
+    cap = canonical_caption(random.Random(0), scene, CFG, template="list")
+    assert relation_twin(random.Random(0), scene, cap, cap.text, CFG) is None
+    # without twins the world has no pair column (older worlds unchanged)
+    generate_world(WorldConfig(seed=4, n_pretrain=50, n_finetune=5, n_benchmark=0, write_images=False), str(tmp_path / "v"))
+    assert "pair" not in pq.read_table(tmp_path / "v" / "pretrain.parquet").column_names
+
+
+def test_grouped_order_keeps_pairs_adjacent():
+    import torch
+
+    from hardpos.perf.calibrate import grouped_order
+
+    groups = [None, 0, 0, None, 5, 5, None, 9, 9, None]
+    order = grouped_order(groups, torch.Generator().manual_seed(0)).tolist()
+    assert sorted(order) == list(range(10))
+    for a, b in ((1, 2), (4, 5), (7, 8)):
+        assert order.index(b) == order.index(a) + 1

@@ -3,7 +3,7 @@
 Contract: noun-phrase and list surface forms (:func:`np_text`, :func:`list_text`), the
 relation margin (:func:`relation_value`), the parser (:func:`parse`) and exact truth
 (:func:`truth`: True / False / None within the ambiguity margin), and the caption builders
-(:func:`canonical_caption`, :func:`noncanonical`, :func:`vague`).  Pure functions of their
+(:func:`canonical_caption`, :func:`noncanonical`, :func:`vague`, :func:`relation_twin`).  Pure functions of their
 arguments; :mod:`hardpos.data.world` re-exports every public name.
 """
 from __future__ import annotations
@@ -13,13 +13,16 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from hardpos.data.scene import COLOR_RGB, RELATIONS, SIZE_SCALE, SYNONYMS, Obj, Scene, WorldConfig
+from hardpos.data.scene import COLOR_RGB, RELATIONS, SIZE_SCALE, SYNONYMS, Obj, Scene, WorldConfig, mirror
 
 # ---------------------------------------------------------------------- grammar
 _WORD_TO_CANON = {}
 for _canon, _syn in SYNONYMS.items():
     _WORD_TO_CANON[_canon] = _canon
     _WORD_TO_CANON[_syn] = _canon
+#: each relation's converse ("a above b" == "b below a") and the image axis it is about
+OPPOSITE = {"to the left of": "to the right of", "to the right of": "to the left of", "above": "below", "below": "above"}
+AXIS = {"to the left of": "x", "to the right of": "x", "above": "y", "below": "y"}
 _REL_FORMS = sorted({r for r in RELATIONS} | {SYNONYMS[r] for r in RELATIONS}, key=len, reverse=True)
 
 
@@ -209,3 +212,30 @@ def vague(scene: Scene, cap: Caption) -> str:
     i, j = cap.objects
     return f"a {objs[i].shape} {cap.relation} a {objs[j].shape}"
 
+
+
+def relation_twin(rng: random.Random, scene: Scene, cap: Caption, text: str, cfg: WorldConfig) -> tuple[Scene, str, str] | None:
+    """A mirrored twin of a relation caption's scene: (twin scene, twin caption, how).
+
+    The twin holds the same objects mirrored along the relation's axis; its caption either keeps
+    the noun phrases' order and takes the converse relation ("a above b" -> "a below b", how
+    "relation") or keeps the relation and exchanges the objects ("b above a", how "order").
+    ``text`` is the caption as written (canonical or vague); the twin caption uses the same
+    noun-phrase form.  None unless the twin caption is true of the twin and false of ``scene``
+    and ``text`` is false of the twin (so a batch holding both can only match them by the relation).
+    """
+    if cap.template != "relation" or cap.relation is None:
+        return None
+    twin = mirror(scene, AXIS[cap.relation], cfg.image_size)
+    i, j = cap.objects
+    how = rng.choice(("relation", "order"))
+    twin_cap = (Caption("", "relation", [i, j], OPPOSITE[cap.relation]) if how == "relation"
+                else Caption("", "relation", [j, i], cap.relation))
+    is_vague = text == vague(scene, cap)
+    twin_text = vague(twin, twin_cap) if is_vague else _render_caption(twin, twin_cap)
+    try:
+        ok = (truth(twin_text, twin, cfg) is True and truth(twin_text, scene, cfg) is False
+              and truth(text, twin, cfg) is False)
+    except ValueError:  # not in the grammar (cannot happen for world captions; be safe)
+        return None
+    return (twin, twin_text, how) if ok else None

@@ -67,6 +67,18 @@ class WorldConfig:
         they mention fewer attributes (a weaker attribute and binding signal) and, in a batch,
         a vague relation caption is often true of another image's objects but for the relation,
         so the relation words carry signal that fully described objects never need.
+    binding_partial_captions: a binding REPLACE-attribute benchmark item (see
+        binding_negative_rate) uses a caption that names the changed object but not the object
+        whose value the negative takes ("a red circle" -> "a blue circle" in a scene that also
+        holds a blue square), so the negative keeps every word of the caption true of the image:
+        a bag-of-words model ties, only binding decides.  False: the caption names every object
+        and the negative drops one of its own values (which a bag-of-words model notices).
+    relation_pair_rate: share of pretraining scenes with a relation caption that get a mirrored
+        twin right after them (the same objects mirrored along the relation's axis, captioned
+        with the relation reversed or the two objects exchanged): a batch that holds both can
+        only tell them apart by the relation, so contrastive pretraining has to learn relations
+        (the rows share a ``pair`` id; a sampler that keeps pairs in one batch is needed for
+        the effect, see ``hardpos.calibrate probe``).
     shape_negatives: the rule engine may make a REPLACE hard negative by changing a shape
         ("circle" -> "square"); False leaves finetuning negatives to what needs binding or
         relations (colours, sizes, relations, attribute swaps): a changed shape is named by
@@ -91,6 +103,8 @@ class WorldConfig:
     relation_caption_rate: float = 0.5
     noncanonical_rate: float = 0.005
     binding_negative_rate: float = 0.0
+    binding_partial_captions: bool = False
+    relation_pair_rate: float = 0.0
     shape_negatives: bool = True
     vague_caption_rate: float = 0.0
     relation_margin: float = 0.1
@@ -118,7 +132,8 @@ class WorldConfig:
                 raise ConfigError(f"sizes: unknown size {s!r}; known: {list(SIZE_SCALE)}")
         if len(set(self.colors)) < 2 or len(set(self.shapes)) < 1 or len(set(self.sizes)) < 1:
             raise ConfigError("need at least 2 colours, 1 shape and 1 size")
-        for name in ("relation_caption_rate", "noncanonical_rate", "binding_negative_rate", "vague_caption_rate"):
+        for name in ("relation_caption_rate", "noncanonical_rate", "binding_negative_rate", "vague_caption_rate",
+                     "relation_pair_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"{name} must be in [0, 1]")
         if not 0.0 < self.relation_margin < 0.5:
@@ -176,6 +191,16 @@ def sample_scene(rng: random.Random, cfg: WorldConfig) -> Scene:
             keys.add((shape, color, size))
         if len(objs) == n:
             return Scene(tuple(objs), 35 + rng.randint(-cfg.background_jitter, cfg.background_jitter))
+
+
+def mirror(scene: Scene, axis: str, size: int) -> Scene:
+    """``scene`` with every object's centre mirrored across the image's middle along ``axis``
+    ("x": left <-> right, "y": top <-> bottom); shapes are redrawn upright, so only positions change."""
+    if axis not in ("x", "y"):
+        raise ValueError(f"axis must be 'x' or 'y', got {axis!r}")
+    objs = tuple(dataclasses.replace(o, cx=round(size - o.cx, 2)) if axis == "x" else
+                 dataclasses.replace(o, cy=round(size - o.cy, 2)) for o in scene.objects)
+    return Scene(objs, scene.background)
 
 
 def render(scene: Scene, size: int):

@@ -63,11 +63,12 @@ from pathlib import Path
 
 from hardpos import storage
 # re-exported public names (importers use hardpos.data.world): noqa F401 on purpose
-from hardpos.data.grammar import (Caption, ParsedNP, _render_caption, canonical_caption, list_text,  # noqa: F401
-                                  noncanonical, np_text, parse, relation_value, truth, vague)
+from hardpos.data.grammar import (AXIS, OPPOSITE, Caption, ParsedNP, _render_caption, canonical_caption,  # noqa: F401
+                                  list_text, noncanonical, np_text, parse, relation_twin, relation_value, truth,
+                                  vague)
 from hardpos.data.lexicon import load_lexicon
 from hardpos.data.scene import (BENCHMARKS, COLOR_RGB, RELATIONS, SHAPES_ALL, SIZE_SCALE, SPLITS, SYNONYMS,  # noqa: F401
-                                Obj, Scene, WorldConfig, render, sample_scene)
+                                Obj, Scene, WorldConfig, mirror, render, sample_scene)
 from hardpos.data.triplets import make_triplet, write_triplets
 
 
@@ -84,18 +85,28 @@ def benchmark_item(rng: random.Random, scene: Scene, cfg: WorldConfig, subset: s
         value = getattr(objs[i], attr)
         pool = [v for v in (cfg.colors if attr == "color" else cfg.sizes) if v != value]
         rng.shuffle(pool)
+        others: set[str] = set()
         if rng.random() < cfg.binding_negative_rate:
             # a binding negative: the new value is another object's in this scene, so every word of
             # the negative is true of some object and only the attribute-object binding is wrong
             # (a bag-of-words model cannot tell it from the caption); falls back to any value
             others = {getattr(o, attr) for k, o in enumerate(objs) if k != i}
             pool.sort(key=lambda v: v not in others)  # stable: the shuffled order within each group
+        tries = []
         for new in pool:
-            neg = _render_caption(scene, cap, words={(i, attr): new})
+            if cfg.binding_partial_captions and new in others:
+                # the caption leaves out every object that has the new value, so the negative
+                # drops none of the caption's own words: only binding tells the two apart
+                keep = sorted((k for k in range(len(objs)) if k == i or getattr(objs[k], attr) != new),
+                              key=lambda k: objs[k].cx)
+                tries.append((Caption(list_text([np_text(objs[k]) for k in keep]), "list", keep), new))
+        tries += [(cap, new) for new in pool]  # the full caption (the fallback when partial ones fail)
+        for item_cap, new in tries:
+            neg = _render_caption(scene, item_cap, words={(i, attr): new})
             if truth(neg, scene, cfg) is False:
-                pos = _render_caption(scene, cap, words={(i, attr): SYNONYMS[value]})
-                return _verified(scene, cfg, cap.text, neg, pos, f"attribute:{attr} {value}->{new}",
-                                 f"attribute:{attr} {value}->{SYNONYMS[value]}", cap.template)
+                pos = _render_caption(scene, item_cap, words={(i, attr): SYNONYMS[value]})
+                return _verified(scene, cfg, item_cap.text, neg, pos, f"attribute:{attr} {value}->{new}",
+                                 f"attribute:{attr} {value}->{SYNONYMS[value]}", item_cap.template)
         return None
     if subset == "replace_relation":
         cap = canonical_caption(rng, scene, cfg, template="relation")
@@ -209,33 +220,36 @@ def _generate_local(cfg: WorldConfig, out: Path) -> dict:
     timings["sample_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    if cfg.write_images:
-        for split in SPLITS:
-            folder = out / "images" / split
-            if folder.exists():
-                shutil.rmtree(folder)  # a re-run must not leave images of a bigger earlier world
-            folder.mkdir(parents=True)
-        _render_all(cfg, out, scenes)
-    timings["render_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
     rows: dict[str, list[dict]] = {"pretrain": [], "finetune": []}
     forms: dict[str, int] = {}
+    pair_rng = _split_rng(cfg.seed, "pretrain:pairs")  # its own stream: without pairs the world is unchanged
     for split in ("pretrain", "finetune"):
         rng = _split_rng(cfg.seed, split + ":captions")
-        for k, scene in enumerate(scenes[split]):
+        originals = scenes[split]
+        scenes[split] = []  # in row order: each twin right after its original
+        for k, scene in enumerate(originals):
             cap = canonical_caption(rng, scene, cfg)
             text, form = cap.text, "canonical"
             if split == "pretrain" and rng.random() < cfg.noncanonical_rate:
                 text, form = noncanonical(rng, scene, cap)
             elif split == "pretrain" and cfg.vague_caption_rate and rng.random() < cfg.vague_caption_rate:
                 text, form = vague(scene, cap), "vague"
-            if split == "pretrain":
-                forms[form] = forms.get(form, 0) + 1
-            rows[split].append(make_triplet(
-                image=f"images/{split}/{k:06d}.png", caption=text, kind="caption", source="world",
-                caption_id=f"{split}-{k:06d}", split=split, template=cap.template, form=form,
-                n_objects=len(scene.objects), scene=scene.to_json()))
+            entries = [(scene, text, form, cap.template)]
+            if (split == "pretrain" and cfg.relation_pair_rate and form in ("canonical", "vague")
+                    and cap.template == "relation" and pair_rng.random() < cfg.relation_pair_rate):
+                twin = relation_twin(pair_rng, scene, cap, text, cfg)
+                if twin is not None:
+                    entries.append((twin[0], twin[1], f"twin_{twin[2]}", "relation"))
+            for scene_, text_, form_, template in entries:
+                idx = len(scenes[split])
+                scenes[split].append(scene_)
+                if split == "pretrain":
+                    forms[form_] = forms.get(form_, 0) + 1
+                extra = {"pair": k if len(entries) > 1 else None} if cfg.relation_pair_rate else {}
+                rows[split].append(make_triplet(
+                    image=f"images/{split}/{idx:06d}.png", caption=text_, kind="caption", source="world",
+                    caption_id=f"{split}-{idx:06d}", split=split, template=template, form=form_,
+                    n_objects=len(scene_.objects), scene=scene_.to_json(), **extra))
     bench: dict[str, list[dict]] = {b: [] for b in BENCHMARKS}
     rng = _split_rng(cfg.seed, "benchmark:items")
     for k, scene in enumerate(scenes["benchmark"]):
@@ -253,6 +267,16 @@ def _generate_local(cfg: WorldConfig, out: Path) -> dict:
     timings["captions_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    if cfg.write_images:
+        for split in SPLITS:
+            folder = out / "images" / split
+            if folder.exists():
+                shutil.rmtree(folder)  # a re-run must not leave images of a bigger earlier world
+            folder.mkdir(parents=True)
+        _render_all(cfg, out, scenes)
+    timings["render_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
     write_triplets(rows["pretrain"], str(out / "pretrain.parquet"))
     write_triplets(rows["finetune"], str(out / "finetune.parquet"))
     (out / "benchmark").mkdir(exist_ok=True)
@@ -261,8 +285,9 @@ def _generate_local(cfg: WorldConfig, out: Path) -> dict:
     timings["write_s"] = time.perf_counter() - t0
     total = time.perf_counter() - started
     cpu_total = time.process_time() - cpu_started
-    n_scenes = sum(counts.values())
-    noncanon = sum(v for k, v in forms.items() if k not in ("canonical", "vague"))  # vague: canonical words
+    n_scenes = sum(len(v) for v in scenes.values())  # twins included
+    # vague and twins use canonical words
+    noncanon = sum(v for k, v in forms.items() if k not in ("canonical", "vague") and not k.startswith("twin_"))
     stats = {
         "scenes": counts,
         "benchmark_items": {b: len(v) for b, v in bench.items()},
@@ -277,6 +302,8 @@ def _generate_local(cfg: WorldConfig, out: Path) -> dict:
         "scenes_per_cpu_s": round(n_scenes / cpu_total, 1) if cpu_total > 0 else None,
         "timings": {k: round(v, 3) for k, v in timings.items()},
     }
+    if cfg.relation_pair_rate:
+        stats["pretrain_twins"] = len(scenes["pretrain"]) - cfg.n_pretrain
     world = {"config": dataclasses.asdict(cfg), "stats": stats, "vocabulary": vocabulary(cfg),
              "layout": {"images": "images/<split>/<id>.png", "splits": list(SPLITS),
                         "benchmarks": {b: f"benchmark/{b}.parquet" for b in BENCHMARKS}}}

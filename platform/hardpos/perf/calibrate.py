@@ -48,6 +48,9 @@ class ProbeConfig:
     pretrained: start from this checkpoint (e.g. a demo's <output_dir>/pretrain/model) and
         skip the pretraining phase.
     output: also write the rows (model -> table row) as JSON here (for aggregating seeds).
+    keep_pairs: when the pretraining file has a ``pair`` column (a world with
+        ``relation_pair_rate`` > 0), shuffle whole pairs so a relation twin lands in its
+        original's batch; False shuffles rows (twins then rarely meet in a batch).
     base_cache: a state-dict file of the pretrained base: loaded when it exists (pretraining
         skipped), written after pretraining when it does not, so finetuning settings and
         benchmark variants are compared on one base (delete it when the world or arch changes).
@@ -70,6 +73,7 @@ class ProbeConfig:
     pretrained: str | None = None
     output: str | None = None
     base_cache: str | None = None
+    keep_pairs: bool = True
 
 
 def _load_images(paths: list[str], preprocess) -> "Any":
@@ -79,11 +83,32 @@ def _load_images(paths: list[str], preprocess) -> "Any":
     return torch.stack([preprocess(Image.open(p).convert("RGB")) for p in paths])
 
 
+def grouped_order(groups: list, generator) -> "Any":
+    """A random row order in which rows sharing a non-None group id stay adjacent (whole
+    groups are shuffled, a None row is a group of its own)."""
+    import torch
+
+    units: list[list[int]] = []
+    where: dict = {}
+    for i, gid in enumerate(groups):
+        if gid is None:
+            units.append([i])
+        elif gid in where:
+            units[where[gid]].append(i)
+        else:
+            where[gid] = len(units)
+            units.append([i])
+    perm = torch.randperm(len(units), generator=generator).tolist()
+    return torch.tensor([i for u in perm for i in units[u]], dtype=torch.long)
+
+
 def _train(clip, images, caps, negs, poss, tokenizer, steps: int, batch: int, lr: float, warmup: int,
-           w_pos: float, w_neg: float, negclip: bool, seed: int, log_every: int = 50) -> None:
+           w_pos: float, w_neg: float, negclip: bool, seed: int, log_every: int = 50,
+           groups: list | None = None) -> None:
     """``steps`` steps of THE training step (:func:`hardpos.train.step.train_step`, as the
     train stage's workers run it: clipping at 1.0, warmup + cosine, logit_scale clamp) on
-    tensors decoded once, one process, no Ray."""
+    tensors decoded once, one process, no Ray.  ``groups``: rows with one id stay in one
+    batch (see :func:`grouped_order`; a group may straddle a batch boundary)."""
     import torch
 
     from hardpos.model import tokenize
@@ -98,12 +123,15 @@ def _train(clip, images, caps, negs, poss, tokenizer, steps: int, batch: int, lr
     loss_cfg = LossConfig(w_pos=w_pos, w_neg=w_neg, negclip_columns=negclip)
     g = torch.Generator().manual_seed(seed)
     n = len(caps)
-    order = torch.randperm(n, generator=g)
+    def new_order():
+        return grouped_order(groups, g) if groups is not None else torch.randperm(n, generator=g)
+
+    order = new_order()
     pos_i = 0
     t0 = time.time()
     for step in range(steps):
         if pos_i + batch > n:
-            order, pos_i = torch.randperm(n, generator=g), 0
+            order, pos_i = new_order(), 0
         idx = order[pos_i:pos_i + batch].tolist()
         pos_i += batch
         has_n = torch.tensor([negs[i] is not None for i in idx])
@@ -139,7 +167,7 @@ def probe(cfg: ProbeConfig) -> dict[str, Any]:
         lm.model.load_state_dict(torch.load(cfg.base_cache, map_location="cpu"))
         print(f"base: {cfg.base_cache} (pretraining skipped)", file=sys.stderr)
     t0 = time.time()
-    pre = [] if cfg.pretrained or cached else pq.read_table(world / "pretrain.parquet", columns=["image", "caption"]).to_pylist()
+    pre = [] if cfg.pretrained or cached else pq.read_table(world / "pretrain.parquet").to_pylist()
     pre_imgs = _load_images([str(world / r["image"]) for r in pre], lm.preprocess_val) if pre else None
     trip = pq.read_table(cfg.triplets, columns=["image", "caption", "hard_negative", "hard_positive"]).to_pylist()
     trip_base = Path(cfg.triplets).parent
@@ -170,7 +198,8 @@ def probe(cfg: ProbeConfig) -> dict[str, Any]:
         print(f"pretraining {cfg.pretrain_steps} steps ...", file=sys.stderr)
         nothing = [None] * len(pre)
         _train(lm.model, pre_imgs, [r["caption"] for r in pre], nothing, nothing, lm.tokenizer, cfg.pretrain_steps,
-               cfg.pretrain_batch, cfg.pretrain_lr, cfg.warmup, 0.0, 0.0, False, cfg.seed)
+               cfg.pretrain_batch, cfg.pretrain_lr, cfg.warmup, 0.0, 0.0, False, cfg.seed,
+               groups=[r.get("pair") for r in pre] if cfg.keep_pairs and "pair" in pre[0] else None)
         if cfg.base_cache:
             torch.save(lm.model.state_dict(), cfg.base_cache)
     rows["pretrained"] = evaluate(lm.model, "pretrained")
