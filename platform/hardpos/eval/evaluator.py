@@ -26,34 +26,34 @@ Ties count against the model and the paper's differences are small (Table 3: 16.
 Missing or corrupt images never crash an evaluation and are never scored: they are
 listed (with the error and how many items used them) and their items are excluded from
 every metric.
+
+Layout: this module holds the results, the metrics and the benchmark loop; image/caption
+encoding and precision live in :mod:`hardpos.eval.encoding`, the Serve pair scoring in
+:mod:`hardpos.eval.pairs` (both re-exported here).
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
-import contextlib
 import dataclasses
-import io
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, get_args
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import torch
-from PIL import Image
 
-from hardpos import storage
 from hardpos.eval import metrics as M
 from hardpos.eval import sugarcrepe_pp as SCPP
-from hardpos.eval.benchmarks import Benchmark, Crop, load_benchmark
+from hardpos.eval.benchmarks import Benchmark, load_benchmark
 from hardpos.eval.spec import BenchmarkSpec
-from hardpos.model import encode_image, encode_text, trim_tokens
+# Re-exported: the encoding and pair-scoring parts live in their own modules; importers
+# (training, retention, Serve, the Ray Data engine, tests) keep importing them from here.
+from hardpos.eval.encoding import (PRECISIONS, ImageKey, Precision, _ieee_fp32_on_cuda,  # noqa: F401
+                                   _load_preprocessed, check_precision, encode_captions, encode_image_keys,
+                                   eval_mode, load_image, precision_context)
+from hardpos.eval.pairs import score_pairs, similarity_matrix  # noqa: F401
 
 log = logging.getLogger(__name__)
-
-ImageKey = tuple[str, "Crop | None"]
-Precision = Literal["fp32", "bf16", "fp16"]
-PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 # --------------------------------------------------------------------------- results
@@ -147,195 +147,6 @@ def benchmark_metrics(name: str, subsets: Sequence[str], s_c, s_n, s_p, aggregat
     if text_sims:
         out.update(SCPP.text_only_metrics(name, subsets_arr.tolist(), text_sims, aggregate))
     return out
-
-
-# --------------------------------------------------------------------------- images
-def load_image(uri: str, crop: Crop | None = None) -> "Image.Image":
-    """Open ``uri`` (local or s3://) as RGB, cropped to ``crop`` = (x, y, w, h) if given."""
-    if storage.is_s3(uri):
-        img = Image.open(io.BytesIO(storage.read_bytes(uri)))
-    else:
-        img = Image.open(uri)
-    img = img.convert("RGB")  # forces the full decode: truncated files fail here
-    if crop is not None:
-        x, y, w, h = crop
-        img = img.crop((x, y, x + w, y + h))
-    return img
-
-
-def _load_preprocessed(key: ImageKey, preprocess: Callable) -> "torch.Tensor | str":
-    """The preprocessed tensor, or an error string (never raises)."""
-    try:
-        return preprocess(load_image(*key))
-    except FileNotFoundError:
-        return "missing"
-    except Exception as exc:  # noqa: BLE001 - any decode error means "corrupt": reported, not raised
-        return f"corrupt: {type(exc).__name__}: {exc}"[:300]
-
-
-def check_precision(precision: str) -> str:
-    """``precision`` if it is one of :data:`PRECISIONS`, else a ValueError naming the choices."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    return precision
-
-
-@contextlib.contextmanager
-def _ieee_fp32_on_cuda():
-    """Switch TF32 off for cuBLAS matmuls and cuDNN convolutions, restoring the previous
-    settings afterwards. cuDNN convs (the ViT patch embedding) use TF32 by default, so
-    plain fp32 on an Ampere+ GPU is not fp32 without this. Uses the ``fp32_precision``
-    flags where torch has them: mixing them with the legacy ``allow_tf32`` flags makes
-    torch raise when anything reads the flags later."""
-    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
-    if hasattr(matmul, "fp32_precision") and hasattr(cudnn, "conv"):
-        flags = [matmul, cudnn.conv, cudnn.rnn]
-        saved = [f.fp32_precision for f in flags]
-        try:
-            for f in flags:
-                f.fp32_precision = "ieee"
-            yield
-        finally:
-            for f, value in zip(flags, saved):
-                f.fp32_precision = value
-    else:  # older torch: the legacy flags
-        saved_legacy = (matmul.allow_tf32, cudnn.allow_tf32)
-        try:
-            matmul.allow_tf32 = cudnn.allow_tf32 = False
-            yield
-        finally:
-            matmul.allow_tf32, cudnn.allow_tf32 = saved_legacy
-
-
-def precision_context(device: "torch.device | str", precision: str = "fp32"):
-    """The context every encoder forward pass of the evaluator runs in.
-
-    ``fp32``: no autocast (and no TF32 on CUDA); ``bf16`` / ``fp16``: ``torch.autocast`` on
-    ``device``'s type with that dtype (CPU autocast is allowed: slow on most CPUs, but it
-    makes the low-precision path testable anywhere). Raises ValueError for other values.
-    """
-    check_precision(precision)
-    device = torch.device(device)
-    if precision == "fp32":
-        return _ieee_fp32_on_cuda() if device.type == "cuda" else contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
-
-
-def encode_image_keys(model, preprocess: Callable, keys: Sequence[ImageKey], *, device="cpu", batch_size: int = 256,
-                      num_threads: int = 4, precision: Precision = "fp32") -> tuple["torch.Tensor", dict[int, str]]:
-    """L2-normalised features [len(keys), D] (float32, CPU; computed in ``precision``) and
-    ``{index: error}`` for keys whose image could not be read (their rows are zero)."""
-    device = torch.device(device)
-    check_precision(precision)
-    feats: torch.Tensor | None = None
-    failures: dict[int, str] = {}
-    chunks = [list(range(i, min(i + batch_size, len(keys)))) for i in range(0, len(keys), batch_size)]
-    with cf.ThreadPoolExecutor(max_workers=max(1, num_threads)) as pool:
-        def submit(chunk):
-            return [pool.submit(_load_preprocessed, keys[i], preprocess) for i in chunk]
-
-        pending = submit(chunks[0]) if chunks else []
-        for n, chunk in enumerate(chunks):
-            loaded = [f.result() for f in pending]
-            pending = submit(chunks[n + 1]) if n + 1 < len(chunks) else []  # decode ahead of the model
-            ok_idx, tensors = [], []
-            for i, value in zip(chunk, loaded):
-                if isinstance(value, str):
-                    failures[i] = value
-                else:
-                    ok_idx.append(i)
-                    tensors.append(value)
-            if not tensors:
-                continue
-            with torch.no_grad(), precision_context(device, precision):
-                out = encode_image(model, torch.stack(tensors).to(device), normalize=True)
-            out = out.float().cpu()
-            if feats is None:
-                feats = torch.zeros(len(keys), out.shape[1])
-            feats[ok_idx] = out
-    if feats is None:
-        feats = torch.zeros(len(keys), 1)
-    return feats, failures
-
-
-def encode_captions(model, tokenizer: Callable, captions: Sequence[str], *, device="cpu", batch_size: int = 256,
-                    precision: Precision = "fp32") -> "torch.Tensor":
-    """L2-normalised text features [len(captions), D] (float32, CPU; computed in
-    ``precision``), in input order.
-
-    Captions are batched in token-length order so every batch is trimmed to its own
-    longest caption; the result is identical to encoding each at full context length.
-    """
-    device = torch.device(device)
-    check_precision(precision)
-    if not captions:
-        return torch.zeros(0, 1)
-    tokens = tokenizer(list(captions))
-    order = torch.argsort((tokens != 0).sum(dim=1), stable=True)
-    feats: torch.Tensor | None = None
-    for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
-        with torch.no_grad(), precision_context(device, precision):
-            out = encode_text(model, trim_tokens(tokens[idx]).to(device), normalize=True)
-        out = out.float().cpu()
-        if feats is None:
-            feats = torch.zeros(len(captions), out.shape[1])
-        feats[idx] = out
-    assert feats is not None
-    return feats
-
-
-@contextlib.contextmanager
-def eval_mode(model):
-    """Put ``model`` in eval mode and restore its previous mode afterwards (training
-    calls the evaluator mid-epoch; it must get its model back as it gave it)."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was_training)
-
-
-# --------------------------------------------------------------------------- pairs (Serve)
-def similarity_matrix(model, preprocess: Callable, tokenizer: Callable, images: Sequence["Image.Image"],
-                      captions: Sequence[str], *, device="cpu", batch_size: int = 256,
-                      precision: Precision = "fp32") -> np.ndarray:
-    """Cosine similarities [len(images), len(captions)] for PIL images and caption strings,
-    through the evaluator's own encoding path (same preprocessing, batching, precision)."""
-    device = torch.device(device)
-    check_precision(precision)
-    with eval_mode(model):
-        img_feats = []
-        for start in range(0, len(images), batch_size):
-            batch = torch.stack([preprocess(im.convert("RGB")) for im in images[start:start + batch_size]])
-            with torch.no_grad(), precision_context(device, precision):
-                img_feats.append(encode_image(model, batch.to(device), normalize=True).float().cpu())
-        txt = encode_captions(model, tokenizer, list(captions), device=device, batch_size=batch_size, precision=precision)
-    if not img_feats or len(captions) == 0:
-        return np.zeros((len(images), len(captions)), dtype=np.float32)
-    return (torch.cat(img_feats) @ txt.T).numpy()
-
-
-def score_pairs(model, preprocess: Callable, tokenizer: Callable, images: Sequence["Image.Image"],
-                captions: Sequence[str], *, device="cpu", batch_size: int = 256, precision: Precision = "fp32") -> np.ndarray:
-    """Cosine similarity of ``images[i]`` with ``captions[i]`` for every i: shape [N].
-
-    Distinct captions are encoded once (pass the same image object several times to score
-    one image against several captions; it is encoded once per distinct object)."""
-    if len(images) != len(captions):
-        raise ValueError(f"score_pairs needs as many images as captions ({len(images)} != {len(captions)})")
-    uniq_imgs: dict[int, int] = {}
-    img_list = []
-    for im in images:
-        if id(im) not in uniq_imgs:
-            uniq_imgs[id(im)] = len(img_list)
-            img_list.append(im)
-    uniq_caps = list(dict.fromkeys(captions))
-    sims = similarity_matrix(model, preprocess, tokenizer, img_list, uniq_caps, device=device, batch_size=batch_size,
-                             precision=precision)
-    cap_idx = {c: i for i, c in enumerate(uniq_caps)}
-    return np.array([sims[uniq_imgs[id(im)], cap_idx[c]] for im, c in zip(images, captions)], dtype=np.float64)
 
 
 # --------------------------------------------------------------------------- benchmarks
