@@ -366,7 +366,7 @@ def render_html(models: Sequence[str], tables: Mapping[str, BenchmarkRows], show
     for r in all_rows:
         it = items[r.benchmark][r.item_id]
         name = thumbnail_name(it)
-        img = (f'<img src="{_e(thumbs[name])}" alt="{_e(it.image.rsplit("/", 1)[-1])}" loading="lazy">'
+        img = (f'<img src="{_e(thumbs[name])}" alt="{_e(it.image.rsplit("/", 1)[-1])}">'
                if name in thumbs else '<div class="noimg">image unavailable</div>')
         caps = (f'<div><b>C</b>{_e(it.caption)}</div><div><b>N</b>{_e(it.negative)}</div>'
                 f'<div><b>P</b>{_e(it.positive) if it.positive is not None else "—"}</div>')
