@@ -27,11 +27,23 @@ positive, and throughput in captions/s (rule work only, and end to end).  With
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import random
 import time
 from typing import Literal
 
+import ray
+
+from hardpos import storage
 from hardpos.config import ConfigError, JobConfig
-from hardpos.runtime import JobContext
+from hardpos.data.captions import CaptionSourceError, read_captions
+from hardpos.data.perturb import _stable_seed
+from hardpos.data.triplets import TripletFileError, make_triplet, read_triplets, resolve_image, write_triplets
+from hardpos.data.validate import validate
+from hardpos.data.world import world_dir_of
+from hardpos.generate.engines import cached_perturber
+from hardpos.runtime import JobContext, init_ray
 
 
 @dataclasses.dataclass
@@ -71,22 +83,14 @@ TRIPLET_INPUT_COLUMNS = {"caption", "hard_negative", "hard_positive", "kind", "s
 
 def _load_rows(cfg: Config) -> tuple[list[dict], str, str | None]:
     """(rows with caption_id/caption/image[/extra], the file read, the input's world folder or None)."""
-    from hardpos import storage
-    from hardpos.data.captions import CaptionSourceError, read_captions
-    from hardpos.data.triplets import TripletFileError, read_triplets, resolve_image
-
     src = cfg.input
     if not src:
         raise ConfigError("input is required: a caption file, a triplet file or a world folder")
-    from hardpos.data.world import world_dir_of
-
     world_dir = world_dir_of(src)  # the generate stage decides it the same way
     if world_dir == src:
         src = storage.join(src, f"{cfg.split}.parquet")
         if not storage.exists(src):
             raise ConfigError(f"world folder {cfg.input} has no split {cfg.split!r} ({src} is missing)")
-    import os
-
     # the folder relative image paths of a triplet/world file are relative to (absolute when local)
     base = src.rsplit("/", 1)[0] if storage.is_s3(src) else os.path.dirname(os.path.abspath(src))
     rows: list[dict] | None = None
@@ -122,9 +126,6 @@ def _perturb_chunk(captions: list[str], seed: int, kinds: list[str], want_neg: b
     CPU seconds, not wall time, make the throughput figure comparable on a shared machine.
     """
     cpu0 = time.process_time()
-    from hardpos.data.validate import validate
-    from hardpos.generate.engines import cached_perturber
-
     rules = cached_perturber(seed, world_dir)  # the generate stage's rule engine, same lexicon and seed
     out = []
     for caption in captions:
@@ -139,10 +140,6 @@ def _perturb_chunk(captions: list[str], seed: int, kinds: list[str], want_neg: b
         kind = None
         neg = pos = None
         if pool:
-            import random
-
-            from hardpos.data.perturb import _stable_seed
-
             kind = random.Random(_stable_seed(seed, "kind", caption)).choice(pool)
             neg = rules.pick(caption, "negative", kind) if want_neg and cov.get(f"neg_{kind}") else None
             pos = rules.pick(caption, "positive", kind) if want_pos and cov.get(f"pos_{kind}") else None
@@ -157,9 +154,6 @@ def _perturb_chunk(captions: list[str], seed: int, kinds: list[str], want_neg: b
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:
-    from hardpos import storage
-    from hardpos.data.triplets import make_triplet, write_triplets
-
     bad = [k for k in cfg.kinds if k not in ("replace", "swap")]
     if bad or not cfg.kinds:
         raise ConfigError(f"kinds: must be a non-empty subset of ['replace', 'swap'], got {cfg.kinds}")
@@ -182,10 +176,6 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     captions = [r["caption"] for r in keep]
     args = (cfg.seed, list(cfg.kinds), cfg.negatives, cfg.positives, world_dir)
     if cfg.num_workers > 0 and captions:
-        import ray
-
-        from hardpos.runtime import init_ray
-
         init_ray(cfg.ray)
         task = ray.remote(num_cpus=1)(_perturb_chunk)
         size = -(-len(captions) // cfg.num_workers)
@@ -205,8 +195,6 @@ def run(cfg: Config, ctx: JobContext) -> dict:
             kind=res["kind"] or "none", source="rule", caption_id=r["caption_id"],
             **{**extra, "negative_slot": res["neg_slot"], "positive_slot": res["pos_slot"]}))
     out_uri = write_triplets(out_rows, ctx.path(f"triplets.{cfg.output_format}"))
-    import json
-
     storage.write_text(ctx.path("rejects.jsonl"), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
     total_s = time.perf_counter() - started
 
