@@ -68,7 +68,7 @@ def region() -> str:
 # --------------------------------------------------------------------------- clients
 @functools.lru_cache(maxsize=8)
 def _client(endpoint: str | None, region_name: str):
-    # boto3 and pyarrow load lazily here: hardpos.cli imports this module (through runtime)
+    # lazy: boto3 and pyarrow load here, not at the top: hardpos.cli imports this module (through runtime)
     # and they cost ~1-2 s, which `hardpos --help` or a local-only job need not pay.
     import boto3
     from botocore.config import Config
