@@ -260,6 +260,12 @@ def test_compare_stage_writes_and_logs_the_explorer_and_can_turn_it_off(tmp_path
 
     specs, items = _fixture_benchmarks(tmp_path / "bench")
     evals = _evaluations(tmp_path, items)
+    # the second model as an evaluate run tracked in MLflow (its scores.parquet logged at the root)
+    client = mlflow.MlflowClient(tracking_uri)
+    exp = client.create_experiment("h5-evals", artifact_location=str(tmp_path / "artifacts"))
+    eval_run = client.create_run(exp).info.run_id
+    client.log_artifact(eval_run, str(evals["HP+HN"] / "scores.parquet"))
+    evals["HP+HN"] = f"runs:/{eval_run}"
     bench_yaml = "[" + ", ".join(f"{{name: {s.name}, kind: {s.kind}, path: '{s.path}'}}" for s in specs) + "]"
     evals_yaml = "{" + ", ".join(f"'{m}': '{d}'" for m, d in evals.items()) + "}"
     base = [f"tracking.experiment=h5-explorer-{tmp_path.name}", f"explorer.evaluations={evals_yaml}",
@@ -277,6 +283,10 @@ def test_compare_stage_writes_and_logs_the_explorer_and_can_turn_it_off(tmp_path
     with pytest.raises(ConfigError, match="no finished runs"):
         execute("compare", off, quiet=True)
     assert not (tmp_path / "off" / "explorer").exists()
+    gone = load_config(stage.Config, None, [f"output_dir={tmp_path / 'gone'}", *base,
+                                            f"explorer.evaluations={{a: '{evals['HN-only']}', b: 'runs:/{'0' * 32}'}}"])
+    with pytest.raises(ConfigError, match=f"cannot fetch scores.parquet of MLflow run {'0' * 32}"):
+        execute("compare", gone, quiet=True)
     with pytest.raises(ConfigError, match="explorer.evaluations must name at least two models"):
         load_config(stage.Config, None, [f"explorer.evaluations={{only: {tmp_path}}}"])
 
@@ -321,7 +331,7 @@ def test_page_in_headless_chromium_filters_rows_without_console_errors(tmp_path)
     total = sum(expected.values())
     combo, n_combo = max(expected.items(), key=lambda kv: (kv[1], kv[0]))
     assert 0 < n_combo < total  # the filter must change the visible rows
-    n_scpp = sum(n for rows in [res.shown["scpp"]] for n in [len(rows)])
+    n_scpp = len(res.shown["scpp"])
 
     problems: list[str] = []
     with sync_playwright() as pw:

@@ -67,9 +67,10 @@ class ExplorerConfig:
     """The brittleness explorer section of the compare stage.
 
     enabled: write ``explorer/`` when ``evaluations`` are given (False: never).
-    evaluations: model label -> that model's evaluation (an ``evaluate`` stage's output_dir
-        holding scores.parquet, or the scores.parquet file itself; local or s3://); at least
-        two. Empty: no explorer. The labels head the page's columns (e.g. ``HN-only``).
+    evaluations: model label -> that model's evaluation: an ``evaluate`` stage's output_dir
+        holding scores.parquet, the scores.parquet file itself (local or s3://), or
+        ``runs:/<run_id>`` of an evaluate run in the job's tracking store; at least two.
+        Empty: no explorer. The labels head the page's columns (e.g. ``HN-only``).
     benchmarks: the benchmarks those evaluations scored (the same list as the evaluate
         stage's ``benchmarks``): the page reads images and captions from them.
     world: a synthetic world folder, as in the evaluate stage (adds its three benchmarks).

@@ -3,7 +3,7 @@ accuracy and brittleness against the hard-negative weight, from MLflow's search_
 ``hardpos compare parent_run_id=<sweep run>`` compares one sweep's trials.
 
 Given two or more evaluations (``explorer.evaluations``: label -> an evaluate stage's
-output_dir), it also writes the brittleness explorer (:mod:`hardpos.explorer`):
+output_dir, or ``runs:/<run_id>`` of an evaluate run tracked in this store), it also writes the brittleness explorer (:mod:`hardpos.explorer`):
 ``<output_dir>/explorer/index.html`` with its thumbnails, logged to the run as the
 ``explorer`` artifact folder; ``explorer.enabled=false`` turns it off. With evaluations
 given, the stage runs even when the experiment has no finished runs to tabulate.
@@ -17,7 +17,9 @@ from pathlib import Path
 from hardpos import compare, explorer, storage, tracking
 from hardpos.config import ConfigError, JobConfig
 from hardpos.eval.benchmarks import BenchmarkError, load_benchmark
+from hardpos.eval.report import SCORES_FILE
 from hardpos.explorer import ExplorerConfig, ExplorerError
+from hardpos.model_uri import mlflow_client
 from hardpos.runtime import JobContext
 from hardpos.stages import evaluate as evaluate_stage
 
@@ -40,14 +42,15 @@ class Config(JobConfig):
 
 def run(cfg: Config, ctx: JobContext) -> dict:
     experiment = cfg.experiment or cfg.tracking.experiment
-    rows = compare.collect_runs(tracking.resolve_tracking_uri(cfg.tracking.tracking_uri), experiment, cfg.parent_run_id)
+    tracking_uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
+    rows = compare.collect_runs(tracking_uri, experiment, cfg.parent_run_id)
     rows = [r for r in rows if r["status"] == "FINISHED" and any(k.endswith("/aug_acc") for k in r)]
     if not rows and not cfg.explorer.active:
         raise ConfigError(f"no finished runs with benchmark metrics in experiment {experiment!r}"
                           + (f" under parent run {cfg.parent_run_id}" if cfg.parent_run_id else ""))
     out: dict = {"runs": len(rows)}
     if cfg.explorer.active:  # first: its config errors surface before anything is written
-        out["explorer"] = write_explorer(cfg.explorer, ctx)
+        out["explorer"] = write_explorer(cfg.explorer, ctx, tracking_uri)
     if rows:
         table, front = compare.compare_rows(rows, cfg.pareto)
         print(table)
@@ -69,11 +72,29 @@ def explorer_items(cfg: ExplorerConfig) -> dict[str, list]:
         raise ConfigError(f"explorer.benchmarks: {exc}") from exc
 
 
-def write_explorer(cfg: ExplorerConfig, ctx: JobContext) -> dict:
-    """Write ``<output_dir>/explorer/`` (local or s3://) and log it to the run as the
-    ``explorer`` artifact folder; returns where the page is and the per-benchmark counts."""
+def scores_source(uri: str, tracking_uri: str, dest: Path) -> str:
+    """Where to read one evaluation's scores: ``uri`` as is, or for ``runs:/<run_id>[/<path>]``
+    (an evaluate run; ``<path>`` a folder or .parquet file among its artifacts, default its
+    ``scores.parquet``) the artifact downloaded from ``tracking_uri`` under ``dest``."""
+    if not uri.startswith("runs:/"):
+        return uri
+    run_id, _, rel = uri[len("runs:/"):].strip("/").partition("/")
+    rel = rel if rel.endswith(".parquet") else "/".join(p for p in (rel, SCORES_FILE) if p)
     try:
-        models = {label: explorer.read_scores(uri) for label, uri in cfg.evaluations.items()}
+        return mlflow_client(tracking_uri).download_artifacts(run_id, rel, str(dest))
+    except Exception as exc:  # noqa: BLE001 - no such run / artifact: one clear message
+        raise ConfigError(f"explorer.evaluations: cannot fetch {rel} of MLflow run {run_id} "
+                          f"from {tracking_uri}: {type(exc).__name__}: {exc}") from exc
+
+
+def write_explorer(cfg: ExplorerConfig, ctx: JobContext, tracking_uri: str) -> dict:
+    """Write ``<output_dir>/explorer/`` (local or s3://) and log it to the run as the
+    ``explorer`` artifact folder; returns where the page is and the per-benchmark counts.
+    ``tracking_uri``: where ``runs:/`` evaluations are fetched from."""
+    downloads = Path(tempfile.mkdtemp(prefix="hardpos-explorer-scores-"))
+    try:
+        models = {label: explorer.read_scores(scores_source(uri, tracking_uri, downloads / str(k)))
+                  for k, (label, uri) in enumerate(cfg.evaluations.items())}
     except ExplorerError as exc:
         raise ConfigError(f"explorer.evaluations: {exc}") from exc
     items = explorer_items(cfg)
