@@ -29,12 +29,12 @@ Moved from ``hardpos.resilience`` (issue 16: measuring tools live in :mod:`hardp
 the simulated cluster needs (``RAY_ADDRESS``, ``RAY_AUTH_MODE``, the train scenario's
 ``MLFLOW_TRACKING_URI``) are set only inside :func:`scoped_environ` and restored on exit, so
 a caller's ``os.environ`` is left as it was. The Serve app is :mod:`hardpos.serve.app`.
+The simulated cluster itself is :mod:`hardpos.perf.simcluster` (its names are re-exported here).
 """
 from __future__ import annotations
 
 import base64
 import collections
-import contextlib
 import io
 import json
 import os
@@ -43,46 +43,27 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable
 
 import pyarrow.parquet as pq
-import ray
 import requests
 import torch
 from mlflow.tracking import MlflowClient
 from PIL import Image
 from ray import serve
 from ray._private import state as ray_state
-from ray.cluster_utils import Cluster
 
 from hardpos import runtime
 from hardpos.config import load_config
 from hardpos.generate import pipeline
 from hardpos.generate.prompts import load_prompts
 from hardpos.model import ModelConfig, load_model, save_checkpoint
+from hardpos.perf.simcluster import SimCluster, in_thread, kill_when, scoped_environ, wait_for  # noqa: F401 (re-exported)
 from hardpos.runtime import stage_module
 from hardpos.serve.app import build_app
 from hardpos.testing import free_port, write_triplets
 
 SCENARIOS = ("train", "generate", "serve")
-
-
-@contextlib.contextmanager
-def scoped_environ(**values: str) -> Iterator[None]:
-    """Set ``values`` in ``os.environ`` for the ``with`` block and restore the whole mapping on
-    exit (what the block added is removed, what it changed or removed is put back).
-
-    Why the process environment at all: the simulated cluster's raylets, and their workers,
-    inherit it when ``ray.cluster_utils.Cluster`` starts them; there is no per-node env
-    argument. Restoring keeps that a private detail of the run.
-    """
-    saved = dict(os.environ)
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 # --------------------------------------------------------------------------- pure checks
@@ -139,133 +120,6 @@ def failover_stats(events: list[tuple[float, bool]], kill_t: float) -> dict[str,
     }
 
 
-# --------------------------------------------------------------------------- the cluster
-class SimCluster:
-    """A Ray cluster of separate raylets on this machine; the driver connects to its head.
-
-    The head has 0 CPUs (drivers, GCS, Serve controller/proxy only), so every task and
-    worker runs on a node this class can kill. ``kill`` stops one node's processes by the
-    PIDs Ray started for it (never anything else on the machine). The environment it sets
-    for its processes (``RAY_AUTH_MODE``, ``RAY_ADDRESS``) is restored by :meth:`close`.
-    """
-
-    def __init__(self, node_cpus: float = 1, node_resources: dict[str, float] | None = None, workers: int = 2):
-        if ray.is_initialized():
-            raise RuntimeError("the resilience run starts its own cluster: run it in a process without Ray")
-        self._environ = contextlib.ExitStack()  # closed (the environment restored) in close()
-        self._environ.enter_context(scoped_environ())
-        try:
-            self._start(node_cpus, node_resources, workers)
-        except BaseException:
-            self._environ.close()
-            raise
-
-    def _start(self, node_cpus: float, node_resources: dict[str, float] | None, workers: int) -> None:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # loopback-only, private cluster
-        self.node_cpus = node_cpus
-        self.node_resources = dict(node_resources or {})
-        self.gcs_port = free_port()
-        self.cluster = Cluster(initialize_head=True, connect=False, head_node_args={
-            "num_cpus": 0, "gcs_server_port": self.gcs_port,
-            "dashboard_agent_listen_port": free_port(), "include_dashboard": False,
-            "object_store_memory": 200 * 1024 * 1024,
-        })
-        # Every process of this cluster (raylets inherit this environment, their workers
-        # too) must find *this* GCS: Ray's address auto-detection picks the newest of all
-        # Rays on the machine (e.g. Ray Train's placement-group cleaner would watch another).
-        os.environ["RAY_ADDRESS"] = self.cluster.address
-        self.nodes = [self.add_node() for _ in range(workers)]
-        ray.init(address=self.cluster.address)
-        self.killed = 0
-
-    def add_node(self, attempts: int = 3):
-        # Ray gives a raylet 30 s (fixed) to register; on a loaded machine that can pass, so
-        # retry (a late raylet still joins; the cluster's exit hook stops its processes).
-        for attempt in range(attempts):
-            try:
-                return self.cluster.add_node(num_cpus=self.node_cpus, resources=dict(self.node_resources),
-                                             object_store_memory=150 * 1024 * 1024)
-            except Exception:
-                if attempt == attempts - 1:
-                    raise
-                time.sleep(2)
-
-    def node_by_id(self, node_id: str):
-        for node in list(self.cluster.worker_nodes):
-            if node.node_id == node_id:
-                return node
-        raise LookupError(f"no live worker node {node_id}")
-
-    def kill(self, node, replace: bool = True):
-        """SIGKILL one worker node's processes (raylet, agents: the PIDs Ray recorded when it
-        started them; its worker processes exit with their raylet); optionally start a fresh
-        node in its place. Safe from any thread (Cluster.remove_node is main-thread only)."""
-        infos = [info for group in node.all_processes.values() for info in group]
-        for info in infos:
-            try:
-                os.kill(info.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for info in infos:
-            try:
-                info.process.wait(timeout=30)  # reap: they are this process's children
-            except Exception:
-                pass
-        node.all_processes = {}
-        self.cluster.worker_nodes.discard(node)
-        self.nodes = [n for n in self.nodes if n is not node]
-        self.killed += 1
-        if replace:
-            self.nodes.append(self.add_node())
-
-    def close(self) -> None:
-        try:
-            ray.shutdown()
-        finally:
-            try:
-                self.cluster.shutdown()
-            finally:
-                self._environ.close()
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float, what: str, poll: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(poll)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
-    """Run the work in a thread: node kills and node starts must stay in the main thread
-    (Ray's node bookkeeping installs signal handlers)."""
-    box: dict[str, Any] = {}
-
-    def target():
-        try:
-            box["result"] = fn()
-        except BaseException as exc:  # re-raised by the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread, box
-
-
-def _kill_when(sim: SimCluster, thread: threading.Thread, ready: Callable[[], bool], victim: Callable[[], Any],
-               timeout: float, what: str) -> dict[str, Any]:
-    """Wait (main thread) until ``ready()``, then kill ``victim()`` and start a fresh node."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and thread.is_alive():
-        if ready():
-            node = victim()
-            kill_t = time.time()
-            sim.kill(node)
-            return {"kill_t": kill_t}
-        time.sleep(0.1)
-    return {"killer_error": f"no kill: the work {'finished' if not thread.is_alive() else 'timed out'} "
-                            f"before {what}"}
 
 
 # --------------------------------------------------------------------------- train
@@ -300,8 +154,8 @@ def train_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, Any
 
     started = time.time()
     with scoped_environ(MLFLOW_TRACKING_URI=uri):  # the run's workers inherit it; the caller's env is untouched
-        thread, result = _in_thread(lambda: runtime.execute("train", cfg, quiet=True))
-        box = _kill_when(sim, thread, ready, lambda: sim.nodes[-1], 600, f"a checkpoint at step {kill_after}")
+        thread, result = in_thread(lambda: runtime.execute("train", cfg, quiet=True))
+        box = kill_when(sim, thread, ready, lambda: sim.nodes[-1], 600, f"a checkpoint at step {kill_after}")
         box["killed_after_checkpoint"] = seen.get("step")
         thread.join()
     if "error" in result:
@@ -374,8 +228,8 @@ def generate_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, 
         return attempts, errors, summary
 
     started = time.time()
-    thread, result = _in_thread(work)
-    box = _kill_when(sim, thread, ready, lambda: sim.nodes[-1], 300, f"{kill_after} shards")
+    thread, result = in_thread(work)
+    box = kill_when(sim, thread, ready, lambda: sim.nodes[-1], 300, f"{kill_after} shards")
     box["killed_after_shards"] = seen.get("shards")
     thread.join()
     if "error" in result:
@@ -444,7 +298,7 @@ def serve_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, Any
 
     thread = threading.Thread(target=load, daemon=True)
     thread.start()
-    _wait_for(lambda: sum(ok for _, ok in events) >= 20, 120, "20 successful requests before the kill")
+    wait_for(lambda: sum(ok for _, ok in events) >= 20, 120, "20 successful requests before the kill")
     # The GCS actor table (no dashboard needed): which nodes host a ScoringModel replica.
     table = ray_state.actors()
     replicas = [a for a in table.values()
@@ -455,7 +309,7 @@ def serve_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, Any
     sim.kill(victim)
     # Recovery: Serve restarts the lost replica on the fresh node; keep loading for a while.
     try:
-        _wait_for(lambda: sum(ok for t, ok in events if t > kill_t + 1) >= 50, max_seconds,
+        wait_for(lambda: sum(ok for t, ok in events if t > kill_t + 1) >= 50, max_seconds,
                   "50 successful requests after the kill")
     except TimeoutError:
         pass
