@@ -154,3 +154,44 @@ def test_epochs_for_reads_the_row_count_on_every_supported_python(tmp_path):
     assert _epochs_for(str(path), phase) == 6
     with pytest.raises(FileNotFoundError):
         _epochs_for(str(tmp_path / "missing.parquet"), phase)
+
+
+def test_full_mode_draws_a_wise_curve_from_the_base_with_pretraining_retrieval(tmp_path):
+    """--full: the interpolate stage from the base (alpha 0) to a variant (alpha 1) on the
+    world's benchmarks, retention = retrieval over the first pretraining pairs."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hardpos.runtime import JobContext
+    from hardpos.stages import demo
+
+    world = tmp_path / "world"
+    world.mkdir()
+    pq.write_table(pa.table({"image": [f"images/pretrain/{i}.png" for i in range(5)],
+                             "caption": [f"caption {i}" for i in range(5)]}), world / "pretrain.parquet")
+    cfg = demo.Config(output_dir=str(tmp_path / "demo"), full=True, wise_retrieval_pairs=3, wise_alphas=[0, 0.5, 1])
+    pipeline = demo._Pipeline(cfg, JobContext("demo", str(tmp_path / "demo"), None))
+    calls = []
+    pipeline.execute = lambda stage, c, label: calls.append((stage, c)) or {}
+    pipeline.wise_curve("hp+hn", "base/model", "ft/model", str(world))
+    [(stage, c)] = calls
+    assert stage == "interpolate" and c.base.pretrained == "base/model" and c.finetuned.pretrained == "ft/model"
+    assert c.alphas == [0.0, 0.5, 1.0] and c.world == str(world) and c.finetuned_name == "hp+hn"
+    assert c.output_dir == str(tmp_path / "demo" / "wise" / "hp_hn")
+    [spec] = c.retention.retrieval
+    rows = [json.loads(line) for line in Path(spec.captions).read_text().splitlines()]
+    assert rows == [{"image": f"images/pretrain/{i}.png", "caption": f"caption {i}"} for i in range(3)]
+    assert spec.image_root == str(world)
+
+
+def test_full_mode_names_unknown_wise_variants():
+    from hardpos.config import ConfigError, load_config
+    from hardpos.stages import demo
+
+    with pytest.raises(ConfigError, match=r"wise_variants: \['hp\+hn'\] are not variants"):
+        load_config(demo.Config, None, ["full=true", "variants=[{name: hn-only}]"])
+    assert load_config(demo.Config, None, ["variants=[{name: a}]"]).wise_variants  # checked in full mode only
+    with pytest.raises(ConfigError, match=r"wise_alphas: .*\[0, 1\]"):
+        load_config(demo.Config, None, ["wise_alphas=[0, 1.5]"])

@@ -28,7 +28,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import tempfile
 from pathlib import Path
