@@ -17,29 +17,9 @@ from hardpos.eval.spec import BenchmarkSpec
 from hardpos.model import ModelConfig
 from hardpos.train.data import DataConfig
 from hardpos.train.loss import LossConfig
-
-
-@dataclasses.dataclass
-class OptimConfig:
-    """AdamW + warmup/cosine schedule.
-
-    lr: peak learning rate (the paper: 5e-6 for ViT-B-32 from OpenAI weights).
-    weight_decay: applied to weight matrices only (not gains, biases, logit_scale).
-    beta1, beta2, eps: AdamW parameters.
-    warmup_steps: linear warmup from 0 to ``lr``; then cosine decay to 0 at the last step.
-    grad_clip: max global gradient norm (0 disables clipping).
-    fused: torch's fused AdamW kernel (CPU and CUDA) instead of a per-parameter loop; the
-        same update up to float rounding (see :func:`hardpos.train.step.build_optimizer`).
-    """
-
-    lr: float = 1e-4
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.98
-    eps: float = 1e-6
-    warmup_steps: int = 10
-    grad_clip: float = 1.0
-    fused: bool = True
+# OptimConfig lives beside build_optimizer, as LossConfig beside the loss: the GPU suite
+# (hardpos.perf.gpu_standalone) builds the optimiser without importing the data pipeline.
+from hardpos.train.step import OptimConfig
 
 
 @dataclasses.dataclass
