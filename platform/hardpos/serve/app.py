@@ -9,7 +9,8 @@
 Two deployments: ``ScoringModel`` (:mod:`hardpos.serve.deployment`: loads the model, batches,
 reloads without downtime) behind ``ScoringAPI``, the FastAPI ingress defined here: input
 validation (400/413 with specific messages, :mod:`hardpos.serve.requests`), optional bearer
-auth, a request timeout (503, never a hang), and fan-out of ``/v1/score/batch`` items so they
+auth, a request timeout (503, never a hang; a few seconds only while the model is known to be
+unloaded), and fan-out of ``/v1/score/batch`` items so they
 batch on the model deployment.
 
 Routes: ``POST /v1/score`` (JSON with base64, or multipart upload), ``POST /v1/score/batch``,
@@ -43,9 +44,11 @@ from hardpos.serve.requests import (check_image_header, is_multipart, parse_batc
                                     validate_caption, validate_captions)
 from hardpos.serve.schemas import (BatchRequest, BatchResponse, CompareRequest, CompareResponse, ScoreRequest,
                                    ScoreResponse, json_body, json_or_multipart)
-from hardpos.serve.scoring import softmax as softmax_probs, verdicts
+from hardpos.serve.scoring import StageTimes, softmax as softmax_probs, verdicts
 
 __all__ = ["ScoringAPI", "ScoringModel", "api", "build_app"]
+
+UNLOADED_WAIT_S = 5.0  # longest wait for the model while its last answer was "not loaded"
 
 # --------------------------------------------------------------------------- ingress
 
@@ -93,28 +96,45 @@ class ScoringAPI:
         token = os.environ.get(self.cfg.auth_token_env) if self.cfg.auth_token_env else None
         # (Serve freezes a copy of `api` at decoration time, so auth state lives here.)
         self.auth_digest = token_digest(token) if token else auth_digest
+        self.times = StageTimes()
+        # The model's last "not loaded" answer (None once it scores again). While set, a call
+        # waits at most UNLOADED_WAIT_S: a replica that cannot load fails its health check and
+        # is replaced, and requests must not queue for the replacement for the full timeout.
+        self._unloaded: str | None = None
 
     def _auth(self, request: Request) -> None:
         check_bearer(request.headers.get("authorization"), self.auth_digest)
 
     async def _call(self, method: str, *args: Any) -> Any:
         response = getattr(self.model, method).remote(*args)
+        unloaded = self._unloaded
+        timeout = min(self.limits.request_timeout_s, UNLOADED_WAIT_S) if unloaded else self.limits.request_timeout_s
         try:
-            return await asyncio.wait_for(_await(response), timeout=self.limits.request_timeout_s)
+            result = await asyncio.wait_for(_await(response), timeout=timeout)
         except asyncio.TimeoutError:
             response.cancel()
+            if unloaded:
+                raise ServingError(503, f"no model is loaded ({unloaded}); retry later") from None
             raise ServingError(503, f"the model did not answer within {self.limits.request_timeout_s:g} s; retry later") from None
         except BackPressureError:
             raise ServingError(503, "the model deployment is at capacity (max_ongoing_requests); retry later") from None
         except RayActorError as exc:  # replica died / restarting: the client should retry, not see a 500
             raise ServingError(503, f"the model replica is unavailable ({type(exc).__name__}); retry later") from None
+        if isinstance(result, dict):
+            error = result.get("error") if method == "score" else (None if result.get("loaded", True) else result.get("error"))
+            if error and error.get("status") in (404, 503):
+                self._unloaded = error.get("detail")
+            elif (method == "score" and "scores" in result) or (method == "info" and result.get("loaded")):
+                self._unloaded = None
+        return result
 
     async def _score_one(self, image: bytes, captions: list[str]) -> dict[str, Any]:
         # Header checks here (size, format, pixel count: no pixels decoded) keep oversized and
         # non-image input away from the model replicas; the replica decodes once, and reports a
         # truncated/corrupt image as this item's 400.
         check_image_header(image, self.limits)
-        return await self._call("score", image, captions)
+        with self.times.time("ingress_model_call"):  # the hop to the model replica and back, and its work
+            return await self._call("score", image, captions)
 
     @staticmethod
     def _raise_item_error(result: dict[str, Any]) -> None:
@@ -124,14 +144,19 @@ class ScoringAPI:
     @api.post("/v1/score", response_model=ScoreResponse,
               openapi_extra=json_or_multipart(ScoreRequest), summary="Score one image against 1..N captions")
     async def score(self, request: Request) -> dict[str, Any]:
+        with self.times.time("ingress"):
+            return await self._score_request(request)
+
+    async def _score_request(self, request: Request) -> dict[str, Any]:
         self._auth(request)
         if is_multipart(request):
             form = await read_multipart(request, self.limits, ("captions", "softmax"))
             captions = validate_captions(form["captions"], self.limits)
             image, want_probs = form["image"], parse_flag(form["softmax"], "softmax")
         else:
-            body = await read_body(request, self.limits.max_body_bytes)
-            image, captions, want_probs = parse_score_payload(parse_json_body(body), self.limits)
+            with self.times.time("ingress_parse"):
+                body = await read_body(request, self.limits.max_body_bytes)
+                image, captions, want_probs = parse_score_payload(parse_json_body(body), self.limits)
         result = await self._score_one(image, captions)
         self._raise_item_error(result)
         probs = softmax_probs(result["scores"], result["logit_scale"]) if want_probs else None
@@ -198,6 +223,7 @@ class ScoringAPI:
         self._auth(request)
         info = await self._call("info")
         info["limits"] = dataclasses.asdict(self.limits)
+        info["ingress_timing"] = self.times.snapshot()
         return info
 
     @api.post("/v1/reload",
@@ -229,6 +255,9 @@ def _deployment_kwargs(opts: DeploymentOptions, default_max_ongoing: int, access
         "max_ongoing_requests": opts.max_ongoing_requests or default_max_ongoing,
         "logging_config": {"enable_access_log": access_log},
     }
+    for key in ("health_check_period_s", "health_check_timeout_s"):
+        if getattr(opts, key) is not None:
+            kwargs[key] = getattr(opts, key)
     if opts.autoscaling.enabled:
         a = opts.autoscaling
         kwargs["autoscaling_config"] = {"min_replicas": a.min_replicas, "max_replicas": a.max_replicas,

@@ -86,12 +86,17 @@ class DeploymentOptions:
     max_ongoing_requests: per-replica concurrency; None -> max(64, 2 x max_batch_size)
         (it must be >= the max batch size or batches starve).
     autoscaling: see :class:`AutoscalingOptions`.
+    health_check_period_s / health_check_timeout_s: how often Serve calls the replica's
+        ``check_health`` and how long it waits (None: Serve's 10 s / 30 s). Serve marks a
+        replica unhealthy after 3 failed checks in a row and replaces it.
     """
 
     num_replicas: int = 1
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     max_ongoing_requests: int | None = None
+    health_check_period_s: float | None = None
+    health_check_timeout_s: float | None = None
     autoscaling: AutoscalingOptions = dataclasses.field(default_factory=AutoscalingOptions)
 
 
@@ -111,7 +116,14 @@ class ServeAppConfig:
         (no downtime). 0 disables polling (``POST /v1/reload`` and user_config still work).
     reload_token: any change of this value (``serve deploy`` with a new user_config) makes
         every model replica reload in place.
+    load_retries / load_retry_backoff_s: a replica that cannot load the model at start
+        tries again this many times, waiting backoff x attempt seconds in between. After
+        that it stays up, answers 503/404 with the reason, keeps retrying on its alias poll,
+        and its ``check_health`` fails (Serve reports the deployment UNHEALTHY; a RayService
+        upgrade to a model that cannot load is not promoted).
     device: auto (GPU when one is assigned) | cpu | cuda.
+    torch_threads: intra-op threads of the model's torch (None: Ray's default for the
+        replica, OMP_NUM_THREADS = its num_cpus rounded, at least 1).
     bf16: bf16 autocast on GPU.
     text_cache_size: LRU entries of caption embeddings per replica (0 disables).
     access_log: Serve's per-request access log lines (off for load tests: they cost CPU).
@@ -128,7 +140,10 @@ class ServeAppConfig:
     tracking_uri: str | None = None
     reload_poll_s: float = 30.0
     reload_token: str = ""
+    load_retries: int = 2
+    load_retry_backoff_s: float = 1.0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    torch_threads: int | None = None
     bf16: bool = True
     text_cache_size: int = 10_000
     access_log: bool = True
@@ -163,5 +178,15 @@ def load_app_config(args: dict[str, Any] | ServeAppConfig | None) -> ServeAppCon
             f"({cfg.batching.max_batch_size}), or batches can never fill")
     if cfg.text_cache_size < 0 or cfg.reload_poll_s < 0:
         raise ConfigError("text_cache_size and reload_poll_s must be >= 0")
+    if cfg.load_retries < 0 or cfg.load_retry_backoff_s < 0:
+        raise ConfigError("load_retries and load_retry_backoff_s must be >= 0")
+    if cfg.torch_threads is not None and cfg.torch_threads < 1:
+        raise ConfigError(f"torch_threads must be >= 1 (or null), got {cfg.torch_threads}")
+    for name in ("model_deployment", "ingress_deployment"):
+        opts = getattr(cfg, name)
+        for key in ("health_check_period_s", "health_check_timeout_s"):
+            value = getattr(opts, key)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name}.{key} must be > 0 (or null), got {value}")
     return cfg
 

@@ -2,15 +2,22 @@
 
 Contract:
 
-* Construction never fails because of the model: a replica that cannot load it stays up,
-  answers every score with the reason (404 unknown model, 503 unloadable) and keeps retrying
-  on its alias poll; ``info()["loaded"]`` is False meanwhile (``/healthz`` says 503).
+* Construction never fails because of the model: a replica that cannot load it tries
+  ``load_retries`` more times, then stays up and answers every score with the reason (404
+  unknown model, 503 unloadable) and keeps retrying on its alias poll; ``info()["loaded"]``
+  is False meanwhile (``/healthz`` says 503).
+* Health tells the truth: ``check_health`` fails while no model is loaded (after the first
+  load attempt and its retries), so Serve shows the deployment UNHEALTHY and replaces the
+  replica, and a RayService upgrade to a model that cannot load is never promoted. A
+  replica serving a model stays healthy through failed reloads.
 * ``score(image, captions)`` goes through ``@serve.batch``: one forward pass encodes every
   image of the batch and every caption not in the replica's LRU text-embedding cache
   (:func:`hardpos.serve.scoring.compute_batch`).
 * Reload without downtime: the new version loads in a thread while the old one serves, then
   one reference swap. Triggers: the registry alias moved (polled every ``reload_poll_s``),
-  ``reload(force)`` (``POST /v1/reload``), or a new ``reload_token`` in the user_config.
+  ``reload(force)`` (``POST /v1/reload``), or a new ``reload_token`` in the user_config. A
+  reload that fails keeps the previous version serving and is reported in ``info()``
+  (``last_reload_error``).
 * The device is the GPU when Ray assigned one (bf16 autocast when ``bf16``), else the CPU.
 """
 from __future__ import annotations
@@ -28,7 +35,7 @@ from hardpos.config import from_dict
 from hardpos.serve.config import BatchingConfig, load_app_config
 from hardpos.serve.errors import ServingError, classify_load_error
 from hardpos.serve.requests import check_token_lengths
-from hardpos.serve.scoring import BatchStats, LRUCache, ModelState, compute_batch, current_version, load_model
+from hardpos.serve.scoring import BatchStats, ModelState, StageTimes, compute_batch, current_version, load_state
 
 log = logging.getLogger("ray.serve")
 
@@ -40,18 +47,28 @@ class ScoringModel:
     def __init__(self, config: dict[str, Any]):
         self.cfg = load_app_config(config)
         self.stats = BatchStats()
+        self.times = StageTimes()
         self._state: ModelState | None = None
         self._error: ServingError | None = None
+        self._reload_error: dict[str, Any] | None = None
         self._poller: asyncio.Task | None = None
         self._reload_lock: asyncio.Lock | None = None
         self._reload_token: str | None = None  # set by the first reconfigure() (Serve calls it after __init__)
         self._apply_batching(self.cfg.batching)
-        try:
-            self._state = self._load()
-            log.info("hardpos serve: loaded %s", self._state.info)
-        except Exception as exc:  # noqa: BLE001 - stay up and say why (404/503), keep retrying
-            self._error = classify_load_error(self.cfg.model, exc)
-            log.error("hardpos serve: %s", self._error.message)
+        if self.cfg.torch_threads:
+            torch.set_num_threads(self.cfg.torch_threads)
+        for attempt in range(self.cfg.load_retries + 1):
+            if attempt:
+                time.sleep(self.cfg.load_retry_backoff_s * attempt)
+            try:
+                self._state = self._load()
+                self._error = None
+                log.info("hardpos serve: loaded %s", self._state.info)
+                break
+            except Exception as exc:  # noqa: BLE001 - stay up and say why (404/503), keep retrying
+                self._error = classify_load_error(self.cfg.model, exc)
+                log.error("hardpos serve: load attempt %d/%d: %s", attempt + 1, self.cfg.load_retries + 1,
+                          self._error.message)
 
     # ---- configuration
     def _apply_batching(self, batching: BatchingConfig) -> None:
@@ -75,14 +92,7 @@ class ScoringModel:
 
     def _load(self) -> ModelState:
         want_cuda = self.cfg.device == "cuda" or (self.cfg.device == "auto" and bool(ray.get_gpu_ids()))
-        if want_cuda and not torch.cuda.is_available():
-            raise RuntimeError("device=cuda but no CUDA device is visible to this replica")
-        device = torch.device("cuda" if want_cuda else "cpu")
-        loaded, info = load_model(self.cfg, device)
-        info.update(arch=loaded.arch, device=str(device), bf16=bool(want_cuda and self.cfg.bf16),
-                    context_length=loaded.context_length, loaded_at=time.time())
-        scale = float(loaded.model.logit_scale.exp().item()) if hasattr(loaded.model, "logit_scale") else 100.0
-        return ModelState(loaded, device, bool(want_cuda and self.cfg.bf16), LRUCache(self.cfg.text_cache_size), info, scale)
+        return load_state(self.cfg, want_cuda)
 
     async def reload(self, force: bool = False) -> dict[str, Any]:
         """Load the source again if the alias moved (or ``force``), without stopping service."""
@@ -100,9 +110,10 @@ class ScoringModel:
                 err = classify_load_error(self.cfg.model, exc)
                 if self._state is None:
                     self._error = err
-                log.error("hardpos serve: reload failed: %s", err.message)
+                self._reload_error = {**err.to_dict(), "at": time.time(), "kept_version": old}
+                log.error("hardpos serve: reload failed, still serving version %s: %s", old, err.message)
                 return {"reloaded": False, "version": old, "error": err.to_dict()}
-            self._state, self._error = state, None  # one reference swap: no downtime
+            self._state, self._error, self._reload_error = state, None, None  # one reference swap: no downtime
             log.info("hardpos serve: reloaded %s -> %s", old, state.info.get("version"))
             return {"reloaded": True, "previous_version": old, "version": state.info.get("version")}
 
@@ -121,9 +132,16 @@ class ScoringModel:
                 log.warning("hardpos serve: alias poll failed: %s", exc)
 
     async def check_health(self) -> None:
-        # Serve calls this every few seconds: a convenient place to start the poller. An
-        # unloadable model is NOT unhealthy here (restarting would not help); /healthz says 503.
+        """Serve calls this every ``health_check_period_s``: raises while no model is loaded.
+
+        Reached only after construction (the first load and its retries), so a replica that
+        is still loading is never called unhealthy. A failed *reload* leaves the previous
+        version loaded: healthy. (It also starts the alias poller.)
+        """
         self._ensure_poller()
+        if self._state is None:
+            err = self._error or ServingError(503, "model is not loaded yet")
+            raise RuntimeError(f"no model loaded ({err.status}): {err.message}")
 
     # ---- info
     async def info(self) -> dict[str, Any]:
@@ -137,10 +155,14 @@ class ScoringModel:
                          "batch_wait_timeout_s": self._batching.batch_wait_timeout_s if self._batching.enabled else 0.0,
                          **self.stats.summary()},
             "text_cache": state.cache.stats() if state else None,
+            "timing": self.times.snapshot(),
+            "torch_threads": torch.get_num_threads(),
             "replica": serve.get_replica_context().replica_id.unique_id,
         }
         if self._error is not None:
             out["error"] = self._error.to_dict()
+        if self._reload_error is not None:
+            out["last_reload_error"] = self._reload_error
         return out
 
     # ---- scoring
@@ -155,7 +177,8 @@ class ScoringModel:
             check_token_lengths(state.loaded.tokenizer, captions, state.loaded.context_length)
         except ServingError as exc:
             return {"error": exc.to_dict()}
-        return await self._score_batch((image, captions))
+        with self.times.time("replica"):  # batch queue + decode + forward, inside this replica
+            return await self._score_batch((image, captions))
 
     @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0)
     async def _score_batch(self, items: list[tuple[bytes, list[str]]]) -> list[dict[str, Any]]:
@@ -163,5 +186,5 @@ class ScoringModel:
         self.stats.record(len(items))
         # The forward pass runs in a thread so the replica keeps accepting (and queueing)
         # requests meanwhile: the next batch fills while this one computes.
-        return await asyncio.to_thread(compute_batch, state, items, self.cfg.limits)
+        return await asyncio.to_thread(compute_batch, state, items, self.cfg.limits, self.times)
 

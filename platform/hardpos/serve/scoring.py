@@ -4,10 +4,12 @@ embeddings, score a batch, and turn scores into the paper's per-item verdicts.
 * :func:`load_model`, :func:`current_version` -- the model a replica loads and the version
   its alias points at now, looked up in the config's ``tracking_uri`` only (the registry
   work is :func:`hardpos.registry.pin_model_uri`; MLflow's global URI is never set).
-* :class:`ModelState`, :func:`compute_batch` -- one loaded version and one batched forward
+* :class:`ModelState`, :func:`load_state`, :func:`compute_batch` -- one loaded version and one batched forward
   pass over it (a bad item gets its own error; it never fails the batch).
 * :class:`LRUCache`, :func:`encode_with_cache` -- the bounded text-embedding cache.
 * :class:`BatchStats` -- what batch sizes the deployment actually ran.
+* :class:`StageTimes` -- cumulative seconds per stage (parse, model call, decode, forward):
+  where a request's time goes, read from ``/v1/model`` by the load generator.
 * :func:`softmax`; :func:`verdicts` is :func:`hardpos.eval.metrics.verdicts`, re-exported
   here for the app: per-item verdicts have one definition, the benchmark's.
 """
@@ -18,6 +20,7 @@ import contextlib
 import dataclasses
 import math
 import threading
+import time
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import torch
@@ -160,6 +163,47 @@ class BatchStats:
 
 
 
+class StageTimes:
+    """Cumulative wall seconds and counts per named stage (thread-safe, bounded by the
+    number of stage names). ``snapshot()`` of two moments, subtracted, gives the mean time
+    per stage over a load test: the server-side half of a latency profile."""
+
+    def __init__(self) -> None:
+        self._seconds: collections.Counter[str] = collections.Counter()
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def add(self, stage: str, seconds: float, count: int = 1) -> None:
+        with self._lock:
+            self._seconds[stage] += float(seconds)
+            self._counts[stage] += int(count)
+
+    @contextlib.contextmanager
+    def time(self, stage: str, count: int = 1):
+        """Add the wall time of the ``with`` body to ``stage``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(stage, time.perf_counter() - t0, count)
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """``{stage: {"s": total seconds, "n": count}}``."""
+        with self._lock:
+            return {k: {"s": round(self._seconds[k], 6), "n": self._counts[k]} for k in sorted(self._seconds)}
+
+
+def stage_means_ms(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Mean milliseconds per stage between two :meth:`StageTimes.snapshot` results."""
+    out = {}
+    for stage, now in after.items():
+        was = before.get(stage, {"s": 0.0, "n": 0})
+        n = now["n"] - was["n"]
+        if n > 0:
+            out[stage] = round(1000.0 * (now["s"] - was["s"]) / n, 3)
+    return out
+
+
 # --------------------------------------------------------------------------- scores
 
 
@@ -196,12 +240,31 @@ class ModelState:
     logit_scale: float
 
 
-def compute_batch(state: ModelState, items: list[tuple[bytes, list[str]]], limits: ServingLimits) -> list[dict[str, Any]]:
+def load_state(cfg: ServeAppConfig, want_cuda: bool) -> ModelState:
+    """Load ``cfg``'s model as a :class:`ModelState` on the GPU (``want_cuda``) or the CPU:
+    what a Serve replica and the plain peer server (:mod:`hardpos.serve.plain`) both run."""
+    if want_cuda and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda but no CUDA device is visible to this replica")
+    device = torch.device("cuda" if want_cuda else "cpu")
+    loaded, info = load_model(cfg, device)
+    info.update(arch=loaded.arch, device=str(device), bf16=bool(want_cuda and cfg.bf16),
+                context_length=loaded.context_length, loaded_at=time.time())
+    scale = float(loaded.model.logit_scale.exp().item()) if hasattr(loaded.model, "logit_scale") else 100.0
+    return ModelState(loaded, device, bool(want_cuda and cfg.bf16), LRUCache(cfg.text_cache_size), info, scale)
+
+
+def compute_batch(state: ModelState, items: list[tuple[bytes, list[str]]], limits: ServingLimits,
+                  times: StageTimes | None = None) -> list[dict[str, Any]]:
     """Score a batch with ONE model state: one image forward, one forward for uncached captions.
 
     Returns, per item in order, ``{"scores": [cosine per caption], "logit_scale", "model"}``
     or ``{"error": {"status", "detail"}}``: a bad item gets its own error, never the batch.
+    ``times`` (optional) gets ``decode`` (image decode + preprocessing) and ``forward``
+    (towers, cache look-ups, similarities) seconds, counted per item (a batch's forward is
+    shared by its items, so batching lowers the per-item mean).
     """
+    times = times or StageTimes()
+    t0 = time.perf_counter()
     results: list[dict[str, Any] | None] = [None] * len(items)
     tensors, ok = [], []
     for i, (raw, _) in enumerate(items):
@@ -213,6 +276,8 @@ def compute_batch(state: ModelState, items: list[tuple[bytes, list[str]]], limit
             results[i] = {"error": exc.to_dict()}
         except Exception as exc:  # noqa: BLE001 - a preprocessing failure is this item's problem only
             results[i] = {"error": {"status": 400, "detail": f"image could not be preprocessed: {type(exc).__name__}: {exc}"}}
+    t1 = time.perf_counter()
+    times.add("decode", t1 - t0, len(items))
     if not ok:
         return results  # type: ignore[return-value]
     model, device = state.loaded.model, state.device
@@ -241,4 +306,5 @@ def compute_batch(state: ModelState, items: list[tuple[bytes, list[str]]], limit
         sims = (torch.stack(txt[pos:pos + n]) @ img_feats[row]).tolist()
         pos += n
         results[i] = {"scores": sims, "logit_scale": state.logit_scale, "model": ref}
+    times.add("forward", time.perf_counter() - t1, len(ok))  # per item: its share of the batch
     return results  # type: ignore[return-value]

@@ -1,0 +1,316 @@
+"""Serving side by side: the Ray Serve app (batched and unbatched) against its plain peer.
+
+:func:`compare_servers` deploys, on this machine and in one run, every target of
+``cfg.targets``: ``batched`` and ``unbatched`` (the Serve app with ``@serve.batch`` on, and
+off = max batch size 1, on a local Ray) and ``plain`` (:mod:`hardpos.serve.plain`: the same
+model, validation and scoring in one FastAPI + uvicorn process, started as a subprocess). All
+load the same checkpoint and bind 127.0.0.1. Every concurrency level measures every target
+with the same request pool, the order rotating each round (background load on a shared
+machine hits all alike). Besides the client's throughput and p50/p99 it reads each server's
+per-stage timings (``/v1/model``) before and after each level, so a level also says where a
+request's time went: ``ingress_parse`` (body, JSON, base64, image header), ``replica`` (the
+model replica: batch queue + ``decode`` + ``forward``), ``ingress_model_call`` (that plus
+the hop to the replica and back), ``ingress`` (the whole ingress handler); the rest of the
+client's latency is Serve's proxy and the loopback HTTP. The plain server reports ``parse``,
+``model_call``, ``decode``, ``forward`` and ``server``.
+
+:func:`serve_bench` adapts it to the ``benchmark`` stage's rows; :func:`format_report`
+prints a Markdown table. ``compare_batching`` is the older name of :func:`compare_servers`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+import requests
+import torch
+from ray import serve
+from ray.serve.context import _get_global_client
+
+from hardpos import runtime
+from hardpos.model import ModelConfig, load_model, save_checkpoint
+from hardpos.perf.load_client import LoadgenConfig, make_payloads, measure_level
+from hardpos.report import table
+from hardpos.serve.app import build_app
+from hardpos.serve.scoring import stage_means_ms
+from hardpos.testing import free_port
+
+SERVE_TARGETS = ("batched", "unbatched")
+ALL_TARGETS = (*SERVE_TARGETS, "plain")
+PLAIN_START_TIMEOUT_S = 300.0
+
+
+def _model_source(cfg: LoadgenConfig, workdir: Path) -> str:
+    """``random`` weights are saved once as a checkpoint so every target loads the same model."""
+    if cfg.model != "random":
+        return cfg.model
+    torch.manual_seed(cfg.seed)
+    loaded = load_model(ModelConfig(arch=cfg.arch))
+    return str(save_checkpoint(loaded.model, loaded.model_cfg, workdir / "model", {"arch": cfg.arch, "source": "random"}))
+
+
+def _check_targets(cfg: LoadgenConfig) -> list[str]:
+    targets = list(cfg.targets)
+    unknown = [t for t in targets if t not in ALL_TARGETS]
+    if unknown or not targets or len(set(targets)) != len(targets):
+        raise ValueError(f"loadgen: targets must be distinct names from {list(ALL_TARGETS)}, got {targets}")
+    return targets
+
+
+def _check_cluster(cfg: LoadgenConfig, n_apps: int) -> None:
+    """Every Serve app (model + ingress) must fit at once, or the next never starts and its
+    warm-up requests wait forever: say so now instead."""
+    need = {"CPU": n_apps * (cfg.num_cpus + 0.1), "GPU": n_apps * cfg.num_gpus}
+    have = ray.cluster_resources()
+    short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
+    if short:
+        raise ValueError("loadgen: batched and unbatched apps need " + ", ".join(
+            f"{v:g} {k} (cluster has {h:g})" for k, (v, h) in short.items())
+            + "; lower num_cpus / num_gpus per replica")
+
+
+def _serve_port(default: int) -> int:
+    """The port Serve's proxy actually listens on (an already running Serve keeps its own)."""
+    try:
+        return int(_get_global_client().http_config.port)
+    except Exception:  # noqa: BLE001 - private API; fall back to what we asked for
+        return default
+
+
+def _serve_apps(cfg: LoadgenConfig, source: str, targets: list[str]) -> dict[str, dict[str, Any]]:
+    base = {
+        "model": source, "arch": cfg.arch, "reload_poll_s": 0, "auth_token_env": "", "access_log": False,
+        "torch_threads": cfg.torch_threads, "limits": {"max_captions": max(64, cfg.captions_per_request)},
+        "model_deployment": {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus,
+                             "max_ongoing_requests": max(64, 2 * cfg.max_batch_size, 2 * max(cfg.concurrency))},
+        "ingress_deployment": {"num_cpus": 0.1, "max_ongoing_requests": max(256, 2 * max(cfg.concurrency))},
+    }
+    batching = {"batched": {"enabled": True, "max_batch_size": cfg.max_batch_size,
+                            "batch_wait_timeout_s": cfg.batch_wait_timeout_s},
+                "unbatched": {"enabled": False}}
+    return {t: {**base, "batching": batching[t]} for t in targets if t in SERVE_TARGETS}
+
+
+def start_plain(cfg: LoadgenConfig, source: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+    """Start the plain peer as a subprocess on 127.0.0.1 and wait until it answers /healthz.
+    Returns (process, base URL); the caller stops the process."""
+    port = free_port()
+    args = [sys.executable, "-m", "hardpos.serve.plain", f"model={source}", f"arch={cfg.arch}", f"port={port}",
+            f"device={'cuda' if cfg.num_gpus > 0 else 'cpu'}", f"max_captions={max(64, cfg.captions_per_request)}"]
+    if cfg.torch_threads:
+        args.append(f"torch_threads={cfg.torch_threads}")
+    log = open(workdir / "plain.log", "wb")  # noqa: SIM115 - lives as long as the process
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + PLAIN_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = (workdir / "plain.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the plain peer server exited with {proc.returncode}: {tail}")
+        try:
+            if requests.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return proc, url
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    stop_plain(proc)
+    raise RuntimeError(f"the plain peer server did not answer /healthz within {PLAIN_START_TIMEOUT_S:g} s")
+
+
+def stop_plain(proc: subprocess.Popen) -> None:
+    """Stop the peer started by :func:`start_plain` (this process's own child, by its PID)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)
+
+
+def server_timing(url: str) -> dict[str, dict[str, float]]:
+    """Cumulative per-stage seconds of the server at ``url`` (Serve: replica + ingress)."""
+    info = requests.get(f"{url}/v1/model", timeout=60).json()
+    return {**info.get("timing", {}), **info.get("ingress_timing", {})}
+
+
+def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
+    """Deploy ``cfg.targets`` side by side, measure each at every concurrency level (order
+    rotating per round), and return per-level figures, server-side stage timings and ratios.
+
+    Ratios per level: ``throughput_ratio`` = batched req/s / unbatched req/s (>1: batching
+    helps), ``p50_ratio`` / ``p99_ratio`` = unbatched latency / batched latency; and for each
+    Serve target ``vs_plain[target]`` = its req/s / the plain peer's (>= 1: at or above the
+    peer) with ``p50_ratio`` = plain p50 / its p50. With ``repeats`` > 1 each ratio is the
+    median over the rounds (min/max kept).
+    """
+    cfg = cfg or LoadgenConfig()
+    targets = _check_targets(cfg)
+    serve_targets = [t for t in targets if t in SERVE_TARGETS]
+    if serve_targets:
+        runtime.init_ray()
+        _check_cluster(cfg, len(serve_targets))
+    workdir = Path(tempfile.mkdtemp(prefix="hardpos-loadgen-"))
+    source = _model_source(cfg, workdir)
+    apps = _serve_apps(cfg, source, serve_targets)
+    names = {t: f"hardpos-loadgen-{t}" for t in apps}
+    proc = None
+    urls: dict[str, str] = {}
+    try:
+        if apps:
+            port = free_port()
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            port = _serve_port(port)
+            for t, app_cfg in apps.items():
+                serve.run(build_app(app_cfg), name=names[t], route_prefix=f"/{t}", blocking=False)
+                urls[t] = f"http://127.0.0.1:{port}/{t}"
+        if "plain" in targets:
+            proc, urls["plain"] = start_plain(cfg, source, workdir)
+        urls = {t: urls[t] for t in targets}
+        payloads = make_payloads(cfg)
+        for t in targets:
+            measure_level(urls[t], payloads, 1, max(1, cfg.warmup_requests), cfg.max_seconds_per_level, path=cfg.path)
+        started, levels = time.perf_counter(), []
+        for c in cfg.concurrency:
+            if time.perf_counter() - started > cfg.max_total_s:
+                levels.append({"concurrency": c, "skipped": f"max_total_s={cfg.max_total_s} reached"})
+                continue
+            rounds: dict[str, list[dict[str, Any]]] = {t: [] for t in targets}
+            for r in range(max(1, cfg.repeats)):
+                for t in (targets if r % 2 == 0 else targets[::-1]):
+                    before = server_timing(urls[t])
+                    figures = measure_level(urls[t], payloads, c, cfg.requests_per_level, cfg.max_seconds_per_level,
+                                            path=cfg.path)
+                    figures["server_ms"] = stage_means_ms(before, server_timing(urls[t]))
+                    rounds[t].append(figures)
+            levels.append(level_report(c, rounds))
+        stats = {t: requests.get(f"{urls[t]}/v1/model", timeout=30).json().get("batching") for t in serve_targets}
+    finally:
+        if proc is not None:
+            stop_plain(proc)
+        for name in names.values():
+            try:
+                serve.delete(name)
+            except Exception:  # noqa: BLE001 - best effort cleanup of what we deployed
+                pass
+    return {
+        "model": cfg.model, "arch": cfg.arch, "targets": targets, "device": "cuda" if cfg.num_gpus > 0 else "cpu",
+        "gpu": torch.cuda.get_device_name(0) if cfg.num_gpus > 0 and torch.cuda.is_available() else None,
+        "torch_threads": cfg.torch_threads, "captions_per_request": cfg.captions_per_request,
+        "image_size": cfg.image_size, "max_batch_size": cfg.max_batch_size,
+        "requests_per_level": cfg.requests_per_level, "repeats": cfg.repeats,
+        "levels": levels, "server_batch_stats": stats,
+    }
+
+
+compare_batching = compare_servers  # the name before the plain peer joined
+
+
+def _ratios(a_rounds: list[dict[str, Any]], b_rounds: list[dict[str, Any]], key: str, invert: bool) -> list[float]:
+    out = []
+    for a, b in zip(a_rounds, b_rounds):
+        x, y = a.get(key), b.get(key)
+        if x and y:
+            out.append(y / x if invert else x / y)
+    return out
+
+
+def _put_ratio(report: dict[str, Any], name: str, values: list[float]) -> None:
+    report[name] = round(statistics.median(values), 3) if values else None
+    if len(values) > 1:
+        report[f"{name}_min"], report[f"{name}_max"] = round(min(values), 3), round(max(values), 3)
+
+
+def level_report(concurrency: int, rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """One level: each target's median round and the ratios between targets (pure)."""
+    report: dict[str, Any] = {"concurrency": concurrency}
+    for t, rs in rounds.items():
+        report[t] = median_round(rs)
+    if "batched" in rounds and "unbatched" in rounds:
+        for name, key, invert in (("throughput_ratio", "requests_per_s", False), ("p50_ratio", "p50_ms", True),
+                                  ("p99_ratio", "p99_ms", True)):
+            _put_ratio(report, name, _ratios(rounds["batched"], rounds["unbatched"], key, invert))
+    if "plain" in rounds:
+        report["vs_plain"] = {}
+        for t in (t for t in rounds if t in SERVE_TARGETS):
+            entry: dict[str, Any] = {}
+            _put_ratio(entry, "throughput_ratio", _ratios(rounds[t], rounds["plain"], "requests_per_s", False))
+            _put_ratio(entry, "p50_ratio", _ratios(rounds[t], rounds["plain"], "p50_ms", True))
+            _put_ratio(entry, "p99_ratio", _ratios(rounds[t], rounds["plain"], "p99_ms", True))
+            report["vs_plain"][t] = entry
+    return report
+
+
+def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round with the median throughput (keeps its p50/p99 consistent with it)."""
+    ordered = sorted(rounds, key=lambda r: r["requests_per_s"])
+    return ordered[len(ordered) // 2]
+
+
+def serve_bench(quick: bool = False, repeats: int = 3) -> list[dict[str, Any]]:
+    """Rows for the ``benchmark`` stage: per concurrency level, batched (optimised) vs
+    unbatched (baseline) seconds per request and their ratio, then each target's p50/p99
+    and scores/s, and the batched app against the plain FastAPI peer."""
+    cfg = LoadgenConfig(repeats=max(1, repeats))
+    if quick:
+        cfg = dataclasses.replace(cfg, concurrency=[1, 4], requests_per_level=12, warmup_requests=2, repeats=1,
+                                  images=4, image_size=64, max_seconds_per_level=20)
+    elif torch.cuda.is_available():
+        cfg = dataclasses.replace(cfg, arch="ViT-B-32", num_gpus=0.5, num_cpus=1, max_batch_size=64,
+                                  concurrency=[1, 8, 32, 128], requests_per_level=1000)
+    result = compare_servers(cfg)
+    rows = []
+    for level in result["levels"]:
+        c = level["concurrency"]
+        if "skipped" in level:
+            rows.append({"case": f"serve c={c}", "value": level["skipped"]})
+            continue
+        on, off = level["batched"], level["unbatched"]
+        rows.append({
+            "case": f"/v1/score {cfg.arch} c={c} batched vs unbatched (s/request)",
+            "optimised_s": 1.0 / on["requests_per_s"] if on["requests_per_s"] else None,
+            "baseline_s": 1.0 / off["requests_per_s"] if off["requests_per_s"] else None,
+            "ratio_median": level["throughput_ratio"],
+            "ratio_min": level.get("throughput_ratio_min", level["throughput_ratio"]),
+            "ratio_max": level.get("throughput_ratio_max", level["throughput_ratio"]),
+            "batched": on, "unbatched": off,
+        })
+        for t in result["targets"]:
+            r = level[t]
+            rows.append({"case": f"  c={c} {t} p50/p99 ms; scores/s", "value": f"{r['p50_ms']}/{r['p99_ms']}; {r['scores_per_s']}"})
+        if "plain" in level:
+            plain = level["plain"]
+            rows.append({
+                "case": f"/v1/score {cfg.arch} c={c} batched Serve vs plain FastAPI (s/request)",
+                "optimised_s": 1.0 / on["requests_per_s"] if on["requests_per_s"] else None,
+                "baseline_s": 1.0 / plain["requests_per_s"] if plain["requests_per_s"] else None,
+                "ratio_median": level["vs_plain"]["batched"]["throughput_ratio"],
+                "ratio_min": level["vs_plain"]["batched"].get("throughput_ratio_min"),
+                "ratio_max": level["vs_plain"]["batched"].get("throughput_ratio_max"),
+            })
+    return rows
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """A Markdown table of :func:`compare_servers` (or :func:`hardpos.perf.load_client.measure`) output."""
+    rows = []
+    for level in result["levels"]:
+        if "skipped" in level:
+            rows.append([level["concurrency"], f"skipped: {level['skipped']}"] + [""] * 8)
+            continue
+        modes = [(m, level[m]) for m in ALL_TARGETS if m in level] or [("-", level)]
+        for mode, r in modes:
+            vs_batch = level.get("throughput_ratio") if mode == "batched" else ""
+            vs_plain = level.get("vs_plain", {}).get(mode, {})
+            rows.append([level["concurrency"], mode, r["requests_per_s"], r["scores_per_s"], r["p50_ms"], r["p99_ms"],
+                         r["errors"], vs_batch, vs_plain.get("throughput_ratio", ""),
+                         ", ".join(f"{k} {v}" for k, v in r.get("server_ms", {}).items())])
+    return table(["concurrency", "target", "req/s", "scores/s", "p50 ms", "p99 ms", "errors",
+                  "batched/unbatched", "vs plain (req/s)", "server-side ms per request"], rows)

@@ -1,0 +1,82 @@
+"""Health and profiling pieces of the scoring service, without Ray Serve running: the
+model replica's ``check_health`` contract, the per-stage timers, the load generator's
+side-by-side report. (The same contracts for real, on 127.0.0.1: tests/test_serve.py.)"""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hardpos.config import ConfigError
+from hardpos.serve import config as C
+from hardpos.serve import scoring as SC
+
+
+def test_check_health_fails_while_no_model_is_loaded(tmp_path):
+    from hardpos.serve.deployment import ScoringModel
+
+    missing = tmp_path / "no-such-checkpoint"
+    replica = ScoringModel.func_or_class({"model": str(missing), "reload_poll_s": 0, "load_retries": 2, "device": "cpu",
+                                          "load_retry_backoff_s": 0.0})
+
+    async def drive():
+        with pytest.raises(RuntimeError, match=r"no model loaded \(404\): model .*no-such-checkpoint.* not found"):
+            await replica.check_health()
+        return await replica.score(b"x", ["a"])
+
+    scored = asyncio.run(drive())
+    assert replica._state is None and replica._error.status == 404
+    assert scored["error"]["status"] == 404 and "no-such-checkpoint" in scored["error"]["detail"]
+
+
+def test_new_config_fields_are_validated():
+    cfg = C.load_app_config({"load_retries": 0, "torch_threads": 2,
+                             "model_deployment": {"health_check_period_s": 1.5}})
+    assert cfg.load_retries == 0 and cfg.torch_threads == 2 and cfg.model_deployment.health_check_period_s == 1.5
+    for bad, key in [({"load_retries": -1}, "load_retries"), ({"torch_threads": 0}, "torch_threads"),
+                     ({"ingress_deployment": {"health_check_timeout_s": 0}}, "ingress_deployment.health_check_timeout_s")]:
+        with pytest.raises(ConfigError, match=key):
+            C.load_app_config(bad)
+
+
+def test_build_app_passes_health_check_options_to_serve():
+    from hardpos.serve.app import _deployment_kwargs
+
+    opts = C.DeploymentOptions(health_check_period_s=2.0)
+    kwargs = _deployment_kwargs(opts, 64)
+    assert kwargs["health_check_period_s"] == 2.0 and "health_check_timeout_s" not in kwargs
+
+
+def test_stage_times_and_means():
+    times = SC.StageTimes()
+    before = times.snapshot()
+    times.add("decode", 0.004, 2)
+    times.add("forward", 0.010)
+    with times.time("forward"):
+        pass
+    after = times.snapshot()
+    assert after["decode"] == {"s": 0.004, "n": 2} and after["forward"]["n"] == 2
+    means = SC.stage_means_ms(before, after)
+    assert means["decode"] == pytest.approx(2.0) and 5.0 <= means["forward"] < 6.0
+    assert SC.stage_means_ms(after, after) == {}  # nothing happened in between
+
+
+def test_level_report_ratios_against_the_peer():
+    from hardpos.perf.serve_compare import level_report
+
+    def r(rps, p50, p99):
+        return {"requests_per_s": rps, "p50_ms": p50, "p99_ms": p99}
+
+    rounds = {"batched": [r(30, 100, 200), r(20, 150, 300)], "unbatched": [r(10, 300, 600), r(10, 300, 600)],
+              "plain": [r(15, 200, 400), r(10, 150, 300)]}
+    out = level_report(32, rounds)
+    assert out["throughput_ratio"] == pytest.approx(2.5) and out["throughput_ratio_min"] == 2.0
+    assert out["batched"]["requests_per_s"] == 30  # the median round of two: the upper one
+    assert out["vs_plain"]["batched"]["throughput_ratio"] == pytest.approx(2.0)  # median of 2.0 and 2.0
+    assert out["vs_plain"]["unbatched"]["throughput_ratio"] == pytest.approx((10 / 15 + 1.0) / 2, abs=1e-3)
+    assert out["vs_plain"]["batched"]["p50_ratio"] == pytest.approx(1.5)  # plain p50 / batched p50
+    with pytest.raises(ValueError, match="targets must be distinct names"):
+        from hardpos.perf.load_client import LoadgenConfig
+        from hardpos.perf.serve_compare import compare_servers
+
+        compare_servers(LoadgenConfig(targets=["batched", "flask"]))
