@@ -185,3 +185,47 @@ def test_cli_help_lists_config_keys():
     own = DemoConfig().pretrain
     assert own.lr != PhaseConfig().lr
     assert f"pretrain.steps: int = {own.steps}" in proc.stdout and f"pretrain.lr: float = {own.lr}" in proc.stdout
+
+
+# --------------------------------------------------------------------------- console (hardpos.logs)
+def test_hardpos_logger_gets_one_handler_and_the_verbose_switch(monkeypatch):
+    import io
+    import logging
+
+    from hardpos import cli, logs
+
+    out = io.StringIO()
+    logger = logs.setup("info", stream=out)
+    logs.setup("info", stream=out)  # idempotent: still one handler, no repeated lines
+    logging.getLogger("hardpos.train.worker").info("step 1/2")
+    logging.getLogger("hardpos.train.worker").debug("hidden at info")
+    assert out.getvalue().count("step 1/2") == 1 and "hidden" not in out.getvalue()
+    assert logger.propagate is False and logs.current_level() == "info"
+    assert logs.ray_env("info")["RAY_DATA_DISABLE_PROGRESS_BARS"] == "1" and logs.ray_env("debug") == {}
+    assert Path(logs.ray_env("info")["RAY_DATA_LOGGING_CONFIG"]).is_file()
+    assert logs.ray_init_kwargs("info")["logging_level"] == logging.ERROR
+    assert logs.train_log_level("debug") == "INFO" and logs.train_log_level("info") == "WARNING"
+    with pytest.raises(ValueError, match="expected one of debug, info"):
+        logs.setup("loud")
+    # --verbose / -v are log_level=debug; log_level is a key of every stage's config
+    assert cli.parse_args(["--verbose", "seed=1"])[1] == ["log_level=debug", "seed=1"]
+    assert load_config(JobConfig, None, cli.parse_args(["-v"])[1]).log_level == "debug"
+    with pytest.raises(ConfigError, match="log_level"):
+        load_config(JobConfig, None, ["log_level=loud"])
+    logs.setup("info")
+    assert logs.duration(75) == "1m15s" and logs.duration(3725) == "1h02m" and logs.duration(9.6) == "10s"
+
+
+def test_training_progress_lines():
+    from hardpos.train.worker import Progress
+
+    p = Progress.for_run(total=95, start_step=0, global_batch=32, epochs=2, lines=10)
+    p.started = 100.0
+    assert p.every == 10 and p.line(9, 0, {"loss/total": 1.0}, now=101.0) is None
+    line = p.line(20, 0, {"loss/total": 2.5, "loss/hard_negative": 0.25, "lr": 1e-5}, now=110.0)
+    assert line == ("train step 20/95 (21%) epoch 1/2 | loss total 2.5000 hard_negative 0.2500 | "
+                    "2.00 steps/s 64.0 samples/s | ETA 38s")
+    assert p.line(95, 1, {"loss/total": 1.0}, now=147.5).endswith("ETA 0s")  # the last step always prints
+    resumed = Progress.for_run(total=100, start_step=50, global_batch=8, epochs=1)
+    resumed.started = 0.0
+    assert resumed.line(60, 0, {}, now=2.0).endswith("| 5.00 steps/s 40.0 samples/s | ETA 8s")  # rates count from the resume

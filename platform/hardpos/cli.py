@@ -19,13 +19,15 @@ from hardpos.config import ConfigError, describe_config, dump_yaml, load_config
 from hardpos.runtime import STAGES, execute, stage_module
 from hardpos.tracking import TrackingUnavailableError
 
-USAGE = f"""usage: hardpos <stage> [--config FILE.yaml] [dotted.key=value ...] [--print-config] [--help]
+USAGE = f"""usage: hardpos <stage> [--config FILE.yaml] [dotted.key=value ...] [--verbose] [--print-config] [--help]
 
 stages: {', '.join(STAGES)}
 
   --config FILE     YAML file with any subset of the stage's config keys
   key=value         override one key (dotted for sections), value parsed as YAML
   --flag            shorthand for flag=true (boolean keys, e.g. demo --full)
+  -v, --verbose     same as log_level=debug: Ray's own logs, warnings and progress bars
+                    too (by default the console shows HardPos's stage, progress and result lines)
   --print-config    print the resolved config as YAML and exit
   --help            list the stage's config keys: type, the stage's default (or the value
                     --config/overrides give), allowed values and doc
@@ -111,6 +113,8 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[str], bool, bool]:
             want_help = True
         elif arg == "--print-config":
             print_config = True
+        elif arg in ("-v", "--verbose"):
+            overrides.append("log_level=debug")  # Ray's own logs and progress bars back
         elif arg == "--config":
             if not args:
                 raise ConfigError("--config needs a file path")

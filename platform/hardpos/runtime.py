@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from hardpos import storage, tracking
-from hardpos.config import JobConfig, RayConfig, dump_yaml, to_dict
+from hardpos import logs, storage, tracking
+from hardpos.config import JobConfig, RayConfig, TrackingConfig, dump_yaml, to_dict
 
 STAGES = ("world", "perturb", "generate", "train", "evaluate", "sweep", "compare", "register", "demo", "benchmark", "interpolate")
 
@@ -55,10 +55,14 @@ class JobContext:
         return self.run.run_id if self.run else None
 
 
-def init_ray(cfg: RayConfig | None = None, **kwargs: Any) -> None:
+def init_ray(cfg: RayConfig | None = None, log_level: str | None = None, **kwargs: Any) -> None:
     """Connect to ``cfg.address`` / ``$RAY_ADDRESS`` when given, else start a local Ray.
 
-    Idempotent. Never stops anything it did not start (no ``ray stop`` anywhere).
+    log_level: below ``debug`` Ray's own logs, warnings and Ray Data's progress bars stay off
+        the console (:mod:`hardpos.logs`). None: the running job's ``log_level`` (what
+        :func:`execute` gave :func:`hardpos.logs.setup`), so stages need not pass it.
+    A local Ray gets a dashboard on 127.0.0.1 only with ``cfg.include_dashboard``; its address
+    is printed. Idempotent. Never stops anything it did not start (no ``ray stop`` anywhere).
     """
     # lazy: runtime is on `hardpos`'s import path (cli.py); ray takes seconds to import
     import ray
@@ -67,13 +71,46 @@ def init_ray(cfg: RayConfig | None = None, **kwargs: Any) -> None:
         return
     cfg = cfg or RayConfig()
     address = cfg.address or os.environ.get("RAY_ADDRESS")
-    # Ray Data's progress bars are useful in a job log; keep the driver log readable.
-    kwargs.setdefault("log_to_driver", True)
+    log_level = log_level or logs.current_level()
+    logs.apply_ray_env(log_level)  # before Ray starts: its workers inherit the environment
+    for key, value in logs.ray_init_kwargs(log_level).items():
+        kwargs.setdefault(key, value)
     if address:
         ray.init(address=address, **kwargs)
     else:
-        kwargs.setdefault("include_dashboard", False)
-        ray.init(num_cpus=cfg.num_cpus, **kwargs)
+        kwargs.setdefault("include_dashboard", cfg.include_dashboard)
+        if kwargs["include_dashboard"]:
+            kwargs.setdefault("dashboard_host", "127.0.0.1")
+        context = ray.init(num_cpus=cfg.num_cpus, **kwargs)
+        if kwargs["include_dashboard"] and getattr(context, "dashboard_url", None):
+            print(f"[hardpos] Ray dashboard: http://{context.dashboard_url}", file=sys.stderr)
+    logs.quiet_ray_data(log_level)
+
+
+def reopen_run(cfg: TrackingConfig, run_id: str | None, spill_dir: str | None = None) -> tracking.RunLogger | None:
+    """Continue the existing MLflow run ``run_id`` (status back to RUNNING) instead of creating one.
+
+    What a resumed job (an interrupted sweep, one of its trials) logs into, so a re-run adds no
+    duplicate run. None -- the caller then starts a new run -- when tracking is off, ``run_id`` is
+    empty or a locally recorded placeholder, the server does not answer, or the run is gone or deleted.
+    """
+    if not cfg.enabled or not run_id or run_id.startswith(tracking.LOCAL_PREFIX):
+        return None
+    uri = tracking.resolve_tracking_uri(cfg.tracking_uri)
+    if tracking.probe(uri, cfg.request_timeout_s) is not None:
+        return None
+    # lazy: runtime is on `hardpos`'s import path (cli.py); mlflow takes seconds to import
+    from mlflow.tracking import MlflowClient
+
+    try:
+        with tracking.fail_fast_http(cfg.request_timeout_s):
+            client = MlflowClient(uri)
+            if client.get_run(run_id).info.lifecycle_stage != "active":
+                return None
+            client.update_run(run_id, status="RUNNING")
+    except Exception:  # noqa: BLE001 - gone, deleted or unreachable: a new run is the answer
+        return None
+    return tracking.RunLogger(uri, run_id, spill_dir, options=tracking.queue_options(cfg))
 
 
 def stage_module(name: str):
@@ -93,14 +130,27 @@ def execute(
     parent_run_id: str | None = None,
     run_fn: Callable[[Any, JobContext], dict] | None = None,
     quiet: bool = False,
+    resume_run_id: str | None = None,
 ) -> dict[str, Any]:
-    """Run one stage under the job contract and return its summary (also in summary.json)."""
-    fn = run_fn or stage_module(stage).run
+    """Run one stage under the job contract and return its summary (also in summary.json).
+
+    resume_run_id: log into this existing MLflow run (see :func:`reopen_run`) instead of a new
+        one. None: a stage module that defines ``resume_run_id(cfg) -> str | None`` (the sweep:
+        the run of the interrupted sweep it resumes) is asked, when ``run_fn`` is not given.
+    """
+    logs.setup(cfg.log_level)
+    module = stage_module(stage) if run_fn is None else None
+    fn = run_fn or module.run
     cfg = dataclasses.replace(cfg, output_dir=resolve_output_dir(cfg.output_dir))
     storage.makedirs(cfg.output_dir)
-    run_name = cfg.tracking.run_name or f"{stage}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run = tracking.start_run(cfg.tracking, run_name, tags={"hardpos.stage": stage}, parent_run_id=parent_run_id,
-                             spill_dir=tracking.spill_dir_for(cfg.output_dir))
+    if resume_run_id is None and hasattr(module, "resume_run_id"):
+        resume_run_id = module.resume_run_id(cfg)
+    spill_dir = tracking.spill_dir_for(cfg.output_dir)
+    run = reopen_run(cfg.tracking, resume_run_id, spill_dir)
+    if run is None:
+        run_name = cfg.tracking.run_name or f"{stage}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run = tracking.start_run(cfg.tracking, run_name, tags={"hardpos.stage": stage}, parent_run_id=parent_run_id,
+                                 spill_dir=spill_dir)
     ctx = JobContext(stage=stage, output_dir=cfg.output_dir, run=run)
     started = time.time()
     try:

@@ -110,10 +110,13 @@ class RayConfig:
 
     address: a cluster address; None -> $RAY_ADDRESS, else a local Ray is started.
     num_cpus: CPUs of a *local* Ray (None: all cores). Ignored on a cluster.
+    include_dashboard: start the local Ray's dashboard (on 127.0.0.1) and print its address.
+        Ignored on a cluster (its head node decides).
     """
 
     address: str | None = None
     num_cpus: int | None = None
+    include_dashboard: bool = False
 
 
 @dataclasses.dataclass
@@ -124,12 +127,16 @@ class JobConfig:
     seed: global seed for everything random in the stage.
     tracking: where the run is tracked (MLflow).
     ray: how the job reaches Ray (a local Ray or a cluster).
+    log_level: console detail. info: HardPos's stage, progress and result lines, Ray's own
+        logs and progress bars off; debug (the CLI's --verbose): Ray's output back too;
+        warning / error: only problems.
     """
 
     output_dir: str = "outputs/run"
     seed: int = 0
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
     ray: RayConfig = dataclasses.field(default_factory=RayConfig)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
 # --------------------------------------------------------------------------- loading

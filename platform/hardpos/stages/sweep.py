@@ -6,7 +6,14 @@ Pareto front, and the best model registered as ``champion``.
 This stage is Ray Tune at the edge; what a trial is comes from :mod:`hardpos.sweep`, the
 comparison from :mod:`hardpos.compare` (shared with the compare stage), and "best" and its
 registration from :func:`hardpos.registry.rank` / :func:`hardpos.registry.register_ranked`
-(shared with the register stage and the demo: ties go to the earlier trial)."""
+(shared with the register stage and the demo: ties go to the earlier trial).
+
+Resume: the same command run again on the same ``output_dir`` after an interruption (Ctrl-C,
+a lost driver, failed trials) restores the Tune experiment (``Tuner.restore``): finished
+trials are kept, not re-run; unfinished and failed ones run again. The sweep logs into its
+earlier MLflow run and each re-run trial into its own earlier nested run, so MLflow holds one
+run per sweep and per trial. A different config on the same ``output_dir`` is refused
+(``resume=false`` starts a new sweep there)."""
 from __future__ import annotations
 
 import copy
@@ -22,7 +29,7 @@ from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-from hardpos import compare, registry, runtime, storage, sweep, tracking
+from hardpos import compare, logs, registry, runtime, storage, sweep, tracking
 from hardpos.config import ConfigError, JobConfig, from_dict, load_config, set_dotted, to_dict
 from hardpos.runtime import JobContext
 from hardpos.train.trainer import decode_task_cpus
@@ -51,6 +58,7 @@ class Config(JobConfig):
     pareto: metric -> max|min; the report marks the trials no other trial beats on all of them.
     register: register the best trial's model (champion) and the runner-up (challenger).
     model_name: registered model name.
+    resume: an interrupted sweep in ``output_dir`` (same config) resumes instead of starting over.
     """
 
     output_dir: str = "outputs/sweep"
@@ -72,6 +80,64 @@ class Config(JobConfig):
     pareto: dict[str, str] = dataclasses.field(default_factory=lambda: {"objective": "max", "replace/brittleness": "min", "swap/brittleness": "min"})
     register: bool = True
     model_name: str = "hardpos-clip"
+    resume: bool = True
+
+
+STATE_FILE = "sweep_state.json"  # {"run_id": the sweep's MLflow run, "config": the sweep's config}
+
+
+# --------------------------------------------------------------------------- resume
+def _tune_location(output_dir: str) -> tuple[Any, str]:
+    """(pyarrow filesystem, path) of the Tune experiment ``<output_dir>/tune``."""
+    return storage.arrow_filesystem(storage.join(output_dir, "tune"))
+
+
+def resumable(cfg: Config) -> bool:
+    """True when ``output_dir`` holds a Tune experiment of this same sweep config to restore.
+
+    Raises ConfigError when it holds one of a different config (resuming it would mix two
+    sweeps in one comparison)."""
+    if not cfg.resume:
+        return False
+    fs, path = _tune_location(cfg.output_dir)
+    if not tune.Tuner.can_restore(path, storage_filesystem=fs):
+        return False
+    state_uri = storage.join(cfg.output_dir, STATE_FILE)
+    saved = storage.read_json(state_uri).get("config") if storage.exists(state_uri) else None
+    if saved is not None and saved != _comparable(cfg):
+        changed = sorted(k for k in set(saved) | set(_comparable(cfg)) if saved.get(k) != _comparable(cfg).get(k))
+        raise ConfigError(f"{cfg.output_dir} holds an interrupted sweep with a different config (changed: "
+                          f"{', '.join(changed)}); run it with its own config to resume it, or set "
+                          f"output_dir to a new folder or resume=false to start a new sweep")
+    return True
+
+
+def _comparable(cfg: Config) -> dict[str, Any]:
+    """The config as saved in STATE_FILE (plain JSON types, so a reloaded copy compares equal)."""
+    return json.loads(json.dumps(to_dict(cfg), default=str))
+
+
+def resume_run_id(cfg: Config) -> str | None:
+    """The MLflow run of the interrupted sweep this one resumes (runtime.execute reopens it)."""
+    if not resumable(cfg):
+        return None
+    state_uri = storage.join(cfg.output_dir, STATE_FILE)
+    return storage.read_json(state_uri).get("run_id") if storage.exists(state_uri) else None
+
+
+def _trial_run_to_resume(tracking_cfg: dict[str, Any], parent_run_id: str | None, name: str) -> str | None:
+    """The nested MLflow run an earlier, unfinished attempt of trial ``name`` left (None: none)."""
+    if not parent_run_id or not tracking_cfg.get("enabled", True):
+        return None
+    try:
+        with tracking.fail_fast_http(tracking_cfg.get("request_timeout_s", 5.0)):
+            runs = tracking.search_runs(tracking_cfg["tracking_uri"], tracking_cfg["experiment"],
+                                        f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.mlflow.runName = '{name}'",
+                                        order_by=["attributes.start_time DESC"])
+    except Exception:  # noqa: BLE001 - server unreachable: the trial starts a run (or records it locally)
+        return None
+    unfinished = [r for r in runs if r.info.status != "FINISHED"]
+    return unfinished[0].info.run_id if unfinished else None
 
 
 # --------------------------------------------------------------------------- config plumbing
@@ -160,12 +226,14 @@ def run_trial(tune_config: dict[str, Any], *, base: dict[str, Any], output_dir: 
             run_ctx.run.set_tags({"hardpos.sweep_overrides": overrides})
         return summary
 
-    runtime.execute("train", train_cfg, parent_run_id=parent_run_id, run_fn=run_fn, quiet=True)
+    runtime.execute("train", train_cfg, parent_run_id=parent_run_id, run_fn=run_fn, quiet=True,
+                    resume_run_id=_trial_run_to_resume(tracking_cfg, parent_run_id, name))
 
 
 # --------------------------------------------------------------------------- the stage
 def run(cfg: Config, ctx: JobContext) -> dict:
     base = base_train_dict(cfg)
+    base["log_level"] = cfg.log_level  # the trials print what the sweep's console asks for
     n_trials = validate_space(cfg, base)
     runtime.init_ray(cfg.ray)
     tracking_cfg = {
@@ -185,25 +253,43 @@ def run(cfg: Config, ctx: JobContext) -> dict:
                           driver_cpus=cfg.trial_driver_cpus, concurrent_trials=cfg.max_concurrent_trials),
         {"CPU": cfg.trial_driver_cpus},
     )
+    fs, tune_path = _tune_location(ctx.output_dir)
+    param_space = sweep.to_tune_space(cfg.search_space, cfg.extra_trials)
+    resuming = resumable(cfg)
+    storage.write_json(storage.join(ctx.output_dir, STATE_FILE), {"run_id": ctx.run_id, "config": _comparable(cfg)})
+    if resuming:
+        # Finished trials keep their results; unfinished ones resume, failed ones start again.
+        print(f"[hardpos] resuming the interrupted sweep in {tune_path}", file=sys.stderr)
+        tuner = tune.Tuner.restore(tune_path, trainable, resume_unfinished=True, restart_errored=True,
+                                   param_space=param_space, storage_filesystem=fs)
+    else:
+        tuner = _new_tuner(cfg, trainable, param_space, fs, tune_path)
+    grid = tuner.fit()
+    return _report(cfg, ctx, grid, n_trials, tracking_cfg)
+
+
+def _new_tuner(cfg: Config, trainable: Any, param_space: dict[str, Any], fs: Any, tune_path: str) -> tune.Tuner:
     scheduler = (
         ASHAScheduler(time_attr="training_iteration", grace_period=cfg.asha_grace_period, max_t=cfg.asha_max_t)
         if cfg.scheduler == "asha" else FIFOScheduler()
     )
-    fs, tune_path = storage.arrow_filesystem(storage.join(ctx.output_dir, "tune"))
-    tuner = tune.Tuner(
+    return tune.Tuner(
         trainable,
-        param_space=sweep.to_tune_space(cfg.search_space, cfg.extra_trials),
+        param_space=param_space,
         tune_config=tune.TuneConfig(
             metric=cfg.metric, mode=cfg.mode, scheduler=scheduler, num_samples=cfg.num_samples,
             max_concurrent_trials=cfg.max_concurrent_trials, time_budget_s=cfg.time_budget_s,
         ),
         run_config=tune.RunConfig(
             name="tune", storage_path=str(Path(tune_path).parent), storage_filesystem=fs,
-            failure_config=tune.FailureConfig(max_failures=cfg.max_failures), verbose=1,
+            failure_config=tune.FailureConfig(max_failures=cfg.max_failures),
+            verbose=2 if logs.verbose(cfg.log_level) else 1,  # 1: the trial status table
         ),
     )
-    grid = tuner.fit()
 
+
+def _report(cfg: Config, ctx: JobContext, grid: Any, n_trials: int, tracking_cfg: dict[str, Any]) -> dict[str, Any]:
+    """The trials compared (table, plot, Pareto front) and the best registered -> the summary."""
     failed = [{"trial": r.path.rsplit("/", 1)[-1] if r.path else None, "config": sweep.trial_overrides(r.config or {}),
                "error": f"{type(r.error).__name__}: {r.error}"[:2000]} for r in grid if r.error is not None]
     rows, tracking_down = trial_rows(cfg, ctx, tracking_cfg["tracking_uri"])

@@ -28,7 +28,7 @@ import ray
 import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from hardpos import storage, tracking
+from hardpos import logs, storage, tracking
 from hardpos.config import ConfigError
 from hardpos.model import load_model
 from hardpos.runtime import init_ray, resolve_output_dir
@@ -112,6 +112,7 @@ def build_trainer(cfg: TrainConfig, *, callbacks: Sequence[Any] = (), run_logger
         checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.num_to_keep),
         callbacks=list(callbacks) or None,
         worker_runtime_env={"env_vars": env} if env else None,
+        logging_config=ray.train.LoggingConfig(log_level=logs.train_log_level(cfg.log_level)),
     )
     ds_map = {"train": datasets.train}
     if datasets.val is not None:
@@ -156,16 +157,18 @@ def decode_task_cpus(cfg: TrainConfig, cluster_cpus: float, reserved_cpus: float
 # Environment the workers need to reach the same S3 endpoint / MLflow store as the driver.
 _S3_ENV = ("HARDPOS_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
 _CRED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# Where hf-hub: model sources are cached, and whether the Hub may be reached.
+_HF_ENV = ("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT")
 
 
 def forwarded_env(include_tracking: bool = True) -> dict[str, str]:
     """Driver environment variables Ray workers need (for a runtime_env).
 
-    S3 endpoint/region always; credentials only together with an endpoint override (a
+    S3 endpoint/region and the Hugging Face cache/offline switches always; credentials only together with an endpoint override (a
     MinIO/moto-style dev setup): on AWS the nodes' own credential chain is used, and
     secrets are not copied into Ray's runtime environment.
     """
-    names = list(_S3_ENV) + (["MLFLOW_TRACKING_URI", "HARDPOS_CACHE_DIR"] if include_tracking else [])
+    names = list(_S3_ENV) + list(_HF_ENV) + (["MLFLOW_TRACKING_URI", "HARDPOS_CACHE_DIR"] if include_tracking else [])
     env = {k: os.environ[k] for k in names if os.environ.get(k)}
     if any(k in env for k in _S3_ENV[:3]):
         env.update({k: os.environ[k] for k in _CRED_ENV if os.environ.get(k)})

@@ -18,6 +18,9 @@ Contracts:
 * Rank 0 alone logs to MLflow, through the picklable ``RunLogger`` in the loop config;
   logging only queues records (:mod:`hardpos.tracking`), and steps already logged
   before a restart are not logged again.
+* Rank 0 prints one progress line per tenth of the run and at its last step: step/total,
+  epoch, the step's loss terms, steps/s, samples/s (all workers) and the ETA
+  (:class:`Progress`); ``perf/samples_per_s`` (all workers, per epoch) goes to MLflow.
 * ``step_hook`` (loop config key, default None): a picklable callable called after every
   step as ``hook(step, rank, world_size)`` with the global step just trained. Tests use it
   to inject a worker failure (:class:`hardpos.testing.faults.FailOnce`); production
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import tempfile
 import time
 from typing import Any, Callable
@@ -37,7 +41,7 @@ import ray.train.torch
 import torch
 import torch.distributed as dist
 
-from hardpos import tracking
+from hardpos import logs, tracking
 from hardpos.eval.evaluator import run_benchmarks
 from hardpos.model import load_model, unwrap
 from hardpos.train.checkpoint import load_train_state, save_train_checkpoint
@@ -49,6 +53,38 @@ from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, fo
 log = logging.getLogger(__name__)
 
 StepHook = Callable[[int, int, int], None]
+
+
+@dataclasses.dataclass
+class Progress:
+    """Rank 0's console progress: a line every ``every`` steps and at the last step.
+
+    Rates count from ``start_step`` at ``started`` (a resumed run measures only what it
+    trains); the ETA is the remaining steps at that rate (validation and benchmarks between
+    epochs included, so it stays honest)."""
+
+    total: int
+    start_step: int
+    global_batch: int
+    epochs: int
+    every: int
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+
+    @classmethod
+    def for_run(cls, total: int, start_step: int, global_batch: int, epochs: int, lines: int = 10) -> "Progress":
+        return cls(total, start_step, global_batch, epochs, every=max(1, math.ceil(total / max(1, lines))))
+
+    def line(self, step: int, epoch: int, terms: dict[str, float], now: float | None = None) -> str | None:
+        """The progress line after global ``step`` (in 0-based ``epoch``), or None between lines."""
+        if step % self.every and step != self.total:
+            return None
+        elapsed = max(1e-9, (time.perf_counter() if now is None else now) - self.started)
+        steps_s = (step - self.start_step) / elapsed
+        eta = (self.total - step) / steps_s if steps_s > 0 else float("inf")
+        loss = " ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in terms.items() if k.startswith("loss/"))
+        return (f"train step {step}/{self.total} ({100 * step / self.total:.0f}%) epoch {epoch + 1}/{self.epochs} | "
+                + (f"loss {loss} | " if loss else "") + f"{steps_s:.2f} steps/s {steps_s * self.global_batch:.1f} samples/s | "
+                f"ETA {logs.duration(eta) if math.isfinite(eta) else '?'}")
 
 
 # --------------------------------------------------------------------------- collectives
@@ -96,6 +132,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     record is lost or logged twice.
     """
     rank = ray.train.get_context().get_world_rank()
+    logs.setup(config["cfg"].log_level)  # this worker process's hardpos lines reach the console
     try:
         _train_worker(config)
     except BaseException:
@@ -175,6 +212,7 @@ def _train_worker(config: dict[str, Any]) -> None:
     def report(step_: int, epoch_: int, metrics: dict[str, Any]) -> None:
         _report(net, lm, optimizer, scheduler, step_, epoch_, meta_base, metrics, rank)
 
+    progress = Progress.for_run(total, step, cfg.batch_size * world, cfg.epochs) if rank == 0 else None
     warned = 0
     train_time, train_rows = 0.0, 0.0
     last_metrics: dict[str, Any] = {}
@@ -215,6 +253,8 @@ def _train_worker(config: dict[str, Any]) -> None:
             if logger is not None and step > logged_step and (step % cfg.log_every == 0 or step == total):
                 logger.log_metrics({**values, "lr": scheduler.get_last_lr()[0],
                                     "logit_scale": float(unwrap(net).logit_scale.exp())}, step=step)
+            if progress is not None and (line := progress.line(step, epoch, values)):
+                log.info(line)
             if step_hook is not None:
                 step_hook(step, rank, world)
             if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0 and index < spe:
@@ -229,7 +269,8 @@ def _train_worker(config: dict[str, Any]) -> None:
             metrics.update(_validate(net, val_shard, cfg, device, autocast_ctx))
         if rank == 0 and cfg.eval_benchmarks:
             metrics.update(_evaluate(unwrap(net), lm, cfg, device))
-        metrics["perf/samples_per_s"] = train_rows / train_time if train_time > 0 else 0.0
+        # Every worker trains the same number of full batches: rank 0's rate x world size.
+        metrics["perf/samples_per_s"] = world * train_rows / train_time if train_time > 0 else 0.0
         if resumed_from is not None:
             metrics["resumed_from_step"] = resumed_from
         if logger is not None and epoch + 1 > logged_epoch:

@@ -1,0 +1,121 @@
+"""What a HardPos job prints: the ``hardpos`` logger's console handler and Ray's verbosity.
+
+One place, called when a job starts (:func:`hardpos.runtime.execute`, :func:`hardpos.runtime.init_ray`,
+the Ray Train worker), never at import time. The level is every job config's ``log_level``
+(the CLI's ``--verbose`` is ``log_level=debug``):
+
+* ``info`` (default): HardPos's own lines -- stage lines, one progress line per stretch of a
+  long step, warnings, results. Ray's own output is off: its INFO logs, Ray Data's progress
+  bars and execution logs, Ray Train's INFO lines, and warnings such as Ray Train's
+  "Failed to query Ray Train Controller actor state" (its placement-group cleaner polls
+  Ray's state API, which needs the dashboard). Errors always show.
+* ``debug``: HardPos's debug lines and all of Ray's output back.
+* ``warning`` / ``error``: only HardPos's warnings / errors (and Ray's errors).
+
+The hardpos lines of Ray workers (e.g. training progress on rank 0) reach the console
+through Ray's log forwarding (``log_to_driver``), prefixed with the worker's name and pid.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+LEVELS = ("debug", "info", "warning", "error")
+LOGGER = "hardpos"
+_HANDLER = "hardpos-console"
+# ray.data's own logging config with its console handler at WARNING (Ray Data reads the
+# file named by RAY_DATA_LOGGING_CONFIG in every process, so its worker-side actors obey too).
+QUIET_RAY_DATA_CONFIG = Path(__file__).parent / "resources" / "ray_data_logging_quiet.yaml"
+
+
+def check_level(level: str) -> str:
+    """``level`` lower-cased; a ``ValueError`` naming the accepted levels otherwise."""
+    name = str(level).lower()
+    if name not in LEVELS:
+        raise ValueError(f"log_level={level!r}: expected one of {', '.join(LEVELS)}")
+    return name
+
+
+def verbose(level: str) -> bool:
+    """True when Ray's own output should show (``log_level=debug``)."""
+    return check_level(level) == "debug"
+
+
+def setup(level: str = "info", stream: IO[str] | None = None) -> logging.Logger:
+    """Give the ``hardpos`` logger one console handler at ``level`` (idempotent: a second
+    call only changes the level and stream). It does not propagate to the root logger, so
+    Ray's root-logger handlers in worker processes neither drop nor repeat its lines."""
+    logger = logging.getLogger(LOGGER)
+    logger.setLevel(check_level(level).upper())
+    handler = next((h for h in logger.handlers if h.get_name() == _HANDLER), None)
+    if handler is None:
+        handler = logging.StreamHandler(stream or sys.stderr)
+        handler.set_name(_HANDLER)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+    elif stream is not None:
+        handler.setStream(stream)
+    logger.propagate = False
+    return logger
+
+
+def current_level() -> str:
+    """The level :func:`setup` last gave the ``hardpos`` logger (``info`` before any setup)."""
+    level = logging.getLogger(LOGGER).level
+    return logging.getLevelName(level).lower() if level != logging.NOTSET else "info"
+
+
+def ray_env(level: str) -> dict[str, str]:
+    """Environment for a Ray this process starts (its workers inherit it): empty when verbose."""
+    if verbose(level):
+        return {}
+    return {"RAY_DATA_DISABLE_PROGRESS_BARS": "1", "RAY_DATA_LOGGING_CONFIG": str(QUIET_RAY_DATA_CONFIG)}
+
+
+def apply_ray_env(level: str) -> None:
+    """Set :func:`ray_env` in ``os.environ`` before Ray starts; a value the user set wins."""
+    for key, value in ray_env(level).items():
+        os.environ.setdefault(key, value)
+
+
+def ray_init_kwargs(level: str) -> dict[str, Any]:
+    """``ray.init`` keywords for ``level``: the driver's ``ray`` logger and every worker's root
+    logger at ERROR unless verbose (Ray's warnings are mostly about Ray's own bookkeeping)."""
+    # lazy: runtime (on hardpos.cli's import path) calls this only when it starts Ray
+    import ray
+
+    loud = verbose(level)
+    return {
+        "log_to_driver": True,  # the workers' hardpos lines (training progress) reach the console
+        "logging_level": logging.INFO if loud else logging.ERROR,
+        "logging_config": ray.LoggingConfig(encoding="TEXT", log_level="INFO" if loud else "ERROR"),
+    }
+
+
+def quiet_ray_data(level: str) -> None:
+    """Ray Data's progress bars and INFO logs in this (driver) process, per ``level``."""
+    # lazy: ray.data takes seconds to import; only stages that use Ray are here
+    from ray.data import DataContext
+
+    loud = verbose(level)
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = loud
+    logging.getLogger("ray.data").setLevel(logging.DEBUG if loud else logging.WARNING)
+
+
+def train_log_level(level: str) -> str:
+    """Ray Train's own console level (``ray.train.LoggingConfig``) for ``level``."""
+    return "INFO" if verbose(level) else "WARNING"
+
+
+def duration(seconds: float) -> str:
+    """``75`` -> ``1m15s``; ``3725`` -> ``1h02m``; short and stable for progress lines."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
