@@ -1,36 +1,55 @@
-"""The training input pipeline: triplet files -> Ray Dataset -> model-ready batches.
+"""The training input pipeline: triplet files or web-scale shards -> Ray Dataset -> model-ready batches.
 
 Driver side (:func:`build_datasets`):
-    read parquet/jsonl (local or s3://, via ``storage.arrow_filesystem``) -> check columns
-    -> deterministic train/val split by a hash of the image path (so a resumed run, and
-    every caption of one image, always land on the same side) -> ``map_batches``
-    (:class:`Preprocess`): decode + open_clip preprocessing + tokenisation on CPU in Ray
-    Data tasks.  Ray Train's default ``DataConfig`` then hands each worker an equal shard
-    (``streaming_split(equal=True)``).
+    read the source with :func:`hardpos.data.sources.read_rows` (local or s3://; a file, a
+    folder or a glob): triplet parquet/jsonl with one image path per row, parquet with the
+    image bytes inline, or webdataset ``.tar`` shards -> one row schema -> deterministic
+    train/val split by a hash of the row's image identity (its path, or a hash of its
+    bytes; so a resumed run, and every caption of one image, always land on the same side)
+    -> ``map_batches`` (:class:`Preprocess`): fetch + decode + open_clip preprocessing +
+    tokenisation on CPU in Ray Data tasks.  Ray Train's default ``DataConfig`` then hands
+    each worker an equal shard (``streaming_split(equal=True)``).
+
+Images a row only names (local, s3://, http(s)://) are fetched by a thread pool inside the
+decode task, so the GETs of a batch overlap instead of running one at a time.
 
 Each row's caption, hard negative and hard positive are tokenised once, together, in the
 Ray Data task (full context length, int32); the training worker only trims the padding
 columns of its batch (:func:`to_model_batch`).
 
+Augmentation is seeded per row: the train transform runs under a torch/random/numpy seed
+derived from ``(seed, epoch, row identity, caption)`` (:func:`row_seed`), so the same run
+seed gives the same augmented tensors whichever task or block a row lands in.  The decode
+tasks do not know the training loop's epoch, so ``epoch`` is 0 for every pass: a row gets
+the same augmentation in every epoch of a run.
+
 Bad rows never crash a run and are never lost silently: an image that is missing, not
-decodable, or a row without an image/caption comes out with ``ok=False`` and its reason
-in ``error``; the worker masks it out of the loss (``row_mask``) and counts it
-(``data/skipped_rows``, reported per epoch).
+decodable, a corrupt shard sample, or a row without an image/caption comes out with
+``ok=False`` and its reason in ``error``; the worker masks it out of the loss
+(``row_mask``) and counts it (``data/skipped_rows``, reported per epoch).
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
+import contextlib
 import dataclasses
-import io
+import hashlib
 import os
+import random
 import zlib
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+from urllib.parse import urlparse
 
 import numpy as np
+import pyarrow.fs as pafs
+import torch
+from PIL import Image
 
+from hardpos import storage
 from hardpos.config import require
-
-REQUIRED_COLUMNS = ("image", "caption")
-TEXT_COLUMNS = ("caption", "hard_negative", "hard_positive")
+from hardpos.data.sources import SourceError, decode_rgb, fetch_all, fetch_bytes, read_rows
+from hardpos.data.triplets import resolve_image
+from hardpos.model import trim_tokens
 
 
 class DataError(ValueError):
@@ -41,7 +60,9 @@ class DataError(ValueError):
 class DataConfig:
     """Where the triplets come from and how they are split and shuffled.
 
-    train_path: triplet file (.parquet / .jsonl) or a folder of parquet files; local or s3://.
+    train_path: triplet file (.parquet / .jsonl; image paths, or the image bytes inline in a
+        binary column), webdataset .tar shards, a folder of such files or a glob
+        (``shards/*.tar``); local or s3://.
     val_path: a separate validation triplet file; None -> hold out ``val_fraction`` of
         ``train_path`` (by a stable hash of the image path).
     val_fraction: share of ``train_path`` held out for the per-epoch validation loss when
@@ -53,6 +74,8 @@ class DataConfig:
     decode_cpus: CPUs each Ray Data decode/preprocess task asks for; None: 1, or the CPUs
         the training workers (and a sweep's trial driver) leave free when that is less, so
         a decode task can always be scheduled (see ``hardpos.train.trainer.decode_task_cpus``).
+    fetch_threads: threads per decode task fetching the images rows name (local, s3://,
+        http(s)://) concurrently.
     """
 
     train_path: str = "outputs/world/finetune.parquet"
@@ -62,8 +85,10 @@ class DataConfig:
     limit: int | None = None
     shuffle_buffer: int = 512
     decode_cpus: float | None = None
+    fetch_threads: int = 16
 
     def __post_init__(self) -> None:
+        require(self.fetch_threads >= 1, "fetch_threads", "must be >= 1", self.fetch_threads)
         require(self.decode_cpus is None or self.decode_cpus > 0, "decode_cpus",
                 "must be > 0 (or null for automatic)", self.decode_cpus)
         require(0.0 <= self.val_fraction < 1.0, "val_fraction", "must be in [0, 1)", self.val_fraction)
@@ -73,8 +98,6 @@ class DataConfig:
 # --------------------------------------------------------------------------- reading
 def _base_dir(path: str) -> str:
     """The folder relative image paths of ``path`` are resolved against."""
-    from hardpos import storage
-
     p = path.rstrip("/")
     if p.lower().endswith((".parquet", ".jsonl", ".json")):
         return p.rsplit("/", 1)[0] if storage.is_s3(p) else os.path.dirname(os.path.abspath(p))
@@ -89,15 +112,9 @@ def worker_filesystem(uri: str) -> tuple[Any, str]:
     Ray Train's controller run in processes that did not inherit the driver's environment.
     On AWS proper, nothing is embedded and each node's own credential chain is used.
     """
-    from urllib.parse import urlparse
-
-    from hardpos import storage
-
     fs, path = storage.arrow_filesystem(uri)
     key = os.environ.get("AWS_ACCESS_KEY_ID")
     if storage.is_s3(uri) and storage.endpoint_url() and key:
-        import pyarrow.fs as pafs
-
         endpoint = urlparse(storage.endpoint_url() or "")
         fs = pafs.S3FileSystem(access_key=key, secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
                                session_token=os.environ.get("AWS_SESSION_TOKEN"), region=storage.region(),
@@ -106,34 +123,18 @@ def worker_filesystem(uri: str) -> tuple[Any, str]:
 
 
 def read_triplets_dataset(path: str, *, limit: int | None = None):
-    """A Ray Dataset of triplet rows (columns checked; missing N/P columns become null)."""
-    import ray.data
+    """A Ray Dataset of training rows (:data:`hardpos.data.sources.ROW_COLUMNS`: ``key``,
+    ``image``, ``image_bytes``, the three texts, ``kind``, ``error``) from any supported
+    source; raises :class:`DataError` naming the file for bad input (before rows are read)."""
+    return _read(path, limit=limit)[0]
 
-    from hardpos import storage
 
-    if not storage.exists(path):
-        raise DataError(f"training data not found: {path} (for the embedded default, run `hardpos world` first)")
-    fs, fs_path = worker_filesystem(path)
-    low = path.lower().rstrip("/")
+def _read(path: str, *, limit: int | None = None) -> tuple[Any, str]:
     try:
-        if low.endswith((".jsonl", ".json")):
-            ds = ray.data.read_json(fs_path, filesystem=fs)
-        else:
-            ds = ray.data.read_parquet(fs_path, filesystem=fs)
-        columns = ds.columns() or []
-    except Exception as exc:  # noqa: BLE001 - pyarrow/Ray raise many types
-        raise DataError(f"{path}: not a readable triplet file: {exc}") from exc
-    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
-    if missing:
-        raise DataError(f"{path}: lacks column(s) {missing}; has {columns}")
-    if limit is not None:
-        ds = ds.limit(limit)
-    keep = [c for c in (*TEXT_COLUMNS, "image") if c in columns]
-    ds = ds.select_columns(keep)
-    for col in TEXT_COLUMNS:
-        if col not in columns:  # e.g. an HN-only file: every row lacks a positive
-            ds = ds.add_column(col, lambda df: [None] * len(df), batch_format="pandas")
-    return ds
+        return read_rows(path, limit=limit, filesystem_for=worker_filesystem)
+    except SourceError as exc:
+        hint = " (for the embedded default, run `hardpos world` first)" if "not found" in str(exc) else ""
+        raise DataError(f"{exc}{hint}") from exc
 
 
 def split_of(image: Any, val_fraction: float) -> bool:
@@ -152,42 +153,73 @@ def _clean_text(value: Any) -> str | None:
     return text if text.strip() else None
 
 
-def load_image(uri: str):
-    """A decoded RGB PIL image from a local path or s3:// URI (raises on any failure)."""
-    from PIL import Image
+def load_image(uri: str) -> Image.Image:
+    """A decoded RGB PIL image from a local path, s3:// or http(s):// URI (raises on any failure)."""
+    return decode_rgb(fetch_bytes(uri))
 
-    from hardpos import storage
 
-    data = storage.read_bytes(uri)
-    img = Image.open(io.BytesIO(data))
-    img.load()
-    return img.convert("RGB")
+def row_seed(seed: int, epoch: int, key: Any, caption: Any) -> int:
+    """The augmentation seed of one row: a hash of (run seed, epoch, image identity,
+    caption), the same on every host and in every block layout (63 bits)."""
+    digest = hashlib.blake2b(f"{seed}\x1f{epoch}\x1f{key}\x1f{caption}".encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@contextlib.contextmanager
+def seeded(seed: int | None) -> Iterator[None]:
+    """Run the body with torch, ``random`` and numpy's global generators seeded by ``seed``
+    (restored afterwards; the transforms of torchvision/open_clip/timm draw from these).
+    ``seed=None``: unchanged generators."""
+    if seed is None:
+        yield
+        return
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed & 0xFFFFFFFF)
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
 
 
 class Preprocess:
-    """Ray Data batch UDF: decode + preprocess images, tokenise the three texts.
+    """Ray Data batch UDF: fetch + decode + preprocess images, tokenise the three texts.
 
-    Output columns (numpy): ``image`` float32 [b, 3, H, W]; ``text_tokens``,
-    ``neg_tokens``, ``pos_tokens`` int32 [b, context]; ``has_neg``, ``has_pos``, ``ok``
-    bool [b]; ``error`` str ("" when ok).  Rows that fail keep their slot with ``ok=False``.
+    Input: rows of :func:`read_triplets_dataset` (``image`` paths and/or inline
+    ``image_bytes``; ``key``, ``error`` optional).  Output columns (numpy): ``image`` float32
+    [b, 3, H, W]; ``text_tokens``, ``neg_tokens``, ``pos_tokens`` int32 [b, context];
+    ``has_neg``, ``has_pos``, ``ok`` bool [b]; ``error`` str ("" when ok).  Rows that fail
+    keep their slot with ``ok=False``.
+
+    ``seed``: None leaves ``preprocess`` on the process's generators (the val transform is
+    deterministic anyway); an int runs it per row under :func:`row_seed` (seed, ``epoch``,
+    key, caption).  ``fetch_threads``: concurrent image GETs per batch.
     """
 
     def __init__(self, preprocess: Callable, tokenizer: Callable, image_size: int, base_dir: str,
-                 image_root: str | None = None) -> None:
+                 image_root: str | None = None, *, seed: int | None = None, epoch: int = 0,
+                 fetch_threads: int = 16) -> None:
         self.preprocess = preprocess
         self.tokenizer = tokenizer
         self.image_size = image_size
         self.base_dir = base_dir
         self.image_root = image_root
+        self.seed = seed
+        self.epoch = epoch
+        self.fetch_threads = fetch_threads
 
-    def _resolve(self, image: str) -> str:
-        from hardpos.data.triplets import resolve_image
-
-        return resolve_image(image, self.base_dir, self.image_root)
+    def _resolve(self, image: Any) -> str | None:
+        text = _clean_text(image)
+        if text is None:
+            return None
+        if "://" in text:  # s3://, http(s)://: as given
+            return text
+        return resolve_image(text, self.base_dir, self.image_root)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import torch
-
         n = len(batch["caption"])
         images = np.zeros((n, 3, self.image_size, self.image_size), dtype=np.float32)
         ok = np.ones(n, dtype=bool)
@@ -195,17 +227,37 @@ class Preprocess:
         captions = [_clean_text(c) for c in batch["caption"]]
         negs = [_clean_text(c) for c in batch["hard_negative"]]
         poss = [_clean_text(c) for c in batch["hard_positive"]]
-        for i, image in enumerate(batch["image"]):
-            if captions[i] is None:
+        blobs = list(batch["image_bytes"]) if "image_bytes" in batch else [None] * n
+        blobs = [None if b is None or (isinstance(b, float) and b != b) else bytes(b) for b in blobs]
+        keys = list(batch["key"]) if "key" in batch else list(batch["image"])
+        source_errors = list(batch["error"]) if "error" in batch else [""] * n
+        todo = []
+        for i in range(n):
+            if source_errors[i]:
+                ok[i], errors[i] = False, str(source_errors[i])
+            elif captions[i] is None:
                 ok[i], errors[i] = False, "no caption"
+            else:
+                todo.append(i)
+        uris = []
+        for i in todo:
+            try:
+                uris.append(None if blobs[i] is not None else self._resolve(batch["image"][i]))
+            except ValueError:
+                uris.append(None)
+        with cf.ThreadPoolExecutor(max_workers=self.fetch_threads) if len(todo) > 1 else contextlib.nullcontext() as pool:
+            decoded = fetch_all(uris, [blobs[i] for i in todo], pool)
+        for i, img in zip(todo, decoded):
+            where = _clean_text(batch["image"][i]) or keys[i]
+            if isinstance(img, Exception):
+                ok[i], errors[i] = False, f"image {where!r}: {type(img).__name__}: {img}"[:300]
                 continue
             try:
-                if _clean_text(image) is None:
-                    raise ValueError("no image path")
-                pixels = self.preprocess(load_image(self._resolve(str(image))))
+                with seeded(None if self.seed is None else row_seed(self.seed, self.epoch, keys[i], captions[i])):
+                    pixels = self.preprocess(img)
                 images[i] = pixels.numpy() if isinstance(pixels, torch.Tensor) else np.asarray(pixels)
             except Exception as exc:  # noqa: BLE001 - any bad image is a counted skip, never a crash
-                ok[i], errors[i] = False, f"image {image!r}: {type(exc).__name__}: {exc}"[:300]
+                ok[i], errors[i] = False, f"image {where!r}: {type(exc).__name__}: {exc}"[:300]
         # One tokenizer call for all three texts of every row (missing ones as "").
         tokens = self.tokenizer([t or "" for t in captions + negs + poss]).numpy().astype(np.int32)
         return {
@@ -232,46 +284,50 @@ class Datasets:
 
 def build_datasets(cfg: DataConfig, preprocess_train: Callable, preprocess_val: Callable, tokenizer: Callable,
                    image_size: int, *, batch_size: int = 64, env: dict[str, str] | None = None,
-                   num_cpus: float = 1.0) -> Datasets:
-    """Lazy train/val Ray Datasets (decode + preprocess + tokenise in Ray Data tasks).
+                   num_cpus: float = 1.0, seed: int = 0) -> Datasets:
+    """Lazy train/val Ray Datasets (fetch + decode + preprocess + tokenise in Ray Data tasks).
 
-    The triplet rows themselves (text and image paths, no pixels) are materialised in the
-    object store once; images are decoded lazily, every epoch (fresh augmentation).
-    ``env``: environment variables for the decode tasks (e.g. the S3 endpoint).
-    ``num_cpus``: CPUs per decode task.
+    Rows that only name their images (text and paths, no pixels) are materialised in the
+    object store once; rows with inline image bytes (parquet-inline, webdataset shards)
+    are streamed from their files every epoch instead (the object store need not hold the
+    corpus), and counting them costs one extra read pass.  Images are decoded lazily,
+    every epoch.  ``env``: environment variables for the decode tasks (e.g. the S3
+    endpoint).  ``num_cpus``: CPUs per decode task.  ``seed``: the run's seed; the train
+    transform's augmentation derives from it per row (:func:`row_seed`).
     """
     base = _base_dir(cfg.train_path)
-    raw = read_triplets_dataset(cfg.train_path, limit=cfg.limit)
+    raw, layout = _read(cfg.train_path, limit=cfg.limit)
     frac = cfg.val_fraction if cfg.val_path is None else 0.0
     if frac > 0:
-        train_raw = raw.filter(lambda row: not split_of(row["image"], frac))
-        val_raw = raw.filter(lambda row: split_of(row["image"], frac))
+        train_raw = raw.filter(lambda row: not split_of(row["key"], frac))
+        val_raw = raw.filter(lambda row: split_of(row["key"], frac))
         val_base = base
     elif cfg.val_path is not None:
         train_raw, val_raw, val_base = raw, read_triplets_dataset(cfg.val_path), _base_dir(cfg.val_path)
     else:
         train_raw, val_raw, val_base = raw, None, base
-    # Materialise the (small, text-only) triplet rows once: every epoch then re-runs only
-    # the decode/preprocess step, not the file read and split filter, and counts are free.
-    train_raw = train_raw.materialize()
-    val_raw = val_raw.materialize() if val_raw is not None else None
+    if layout == "files":
+        # Materialise the (small, text-only) triplet rows once: every epoch then re-runs only
+        # the decode/preprocess step, not the file read and split filter, and counts are free.
+        train_raw = train_raw.materialize()
+        val_raw = val_raw.materialize() if val_raw is not None else None
     train_rows = train_raw.count()
     val_rows = val_raw.count() if val_raw is not None else 0
     if train_rows == 0:
         raise DataError(f"{cfg.train_path}: no training rows (after holding out val_fraction={frac})")
 
-    def mapped(ds, base_dir: str, pp: Callable):
+    def mapped(ds, base_dir: str, pp: Callable, row_seeds: int | None):
         # An instance (not the class) runs as plain Ray Data tasks: an actor pool would
         # hold CPUs the training workers need on a small machine.
         udf = Preprocess(preprocess=pp, tokenizer=tokenizer, image_size=image_size, base_dir=base_dir,
-                         image_root=cfg.image_root)
+                         image_root=cfg.image_root, seed=row_seeds, fetch_threads=cfg.fetch_threads)
         remote_args: dict[str, Any] = {"num_cpus": num_cpus}
         if env:
             remote_args["runtime_env"] = {"env_vars": env}
         return ds.map_batches(udf, batch_size=batch_size, batch_format="numpy", **remote_args)
 
-    train = mapped(train_raw, base, preprocess_train)
-    val = mapped(val_raw, val_base, preprocess_val) if val_raw is not None and val_rows > 0 else None
+    train = mapped(train_raw, base, preprocess_train, seed)
+    val = mapped(val_raw, val_base, preprocess_val, None) if val_raw is not None and val_rows > 0 else None
     return Datasets(train=train, val=val, train_rows=train_rows, val_rows=val_rows)
 
 
@@ -282,10 +338,6 @@ def to_model_batch(batch: dict[str, Any], batch_size: int, device: Any = "cpu") 
     Pads to ``batch_size`` rows (``row_mask`` False on padding and failed rows) so every
     rank gathers the same shapes, and trims the token columns to the batch's longest text.
     """
-    import torch
-
-    from hardpos.model import trim_tokens
-
     n = len(batch["ok"])
     if n > batch_size:
         raise ValueError(f"batch of {n} rows exceeds the configured batch_size {batch_size}")
