@@ -96,7 +96,7 @@ def build_trainer(cfg: TrainConfig, *, callbacks: Sequence[Any] = (), run_logger
     image_size = image_size[0] if isinstance(image_size, (tuple, list)) else int(image_size)
     datasets = build_datasets(cfg.data, lm.preprocess_train, lm.preprocess_val, lm.tokenizer, image_size,
                               batch_size=cfg.batch_size, env=forwarded_env(include_tracking=False),
-                              num_cpus=decode_task_cpus(cfg, ray.cluster_resources().get("CPU", 0.0)))
+                              num_cpus=decode_task_cpus(cfg, ray.cluster_resources().get("CPU", 0.0)), seed=cfg.seed)
     spe, total = plan_steps(datasets.train_rows, cfg)
     plan = Plan(datasets.train_rows, datasets.val_rows, spe, total, cfg.batch_size * cfg.scaling.num_workers)
     storage_path, fs = storage_location(cfg)
