@@ -28,14 +28,19 @@ EVIL = '<script>alert("x")</script> & <b>bold</b>'
 
 
 # --------------------------------------------------------------------------- helpers
-def _write_scores(path: Path, rows: list[tuple[str, str, str, float, float, float | None]]) -> Path:
-    """A scores.parquet as the evaluate stage writes it: (item_id, benchmark, subset, s_c, s_n, s_p)."""
+def _write_scores(path: Path, rows: list[tuple[str, str, str, float, float, float | None]],
+                  text: list[tuple[float, float, float]] | None = None) -> Path:
+    """A scores.parquet as the evaluate stage writes it: (item_id, benchmark, subset, s_c, s_n, s_p),
+    plus SugarCrepe++'s text cosines (t_cp, t_cn, t_pn) per row when ``text`` is given."""
     path.parent.mkdir(parents=True, exist_ok=True)
     cols = list(zip(*rows))
-    pq.write_table(pa.table({"item_id": list(cols[0]), "benchmark": list(cols[1]), "subset": list(cols[2]),
-                             "s_c": list(cols[3]), "s_n": list(cols[4]), "s_p": list(cols[5])},
-                            schema=pa.schema([("item_id", pa.string()), ("benchmark", pa.string()), ("subset", pa.string()),
-                                              ("s_c", pa.float64()), ("s_n", pa.float64()), ("s_p", pa.float64())])), path)
+    names = ("item_id", "benchmark", "subset", "s_c", "s_n", "s_p")
+    data = {k: list(v) for k, v in zip(names, cols)}
+    fields = [(k, pa.string() if k in names[:3] else pa.float64()) for k in names]
+    if text is not None:
+        data.update({k: list(v) for k, v in zip(("t_cp", "t_cn", "t_pn"), zip(*text))})
+        fields += [(k, pa.float64()) for k in ("t_cp", "t_cn", "t_pn")]
+    pq.write_table(pa.table(data, schema=pa.schema(fields)), path)
     return path
 
 
@@ -238,7 +243,9 @@ def test_real_sugarcrepe_pp_items_with_stand_in_images(shared_data, tmp_path):
         if not Path(it.image).exists():
             write_image(Path(it.image), (90, 140, 200), size=(64, 48))
     scores = _model_scores({"sugarcrepe_pp": its}, ["base", "tuned"])
-    evals = {m: _write_scores(tmp_path / m / "scores.parquet", rows).parent for m, rows in scores.items()}
+    # text-only: "base" gets every item right, "tuned" none (its paraphrase is nearer the negative)
+    text = {"base": [(0.9, 0.5, 0.4)] * len(its), "tuned": [(0.5, 0.6, 0.4)] * len(its)}
+    evals = {m: _write_scores(tmp_path / m / "scores.parquet", rows, text[m]).parent for m, rows in scores.items()}
     res = X.write_explorer({m: X.read_scores(str(d)) for m, d in evals.items()}, {"sugarcrepe_pp": its},
                            tmp_path / "explorer")
     page = res.index.read_text(encoding="utf-8")
@@ -247,6 +254,8 @@ def test_real_sugarcrepe_pp_items_with_stand_in_images(shared_data, tmp_path):
     row = res.shown["sugarcrepe_pp"][0]
     item = next(it for it in its if it.item_id == row.item_id)
     assert html.escape(item.positive) in page and html.escape(item.negative) in page
+    assert row.scores[0].text_only is True and row.scores[1].text_only is False
+    assert page.count("text-only: correct") == page.count("text-only: wrong") == len(res.shown["sugarcrepe_pp"])
     assert {r.subset for r in res.shown["sugarcrepe_pp"]} <= {"replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"}
 
 

@@ -27,7 +27,9 @@ A model's outcome on one item (strict comparisons: a tie counts against the mode
     tie (P=N)        s_c > s_n, s_p == s_n
     wrong            the caption does not beat the negative and the item is not brittle
 
-Two models disagree on an item exactly when their outcomes differ (the outcome is a
+SugarCrepe++ rows also show each model's text-only verdict (the caption and the paraphrase
+closer to each other than to the negative, by the text encoder alone) when the scores file
+has the text cosines. Two models disagree on an item exactly when their outcomes differ (the outcome is a
 one-to-one name for the verdict triple). Every text on the page (captions are user data,
 model and benchmark names config values) is HTML-escaped.
 """
@@ -53,6 +55,7 @@ from hardpos.eval.evaluator import load_image
 from hardpos.eval.metrics import verdicts
 from hardpos.eval.report import SCORES_FILE
 from hardpos.eval.spec import BenchmarkSpec
+from hardpos.eval.sugarcrepe_pp import TEXT_COLUMNS, text_only_correct
 
 INDEX_FILE = "index.html"
 IMAGES_DIR = "images"
@@ -100,12 +103,15 @@ class ExplorerConfig:
 # --------------------------------------------------------------------------- scores and rows
 @dataclasses.dataclass(frozen=True)
 class ItemScores:
-    """One model's scores for one item (``s_p`` None without a hard positive)."""
+    """One model's scores for one item (``s_p`` None without a hard positive).
+    ``text_only``: SugarCrepe++'s text-only verdict when the scores file has the text
+    cosines (shown on the page; disagreement is decided by the image verdicts only)."""
 
     subset: str
     s_c: float
     s_n: float
     s_p: float | None = None
+    text_only: bool | None = None
 
 
 # benchmark -> item_id -> scores
@@ -124,10 +130,13 @@ def read_scores(uri: str) -> dict[str, dict[str, ItemScores]]:
     missing = [c for c in need if c not in cols]
     if missing:
         raise ExplorerError(f"{path}: missing column(s) {missing}; expected the evaluate stage's {SCORES_FILE}")
+    n = len(cols["item_id"])
+    text = list(zip(*(cols[c] for c in TEXT_COLUMNS))) if all(c in cols for c in TEXT_COLUMNS) else [(None,) * 3] * n
     out: dict[str, dict[str, ItemScores]] = {}
-    for item_id, bench, subset, s_c, s_n, s_p in zip(*(cols[c] for c in need)):
+    for (item_id, bench, subset, s_c, s_n, s_p), t in zip(zip(*(cols[c] for c in need)), text):
+        tot = None if None in t else bool(text_only_correct(*t))
         out.setdefault(bench, {})[str(item_id)] = ItemScores(subset, float(s_c), float(s_n),
-                                                             None if s_p is None else float(s_p))
+                                                             None if s_p is None else float(s_p), tot)
     return out
 
 
@@ -374,7 +383,9 @@ def render_html(models: Sequence[str], tables: Mapping[str, BenchmarkRows], show
         cells = []
         for s, o in zip(r.scores, r.outcomes):
             cells.append(f'<td><span class="o o-{o.split(" ")[0]}">{_e(o)}</span>'
-                         f'<div class="sc">{_fmt(s.s_c)} / {_fmt(s.s_n)} / {_fmt(s.s_p)}</div></td>')
+                         f'<div class="sc">{_fmt(s.s_c)} / {_fmt(s.s_n)} / {_fmt(s.s_p)}</div>'
+                         + ("" if s.text_only is None else
+                            f'<div class="sc">text-only: {"correct" if s.text_only else "wrong"}</div>') + "</td>")
         combo = r.combination(models)
         body.append(f'<tr data-benchmark="{bcode[r.benchmark]}" data-subset="{scode[r.subset]}" '
                     f'data-outcome="{ocode[combo]}"><td>{_e(r.benchmark)}<br>{_e(r.subset)}'
@@ -407,7 +418,9 @@ def render_html(models: Sequence[str], tables: Mapping[str, BenchmarkRows], show
         "hard positive (s_p). Outcomes: <b>correct</b> = caption and positive both beat the negative; "
         "<b>brittle (P&lt;N)</b> = s_c &gt; s_n &gt; s_p; <b>brittle (C&lt;N)</b> = s_p &gt; s_n &gt; s_c; "
         "<b>tie (P=N)</b> = s_c &gt; s_n = s_p; <b>wrong</b> = the caption does not beat the negative "
-        "(without a hard positive: correct / wrong by the caption alone). Ties count against the model.</p>",
+        "(without a hard positive: correct / wrong by the caption alone). Ties count against the model. "
+        "<b>text-only</b> (SugarCrepe++, when scored): the text encoder alone puts the caption and the positive "
+        "closer to each other than either to the negative.</p>",
         f'<p class="note">At most {cap} rows per benchmark are shown (explorer.max_rows_per_benchmark), '
         "taken in turn from every outcome combination.</p>",
         "".join(summary),
