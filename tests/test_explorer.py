@@ -2,8 +2,8 @@
 the compare stage writing and logging it, and the page in a real headless Chromium.
 
 The browser test needs Debian's ``chromium`` and pip's ``playwright`` (driving the system
-browser: no browser download). Without them it skips, unless HARDPOS_REQUIRE_BROWSER is set
-(CI sets it), where it fails instead.
+browser: no browser download; HARDPOS_CHROMIUM names another Chromium binary). Without them it skips,
+unless HARDPOS_REQUIRE_BROWSER is set (CI sets it), where it fails instead.
 """
 from __future__ import annotations
 
@@ -301,7 +301,7 @@ def test_compare_stage_writes_and_logs_the_explorer_and_can_turn_it_off(tmp_path
 
 
 # --------------------------------------------------------------------------- a real browser
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = os.environ.get("HARDPOS_CHROMIUM", "/usr/bin/chromium")  # Debian's package; another build by path
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 
@@ -314,7 +314,7 @@ def _need_browser():
     except ImportError:
         why = "pip package playwright is not installed"
     if why is None and not Path(CHROMIUM).exists():
-        why = f"{CHROMIUM} is absent (apt-get install chromium)"
+        why = f"{CHROMIUM} is absent (apt-get install chromium, or set HARDPOS_CHROMIUM)"
     if why:
         if os.environ.get("HARDPOS_REQUIRE_BROWSER"):
             pytest.fail(f"HARDPOS_REQUIRE_BROWSER is set but {why}")
