@@ -120,3 +120,19 @@ def test_register_ranked_registers_champion_and_challenger(monkeypatch):
     assert calls == [("a", "m", "champion")] and "challenger" not in out
     with pytest.raises(ValueError, match="no ranked run"):
         registry.register_ranked(client, [], "m")
+
+
+def test_the_sweep_seed_and_log_level_reach_every_trial(monkeypatch):
+    from pathlib import Path
+
+    from hardpos import runtime
+    from hardpos.config import load_config
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    module = runtime.stage_module("sweep")
+    base = module.trial_base(load_config(module.Config, None, ["seed=7", "log_level=debug"]))
+    assert base["seed"] == 7 and base["log_level"] == "debug"
+    assert module.trial_train_config(base, {"loss.w_neg": 0.5}).seed == 7
+    pinned = module.trial_base(load_config(module.Config, None, ["seed=7", 'train_overrides={"seed": 3}']))
+    assert pinned["seed"] == 3  # an explicit train override wins
+    assert module.trial_train_config(pinned, {"seed": 11}).seed == 11  # and a search-space seed per trial

@@ -28,6 +28,7 @@ import ray
 from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from ray.tune.search import BasicVariantGenerator
 
 from hardpos import compare, logs, registry, runtime, storage, sweep, tracking
 from hardpos.config import ConfigError, JobConfig, from_dict, load_config, set_dotted, to_dict
@@ -59,6 +60,9 @@ class Config(JobConfig):
     register: register the best trial's model (champion) and the runner-up (challenger).
     model_name: registered model name.
     resume: an interrupted sweep in ``output_dir`` (same config) resumes instead of starting over.
+    seed: every trial's training seed (model init, shuffling; unless ``train_overrides`` or the
+        search space set ``seed``) and the seed of Tune's draws for sampled keys, so the same
+        command gives the same trials in the same order.
     """
 
     output_dir: str = "outputs/sweep"
@@ -155,6 +159,17 @@ def base_train_dict(cfg: Config) -> dict[str, Any]:
     return to_dict(base)
 
 
+def trial_base(cfg: Config) -> dict[str, Any]:
+    """The train config every trial starts from: :func:`base_train_dict` with the sweep's
+    ``log_level`` and ``seed`` (unless ``train_overrides`` sets ``seed``; a search-space
+    ``seed`` still wins per trial, as every trial override does)."""
+    base = base_train_dict(cfg)
+    base["log_level"] = cfg.log_level
+    if "seed" not in cfg.train_overrides:
+        base["seed"] = cfg.seed
+    return base
+
+
 def _yaml(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
@@ -232,8 +247,7 @@ def run_trial(tune_config: dict[str, Any], *, base: dict[str, Any], output_dir: 
 
 # --------------------------------------------------------------------------- the stage
 def run(cfg: Config, ctx: JobContext) -> dict:
-    base = base_train_dict(cfg)
-    base["log_level"] = cfg.log_level  # the trials print what the sweep's console asks for
+    base = trial_base(cfg)
     n_trials = validate_space(cfg, base)
     runtime.init_ray(cfg.ray)
     tracking_cfg = {
@@ -278,6 +292,8 @@ def _new_tuner(cfg: Config, trainable: Any, param_space: dict[str, Any], fs: Any
         param_space=param_space,
         tune_config=tune.TuneConfig(
             metric=cfg.metric, mode=cfg.mode, scheduler=scheduler, num_samples=cfg.num_samples,
+            # grid order is the trial order; the sampled keys' draws follow the sweep's seed
+            search_alg=BasicVariantGenerator(random_state=cfg.seed),
             max_concurrent_trials=cfg.max_concurrent_trials, time_budget_s=cfg.time_budget_s,
         ),
         run_config=tune.RunConfig(
