@@ -212,7 +212,8 @@ def test_hardpos_logger_gets_one_handler_and_the_verbose_switch(monkeypatch):
     assert load_config(JobConfig, None, cli.parse_args(["-v"])[1]).log_level == "debug"
     with pytest.raises(ConfigError, match="log_level"):
         load_config(JobConfig, None, ["log_level=loud"])
-    logs.setup("info")
+    logs.setup("info")  # back on the current sys.stderr, looked up per line
+    assert logging.getLogger("hardpos").handlers[0].stream is sys.stderr
     assert logs.duration(75) == "1m15s" and logs.duration(3725) == "1h02m" and logs.duration(9.6) == "10s"
 
 

@@ -44,20 +44,38 @@ def verbose(level: str) -> bool:
     return check_level(level) == "debug"
 
 
+class _ConsoleHandler(logging.StreamHandler):
+    """A StreamHandler on a fixed stream, or (None) on whatever ``sys.stderr`` is when a
+    record is written: a replaced stderr (pytest's capture, a notebook) is followed instead
+    of a closed one being kept."""
+
+    def __init__(self, stream: IO[str] | None = None):
+        self._fixed = stream
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> IO[str]:  # type: ignore[override]
+        return self._fixed if self._fixed is not None else sys.stderr
+
+    @stream.setter
+    def stream(self, value: IO[str] | None) -> None:
+        self._fixed = value
+
+
 def setup(level: str = "info", stream: IO[str] | None = None) -> logging.Logger:
-    """Give the ``hardpos`` logger one console handler at ``level`` (idempotent: a second
-    call only changes the level and stream). It does not propagate to the root logger, so
-    Ray's root-logger handlers in worker processes neither drop nor repeat its lines."""
+    """Give the ``hardpos`` logger one console handler at ``level`` on ``stream`` (None: the
+    current ``sys.stderr``). Idempotent: a second call only changes the level and stream. The
+    logger does not propagate to the root logger, so Ray's root-logger handlers in worker
+    processes neither drop nor repeat its lines."""
     logger = logging.getLogger(LOGGER)
     logger.setLevel(check_level(level).upper())
     handler = next((h for h in logger.handlers if h.get_name() == _HANDLER), None)
     if handler is None:
-        handler = logging.StreamHandler(stream or sys.stderr)
+        handler = _ConsoleHandler()
         handler.set_name(_HANDLER)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         logger.addHandler(handler)
-    elif stream is not None:
-        handler.setStream(stream)
+    handler.stream = stream
     logger.propagate = False
     return logger
 
