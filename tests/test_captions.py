@@ -1,6 +1,8 @@
 """Caption readers on every supported format (tmp files + the real shared files)."""
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from hardpos.data.captions import CaptionSourceError, read_captions
@@ -107,3 +109,88 @@ def test_real_shared_files(shared_data):
     att = read_captions(str(shared_data / "hard_positives" / "data" / "vl_checklist_attributes.json"), limit=1)
     assert att == [{"caption_id": "2401814", "caption": "walking elephant", "image": "data/VG_100K_2/2401814.jpg",
                     "negatives": []}]
+
+
+# --------------------------------------------------------------------------- streaming sources (generate)
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_glob_folder_or_file_resolves_to_sorted_files_with_one_column_map(tmp_path):
+    from hardpos.generate.source import resolve_source
+
+    (tmp_path / "caps").mkdir()
+    for i in (2, 0, 1):
+        _jsonl(tmp_path / "caps" / f"part-{i}.jsonl", [{"id": f"{i}-a", "title": "a red bus", "filepath": "x.jpg"}])
+    (tmp_path / "caps" / "README.md").write_text("not a caption file")
+    src = resolve_source(str(tmp_path / "caps" / "part-*.jsonl"))
+    assert [p.rsplit("/", 1)[-1] for p in src.files] == ["part-0.jsonl", "part-1.jsonl", "part-2.jsonl"]
+    assert src.fmt == "jsonl" and (src.columns.caption, src.columns.caption_id, src.columns.image) == (
+        "title", "id", "filepath")
+    assert resolve_source(str(tmp_path / "caps")).files == src.files  # a folder: its caption files only
+    one = resolve_source(str(tmp_path / "caps" / "part-1.jsonl"))
+    assert one.files == (str(tmp_path / "caps" / "part-1.jsonl"),)
+
+
+def test_bad_sources_are_named_errors_before_any_work(tmp_path):
+    from hardpos.generate.source import resolve_source
+
+    with pytest.raises(CaptionSourceError, match=r"glob .*nothing-\*\.jsonl matches no file"):
+        resolve_source(str(tmp_path / "nothing-*.jsonl"))
+    with pytest.raises(CaptionSourceError, match="caption source not found"):
+        resolve_source(str(tmp_path / "missing.jsonl"))
+    _jsonl(tmp_path / "a.jsonl", [{"caption": "a cat", "image": "c.jpg"}])
+    _jsonl(tmp_path / "b.jsonl", [{"text": "a dog", "image": "d.jpg"}])
+    with pytest.raises(CaptionSourceError, match=r"mixed schemas: .*a\.jsonl.*'caption'.*b\.jsonl.*'text'"):
+        resolve_source(str(tmp_path / "*.jsonl"))
+    (tmp_path / "nocap").mkdir()
+    _jsonl(tmp_path / "nocap" / "c.jsonl", [{"image": "c.jpg", "label": 3}])
+    with pytest.raises(CaptionSourceError, match=r"c\.jsonl: no caption column"):
+        resolve_source(str(tmp_path / "nocap"))
+    (tmp_path / "mixed").mkdir()
+    pq.write_table(pa.table({"caption": ["a cat"]}), tmp_path / "mixed" / "x.parquet")
+    _jsonl(tmp_path / "mixed" / "y.jsonl", [{"caption": "a dog"}])
+    with pytest.raises(CaptionSourceError, match="mixes file formats"):
+        resolve_source(str(tmp_path / "mixed"))
+    (tmp_path / "latin.jsonl").write_bytes('{"caption": "A caf\u00e9."}\n'.encode("latin-1"))
+    with pytest.raises(CaptionSourceError, match="not UTF-8"):
+        resolve_source(str(tmp_path / "latin.jsonl"))
+    (tmp_path / "nocol.tsv").write_text("filepath\tneg_caption\na.jpg\t[]\n")
+    with pytest.raises(CaptionSourceError, match="no caption column"):
+        resolve_source(str(tmp_path / "nocol.tsv"))
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 nope")
+    with pytest.raises(CaptionSourceError, match="not a readable parquet file"):
+        resolve_source(str(tmp_path / "bad.parquet"))
+
+
+def test_shard_slices_span_blocks_and_fill_missing_ids_with_the_index():
+    from hardpos.generate.source import CAPTION_SCHEMA, CaptionBlocks, caption_rows
+
+    blocks = CaptionBlocks(refs=["r0", "r1", "r2"], rows=[3, 2, 4], fingerprint="f")
+    assert blocks.num_captions == 9
+    assert blocks.pieces(0, 3) == [(0, 0, 3)]
+    assert blocks.pieces(2, 6) == [(0, 2, 3), (1, 0, 2), (2, 0, 1)]
+    assert blocks.pieces(8, 9) == [(2, 3, 4)]
+    t0 = pa.Table.from_pylist([{"caption_id": "x", "caption": "a", "image": None, "negatives": ["n"]},
+                               {"caption_id": None, "caption": "b", "image": "/i.jpg", "negatives": None}],
+                              schema=CAPTION_SCHEMA)
+    t1 = pa.Table.from_pylist([{"caption_id": None, "caption": "c", "image": None, "negatives": []}],
+                              schema=CAPTION_SCHEMA)
+    rows = caption_rows([t0, t1], [(0, 1, 2), (1, 0, 1)], start=7)
+    assert rows == [{"caption_id": "7", "caption": "b", "image": "/i.jpg", "negatives": [], "index": 7},
+                    {"caption_id": "8", "caption": "c", "image": None, "negatives": [], "index": 8}]
+
+
+def test_normalise_batch_maps_columns_resolves_images_and_parses_negatives(tmp_path):
+    from hardpos.data.captions import column_map
+    from hardpos.generate.source import normalise_batch
+
+    path = str(tmp_path / "caps.jsonl")
+    batch = pa.table({"title": ["a cat", None], "filepath": ["im/c.jpg", ""], "neg_caption": ["['a dog']", None],
+                      "path": [path, path]})
+    cm = column_map(batch.column_names, path)
+    rows = normalise_batch(batch, cm, path, None).to_pylist()
+    assert rows == [{"caption_id": None, "caption": "a cat", "image": str(tmp_path / "im" / "c.jpg"),
+                     "negatives": ["a dog"]},
+                    {"caption_id": None, "caption": "", "image": None, "negatives": []}]

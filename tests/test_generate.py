@@ -522,3 +522,58 @@ def test_vllm_engine_runs_a_small_model(shared_data, tmp_path, request):
                                    "engine.vllm.max_model_len=1024", "engine.vllm.batch_size=32"))
     assert summary["complete"] and summary["inputs"] == summary["accepted"] + summary["rejected"]
     assert summary["accepted"] > 0 and summary["this_run"]["tokens_per_s"] > 0
+
+
+# --------------------------------------------------------------------------- webdataset shards, streamed merge
+def test_webdataset_shard_follows_ray_read_webdataset_layout(tmp_path):
+    import io
+    import tarfile
+
+    from PIL import Image
+
+    img = tmp_path / "im0.png"
+    Image.new("RGB", (4, 4), (200, 0, 0)).save(img)
+    (tmp_path / "im1.JPEG").write_bytes(b"\xff\xd8fake-jpeg")
+    rows = [{"image": str(img), "caption": "a red cube", "caption_id": "c0", "hard_negative": "a blue cube",
+             "hard_positive": "a crimson cube", "kind": "replace", "source": "rule", "negative_source": "rule"},
+            {"image": str(tmp_path / "missing.png"), "caption": "a cat", "caption_id": "c1", "hard_negative": None,
+             "hard_positive": None, "kind": "replace", "source": "rule", "negative_source": None},
+            {"image": str(tmp_path / "im1.JPEG"), "caption": "a dog", "caption_id": "c2", "hard_negative": None,
+             "hard_positive": "a puppy", "kind": "swap", "source": "rule", "negative_source": None}]
+    assert pipeline.write_webdataset(str(tmp_path / "out"), 3, rows) == (2, 1)
+    with tarfile.open(pipeline.webdataset_path(str(tmp_path / "out"), 3)) as tar:
+        names = tar.getnames()
+        files = {n: tar.extractfile(n).read() for n in names}
+    assert names == ["00003-000000.png", "00003-000000.txt", "00003-000000.json",
+                     "00003-000002.jpg", "00003-000002.txt", "00003-000002.json"]
+    assert Image.open(io.BytesIO(files["00003-000000.png"])).size == (4, 4)
+    assert files["00003-000000.txt"].decode() == "a red cube"
+    meta = json.loads(files["00003-000002.json"])
+    assert meta == {"caption_id": "c2", "caption": "a dog", "hard_negative": None, "hard_positive": "a puppy",
+                    "kind": "swap", "source": "rule", "negative_source": None}
+
+
+def test_merge_streams_shards_with_unified_triplet_schema(tmp_path):
+    from hardpos.data.triplets import make_triplet, read_triplets, write_triplets
+
+    out = str(tmp_path)
+    caps = [{"index": i, "caption_id": f"c{i}", "caption": "A red bus.", "image": None, "negatives": []}
+            for i in range(4)]
+    shards = pipeline.plan(caps, load_prompts("paper", ["replace"]), 2, "rule")
+    for s in shards:
+        rows = [pipeline.judge({**r, "raw_output": "A crimson bus.", "engine_error": None, "engine_detail": None,
+                                "prompt_tokens": 0, "completion_tokens": 0, "source": "rule"}) for r in s.requests]
+        pipeline.write_shard(out, s, rows, None)
+    # the second shard's extra column is all null: its parquet type is null, the first one's int64
+    write_triplets([make_triplet(image="/a.png", caption="A", kind="replace", source="rule", caption_id="c0",
+                                 positive_index=0)], pipeline.shard_path(out, 0, "triplets.parquet"))
+    write_triplets([make_triplet(image="/b.png", caption="B", kind="replace", source="rule", caption_id="c2",
+                                 positive_index=None)], pipeline.shard_path(out, 1, "triplets.parquet"))
+    merged_out = pipeline.merge_outputs(out, 2, True, "triplets.parquet")
+    assert [r["request_id"] for r in pipeline.read_parquet_rows(merged_out["accepted"])] == [
+        "0:replace", "1:replace", "2:replace", "3:replace"]
+    assert [(t["caption_id"], t["positive_index"]) for t in read_triplets(merged_out["triplets"])] == [
+        ("c0", 0), ("c2", None)]
+    as_jsonl = pipeline.merge_outputs(out, 2, True, "triplets.jsonl")["triplets"]
+    assert [t["caption"] for t in read_triplets(as_jsonl)] == ["A", "B"]
+    assert not [n for n in os.listdir(out) if n.startswith(".merge-")]  # no temp file left behind

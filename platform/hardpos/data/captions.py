@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import dataclasses
 import io
 import json
 from typing import Any, Iterable
@@ -84,22 +85,43 @@ def _pick(columns: Iterable[str], wanted: tuple[str, ...]) -> str | None:
     return None
 
 
-def _from_records(records: list[dict], uri: str, columns: Iterable[str] | None = None) -> list[dict]:
-    columns = list(columns) if columns is not None else list(dict.fromkeys(k for r in records[:100] for k in r))
+@dataclasses.dataclass(frozen=True)
+class ColumnMap:
+    """Which column of a row-per-caption source holds what (:func:`column_map`)."""
+
+    caption: str
+    caption_id: str | None = None
+    image: str | None = None
+    negatives: str | None = None
+
+    def row(self, rec: dict, default_id: Any) -> dict:
+        """One source record -> the normalised caption row; ``default_id`` when it has no id
+        (``caption_id`` stays None when both are None)."""
+        cid = rec.get(self.caption_id) if self.caption_id else None
+        cid = default_id if cid is None or cid == "" else cid
+        out = _row(cid, rec.get(self.caption), rec.get(self.image) if self.image else None,
+                   rec.get(self.negatives) if self.negatives else None)
+        if cid is None:  # no id and no default: the caller fills it in later
+            out["caption_id"] = None
+        return out
+
+
+def column_map(columns: Iterable[str], uri: str) -> ColumnMap:
+    """The :class:`ColumnMap` of a source with these columns (first match of each list of
+    known names); raises :class:`CaptionSourceError` naming ``uri`` when none is a caption."""
+    columns = list(columns)
     cap = _pick(columns, CAPTION_COLUMNS)
     if cap is None:
         raise CaptionSourceError(
             f"{uri}: no caption column; expected one of {list(CAPTION_COLUMNS)}, found {columns[:20]}")
-    ident = _pick(columns, ID_COLUMNS)
     # image_id is only an id fallback when nothing better exists; never use it as the image
-    img = _pick(columns, IMAGE_COLUMNS)
-    neg = _pick(columns, NEGATIVE_COLUMNS)
-    out = []
-    for i, rec in enumerate(records):
-        cid = rec.get(ident) if ident else None
-        out.append(_row(i if cid is None or cid == "" else cid, rec.get(cap), rec.get(img) if img else None,
-                        rec.get(neg) if neg else None))
-    return out
+    return ColumnMap(cap, _pick(columns, ID_COLUMNS), _pick(columns, IMAGE_COLUMNS), _pick(columns, NEGATIVE_COLUMNS))
+
+
+def _from_records(records: list[dict], uri: str, columns: Iterable[str] | None = None) -> list[dict]:
+    columns = list(columns) if columns is not None else list(dict.fromkeys(k for r in records[:100] for k in r))
+    cm = column_map(columns, uri)
+    return [cm.row(rec, i) for i, rec in enumerate(records)]
 
 
 def _decode(data: bytes, uri: str) -> str:

@@ -1,41 +1,54 @@
 """The generate pipeline: captions -> prompts -> engine -> validator -> sharded, resumable output.
 
-Flow (one code path for every engine)::
+Flow (one shard plan for every engine; rows stay in the cluster)::
 
-    read_captions(input)                         driver: rows + dataset negatives + images
-      -> plan(): shards of ``shard_size`` captions in input order; one request per
-         (caption, applicable prompt kind); bad input rows become rejects right here
-      -> ray.data.from_items(requests of the shards not yet done)
-      -> engines.apply_engine()                  Ray Data: rules / http / vllm
-      -> map_batches(judge_batch)                Ray Data: hardpos.data.validate on every row,
-                                                 plus the join's rule negatives (fused with
-                                                 the rule engine into one task)
-      -> driver collects rows per shard, joins triplets: one row per caption with the
-         positive a seeded rule picks (or one per accepted positive with join.positives
-         "all"), its hard negative from dataset > LLM > rule negative;
-         a complete shard is written atomically
-         (accepted / rejects / triplets parquet, then the ``.done.json`` marker)
+    source.resolve_source(input)                 driver: file list + heads checked (no rows)
+      -> source.read_source()                    Ray Data readers -> normalised caption blocks in
+                                                 the object store; the driver keeps refs + counts
+      -> shards of ``shard_size`` captions in source order (caption index // shard_size)
+      -> rules engine: one Ray task per shard (:func:`run_worker_shards`): plan the shard's
+         requests, rules + validation + the join's rule negatives, the triplet join, and the
+         shard's files, written by the worker; the driver receives only the shard's counts
+      -> LLM engines (:func:`run_driver_shards`): each shard's requests go into the object
+         store, Ray Data runs the engine (http / vllm) and the judge over them, and the
+         driver joins and commits each shard as soon as its rows are in (it holds only
+         the shards in flight)
+      -> a shard is committed atomically (:func:`commit_shard`: accepted / rejects /
+         triplets parquet [, webdataset tar], then the ``.done.json`` marker with counts)
       -> when every shard is done: merged accepted.parquet, rejects.parquet,
-         triplets.parquet (the training input) and samples.json
+         triplets.parquet (the training input), streamed shard by shard, and samples.json
+
+The join: one row per caption with the positive a seeded rule picks (or one per accepted
+positive with join.positives "all"), its hard negative from dataset > LLM > rule negative.
 
 Resume: a shard is finished iff its ``.done.json`` exists; a rerun with the same
 output_dir (and the same input/prompts/engine, checked against ``manifest.json``) skips
 finished shards and redoes unfinished ones from scratch, so no row is lost or written
-twice. Conservation ``inputs == accepted + rejected`` is checked per shard and overall.
+twice; a shard task that Ray retries (a node died) finds the marker and writes nothing.
+Conservation ``inputs == accepted + rejected`` is checked per shard and overall.
 
 Layout (one job per module, all re-exported here so ``hardpos.generate.pipeline`` keeps its
-names): :mod:`hardpos.generate.planning` (inputs, shards, judging),
-:mod:`hardpos.generate.join` (the triplet join), :mod:`hardpos.generate.shard_files`
-(shard files, manifest, merge, counts); this module drives them (:func:`run_shards`).
-Callers use the names through this module (``pipeline.write_shard``), so a test may
+names): :mod:`hardpos.generate.source` (reading sources), :mod:`hardpos.generate.planning`
+(inputs, shards, judging), :mod:`hardpos.generate.join` (the triplet join),
+:mod:`hardpos.generate.shard_files` (shard files, manifest, merge, counts); this module
+drives them. Commits go through the names here (``pipeline.write_shard``), so a test may
 replace one here.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
+
+import pyarrow as pa
+import ray
+
+from hardpos import storage
+from hardpos.generate import engines
+from hardpos.generate.prompts import PromptTemplate
+from hardpos.generate.source import CaptionBlocks, caption_rows
 
 from hardpos.generate.join import (
     POSITIVES_MODES,
@@ -60,6 +73,7 @@ from hardpos.generate.planning import (
     judge_batch,
     load_inputs,
     plan,
+    plan_shard,
     reject_row,
     result_schema,
 )
@@ -68,6 +82,7 @@ from hardpos.generate.shard_files import (
     MANIFEST_KEYS,
     MERGED,
     REJECT_COLUMNS,
+    WEBDATASET_DIR,
     aggregate,
     check_manifest,
     clear_output,
@@ -77,7 +92,9 @@ from hardpos.generate.shard_files import (
     read_parquet_rows,
     sample_rows,
     shard_path,
+    webdataset_path,
     write_shard,
+    write_webdataset,
 )
 
 __all__ = [
@@ -85,7 +102,8 @@ __all__ = [
     "NegativePicker", "RunStats", "Shard", "aggregate", "base_kind", "check_manifest", "clear_output", "counts_of",
     "dataset_name", "dataset_negatives", "done_shards", "input_fingerprint", "join_by_caption", "join_caption",
     "join_counts", "join_triplets", "judge", "judge_batch", "load_inputs", "meaning_kept_negatives", "merge_outputs",
-    "plan", "positive_choice", "read_parquet_rows", "reject_row", "result_schema", "rule_negative",
+    "JoinSpec", "ShardJob", "commit_shard", "plan", "plan_shard", "run_driver_shards", "run_worker_shards",
+    "write_webdataset", "WEBDATASET_DIR", "webdataset_path", "shard_count", "positive_choice", "read_parquet_rows", "reject_row", "result_schema", "rule_negative",
     "rule_negatives_of", "run_shards", "sample_rows", "shard_path", "write_shard",
 ]
 
@@ -140,5 +158,176 @@ def run_shards(shards: list[Shard], make_dataset: Callable[[list[dict]], Any], o
     left = {i: n for i, n in remaining.items() if n and i in buffers}
     if left:
         raise RuntimeError(f"pipeline ended with rows missing for shards {left}")
+    stats.wall_s = time.time() - start
+    return stats
+
+
+# --------------------------------------------------------------------------- streaming: shared by both paths
+@dataclasses.dataclass(frozen=True)
+class JoinSpec:
+    """The join's settings as a worker needs them (the stage's ``join`` section, resolved)."""
+
+    positives: str = "one"
+    negatives: str = "auto"
+    keep_unmatched: bool = True
+    dataset: str = "source"
+    webdataset: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardJob:
+    """Everything needed to plan, run (rules) and commit one shard, on any process (picklable).
+
+    rule_negatives: ``{"seed", "world_dir"}`` when the judge should attach the join's rule
+    negatives (see :func:`judge_batch`), else None; join: None when the join is off.
+    """
+
+    out_dir: str
+    templates: tuple[PromptTemplate, ...]
+    source: str
+    shard_size: int
+    seed: int = 0
+    world_dir: str | None = None
+    rule_negatives: dict | None = None
+    join: JoinSpec | None = None
+
+    def picker(self) -> NegativePicker:
+        assert self.join is not None
+        return NegativePicker(self.join.negatives, self.seed, self.join.dataset, self.world_dir)
+
+
+def commit_shard(job: ShardJob, shard: Shard, results: list[dict], picker: NegativePicker | None = None) -> dict:
+    """Join ``results`` (every row of ``shard``: its input rejects and judged engine rows)
+    into triplets and write the shard (:func:`write_shard`, marker last); returns its counts."""
+    triplets, join_stats = None, None
+    if job.join is not None:
+        picker = picker or job.picker()
+        accepted = [r for r in results if r["status"] == "accepted"]
+        per_caption = join_by_caption(shard.captions, accepted, picker, job.join.positives, job.join.keep_unmatched,
+                                      rule_negatives_of(results) if job.rule_negatives else {})
+        triplets = [t for rows in per_caption for t in rows]
+        join_stats = join_counts(per_caption)
+        if picker.mode in ("auto", "dataset"):
+            join_stats["dataset_negatives_meaning_kept"] = meaning_kept_negatives(shard.captions)
+        if job.join.webdataset:
+            join_stats["webdataset_samples"], join_stats["webdataset_skipped"] = write_webdataset(
+                job.out_dir, shard.index, triplets)
+    return write_shard(job.out_dir, shard, results, triplets, join_stats)
+
+
+def _shard_range(blocks: CaptionBlocks, index: int, shard_size: int) -> tuple[int, int, list[tuple[int, int, int]]]:
+    start = index * shard_size
+    stop = min(start + shard_size, blocks.num_captions)
+    return start, stop, blocks.pieces(start, stop)
+
+
+def _fetch_shard(job: ShardJob, blocks: CaptionBlocks, index: int) -> Shard:
+    start, _, pieces = _shard_range(blocks, index, job.shard_size)
+    tables = ray.get([blocks.refs[b] for b, _, _ in pieces])
+    return plan_shard(caption_rows(tables, pieces, start), list(job.templates), index, job.source)
+
+
+def storage_env() -> dict[str, str]:
+    """The driver's S3 settings (endpoint, region, credentials) for workers that read or
+    write s3:// themselves; Ray's workers do not see variables set after they started."""
+    return {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "HARDPOS_S3_"))}
+
+
+def shard_count(num_captions: int, shard_size: int) -> int:
+    return -(-num_captions // shard_size)
+
+
+# --------------------------------------------------------------------------- rules: shards on the workers
+def rules_shard(job: ShardJob, index: int, start: int, pieces: list[tuple[int, int, int]], *tables: pa.Table) -> dict:
+    """A whole shard on one worker (rules engine): plan, rules + judge, join, commit.
+
+    Idempotent: a shard whose marker exists (Ray retried this task after a node died, or
+    rebuilt its lost result) is not written again; its recorded counts come back."""
+    marker = shard_path(job.out_dir, index, "done.json")
+    if storage.exists(marker):
+        return storage.read_json(marker)
+    shard = plan_shard(caption_rows(tables, pieces, start), list(job.templates), index, job.source)
+    results = list(shard.input_rejects)
+    if shard.requests:
+        requests = pa.Table.from_pylist([{c: r[c] for c in engines.REQUEST_COLUMNS} for r in shard.requests])
+        rows = engines.rules_batch(requests, seed=job.seed, world_dir=job.world_dir)
+        results.extend(judge_batch(rows, job.rule_negatives).to_pylist())
+    return commit_shard(job, shard, results)
+
+
+def run_worker_shards(job: ShardJob, blocks: CaptionBlocks, pending: Iterable[int], num_cpus: float,
+                      on_done: Callable[[int, dict], None]) -> RunStats:
+    """Run :func:`rules_shard` for every pending shard as Ray tasks, at most a few per CPU in
+    flight (the driver's memory stays flat: it holds refs and counts, never rows)."""
+    stats, start = RunStats(), time.time()
+    options: dict[str, Any] = {"num_cpus": num_cpus, "max_retries": 3}
+    if storage.is_s3(job.out_dir):  # workers write the shards: they need the driver's S3 settings
+        options["runtime_env"] = {"env_vars": storage_env()}
+    task = ray.remote(rules_shard).options(**options)
+    window = max(2, int(2 * ray.cluster_resources().get("CPU", 1) / max(num_cpus, 0.01)))
+    todo, inflight = list(pending), {}
+    todo.reverse()
+    while todo or inflight:
+        while todo and len(inflight) < window:
+            index = todo.pop()
+            s, _, pieces = _shard_range(blocks, index, job.shard_size)
+            inflight[task.remote(job, index, s, pieces, *[blocks.refs[b] for b, _, _ in pieces])] = index
+        ready, _ = ray.wait(list(inflight), num_returns=1)
+        index = inflight.pop(ready[0])
+        counts = ray.get(ready[0])
+        stats.counts.append(counts)
+        stats.shards_written += 1
+        stats.captions += counts.get("captions", 0)
+        on_done(index, counts)
+    stats.wall_s = time.time() - start
+    return stats
+
+
+# --------------------------------------------------------------------------- LLM engines: Ray Data + driver commits
+def run_driver_shards(job: ShardJob, blocks: CaptionBlocks, pending: Iterable[int], make_dataset: Callable[[Any], Any],
+                      on_done: Callable[[int, dict], None]) -> RunStats:
+    """The LLM engines: pending shards' requests go to the object store shard by shard,
+    ``make_dataset(ds)`` adds the engine and judge to the Ray Dataset over them, and each
+    shard is re-planned from its captions and committed (:func:`commit_shard`) as soon as
+    all its rows are back; the driver holds only the shards in flight."""
+    stats, start = RunStats(), time.time()
+    picker = job.picker() if job.join is not None else None
+    expected: dict[int, int] = {}
+    refs = []
+    schema = engines.engine_schema()
+    request_schema = pa.schema([schema.field(c) for c in engines.REQUEST_COLUMNS])
+    for index in pending:
+        shard = _fetch_shard(job, blocks, index)
+        expected[index] = len(shard.requests)
+        if shard.requests:
+            refs.append(ray.put(pa.Table.from_pylist(
+                [{c: r[c] for c in engines.REQUEST_COLUMNS} for r in shard.requests], schema=request_schema)))
+
+    def commit(index: int, rows: list[dict]) -> None:
+        t0 = time.time()
+        shard = _fetch_shard(job, blocks, index)
+        counts = commit_shard(job, shard, [*shard.input_rejects, *rows], picker)
+        stats.commit_s += time.time() - t0
+        stats.counts.append(counts)
+        stats.shards_written += 1
+        stats.captions += len(shard.captions)
+        on_done(index, counts)
+
+    for index in [i for i, n in expected.items() if n == 0]:
+        commit(index, [])
+    buffers: dict[int, list[dict]] = {i: [] for i, n in expected.items() if n}
+    if refs:
+        ds = make_dataset(ray.data.from_arrow_refs(refs))
+        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            for row in batch.to_pylist():
+                index = row["shard"]
+                if index not in buffers:
+                    raise RuntimeError(f"pipeline returned a row for shard {index} that is not pending: {row['request_id']}")
+                buffers[index].append(row)
+                if len(buffers[index]) == expected[index]:
+                    commit(index, buffers.pop(index))
+    if buffers:
+        raise RuntimeError(f"pipeline ended with rows missing for shards "
+                           f"{ {i: expected[i] - len(b) for i, b in buffers.items()} }")
     stats.wall_s = time.time() - start
     return stats

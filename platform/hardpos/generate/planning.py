@@ -95,33 +95,36 @@ def reject_row(base: dict, kind: str, polarity: str, reason: str, detail: str, s
             "detail": detail, "text": None}
 
 
-def plan(captions: list[dict], templates: list[PromptTemplate], shard_size: int, source: str) -> list[Shard]:
-    """Split captions into shards (input order) and expand them into requests. Pure.
+def plan_shard(captions: list[dict], templates: list[PromptTemplate], index: int, source: str) -> Shard:
+    """One shard (number ``index``) of ``captions`` expanded into requests. Pure.
 
     Each caption gets one request per template whose ``when`` matches (the paper: REPLACE
     for all, SWAP for captions with "and" and < 15 words). Input rows with no usable
     caption, or no applicable prompt, become rejects of kind "input" here.
     """
+    requests, rejects = [], []
+    for row in captions:
+        row = {**row, "shard": index}
+        problem = _input_problem(row["caption"])
+        if problem:
+            rejects.append(reject_row(row, INPUT_KIND, "positive", problem[0], problem[1], source))
+            continue
+        kinds = [t for t in templates if t.applies(row["caption"])]
+        if not kinds:
+            rejects.append(reject_row(row, INPUT_KIND, "positive", "no_prompt", "no prompt applies", source))
+        for t in kinds:
+            requests.append({"request_id": f"{row['index']}:{t.kind}", "shard": index, "caption_id": row["caption_id"],
+                             "caption": row["caption"], "kind": t.kind, "polarity": t.polarity})
+    return Shard(index, captions, requests, rejects)
+
+
+def plan(captions: list[dict], templates: list[PromptTemplate], shard_size: int, source: str) -> list[Shard]:
+    """Split captions into shards (input order) and expand them into requests
+    (:func:`plan_shard`). Pure; the stage itself plans each shard on a worker."""
     if shard_size < 1:
         raise ConfigError(f"shard_size must be >= 1, got {shard_size}")
-    shards = []
-    for s, start in enumerate(range(0, len(captions), shard_size)):
-        chunk = captions[start:start + shard_size]
-        requests, rejects = [], []
-        for row in chunk:
-            row = {**row, "shard": s}
-            problem = _input_problem(row["caption"])
-            if problem:
-                rejects.append(reject_row(row, INPUT_KIND, "positive", problem[0], problem[1], source))
-                continue
-            kinds = [t for t in templates if t.applies(row["caption"])]
-            if not kinds:
-                rejects.append(reject_row(row, INPUT_KIND, "positive", "no_prompt", "no prompt applies", source))
-            for t in kinds:
-                requests.append({"request_id": f"{row['index']}:{t.kind}", "shard": s, "caption_id": row["caption_id"],
-                                 "caption": row["caption"], "kind": t.kind, "polarity": t.polarity})
-        shards.append(Shard(s, chunk, requests, rejects))
-    return shards
+    return [plan_shard(captions[start:start + shard_size], templates, s, source)
+            for s, start in enumerate(range(0, len(captions), shard_size))]
 
 
 # --------------------------------------------------------------------------- validation

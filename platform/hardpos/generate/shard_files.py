@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import collections
 import io
+import json
 import os
 import shutil
+import tarfile
+import tempfile
 from typing import Any, Iterable, Mapping
 
 import pyarrow as pa
@@ -20,7 +23,7 @@ import pyarrow.parquet as pq
 
 from hardpos import storage
 from hardpos.config import ConfigError
-from hardpos.data.triplets import read_triplets, write_triplets
+from hardpos.data.triplets import write_triplets
 from hardpos.generate.planning import Shard, result_schema
 
 ACCEPTED_COLUMNS = ("request_id", "shard", "caption_id", "caption", "kind", "polarity", "text", "raw_output", "source",
@@ -121,6 +124,7 @@ def check_manifest(out_dir: str, manifest: dict) -> None:
 
 
 MERGED = ("manifest.json", "accepted.parquet", "rejects.parquet", "samples.json")
+WEBDATASET_DIR = "webdataset"
 
 
 def clear_output(out_dir: str, extra: Iterable[str] = ()) -> None:
@@ -129,11 +133,13 @@ def clear_output(out_dir: str, extra: Iterable[str] = ()) -> None:
     if storage.is_s3(out_dir):
         bucket, _ = storage.split_s3(out_dir)
         client = storage.s3_client()
-        for uri in [*storage.list_files(storage.join(out_dir, "shards")), *(storage.join(out_dir, n) for n in names)]:
+        for uri in [*storage.list_files(storage.join(out_dir, "shards")),
+                    *storage.list_files(storage.join(out_dir, WEBDATASET_DIR)), *(storage.join(out_dir, n) for n in names)]:
             client.delete_object(Bucket=bucket, Key=storage.split_s3(uri)[1])  # deleting a missing key is a no-op
         return
 
     shutil.rmtree(storage.join(out_dir, "shards"), ignore_errors=True)
+    shutil.rmtree(storage.join(out_dir, WEBDATASET_DIR), ignore_errors=True)
     for name in names:
         try:
             os.remove(storage.join(out_dir, name))
@@ -146,24 +152,137 @@ def read_parquet_rows(uri: str) -> list[dict]:
     return pq.read_table(io.BytesIO(storage.read_bytes(uri))).to_pylist()
 
 
+def _fixed_schema(columns: Iterable[str]) -> pa.Schema:
+    schema = result_schema()
+    return pa.schema([schema.field(c) for c in columns])
+
+
+class _StreamedFile:
+    """A file written piece by piece to a local temp file, then moved (local) or uploaded
+    (s3://) in one step, so a half-merged output never sits under its final name."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        folder = None if storage.is_s3(uri) else os.path.dirname(os.path.abspath(uri))
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        fd, self.tmp = tempfile.mkstemp(prefix=".merge-", suffix=".tmp", dir=folder)
+        os.close(fd)
+
+    def publish(self) -> str:
+        if storage.is_s3(self.uri):
+            bucket, key = storage.split_s3(self.uri)
+            storage.s3_client().upload_file(self.tmp, bucket, key)  # multipart: never whole in memory
+            os.remove(self.tmp)
+        else:
+            os.replace(self.tmp, self.uri)
+        return self.uri
+
+    def discard(self) -> None:
+        if os.path.exists(self.tmp):
+            os.remove(self.tmp)
+
+
+def _merge_parquet(parts: Iterable[str], uri: str, schema: pa.Schema | None) -> str:
+    """Concatenate parquet files into ``uri`` one part at a time (memory: one part).
+    schema: the output schema (None: the parts' schemas unified, missing columns null)."""
+    parts = list(parts)
+    if schema is None:
+        schemas = [pq.read_schema(io.BytesIO(storage.read_bytes(p))) if storage.is_s3(p) else pq.read_schema(p)
+                   for p in parts]
+        schema = pa.unify_schemas(schemas, promote_options="permissive") if schemas else pa.schema([])
+    out = _StreamedFile(uri)
+    try:
+        with pq.ParquetWriter(out.tmp, schema) as writer:
+            for p in parts:
+                table = pq.read_table(io.BytesIO(storage.read_bytes(p)))
+                cols = [table.column(f.name).cast(f.type) if f.name in table.column_names
+                        else pa.nulls(table.num_rows, f.type) for f in schema]
+                writer.write_table(pa.Table.from_arrays(cols, schema=schema))
+        return out.publish()
+    except BaseException:
+        out.discard()
+        raise
+
+
+def _merge_jsonl(parts: Iterable[str], uri: str) -> str:
+    out = _StreamedFile(uri)
+    try:
+        with open(out.tmp, "w", encoding="utf-8") as fh:
+            for p in parts:
+                for row in pq.read_table(io.BytesIO(storage.read_bytes(p))).to_pylist():
+                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        return out.publish()
+    except BaseException:
+        out.discard()
+        raise
+
+
 def merge_outputs(out_dir: str, num_shards: int, join: bool, triplets_name: str) -> dict[str, str]:
-    """Concatenate every shard's files into the run's merged outputs (shard order)."""
+    """Concatenate every shard's files into the run's merged outputs (shard order), one
+    shard at a time, so the driver's memory does not grow with the run."""
     outputs = {}
-    for what in ("accepted", "rejects"):
-        tables = [pq.read_table(io.BytesIO(storage.read_bytes(shard_path(out_dir, i, f"{what}.parquet"))))
-                  for i in range(num_shards)]
-        table = pa.concat_tables(tables) if tables else pa.table({})
-        buf = io.BytesIO()
-        pq.write_table(table, buf)
-        outputs[what] = storage.write_bytes(storage.join(out_dir, f"{what}.parquet"), buf.getvalue())
+    for what, columns in (("accepted", ACCEPTED_COLUMNS), ("rejects", REJECT_COLUMNS)):
+        parts = [shard_path(out_dir, i, f"{what}.parquet") for i in range(num_shards)]
+        outputs[what] = _merge_parquet(parts, storage.join(out_dir, f"{what}.parquet"), _fixed_schema(columns))
     if join:
-        rows = []
-        for i in range(num_shards):
-            p = shard_path(out_dir, i, "triplets.parquet")
-            if storage.exists(p):
-                rows.extend(read_triplets(p))
-        outputs["triplets"] = write_triplets(rows, storage.join(out_dir, triplets_name))
+        parts = [p for p in (shard_path(out_dir, i, "triplets.parquet") for i in range(num_shards)) if storage.exists(p)]
+        uri = storage.join(out_dir, triplets_name)
+        if not parts:
+            outputs["triplets"] = write_triplets([], uri)
+        elif uri.lower().endswith(".parquet"):
+            outputs["triplets"] = _merge_parquet(parts, uri, None)
+        else:
+            outputs["triplets"] = _merge_jsonl(parts, uri)
     return outputs
+
+
+# --------------------------------------------------------------------------- webdataset
+def webdataset_path(out_dir: str, index: int) -> str:
+    return storage.join(out_dir, WEBDATASET_DIR, f"shard-{index:05d}.tar")
+
+
+def write_webdataset(out_dir: str, index: int, triplets: list[dict]) -> tuple[int, int]:
+    """Write one shard's triplets as a webdataset tar (``webdataset/shard-NNNNN.tar``),
+    before the shard's marker; returns (samples written, samples skipped).
+
+    Layout (Ray Data's ``read_webdataset`` conventions: a sample is the files sharing a
+    key, the key is the name up to the first dot, the rest is the column):
+
+    * ``<key>.jpg`` / ``<key>.png`` (or the image's own extension, lower case, ``jpeg``
+      written as ``jpg``): the image file's bytes, as they are on disk;
+    * ``<key>.txt``: the caption (UTF-8);
+    * ``<key>.json``: ``{"caption_id", "caption", "hard_negative", "hard_positive", "kind",
+      "source", "negative_source"}`` (hard_negative / hard_positive null when absent).
+
+    ``<key>`` is ``<shard:05d>-<row:06d>`` (no dots). A triplet whose image is missing or
+    unreadable is skipped and counted (``webdataset_skipped`` in the shard's counts).
+    """
+    buf = io.BytesIO()
+    written = skipped = 0
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for row, t in enumerate(triplets):
+            image = t.get("image")
+            try:
+                data = storage.read_bytes(image) if image else None
+            except (FileNotFoundError, OSError, storage.StorageError):
+                data = None
+            if data is None:
+                skipped += 1
+                continue
+            ext = image.rsplit(".", 1)[-1].lower() if "." in image.rsplit("/", 1)[-1] else "jpg"
+            ext = "jpg" if ext == "jpeg" else ext
+            key = f"{index:05d}-{row:06d}"
+            meta = {k: t.get(k) for k in ("caption_id", "caption", "hard_negative", "hard_positive", "kind", "source",
+                                          "negative_source")}
+            for name, payload in ((f"{key}.{ext}", data), (f"{key}.txt", t["caption"].encode("utf-8")),
+                                  (f"{key}.json", json.dumps(meta, ensure_ascii=False).encode("utf-8"))):
+                info = tarfile.TarInfo(name)
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+            written += 1
+    storage.write_bytes(webdataset_path(out_dir, index), buf.getvalue())
+    return written, skipped
 
 
 def sample_rows(out_dir: str, indices: list[int], n: int) -> dict[str, Any]:

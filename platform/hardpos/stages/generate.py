@@ -8,16 +8,15 @@ import json
 import os
 import sys
 import tempfile
+import time
 from typing import Literal
-
-import ray
 
 from hardpos import storage
 from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
 from hardpos.data.captions import CaptionSourceError
 from hardpos.data.validate import KINDS
 from hardpos.data.world import world_dir_of
-from hardpos.generate import engines, pipeline
+from hardpos.generate import engines, pipeline, source
 from hardpos.generate.engines import EngineConfig, build_http_processor_config, build_vllm_processor_config
 from hardpos.generate.prompts import fingerprint, load_prompts
 from hardpos.runtime import JobContext, init_ray
@@ -47,6 +46,11 @@ class JoinConfig:
     keep_unmatched: captions with no accepted positive still give one row (positive null)
         so hard-negative training sees every caption.
     output: merged triplet file name inside output_dir (.parquet or .jsonl).
+    webdataset: also write each shard's triplets as a webdataset tar under
+        ``output_dir/webdataset/`` (``<key>.jpg``/``.png`` image bytes, ``<key>.txt`` caption,
+        ``<key>.json`` with ``hard_negative`` / ``hard_positive``), the layout
+        ``ray.data.read_webdataset`` reads; triplets whose image cannot be read are skipped
+        and counted (``webdataset_skipped``).
     """
 
     enabled: bool = True
@@ -54,15 +58,19 @@ class JoinConfig:
     negatives: Literal["auto", "dataset", "llm", "rules", "none"] = "auto"
     keep_unmatched: bool = True
     output: str = "triplets.parquet"
+    webdataset: bool = False
 
 
 @dataclasses.dataclass
 class Config(JobConfig):
     """generate stage.
 
-    input: caption source (COCO captions json, jsonl, parquet incl. triplet files, NegCLIP
-        tsv, SugarCrepe json; local or s3://), or a synthetic world folder (reads its
-        ``<split>.parquet``; the rule engine then uses the world's lexicon).
+    input: caption source: one file, a folder of them or a glob (``caps/part-*.jsonl``),
+        local or s3://: jsonl / parquet (incl. triplet files; read by Ray Data's readers,
+        rows stay in the cluster), COCO captions / SugarCrepe json, NegCLIP tsv or csv (each
+        file read whole by one worker); or a synthetic world folder (reads its
+        ``<split>.parquet``; the rule engine then uses the world's lexicon). All files must
+        share one format and the same caption/id/image/negatives columns.
     split: the world split read when input is a world folder.
     limit: use only the first N captions (None: all).
     image_root: folder/prefix that relative image paths are relative to (None: the input
@@ -101,6 +109,9 @@ class Config(JobConfig):
         require(self.limit is None or self.limit >= 0, "limit", "must be >= 0 or null", self.limit)
 
 
+PREFLIGHT_CAPTION = "A dog and a cat on a red sofa."
+
+
 def check_config(cfg: Config, templates) -> None:
     """What the config's own ``__post_init__`` cannot check (prompt kinds, engine settings,
     the input's files), before any work starts."""
@@ -136,115 +147,106 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     check_config(cfg, templates)
     source_uri, world_dir = resolve_input(cfg)
     try:
-        captions = pipeline.load_inputs(source_uri, limit=cfg.limit, image_root=cfg.image_root)
+        files = source.resolve_source(source_uri)  # file heads only: bad input fails before Ray starts
     except CaptionSourceError as exc:
         raise ConfigError(str(exc)) from exc
-    source = engines.source_of(cfg.engine)
-    model = engines.model_name(cfg.engine)
-    shards = pipeline.plan(captions, templates, cfg.shard_size, source)
-    # an unusable endpoint is a clear error before any work or output
+    # an unusable endpoint is a clear error before any work or output (one request per
+    # prompt mode, on a fixed caption every bundled prompt applies to: no rows needed)
     preflight = None
     if cfg.engine.kind == "http" and cfg.engine.http.preflight:
-        preflight = engines.preflight_requests(cfg.engine.http, {t.kind: t for t in templates},
-                                               [r for s in shards for r in s.requests], cfg.engine.sampling)
+        probe = [{"kind": t.kind, "caption": PREFLIGHT_CAPTION} for t in templates]
+        preflight = engines.preflight_requests(cfg.engine.http, {t.kind: t for t in templates}, probe,
+                                               cfg.engine.sampling)
+    try:
+        init_ray(cfg.ray)
+        blocks = source.read_source(files, limit=cfg.limit, image_root=cfg.image_root)
+    except CaptionSourceError as exc:
+        raise ConfigError(str(exc)) from exc
+    src_name = engines.source_of(cfg.engine)
+    model = engines.model_name(cfg.engine)
+    num_shards = pipeline.shard_count(blocks.num_captions, cfg.shard_size)
+    picker = pipeline.NegativePicker(cfg.join.negatives, cfg.seed, pipeline.dataset_name(source_uri), world_dir)
+    # The join's rule negatives are computed on the workers, beside validation, when the join
+    # can fall back to them (only a source whose every caption has its own negative never needs one).
+    needs_rules = cfg.join.enabled and picker.wants_rule_negatives and (
+        cfg.join.negatives == "rules" or files.columns is None or files.columns.negatives is None)
+    job = pipeline.ShardJob(
+        out_dir=ctx.output_dir, templates=tuple(templates), source=src_name, shard_size=cfg.shard_size, seed=cfg.seed,
+        world_dir=world_dir, rule_negatives={"seed": cfg.seed, "world_dir": world_dir} if needs_rules else None,
+        join=pipeline.JoinSpec(cfg.join.positives, cfg.join.negatives, cfg.join.keep_unmatched,
+                               pipeline.dataset_name(source_uri), cfg.join.webdataset) if cfg.join.enabled else None)
     out = ctx.output_dir
     if cfg.overwrite:
         pipeline.clear_output(out, [cfg.join.output])
     pipeline.check_manifest(out, {
-        "input": source_uri, "input_fingerprint": pipeline.input_fingerprint(captions), "num_captions": len(captions),
-        "shard_size": cfg.shard_size, "num_shards": len(shards), "prompts": cfg.prompts,
-        "prompts_fingerprint": fingerprint(templates), "kinds": [t.kind for t in templates],
+        "input": source_uri, "input_files": len(files.files), "input_fingerprint": blocks.fingerprint,
+        "num_captions": blocks.num_captions, "shard_size": cfg.shard_size, "num_shards": num_shards,
+        "prompts": cfg.prompts, "prompts_fingerprint": fingerprint(templates), "kinds": [t.kind for t in templates],
         "engine": cfg.engine.kind, "model": model, "seed": cfg.seed,
         "join": {"enabled": cfg.join.enabled, "positives": cfg.join.positives, "negatives": cfg.join.negatives,
-                 "keep_unmatched": cfg.join.keep_unmatched},
+                 "keep_unmatched": cfg.join.keep_unmatched, "webdataset": cfg.join.webdataset},
     })
     done = done_before = pipeline.done_shards(out)
-    pending = [s for s in shards if s.index not in done]
+    pending = [i for i in range(num_shards) if i not in done]
     if cfg.max_shards is not None:
         pending = pending[:cfg.max_shards]
-    print(f"[generate] {len(captions)} captions in {len(shards)} shards; {len(done)} already done, "
-          f"{len(pending)} to run with engine {cfg.engine.kind} ({model})", file=sys.stderr)
+    print(f"[generate] {blocks.num_captions} captions ({len(files.files)} file(s)) in {num_shards} shards; "
+          f"{len(done)} already done, {len(pending)} to run with engine {cfg.engine.kind} ({model})", file=sys.stderr)
 
     by_kind = {t.kind: t for t in templates}
-    picker = pipeline.NegativePicker(cfg.join.negatives, cfg.seed, pipeline.dataset_name(source_uri), world_dir)
-    # The join's rule negatives are computed on the workers, beside validation, when the join
-    # can fall back to them (a caption with dataset negatives never needs one under "auto").
-    needs_rules = cfg.join.enabled and picker.wants_rule_negatives and (
-        cfg.join.negatives == "rules" or any(not c["negatives"] for c in captions))
-    rule_negatives = {"seed": cfg.seed, "world_dir": world_dir} if needs_rules else None
+    started, written = time.time(), {"n": 0}
 
-    def make_dataset(requests):
-        init_ray(cfg.ray)
-        # ~2 blocks per shard: rows stream back roughly shard by shard, so shards commit
-        # (and become resumable) continuously instead of at the end.
-        blocks = max(1, min(2 * len(pending), max(1, len(requests) // 8), 2000))
-        ds = ray.data.from_items(requests, override_num_blocks=blocks)
-        if cfg.engine.kind == "rules":
-            # One CPU operator (rules fused with judge, below): Ray Data's per-operator resource
-            # reservation only holds CPUs back from it (on 2 CPUs it ran one task at a time;
-            # measured 0.7 s vs 1.5 s for 4,839 captions). The LLM engines keep the reservation:
-            # there it keeps the CPU judge from starving the GPU/HTTP actors, and vice versa.
-            ds.context.op_resource_reservation_enabled = False
-        ds = engines.apply_engine(ds, cfg.engine, by_kind, seed=cfg.seed, world_dir=world_dir)
-        judge_args = {"fn_kwargs": {"rule_negatives": rule_negatives}, "batch_format": "pyarrow"}
-        if cfg.engine.kind == "rules":
-            # The rule stage's own resources and batch size, so Ray Data fuses the two into one
-            # task: validation and rule negatives then reuse the perturbations the rule engine
-            # just computed for each caption (RulePerturber caches per caption), and the one
-            # operator gets the whole CPU budget instead of splitting it with a 0.25-CPU judge.
-            return ds.map_batches(pipeline.judge_batch, batch_size=cfg.engine.rules.batch_size,
-                                  num_cpus=cfg.engine.rules.num_cpus, **judge_args)
-        return ds.map_batches(pipeline.judge_batch, batch_size=1024, num_cpus=0.25, **judge_args)
-
-    def on_shard(shard, results):
-        triplets, join_stats = None, None
-        if cfg.join.enabled:
-            accepted = [r for r in results if r["status"] == "accepted"]
-            per_caption = pipeline.join_by_caption(shard.captions, accepted, picker, cfg.join.positives,
-                                                   cfg.join.keep_unmatched,
-                                                   pipeline.rule_negatives_of(results) if rule_negatives else {})
-            triplets = [t for rows in per_caption for t in rows]
-            join_stats = pipeline.join_counts(per_caption)
-            if picker.mode in ("auto", "dataset"):
-                join_stats["dataset_negatives_meaning_kept"] = pipeline.meaning_kept_negatives(shard.captions)
-        counts = pipeline.write_shard(out, shard, results, triplets, join_stats)
+    def on_done(index: int, counts: dict) -> None:
+        written["n"] += 1
+        print(f"[generate] shard {index} done: {counts['accepted']}/{counts['inputs']} accepted "
+              f"({written['n']}/{len(pending)} this run, {time.time() - started:.1f}s)", file=sys.stderr)
         # progress while it runs (the totals are logged under their plain names at the end)
-        ctx.log_metrics({"progress/shards_done": len(done_before) + stats_box["n"] + 1,
+        ctx.log_metrics({"progress/shards_done": len(done_before) + written["n"],
                          "shard/accepted": counts["accepted"], "shard/rejected": counts["rejected"]},
-                        step=stats_box["n"])
-        stats_box["n"] += 1
-        return counts
+                        step=written["n"] - 1)
 
-    stats_box = {"n": 0}
-    stats = pipeline.run_shards(pending, make_dataset, out, on_shard)
+    def make_dataset(ds):
+        ds = engines.apply_engine(ds, cfg.engine, by_kind, seed=cfg.seed, world_dir=world_dir)
+        return ds.map_batches(pipeline.judge_batch, batch_size=1024, num_cpus=0.25, batch_format="pyarrow",
+                              fn_kwargs={"rule_negatives": job.rule_negatives})
+
+    if cfg.engine.kind == "rules":
+        # each shard whole on one worker (rules, validation, rule negatives, join, files):
+        # the rule work reuses the perturber's per-caption cache and nothing comes back but counts
+        stats = pipeline.run_worker_shards(job, blocks, pending, cfg.engine.rules.num_cpus, on_done)
+    else:
+        stats = pipeline.run_driver_shards(job, blocks, pending, make_dataset, on_done)
 
     # Totals over every finished shard (this run and earlier ones), from the markers.
     done = pipeline.done_shards(out)
     all_counts = [storage.read_json(pipeline.shard_path(out, i, "done.json")) for i in sorted(done)]
     total = pipeline.aggregate(all_counts)
     run_counts = pipeline.aggregate(stats.counts)
-    complete = len(done) == len(shards)
+    complete = len(done) == num_shards
     if total.get("inputs", 0) != total.get("accepted", 0) + total.get("rejected", 0):
         raise RuntimeError(f"conservation violated: inputs {total.get('inputs')} != accepted "
                            f"{total.get('accepted')} + rejected {total.get('rejected')}")
     outputs = {"shards": storage.join(out, "shards")}
     if complete:
-        outputs.update(pipeline.merge_outputs(out, len(shards), cfg.join.enabled, cfg.join.output))
+        outputs.update(pipeline.merge_outputs(out, num_shards, cfg.join.enabled, cfg.join.output))
+        if cfg.join.enabled and cfg.join.webdataset:
+            outputs["webdataset"] = storage.join(out, pipeline.WEBDATASET_DIR)
     wall = max(stats.wall_s, 1e-9)
     summary = {
         "engine": cfg.engine.kind,
         "model": model,
-        "source": source,
+        "source": src_name,
         "input": source_uri,
         "lexicon": "world" if world_dir else "default",
         "prompts": cfg.prompts,
         "kinds": [t.kind for t in templates],
         "complete": complete,
-        "shards_total": len(shards),
+        "shards_total": num_shards,
         "shards_done": len(done),
         "shards_this_run": stats.shards_written,
         "shards_skipped": len(done_before),
-        "captions": len(captions),
+        "captions": blocks.num_captions,
+        "input_files": len(files.files),
         "captions_done": total.get("captions", 0),
         "inputs": total.get("inputs", 0),
         "accepted": total.get("accepted", 0),
