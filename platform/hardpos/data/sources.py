@@ -8,7 +8,7 @@ Layouts (chosen from the files' extensions; one layout per source):
   (binary, or a ``{bytes, path}`` struct as Hugging Face datasets write it), ``image_bytes``,
   ``jpg`` or ``png``.
 * **webdataset shards** -- ``.tar`` files read by ``ray.data.read_webdataset``: a sample's image
-  is its ``jpg`` / ``jpeg`` / ``png`` / ``webp`` member, the caption its ``txt`` member, and an
+  is its ``jpg`` / ``png`` / ``webp`` / ... member (:data:`IMAGE_MEMBERS`), the caption its ``txt`` member, and an
   optional ``json`` member may carry ``hard_negative``, ``hard_positive`` and ``kind`` (the
   layout ``hardpos generate`` writes).
 
@@ -51,7 +51,7 @@ from hardpos import storage
 
 ROW_COLUMNS = ("key", "image", "image_bytes", "caption", "hard_negative", "hard_positive", "kind", "error")
 TEXT_COLUMNS = ("caption", "hard_negative", "hard_positive")
-IMAGE_MEMBERS = ("jpg", "jpeg", "png", "webp")  # webdataset image members, first present wins
+IMAGE_MEMBERS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")  # webdataset image members, first present wins
 INLINE_COLUMNS = ("image_bytes", "image", "jpg", "png")  # parquet binary image columns, first present wins
 LAYOUT_OF_SUFFIX = {".tar": "webdataset", ".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl"}
 HTTP_TIMEOUT_S = 30.0
@@ -123,11 +123,12 @@ def parquet_schema(files: Sequence[str]) -> pa.Schema:
     """The one schema of ``files`` (footers only); a SourceError names two files that differ."""
     first: pa.Schema | None = None
     for f in files:
-        with _open(f) as stream:
-            try:
-                schema = pq.read_schema(pa.BufferReader(stream.read()))
-            except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
-                raise SourceError(f"{f}: not a readable parquet file: {exc}") from exc
+        fs, fs_path = storage.arrow_filesystem(f)
+        try:
+            with fs.open_input_file(fs_path) as handle:  # random access: only the footer is read
+                schema = pq.read_schema(handle)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
+            raise SourceError(f"{f}: not a readable parquet file: {exc}") from exc
         schema = schema.remove_metadata()
         if first is None:
             first, first_file = schema, f

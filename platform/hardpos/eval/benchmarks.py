@@ -30,6 +30,9 @@ Formats (``BenchmarkSpec.kind``):
                  Rows without a hard negative cannot be scored and are rejected (listed,
                  with a reason); a null positive is allowed (the item counts for
                  orig_acc and the s_c/s_n means only).
+                 Also webdataset ``.tar`` shards and parquet with the image bytes inline
+                 (a file, folder or glob; read by Ray Data, images cached to files:
+                 :mod:`hardpos.eval.inline`).
 
 Relative image paths resolve against ``spec.image_root`` or, when that is None, the
 benchmark file's folder (``<path>`` for folder kinds).
@@ -211,6 +214,11 @@ def read_triplet_rows(uri: str) -> list[dict[str, Any]]:
 
 
 def load_triplets(spec: BenchmarkSpec) -> Benchmark:
+    # lazy: import cycle (hardpos.eval.inline imports Item, Benchmark and BenchmarkError from this module)
+    from hardpos.eval.inline import is_inline_source, load_inline_triplets
+
+    if is_inline_source(spec.path):  # webdataset shards / parquet with image bytes
+        return load_inline_triplets(spec)
     rows = read_triplet_rows(spec.path)
     base = spec.path.rsplit("/", 1)[0] if "/" in spec.path else "."
     items, rejected = [], []

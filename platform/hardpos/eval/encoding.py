@@ -11,6 +11,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import io
+import logging
+import time
 from typing import Callable, Literal, Sequence, get_args
 
 import torch
@@ -23,6 +25,9 @@ from hardpos.model import encode_image, encode_text, trim_tokens
 ImageKey = tuple[str, "Crop | None"]
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
+PROGRESS_EVERY_S = 10.0  # a progress line at most this often while encoding images
+
+progress = logging.getLogger("hardpos.eval")
 
 
 # --------------------------------------------------------------------------- images
@@ -111,7 +116,12 @@ def encode_image_keys(model, preprocess: Callable, keys: Sequence[ImageKey], *, 
             return [pool.submit(_load_preprocessed, keys[i], preprocess) for i in chunk]
 
         pending = submit(chunks[0]) if chunks else []
+        started = last = time.perf_counter()
         for n, chunk in enumerate(chunks):
+            if time.perf_counter() - last >= PROGRESS_EVERY_S:
+                last = time.perf_counter()
+                progress.info("encoding images: %d/%d (%.1f images/s)", chunk[0], len(keys),
+                              chunk[0] / (last - started))
             loaded = [f.result() for f in pending]
             pending = submit(chunks[n + 1]) if n + 1 < len(chunks) else []  # decode ahead of the model
             ok_idx, tensors = [], []

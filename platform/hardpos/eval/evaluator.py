@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -54,6 +55,7 @@ from hardpos.eval.encoding import (PRECISIONS, ImageKey, Precision, _ieee_fp32_o
 from hardpos.eval.pairs import score_pairs, similarity_matrix  # noqa: F401
 
 log = logging.getLogger(__name__)
+progress = logging.getLogger("hardpos.eval")  # one throughput line per benchmark (INFO)
 
 
 # --------------------------------------------------------------------------- results
@@ -232,8 +234,13 @@ def evaluate_benchmarks(model, preprocess: Callable, tokenizer: Callable, specs:
     loaded = [load_benchmark(s) for s in specs]  # fail on bad files before any encoding
     results = []
     for bench in loaded:
+        started = time.perf_counter()
         res = evaluate_loaded(model, preprocess, tokenizer, bench, device=device, batch_size=batch_size,
                               num_threads=num_threads, precision=precision, image_encoder=image_encoder)
+        seconds = time.perf_counter() - started
+        progress.info("%s: %d items in %.1f s (%.1f items/s; %d distinct images, %d distinct captions)",
+                      bench.name, len(bench.items), seconds, len(bench.items) / max(seconds, 1e-9),
+                      res.n_distinct_images, res.n_distinct_captions)
         if res.missing_images:
             log.warning("%s: %d image(s) missing or corrupt, %d item(s) excluded", bench.name,
                         len(res.missing_images), len(res.excluded_items))

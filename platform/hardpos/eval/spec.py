@@ -27,6 +27,9 @@ class BenchmarkSpec:
     image_root: folder the benchmark's relative image paths are resolved against
         (None: relative to the benchmark file's folder).
     limit: evaluate only the first N items (None: all).
+    cache_dir: where a ``triplets`` benchmark read from webdataset shards or inline-image
+        parquet writes its images (None: ``$HARDPOS_IMAGE_CACHE`` or a folder in the
+        system's temp dir); see :mod:`hardpos.eval.inline`.
     """
 
     name: str
@@ -34,3 +37,4 @@ class BenchmarkSpec:
     path: str = ""
     image_root: str | None = None
     limit: int | None = None
+    cache_dir: str | None = None

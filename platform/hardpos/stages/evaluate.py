@@ -27,6 +27,7 @@ from hardpos.eval import report as R
 from hardpos.eval.benchmarks import BenchmarkError
 from hardpos.eval.distributed import RayDataConfig, ray_image_encoder
 from hardpos.eval.evaluator import Precision, evaluate_benchmarks
+from hardpos.eval.inline import is_inline_source
 from hardpos.eval.retention import (RetentionError, RetrievalSpec, ZeroShotSpec, resolve_classnames,
                                     resolve_templates, retrieval, zero_shot)
 from hardpos.eval.spec import BenchmarkSpec
@@ -60,7 +61,9 @@ class Config(JobConfig):
 
     model: which model (arch + pretrained: open_clip tag, checkpoint path, s3://, models:/, runs:/).
     model_name: label of the model in report.md (None: the pretrained source or "random <arch>").
-    benchmarks: list of {name, kind: replace|swap|sugarcrepe|sugarcrepe_pp|triplets, path, image_root, limit}.
+    benchmarks: list of {name, kind: replace|swap|sugarcrepe|sugarcrepe_pp|triplets, path, image_root, limit,
+        cache_dir}; a triplets path may also be webdataset .tar shards or parquet with inline
+        image bytes (a file, folder or glob; read by Ray Data).
     world: a synthetic world folder (also accepted as ``world_dir``); adds
         world_replace_attribute, world_replace_relation and world_swap from
         <world>/benchmark/*.parquet (files that are absent are an error).
@@ -142,6 +145,14 @@ def check_retention(cfg: RetentionConfig) -> None:
             raise ConfigError(f"retention.zeroshot.{zs.name}: {exc}") from exc
 
 
+def needs_ray_reader(specs: list[BenchmarkSpec]) -> bool:
+    """True when a benchmark is read by Ray Data (webdataset shards, inline-image parquet)."""
+    try:
+        return any(s.kind == "triplets" and is_inline_source(s.path) for s in specs)
+    except BenchmarkError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -156,8 +167,9 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     model_name = cfg.model_name or (cfg.model.pretrained or f"random {lm.arch}")
 
     image_encoder = None
+    if cfg.engine == "ray_data" or needs_ray_reader(specs):
+        init_ray(cfg.ray)  # this job's Ray settings, not a default local Ray started by Ray Data
     if cfg.engine == "ray_data":
-        init_ray(cfg.ray)
         image_encoder = ray_image_encoder(lm.model, lm.arch, lm.model_cfg, cfg.ray_data, device=cfg.device,
                                           precision=cfg.precision)
 
