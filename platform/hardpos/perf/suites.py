@@ -21,11 +21,9 @@ import importlib.util
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -33,9 +31,9 @@ import torch
 
 from hardpos.config import JobConfig
 from hardpos.data.captions import read_captions
-from hardpos.eval.evaluator import evaluate_benchmarks
 from hardpos.model import ModelConfig, encode_text, load_model, tokenize
-from hardpos.perf.eval_bench import evaluate_bench, stand_in_replace
+from hardpos.perf import gpu_standalone
+from hardpos.perf.eval_bench import evaluate_bench
 from hardpos.perf.generate_bench import caption_file, measure_stage
 from hardpos.perf.harness import compare_alternating, format_table, reference_data_dir
 from hardpos.perf.train_bench import bench_train_step
@@ -163,34 +161,48 @@ def evaluate_suite(cfg: Config) -> list[dict[str, Any]]:
 
 
 def gpu_suite(cfg: Config) -> list[dict[str, Any]]:
-    """CUDA only: ViT-B-32 train samples/s per GPU (combined loss, bf16 autocast as in the
-    train loop), the evaluator's items/s on the GPU, and vLLM captions/s through the
+    """CUDA only: the Ray-free GPU suite (:mod:`hardpos.perf.gpu_standalone`: ``cfg.text_arch``
+    bf16 training step at batch 256 vs the plain CLIP step, the evaluator's items/s, a
+    replica's batch scoring at batch 1/16/64) as rows, plus vLLM captions/s through the
     generate stage when vllm is installed and ``$HARDPOS_VLLM_MODEL`` names a model that is
-    already on the machine (nothing is downloaded). Serve scores/s on the GPU come from the
-    serve suite, which deploys ViT-B-32 on the GPU when CUDA is present."""
+    already on the machine (nothing is downloaded). On the lent GPU machine (no Ray) run
+    ``infra/device/gpu_suite.sh`` instead: the same measurements, written as JSON."""
     if not torch.cuda.is_available():
         return [{"suite": "gpu", "case": "skipped: no CUDA device", "value": None}]
-    return (_train_step_rows("gpu", cfg.text_arch, 128, cfg.repeats, device="cuda")
-            + [evaluate_items_row(cfg, "cuda")] + vllm_rows(2000, cfg.data_dir))
+    result = gpu_standalone.run(gpu_standalone.GpuSuiteConfig(
+        arch=cfg.text_arch, device="cuda", steps=cfg.repeats, eval_rows=cfg.evaluate_rows,
+        eval_repeats=max(1, cfg.evaluate_repeats), data_dir=cfg.data_dir))
+    return _gpu_rows(result) + vllm_rows(2000, cfg.data_dir)
+
+
+def _gpu_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """:func:`hardpos.perf.gpu_standalone.run`'s JSON as table rows."""
+    arch, batch = result["config"]["arch"], result["config"]["batch"]
+    train = result["train"]
+    rows = [{"suite": "gpu", "case": f"{arch} b{batch} cuda bf16: combined-loss step vs plain CLIP step (image-samples/s)",
+             "value": round(train["combined_samples_per_s"], 1), "baseline": round(train["clip_samples_per_s"], 1),
+             "ratio": round(train["combined_over_clip"], 3), "goal": train.get("goal_samples_per_s")}]
+    ev = result["evaluate"]
+    rows += [{"suite": "gpu", "case": f"evaluate: {arch} REPLACE {ev['items']} rows on cuda {p} (items/s)",
+              "value": round(ev[f"{p}_items_per_s"], 1), "seconds": ev[f"{p}_seconds"]}
+             for p in ("fp32", "bf16") if f"{p}_items_per_s" in ev]
+    rows += [{"suite": "gpu", "case": f"serve forward: {arch} {key.replace('_', ' ')} on cuda (items/s)",
+              "value": round(fig["items_per_s"], 1), "forward_ms_per_item": fig["forward_ms_per_item"]}
+             for key, fig in result["serve"].items() if key.startswith("batch_")]
+    return rows
 
 
 def evaluate_items_row(cfg: Config, device: str = "cuda", image_size: tuple[int, int] = (500, 375)
                        ) -> dict[str, Any]:
-    """The evaluator's items/s on ``device`` (bf16 on CUDA): ``cfg.text_arch`` over
-    ``cfg.evaluate_rows`` stand-in REPLACE rows, median of ``evaluate_repeats`` timed runs
-    after one warm-up run."""
-    with stand_in_replace(arch=cfg.text_arch, n_rows=cfg.evaluate_rows, data_dir=cfg.data_dir, device=device,
-                          image_size=image_size) as (lm, spec, bench, _, _):
-        times = []
-        for _ in range(1 + max(1, cfg.evaluate_repeats)):  # the first run warms up and is dropped
-            t0 = time.perf_counter()
-            evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [spec], device=device)
-            if torch.device(device).type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-    seconds = statistics.median(times[1:])
-    return {"suite": "gpu", "case": f"evaluate: {cfg.text_arch} REPLACE {len(bench.items)} rows on {device} (items/s)",
-            "value": round(len(bench.items) / seconds, 1), "seconds": seconds}
+    """The evaluator's fp32 items/s on ``device``: ``cfg.text_arch`` over ``cfg.evaluate_rows``
+    stand-in REPLACE rows, median of ``evaluate_repeats`` timed runs after one warm-up run
+    (:func:`hardpos.perf.gpu_standalone.eval_figures`)."""
+    figures = gpu_standalone.eval_figures(gpu_standalone.GpuSuiteConfig(
+        arch=cfg.text_arch, eval_rows=cfg.evaluate_rows, eval_repeats=max(1, cfg.evaluate_repeats),
+        image_size=image_size, data_dir=cfg.data_dir), device, precisions=("fp32",))
+    seconds = figures["fp32_seconds"]
+    return {"suite": "gpu", "case": f"evaluate: {cfg.text_arch} REPLACE {figures['items']} rows on {device} (items/s)",
+            "value": round(figures["items"] / seconds, 1), "seconds": seconds}
 
 
 def vllm_rows(n_captions: int, data_dir: str | None = None) -> list[dict[str, Any]]:

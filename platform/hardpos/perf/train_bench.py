@@ -43,7 +43,7 @@ from open_clip.loss import ClipLoss
 from hardpos.model import ModelConfig, encode_text, load_model
 from hardpos.perf.harness import compare_alternating
 from hardpos.perf.tiny_step import synthetic_batch
-from hardpos.train.config import OptimConfig
+from hardpos.train.step import OptimConfig
 from hardpos.train.loss import LossConfig
 from hardpos.train import step as training_step  # step.train_step looked up per call: tests count the calls
 from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch
