@@ -146,6 +146,20 @@ def test_outcome_names_each_verdict_triple(scores, name):
     assert X.outcome(X.ItemScores("s", *scores)) == name
 
 
+def test_vectorised_outcomes_equal_the_per_item_outcome():
+    """disagreements() names outcomes over arrays; it must agree with the per-item
+    outcome (itself from metrics.verdicts) everywhere, ties and missing positives included."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    c, n, p = (rng.integers(0, 4, 3000) / 4 for _ in range(3))  # coarse grid: many ties
+    p[::7] = np.nan
+    got = X.outcomes(c, n, p)
+    want = [X.outcome(X.ItemScores("s", a, b, None if np.isnan(d) else d)) for a, b, d in zip(c, n, p)]
+    assert list(got) == want
+    assert set(want) == {"correct", "brittle (P<N)", "brittle (C<N)", "tie (P=N)", "wrong"}
+
+
 def test_disagreements_of_three_models_by_hand():
     """A hand-made 3-model example: the rows are exactly the items whose outcomes differ
     between ANY two models; items some model lacks and benchmarks not every model scored
