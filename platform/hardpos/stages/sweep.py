@@ -292,9 +292,10 @@ def _new_tuner(cfg: Config, trainable: Any, param_space: dict[str, Any], fs: Any
         param_space=param_space,
         tune_config=tune.TuneConfig(
             metric=cfg.metric, mode=cfg.mode, scheduler=scheduler, num_samples=cfg.num_samples,
-            # grid order is the trial order; the sampled keys' draws follow the sweep's seed
-            search_alg=BasicVariantGenerator(random_state=cfg.seed),
-            max_concurrent_trials=cfg.max_concurrent_trials, time_budget_s=cfg.time_budget_s,
+            # Grid order is the trial order; the sampled keys' draws follow the sweep's seed. The
+            # concurrency limit goes to the generator: Tune ignores TuneConfig's for a given one.
+            search_alg=BasicVariantGenerator(random_state=cfg.seed, max_concurrent=cfg.max_concurrent_trials),
+            time_budget_s=cfg.time_budget_s,
         ),
         run_config=tune.RunConfig(
             name="tune", storage_path=str(Path(tune_path).parent), storage_filesystem=fs,
