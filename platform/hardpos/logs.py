@@ -121,7 +121,8 @@ def quiet_ray_data(level: str) -> None:
     loud = verbose(level)
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = loud
-    logging.getLogger("ray.data").setLevel(logging.DEBUG if loud else logging.WARNING)
+    # ERROR, not WARNING: turning the bars off makes Ray Data warn once that they are off
+    logging.getLogger("ray.data").setLevel(logging.DEBUG if loud else logging.ERROR)
 
 
 def train_log_level(level: str) -> str:
