@@ -12,6 +12,11 @@ Two commands::
     # spread of every table cell over the seeds (results_seeds.md / .json / .png)
     python -m hardpos.calibrate seeds seeds=[0,1,2] output_dir=outputs/calibrate [demo.key=value ...]
 
+    # re-score finished checkpoints on another world's benchmark (e.g. a benchmark-only knob such as
+    # binding_partial_captions: the checkpoints do not change, only the items do)
+    python -m hardpos.calibrate rescore world_dir=outputs/bench \
+        'models={"pretrained": "outputs/demo/pretrain/model", "hn-only": "outputs/demo/finetune/hn-only/model"}'
+
 ``probe`` answers "is the world hard enough / does the mechanism show" in minutes; only the
 ``seeds`` numbers (the real pipeline) go into the README.  Every key=value is parsed as YAML;
 ``seeds`` passes ``demo.<key>=<value>`` on to the demo config (e.g. ``demo.finetune.steps=200``).
@@ -155,7 +160,6 @@ def probe(cfg: ProbeConfig) -> dict[str, Any]:
 
     from hardpos import report as R
     from hardpos.eval.evaluator import run_benchmarks
-    from hardpos.eval.spec import BenchmarkSpec
     from hardpos.model import ModelConfig, load_model
 
     torch.set_num_threads(cfg.threads)
@@ -179,8 +183,7 @@ def probe(cfg: ProbeConfig) -> dict[str, Any]:
     cap_imgs = ft_imgs_u[[idx_of[p] for p in cap_rows]]
     print(f"decoded {len(pre)} pretrain + {len(paths)} finetune images in {time.time() - t0:.0f}s", file=sys.stderr)
 
-    specs = [BenchmarkSpec(name=f"world_{b}", kind="triplets", path=str(world / "benchmark" / f"{b}.parquet"))
-             for b in ("replace_attribute", "replace_relation", "swap")]
+    specs = _specs(world)
 
     def evaluate(model, name: str) -> dict[str, float]:
         model.eval()
@@ -218,6 +221,58 @@ def probe(cfg: ProbeConfig) -> dict[str, Any]:
                    cfg.finetune_lr, cfg.warmup, w_pos, w_neg, True, cfg.seed + 1)
         rows[name] = evaluate(lm.model, name)
     print(R.markdown_table(rows, title=f"probe: {json.dumps(dataclasses.asdict(cfg))}"))
+    if cfg.output:
+        Path(cfg.output).write_text(json.dumps({"config": dataclasses.asdict(cfg), "rows": rows}, indent=2))
+    return rows
+
+
+# --------------------------------------------------------------------------- rescore
+@dataclasses.dataclass
+class RescoreConfig:
+    """Finished checkpoints scored on a world's benchmark, without training.
+
+    world_dir: a world (only its benchmark/ and images/benchmark/ are read).
+    models: table name -> checkpoint (a local model folder, e.g. <demo>/finetune/hn-only/model).
+    arch: open_clip architecture of the checkpoints.
+    threads: torch CPU threads.
+    output: also write the rows as JSON here.
+    """
+
+    world_dir: str = "outputs/world"
+    models: dict[str, str] = dataclasses.field(default_factory=dict)
+    arch: str = "hardpos-demo"
+    threads: int = 1
+    output: str | None = None
+
+
+def _specs(world: Path) -> list:
+    from hardpos.eval.spec import BenchmarkSpec
+
+    return [BenchmarkSpec(name=f"world_{b}", kind="triplets", path=str(world / "benchmark" / f"{b}.parquet"))
+            for b in ("replace_attribute", "replace_relation", "swap")]
+
+
+def rescore(cfg: RescoreConfig) -> dict[str, dict[str, float]]:
+    """Score each checkpoint of ``models`` with the evaluate stage's ``run_benchmarks``; print the
+    demo's table (with the signs) and return the rows."""
+    import torch
+
+    from hardpos import report as R
+    from hardpos.eval.evaluator import run_benchmarks
+    from hardpos.model import ModelConfig, load_model
+
+    if not cfg.models:
+        raise ValueError("rescore: models is empty; give models={name: checkpoint, ...}")
+    torch.set_num_threads(cfg.threads)
+    specs = _specs(Path(cfg.world_dir))
+    rows: dict[str, dict[str, float]] = {}
+    for name, ckpt in cfg.models.items():
+        lm = load_model(ModelConfig(arch=cfg.arch, pretrained=ckpt))
+        lm.model.eval()
+        with torch.no_grad():
+            rows[name] = R.table_row(run_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, specs))
+        print(f"{name}: scored", file=sys.stderr, flush=True)
+    print(R.markdown_table(rows, title=f"rescore: {cfg.world_dir}"))
     if cfg.output:
         Path(cfg.output).write_text(json.dumps({"config": dataclasses.asdict(cfg), "rows": rows}, indent=2))
     return rows
@@ -291,12 +346,14 @@ def _write_aggregate(out: Path, cfg: SeedsConfig, per_seed, summaries) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("probe", "seeds"):
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("probe", "seeds", "rescore"):
         print(__doc__)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "probe":
         probe(load_config(ProbeConfig, None, rest))
+    elif cmd == "rescore":
+        rescore(load_config(RescoreConfig, None, rest))
     else:
         seeds(load_config(SeedsConfig, None, rest))
     return 0
