@@ -125,6 +125,15 @@ def quiet_ray_data(level: str) -> None:
     logging.getLogger("ray.data").setLevel(logging.DEBUG if loud else logging.ERROR)
 
 
+def quiet_worker(level: str) -> None:
+    """In a Ray Train worker: third-party INFO chatter off unless verbose.
+
+    Ray Train sets each worker's root logger to INFO with a console handler, so libraries'
+    INFO lines (open_clip logs every model build through the root logger) would reach the
+    job's console; HardPos's own lines do not depend on the root logger (see :func:`setup`)."""
+    logging.getLogger().setLevel(logging.INFO if verbose(level) else logging.WARNING)
+
+
 def train_log_level(level: str) -> str:
     """Ray Train's own console level (``ray.train.LoggingConfig``) for ``level``."""
     return "INFO" if verbose(level) else "WARNING"

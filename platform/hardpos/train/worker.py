@@ -133,6 +133,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     """
     rank = ray.train.get_context().get_world_rank()
     logs.setup(config["cfg"].log_level)  # this worker process's hardpos lines reach the console
+    logs.quiet_worker(config["cfg"].log_level)
     try:
         _train_worker(config)
     except BaseException:
