@@ -223,7 +223,7 @@ def test_training_progress_lines():
     p = Progress.for_run(total=95, start_step=0, global_batch=32, epochs=2, lines=10)
     p.started = 100.0
     assert p.every == 10 and p.line(9, 0, {"loss/total": 1.0}, now=101.0) is None
-    line = p.line(20, 0, {"loss/total": 2.5, "loss/hard_negative": 0.25, "lr": 1e-5}, now=110.0)
+    line = p.line(20, 0, {"loss/total": 2.5, "loss/hard_negative": 0.25, "loss/kl": 0.0, "lr": 1e-5}, now=110.0)
     assert line == ("train step 20/95 (21%) epoch 1/2 | loss total 2.5000 hard_negative 0.2500 | "
                     "2.00 steps/s 64.0 samples/s | ETA 38s")
     assert p.line(95, 1, {"loss/total": 1.0}, now=147.5).endswith("ETA 0s")  # the last step always prints

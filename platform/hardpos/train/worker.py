@@ -57,7 +57,8 @@ StepHook = Callable[[int, int, int], None]
 
 @dataclasses.dataclass
 class Progress:
-    """Rank 0's console progress: a line every ``every`` steps and at the last step.
+    """Rank 0's console progress: a line every ``every`` steps and at the last step
+    (loss terms that are exactly 0, i.e. off in this phase, are left out).
 
     Rates count from ``start_step`` at ``started`` (a resumed run measures only what it
     trains); the ETA is the remaining steps at that rate (validation and benchmarks between
@@ -81,7 +82,9 @@ class Progress:
         elapsed = max(1e-9, (time.perf_counter() if now is None else now) - self.started)
         steps_s = (step - self.start_step) / elapsed
         eta = (self.total - step) / steps_s if steps_s > 0 else float("inf")
-        loss = " ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in terms.items() if k.startswith("loss/"))
+        # terms that are exactly 0 (their weight is 0 in this phase) would only widen the line
+        loss = " ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in terms.items()
+                        if k.startswith("loss/") and (v != 0.0 or k == "loss/total"))
         return (f"train step {step}/{self.total} ({100 * step / self.total:.0f}%) epoch {epoch + 1}/{self.epochs} | "
                 + (f"loss {loss} | " if loss else "") + f"{steps_s:.2f} steps/s {steps_s * self.global_batch:.1f} samples/s | "
                 f"ETA {logs.duration(eta) if math.isfinite(eta) else '?'}")
