@@ -137,7 +137,9 @@ def _median_seconds(fn, steps: int, warmup: int, device: str) -> float:
 def machine(device: str) -> dict[str, Any]:
     """The facts a figure needs to be compared: device, library versions, commit."""
     info: dict[str, Any] = {"device": device, "python": platform.python_version(), "torch": torch.__version__,
-                            "open_clip": getattr(open_clip, "__version__", "?"), "cpu_threads": torch.get_num_threads(),
+                            "open_clip": getattr(open_clip, "__version__", "?"),
+                            "open_clip_from": os.path.dirname(open_clip.__file__),  # the carried wheel, on the GPU machine
+                            "cpu_threads": torch.get_num_threads(),
                             "commit": os.environ.get("HARDPOS_COMMIT") or _git_commit()}
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
