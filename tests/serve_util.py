@@ -82,3 +82,15 @@ def bomb_png(width: int, height: int, rows: int = 0) -> bytes:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
+
+
+def broken_checkpoint(directory: Path, good: Path) -> Path:
+    """A copy of checkpoint ``good`` whose weights file is garbage: it is registered and
+    found like any version, but loading it fails (a model that cannot load)."""
+    import shutil
+
+    from hardpos.model import WEIGHTS_NAME
+
+    shutil.copytree(good, directory)
+    (directory / WEIGHTS_NAME).write_bytes(b"this is not a safetensors file")
+    return directory

@@ -1,7 +1,8 @@
 """The Ray Serve scoring app, for real: serve.run on the session's local Ray, HTTP on 127.0.0.1.
 
-One app (a tiny registered model, bearer auth on) serves every test in this module; a
-second app points at a model that does not exist. (``_local_testing_mode`` cannot run
+One app (a tiny registered model, bearer auth on) serves every test in this module; the
+health tests deploy small apps of their own beside it (a model that does not exist yet, one
+that cannot load, an alias moved to a broken version). (``_local_testing_mode`` cannot run
 ``@serve.batch`` in Ray 2.60, so nothing here is simulated.)
 """
 from __future__ import annotations
@@ -14,10 +15,12 @@ import numpy as np
 import pytest
 
 from conftest import free_port
-from serve_util import b64, bomb_png, png_bytes, register_checkpoint, tiny_checkpoint
+from serve_util import b64, bomb_png, broken_checkpoint, png_bytes, register_checkpoint, tiny_checkpoint
 
 MODEL_NAME = "hardpos-clip-test"
 LATE_MODEL = "registered-later"
+UPGRADE_MODEL = "hardpos-clip-upgrade"
+BROKEN_MODEL = "hardpos-clip-broken"
 TOKEN = "s3cret-test-token"
 TOKEN_ENV = "HARDPOS_SERVE_TEST_TOKEN"
 CAPTIONS = ["a red circle and a blue square", "a blue square and a red circle", "a green triangle", "two dogs"]
@@ -50,17 +53,12 @@ def app(ray_session, tmp_path_factory):
         "model_deployment": {"num_cpus": 0.5},
         "ingress_deployment": {"num_cpus": 0.1},
     }
-    # Polls its alias every second: it must come up by itself once the model is registered.
-    missing_cfg = {**base_cfg, "model": f"models:/{LATE_MODEL}@champion", "auth_token_env": "", "reload_poll_s": 1.0,
-                   "model_deployment": {"num_cpus": 0.1}, "ingress_deployment": {"num_cpus": 0.05}}
     os.environ[TOKEN_ENV] = TOKEN  # read by build_app (only its digest is baked into the app)
     try:
         main_app = build_app(base_cfg)
     finally:
         del os.environ[TOKEN_ENV]
-    # Both apps deploy concurrently (replica start-up dominates this module's time).
-    serve.run_many([serve.RunTarget(main_app, name="hardpos-test", route_prefix="/"),
-                    serve.RunTarget(build_app(missing_cfg), name="hardpos-missing", route_prefix="/missing")])
+    serve.run(main_app, name="hardpos-test", route_prefix="/")
     try:
         yield {"url": f"http://127.0.0.1:{port}", "uri": uri, "root": root, "ckpt": ckpt1, "version": version,
                "cfg": base_cfg}
@@ -225,27 +223,36 @@ def test_bearer_auth(app):
     assert requests.get(app["url"] + "/healthz", timeout=30).status_code == 200  # probes stay open
 
 
-def test_unknown_model_is_404_then_served_once_registered(app):
+def test_unknown_model_is_404_until_registered_and_redeployed(app):
+    """A deployment whose model does not exist never starts (its health check fails): Serve
+    says DEPLOY_FAILED with the reason, requests get a prompt 404 naming the model; once the
+    model is registered, a redeploy brings it up."""
     import time
 
     import requests
 
-    health = requests.get(app["url"] + "/missing/healthz", timeout=30)
-    assert health.status_code == 503 and LATE_MODEL in health.json()["detail"]
-    resp = requests.post(app["url"] + "/missing/v1/score", json={"image_b64": GOOD, "captions": ["a"]}, timeout=30)
+    model = f"models:/{LATE_MODEL}@champion"
+    failure = _side_app(app, "missing", model, expect_failure=True)
+    assert "DEPLOY_FAILED" in failure or "failed" in failure.lower()
+    status, message = _model_status("missing")
+    assert status == "DEPLOY_FAILED" and "no model loaded (404)" in message and LATE_MODEL in message, message
+    t0 = time.monotonic()
+    resp = requests.post(app["url"] + "/missing/v1/score", json={"image_b64": GOOD, "captions": ["a"]}, timeout=60)
     assert resp.status_code == 404, resp.text
-    assert f"models:/{LATE_MODEL}@champion" in resp.json()["detail"] and "not found" in resp.json()["detail"]
-    # Register it: the replica's alias poll (reload_poll_s=1) loads it with no redeploy.
-    version = register_checkpoint(app["uri"], LATE_MODEL, app["ckpt"])
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        health = requests.get(app["url"] + "/missing/healthz", timeout=30)
-        if health.status_code == 200:
-            break
-        time.sleep(0.5)
-    assert health.status_code == 200 and health.json()["version"] == version, health.text
-    resp = requests.post(app["url"] + "/missing/v1/score", json={"image_b64": GOOD, "captions": ["a"]}, timeout=30)
-    assert resp.status_code == 200 and resp.json()["model"]["name"] == LATE_MODEL
+    assert model in resp.json()["detail"] and "not found" in resp.json()["detail"]
+    assert time.monotonic() - t0 < 15  # at once, not after the 30 s request timeout
+    health = requests.get(app["url"] + "/missing/healthz", timeout=60)
+    assert health.status_code == 503 and LATE_MODEL in health.json()["detail"]
+    try:
+        version = register_checkpoint(app["uri"], LATE_MODEL, app["ckpt"])
+        _side_app(app, "missing", model, reload_token="registered")  # `serve deploy` again
+        health = requests.get(app["url"] + "/missing/healthz", timeout=60)
+        assert health.status_code == 200 and health.json()["version"] == version, health.text
+        resp = requests.post(app["url"] + "/missing/v1/score", json={"image_b64": GOOD, "captions": ["a"]}, timeout=60)
+        assert resp.status_code == 200 and resp.json()["model"]["name"] == LATE_MODEL
+        assert _model_status("missing")[0] == "HEALTHY"
+    finally:
+        _delete("missing")
 
 
 def test_200_concurrent_requests_all_succeed_and_are_batched(app):
@@ -286,6 +293,58 @@ def test_loadgen_measures_the_running_app(app, monkeypatch):
         assert level["requests"] == 12 and level["ok"] == 12 and level["errors"] == 0
         assert level["scores_per_s"] == pytest.approx(3 * level["requests_per_s"], rel=1e-3)
         assert 0 < level["p50_ms"] <= level["p99_ms"]
+
+
+def test_the_plain_peer_answers_like_the_app(app, tmp_path):
+    """The load generator's peer (one FastAPI + uvicorn process, same model and scoring)
+    gives the app's scores and response shape, and the same 400s for bad input."""
+    import requests
+
+    from hardpos.perf.loadgen import LoadgenConfig, measure_level, start_plain, stop_plain
+
+    proc, url = start_plain(LoadgenConfig(arch="hardpos-tiny", torch_threads=1), str(app["ckpt"]), tmp_path)
+    try:
+        body = {"image_b64": b64(png_bytes(31)), "captions": CAPTIONS, "softmax": True}
+        mine = requests.post(url + "/v1/score", json=body, timeout=60)
+        theirs = _post(app, "/v1/score", body)
+        assert mine.status_code == 200 and theirs.status_code == 200, mine.text
+        assert set(mine.json()) == set(theirs.json())
+        np.testing.assert_allclose(mine.json()["scores"], theirs.json()["scores"], atol=1e-5)
+        np.testing.assert_allclose(mine.json()["probs"], theirs.json()["probs"], atol=1e-5)
+        bad = requests.post(url + "/v1/score", json={"image_b64": GOOD, "captions": []}, timeout=60)
+        assert bad.status_code == 400 and "captions is empty" in bad.json()["detail"]
+        level = measure_level(url, [body], 2, 6, 60)
+        assert level["ok"] == 6 and level["errors"] == 0
+        timing = requests.get(url + "/v1/model", timeout=60).json()["timing"]
+        assert {"parse", "decode", "forward", "model_call", "server"} <= set(timing) and timing["forward"]["n"] >= 7
+    finally:
+        stop_plain(proc)
+    assert proc.returncode is not None
+
+
+def test_colocated_model_answers_like_the_two_deployment_app(app):
+    """colocate_model: one deployment (the ingress holds the model, no hop); same answers,
+    same reload-token reconfigure, same health contract."""
+    import requests
+
+    model = f"models:/{MODEL_NAME}@champion"
+    _side_app(app, "colocated", model, colocate_model=True)
+    try:
+        body = {"image_b64": b64(png_bytes(41)), "captions": CAPTIONS}
+        mine = requests.post(app["url"] + "/colocated/v1/score", json=body, timeout=60)
+        theirs = _post(app, "/v1/score", body)
+        assert mine.status_code == 200 and mine.json()["model"] == theirs.json()["model"], mine.text
+        np.testing.assert_allclose(mine.json()["scores"], theirs.json()["scores"], atol=1e-5)
+        info = requests.get(app["url"] + "/colocated/v1/model", timeout=60).json()
+        assert info["batching"]["enabled"] is True and info["batching"]["items"] >= 1
+        from ray import serve
+
+        deployments = serve.status().applications["colocated"].deployments
+        assert set(deployments) == {"ScoringAPI"}  # one deployment
+        _side_app(app, "colocated", model, colocate_model=True, reload_token="again")  # in-place reconfigure
+        assert requests.get(app["url"] + "/colocated/healthz", timeout=60).status_code == 200
+    finally:
+        _delete("colocated")
 
 
 def test_loadgen_refuses_replicas_the_cluster_cannot_hold(ray_session):
@@ -334,3 +393,105 @@ def test_user_config_reload_token_and_batching_apply_in_place(app):
     assert first is same  # same token: no reload (a batching change alone never reloads)
     assert reloaded is not first and reloaded.info["version"] == "1"  # new token: a fresh load
     assert replica._batching.max_batch_size == 8
+
+
+# --------------------------------------------------------------------------- health that tells the truth
+def _side_app(app, name: str, model: str, expect_failure: bool = False, **overrides) -> str:
+    """Deploy one more small app at /<name> (auth off, health checked every second, one
+    start attempt). Returns "" or, with ``expect_failure``, Serve's deploy error."""
+    from ray import serve
+
+    from hardpos.serve.app import build_app
+
+    cfg = {**app["cfg"], "model": model, "auth_token_env": "", "load_retries": 1, "load_retry_backoff_s": 0.1,
+           "model_deployment": {"num_cpus": 0.1, "health_check_period_s": 1, "health_check_timeout_s": 10,
+                                "max_constructor_retry_count": 1},
+           "ingress_deployment": {"num_cpus": 0.05}, **overrides}
+    if not expect_failure:
+        serve.run(build_app(cfg), name=name, route_prefix=f"/{name}")
+        return ""
+    with pytest.raises(RuntimeError) as failed:
+        serve.run(build_app(cfg), name=name, route_prefix=f"/{name}")
+    return str(failed.value)
+
+
+def _delete(name: str) -> None:
+    from ray import serve
+
+    serve.delete(name)
+
+
+def _model_status(name: str) -> tuple[str, str]:
+    from ray import serve
+
+    dep = serve.status().applications[name].deployments["ScoringModel"]
+    return str(getattr(dep.status, "value", dep.status)), dep.message
+
+
+def test_alias_moved_to_a_broken_version_keeps_serving_the_old_one(app):
+    """The champion alias moves to a version that cannot load (and then a config update asks
+    for a reload): the replica keeps serving the old version, stays healthy, and says why."""
+    import time
+
+    import requests
+
+    v1 = register_checkpoint(app["uri"], UPGRADE_MODEL, app["ckpt"])
+    _side_app(app, "upgrade", f"models:/{UPGRADE_MODEL}@champion", reload_poll_s=0.5)
+    url = app["url"] + "/upgrade"
+    body = {"image_b64": GOOD, "captions": CAPTIONS[:2]}
+    try:
+        first = requests.post(url + "/v1/score", json=body, timeout=60)
+        assert first.status_code == 200 and first.json()["model"]["version"] == v1, first.text
+        replica = requests.get(url + "/v1/model", timeout=60).json()["replica"]
+        v2 = register_checkpoint(app["uri"], UPGRADE_MODEL, broken_checkpoint(app["root"] / "broken-v2", app["ckpt"]))
+        deadline, info = time.monotonic() + 60, {}
+        while time.monotonic() < deadline and "last_reload_error" not in info:
+            time.sleep(0.5)
+            info = requests.get(url + "/v1/model", timeout=60).json()
+        assert info["last_reload_error"]["kept_version"] == v1, info
+        assert info["last_reload_error"]["status"] == 503 and "could not be loaded" in info["last_reload_error"]["detail"]
+        assert info["loaded"] is True and info["model"]["version"] == v1 and v2 != v1
+        for _ in range(5):  # still answering, with the old version, while the alias names v2
+            resp = requests.post(url + "/v1/score", json=body, timeout=60)
+            assert resp.status_code == 200 and resp.json()["model"]["version"] == v1, resp.text
+            np.testing.assert_allclose(resp.json()["scores"], first.json()["scores"], atol=1e-6)
+        health = requests.get(url + "/healthz", timeout=60)
+        assert health.status_code == 200 and health.json()["version"] == v1
+        time.sleep(4)  # > 3 health checks at 1 s: a failing check would have flagged it by now
+        assert _model_status("upgrade")[0] == "HEALTHY"
+        # A config update (new reload_token: reconfigure in place) to the same broken alias.
+        _side_app(app, "upgrade", f"models:/{UPGRADE_MODEL}@champion", reload_poll_s=0.5,
+                  reload_token="after-the-broken-upgrade")
+        resp = requests.post(url + "/v1/score", json=body, timeout=60)
+        assert resp.status_code == 200 and resp.json()["model"]["version"] == v1, resp.text
+        after = requests.get(url + "/v1/model", timeout=60).json()
+        assert after["replica"] == replica and after["model"]["version"] == v1  # same replica, never down
+        assert _model_status("upgrade")[0] == "HEALTHY"
+    finally:
+        _delete("upgrade")
+
+
+def test_a_deployment_started_on_a_broken_model_fails_its_health_check_and_answers_503(app):
+    """A registered version that cannot load: after the first attempt and its retry the
+    replica's health check fails, so it never starts (Serve: DEPLOY_FAILED with the reason,
+    nothing to promote), and every request gets a prompt 503 that says why, never a hang."""
+    import time
+
+    import requests
+
+    register_checkpoint(app["uri"], BROKEN_MODEL, broken_checkpoint(app["root"] / "broken-v1", app["ckpt"]))
+    try:
+        _side_app(app, "broken", f"models:/{BROKEN_MODEL}@champion", expect_failure=True)
+        status, message = _model_status("broken")
+        assert status == "DEPLOY_FAILED" and "no model loaded (503)" in message and "could not be loaded" in message
+        body = {"image_b64": GOOD, "captions": CAPTIONS[:2]}
+        for _ in range(3):
+            t0 = time.monotonic()
+            resp = requests.post(app["url"] + "/broken/v1/score", json=body, timeout=60)
+            assert resp.status_code == 503, resp.text
+            assert BROKEN_MODEL in resp.json()["detail"] and "could not be loaded" in resp.json()["detail"]
+            assert time.monotonic() - t0 < 15  # at once, not after the 30 s request timeout
+        health = requests.get(app["url"] + "/broken/healthz", timeout=60)
+        assert health.status_code == 503 and "could not be loaded" in health.json()["detail"]
+    finally:
+        _delete("broken")

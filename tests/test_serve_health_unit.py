@@ -26,6 +26,16 @@ def test_check_health_fails_while_no_model_is_loaded(tmp_path):
 
     scored = asyncio.run(drive())
     assert replica._state is None and replica._error.status == 404
+    # The ingress reads the status and reason back from Serve's deployment message, which
+    # carries this exception in a traceback (the source line must not match, the message must).
+    from hardpos.serve.app import _NO_MODEL
+
+    try:
+        asyncio.run(replica.check_health())
+    except RuntimeError as exc:
+        text = 'raise RuntimeError(f"no model loaded ({err.status}): {err.message}")\nRuntimeError: ' + str(exc)
+    found = _NO_MODEL.search(text)
+    assert found and found.group(1) == "404" and "no-such-checkpoint" in found.group(2)
     assert scored["error"]["status"] == 404 and "no-such-checkpoint" in scored["error"]["detail"]
 
 

@@ -42,7 +42,8 @@ class LoadgenConfig:
     url: a running server to measure (loopback only); None -> deploy ``targets`` side by
         side on this machine and compare them (:func:`hardpos.perf.serve_compare.compare_servers`).
     targets: what compare mode deploys: ``batched`` / ``unbatched`` (the Ray Serve app with
-        ``@serve.batch`` on / max batch size 1) and ``plain`` (the same model, validation and
+        ``@serve.batch`` on / max batch size 1), ``colocated`` (batched, model inside the
+        ingress replica) and ``plain`` (the same model, validation and
         scoring in one FastAPI + uvicorn process, :mod:`hardpos.serve.plain`: the peer).
     path: the route to load (``/v1/score``).
     concurrency: closed-loop client counts, one level each.

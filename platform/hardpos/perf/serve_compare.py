@@ -2,7 +2,8 @@
 
 :func:`compare_servers` deploys, on this machine and in one run, every target of
 ``cfg.targets``: ``batched`` and ``unbatched`` (the Serve app with ``@serve.batch`` on, and
-off = max batch size 1, on a local Ray) and ``plain`` (:mod:`hardpos.serve.plain`: the same
+off = max batch size 1, on a local Ray), ``colocated`` (batched, the model inside the
+ingress replica: ``colocate_model``) and ``plain`` (:mod:`hardpos.serve.plain`: the same
 model, validation and scoring in one FastAPI + uvicorn process, started as a subprocess). All
 load the same checkpoint and bind 127.0.0.1. Every concurrency level measures every target
 with the same request pool, the order rotating each round (background load on a shared
@@ -42,7 +43,7 @@ from hardpos.serve.app import build_app
 from hardpos.serve.scoring import stage_means_ms
 from hardpos.testing import free_port
 
-SERVE_TARGETS = ("batched", "unbatched")
+SERVE_TARGETS = ("batched", "unbatched", "colocated")
 ALL_TARGETS = (*SERVE_TARGETS, "plain")
 PLAIN_START_TIMEOUT_S = 300.0
 
@@ -92,10 +93,10 @@ def _serve_apps(cfg: LoadgenConfig, source: str, targets: list[str]) -> dict[str
                              "max_ongoing_requests": max(64, 2 * cfg.max_batch_size, 2 * max(cfg.concurrency))},
         "ingress_deployment": {"num_cpus": 0.1, "max_ongoing_requests": max(256, 2 * max(cfg.concurrency))},
     }
-    batching = {"batched": {"enabled": True, "max_batch_size": cfg.max_batch_size,
-                            "batch_wait_timeout_s": cfg.batch_wait_timeout_s},
-                "unbatched": {"enabled": False}}
-    return {t: {**base, "batching": batching[t]} for t in targets if t in SERVE_TARGETS}
+    batched = {"enabled": True, "max_batch_size": cfg.max_batch_size, "batch_wait_timeout_s": cfg.batch_wait_timeout_s}
+    apps = {"batched": {**base, "batching": batched}, "unbatched": {**base, "batching": {"enabled": False}},
+            "colocated": {**base, "batching": batched, "colocate_model": True}}  # batched, model in the ingress
+    return {t: apps[t] for t in targets if t in SERVE_TARGETS}
 
 
 def start_plain(cfg: LoadgenConfig, source: str, workdir: Path) -> tuple[subprocess.Popen, str]:

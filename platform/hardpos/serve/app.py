@@ -9,8 +9,8 @@
 Two deployments: ``ScoringModel`` (:mod:`hardpos.serve.deployment`: loads the model, batches,
 reloads without downtime) behind ``ScoringAPI``, the FastAPI ingress defined here: input
 validation (400/413 with specific messages, :mod:`hardpos.serve.requests`), optional bearer
-auth, a request timeout (503, never a hang; a few seconds only while the model is known to be
-unloaded), and fan-out of ``/v1/score/batch`` items so they
+auth, a request timeout (503, never a hang; when the model deployment failed to deploy
+because no model could be loaded, the answer is at once, 503/404 with Serve's reason), and fan-out of ``/v1/score/batch`` items so they
 batch on the model deployment.
 
 Routes: ``POST /v1/score`` (JSON with base64, or multipart upload), ``POST /v1/score/batch``,
@@ -26,6 +26,7 @@ other library module: no ``PYTHONPATH`` entry and no pickling by value are neede
 import asyncio
 import dataclasses
 import os
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,7 +34,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from ray import serve
 from ray.exceptions import RayActorError
-from ray.serve.exceptions import BackPressureError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from hardpos import tracking
 from hardpos.serve.config import BatchingConfig, DeploymentOptions, load_app_config
@@ -48,7 +49,10 @@ from hardpos.serve.scoring import StageTimes, softmax as softmax_probs, verdicts
 
 __all__ = ["ScoringAPI", "ScoringModel", "api", "build_app"]
 
-UNLOADED_WAIT_S = 5.0  # longest wait for the model while its last answer was "not loaded"
+MODEL_DEPLOYMENT = "ScoringModel"
+PROBE_AFTER_S = 2.0  # a model call slower than this asks Serve whether the model deployment failed
+PROBE_CACHE_S = 2.0
+_NO_MODEL = re.compile(r"no model loaded \((\d{3})\): ([^\n]+)")
 
 # --------------------------------------------------------------------------- ingress
 
@@ -93,40 +97,82 @@ class ScoringAPI:
         self.cfg = load_app_config(config)
         self.limits = self.cfg.limits
         self.model = model_handle
+        # colocate_model: no handle; the model lives in this replica (no hop to another one).
+        self.local = ScoringModel.func_or_class(config) if model_handle is None else None
+        self._probe: tuple[float, tuple[int, str] | None] | None = None  # (when, _model_failure())
         token = os.environ.get(self.cfg.auth_token_env) if self.cfg.auth_token_env else None
         # (Serve freezes a copy of `api` at decoration time, so auth state lives here.)
         self.auth_digest = token_digest(token) if token else auth_digest
         self.times = StageTimes()
-        # The model's last "not loaded" answer (None once it scores again). While set, a call
-        # waits at most UNLOADED_WAIT_S: a replica that cannot load fails its health check and
-        # is replaced, and requests must not queue for the replacement for the full timeout.
-        self._unloaded: str | None = None
 
     def _auth(self, request: Request) -> None:
         check_bearer(request.headers.get("authorization"), self.auth_digest)
 
+    async def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Serve calls this only with colocate_model (the model's user_config is ours then)."""
+        if self.local is not None:
+            await self.local.reconfigure(user_config)
+
+    async def check_health(self) -> None:
+        """With colocate_model, the model's health is this replica's health."""
+        if self.local is not None:
+            await self.local.check_health()
+
     async def _call(self, method: str, *args: Any) -> Any:
+        if self.local is not None:
+            try:
+                return await asyncio.wait_for(getattr(self.local, method)(*args), timeout=self.limits.request_timeout_s)
+            except asyncio.TimeoutError:
+                raise ServingError(503, f"the model did not answer within {self.limits.request_timeout_s:g} s; retry later") from None
         response = getattr(self.model, method).remote(*args)
-        unloaded = self._unloaded
-        timeout = min(self.limits.request_timeout_s, UNLOADED_WAIT_S) if unloaded else self.limits.request_timeout_s
+        task = asyncio.ensure_future(_await(response))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.request_timeout_s
         try:
-            result = await asyncio.wait_for(_await(response), timeout=timeout)
-        except asyncio.TimeoutError:
+            # A slow answer may mean no model replica can start (it fails its health check
+            # until a model loads): then Serve's status says why, and the client hears it now
+            # instead of after the full timeout.
+            done, _ = await asyncio.wait({task}, timeout=min(PROBE_AFTER_S, self.limits.request_timeout_s))
+            while not done:
+                why = await self._model_failure()
+                if why is not None:
+                    raise ServingError(*why)
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise ServingError(503, f"the model did not answer within {self.limits.request_timeout_s:g} s; retry later")
+                done, _ = await asyncio.wait({task}, timeout=min(PROBE_AFTER_S, left))
+            return task.result()
+        except ServingError:
+            task.cancel()
             response.cancel()
-            if unloaded:
-                raise ServingError(503, f"no model is loaded ({unloaded}); retry later") from None
-            raise ServingError(503, f"the model did not answer within {self.limits.request_timeout_s:g} s; retry later") from None
+            raise
+        except DeploymentUnavailableError:
+            why = await self._model_failure()
+            raise ServingError(*(why or (503, "the model deployment failed to deploy (no model could be loaded)"))) from None
         except BackPressureError:
             raise ServingError(503, "the model deployment is at capacity (max_ongoing_requests); retry later") from None
         except RayActorError as exc:  # replica died / restarting: the client should retry, not see a 500
             raise ServingError(503, f"the model replica is unavailable ({type(exc).__name__}); retry later") from None
-        if isinstance(result, dict):
-            error = result.get("error") if method == "score" else (None if result.get("loaded", True) else result.get("error"))
-            if error and error.get("status") in (404, 503):
-                self._unloaded = error.get("detail")
-            elif (method == "score" and "scores" in result) or (method == "info" and result.get("loaded")):
-                self._unloaded = None
-        return result
+
+    async def _model_failure(self) -> tuple[int, str] | None:
+        """(status, message) when Serve reports that the model deployment cannot load its
+        model (the replica's failed health check names the status and the load error); None
+        when it says nothing of the kind. Asked only about slow or failed calls, and cached
+        for PROBE_CACHE_S so a burst of slow requests costs one controller call."""
+        now = asyncio.get_running_loop().time()
+        if self._probe is not None and now - self._probe[0] < PROBE_CACHE_S:
+            return self._probe[1]
+        try:
+            app = serve.get_replica_context().app_name
+            dep = (await asyncio.to_thread(serve.status)).applications[app].deployments[MODEL_DEPLOYMENT]
+            status = str(getattr(dep.status, "value", dep.status))
+            found = _NO_MODEL.search(dep.message or "") if status != "HEALTHY" else None
+            why = (int(found.group(1)), f"no model is loaded (model deployment {status}): {found.group(2).strip()}"
+                   ) if found else None
+        except Exception:  # noqa: BLE001 - the controller is unreachable: no reason to give
+            why = None
+        self._probe = (now, why)
+        return why
 
     async def _score_one(self, image: bytes, captions: list[str]) -> dict[str, Any]:
         # Header checks here (size, format, pixel count: no pixels decoded) keep oversized and
@@ -255,7 +301,7 @@ def _deployment_kwargs(opts: DeploymentOptions, default_max_ongoing: int, access
         "max_ongoing_requests": opts.max_ongoing_requests or default_max_ongoing,
         "logging_config": {"enable_access_log": access_log},
     }
-    for key in ("health_check_period_s", "health_check_timeout_s"):
+    for key in ("health_check_period_s", "health_check_timeout_s", "max_constructor_retry_count"):
         if getattr(opts, key) is not None:
             kwargs[key] = getattr(opts, key)
     if opts.autoscaling.enabled:
@@ -285,7 +331,10 @@ def build_app(args: dict[str, Any] | None = None):
     batch = cfg.batching.effective_max_batch_size
     model_kwargs = _deployment_kwargs(cfg.model_deployment, max(64, 2 * batch), cfg.access_log)
     model_kwargs["user_config"] = {"reload_token": cfg.reload_token, "batching": dataclasses.asdict(cfg.batching)}
-    model = ScoringModel.options(name="ScoringModel", **model_kwargs).bind(config)
+    if cfg.colocate_model:  # one deployment: the ingress holds the model (its replicas, resources, user_config)
+        model_kwargs["max_ongoing_requests"] = cfg.model_deployment.max_ongoing_requests or max(256, 4 * batch)
+        return ScoringAPI.options(name="ScoringAPI", **model_kwargs).bind(None, config, digest)
+    model = ScoringModel.options(name=MODEL_DEPLOYMENT, **model_kwargs).bind(config)
     # The ingress holds many requests in flight (they wait on the model), hence its higher cap.
     ingress_kwargs = _deployment_kwargs(cfg.ingress_deployment, max(256, 4 * batch), cfg.access_log)
     return ScoringAPI.options(name="ScoringAPI", **ingress_kwargs).bind(model, config, digest)

@@ -89,6 +89,9 @@ class DeploymentOptions:
     health_check_period_s / health_check_timeout_s: how often Serve calls the replica's
         ``check_health`` and how long it waits (None: Serve's 10 s / 30 s). Serve marks a
         replica unhealthy after 3 failed checks in a row and replaces it.
+    max_constructor_retry_count: replica start attempts (the first health check included)
+        before Serve gives up on a new version: DEPLOY_FAILED (None: Serve's default, 3 per
+        replica).
     """
 
     num_replicas: int = 1
@@ -97,6 +100,7 @@ class DeploymentOptions:
     max_ongoing_requests: int | None = None
     health_check_period_s: float | None = None
     health_check_timeout_s: float | None = None
+    max_constructor_retry_count: int | None = None
     autoscaling: AutoscalingOptions = dataclasses.field(default_factory=AutoscalingOptions)
 
 
@@ -118,9 +122,11 @@ class ServeAppConfig:
         every model replica reload in place.
     load_retries / load_retry_backoff_s: a replica that cannot load the model at start
         tries again this many times, waiting backoff x attempt seconds in between. After
-        that it stays up, answers 503/404 with the reason, keeps retrying on its alias poll,
-        and its ``check_health`` fails (Serve reports the deployment UNHEALTHY; a RayService
-        upgrade to a model that cannot load is not promoted).
+        that its ``check_health`` fails with the reason, so the replica never starts: Serve
+        retries it, then marks the deployment DEPLOY_FAILED (a RayService upgrade to a model
+        that cannot load is never promoted) and the ingress answers 503 (404 for a model that
+        does not exist) with that reason at once. A replica that is serving keeps its model
+        through failed reloads and stays healthy.
     device: auto (GPU when one is assigned) | cpu | cuda.
     torch_threads: intra-op threads of the model's torch (None: Ray's default for the
         replica, OMP_NUM_THREADS = its num_cpus rounded, at least 1).
@@ -132,6 +138,11 @@ class ServeAppConfig:
         ``Authorization: Bearer <token>`` (401 otherwise). /healthz stays open.
     limits / batching: see :class:`ServingLimits`, :class:`BatchingConfig`.
     model_deployment / ingress_deployment: Serve options of the two deployments.
+    colocate_model: run the model inside the ingress replica: ONE deployment (with
+        ``model_deployment``'s replicas and resources; ``ingress_deployment`` is unused), no
+        ingress -> model hop and one process fewer per replica. What it gives up: scaling
+        HTTP handling apart from the model, and an ingress that answers 503 while the model
+        replica restarts. Measured in docs/performance.md ("Serving").
     """
 
     model: str = "models:/hardpos-clip@champion"
@@ -152,6 +163,7 @@ class ServeAppConfig:
     batching: BatchingConfig = dataclasses.field(default_factory=BatchingConfig)
     model_deployment: DeploymentOptions = dataclasses.field(default_factory=DeploymentOptions)
     ingress_deployment: DeploymentOptions = dataclasses.field(default_factory=lambda: DeploymentOptions(num_cpus=0.5))
+    colocate_model: bool = False
 
 
 def load_app_config(args: dict[str, Any] | ServeAppConfig | None) -> ServeAppConfig:
@@ -184,7 +196,7 @@ def load_app_config(args: dict[str, Any] | ServeAppConfig | None) -> ServeAppCon
         raise ConfigError(f"torch_threads must be >= 1 (or null), got {cfg.torch_threads}")
     for name in ("model_deployment", "ingress_deployment"):
         opts = getattr(cfg, name)
-        for key in ("health_check_period_s", "health_check_timeout_s"):
+        for key in ("health_check_period_s", "health_check_timeout_s", "max_constructor_retry_count"):
             value = getattr(opts, key)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name}.{key} must be > 0 (or null), got {value}")

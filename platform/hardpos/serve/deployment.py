@@ -2,14 +2,13 @@
 
 Contract:
 
-* Construction never fails because of the model: a replica that cannot load it tries
-  ``load_retries`` more times, then stays up and answers every score with the reason (404
-  unknown model, 503 unloadable) and keeps retrying on its alias poll; ``info()["loaded"]``
-  is False meanwhile (``/healthz`` says 503).
-* Health tells the truth: ``check_health`` fails while no model is loaded (after the first
-  load attempt and its retries), so Serve shows the deployment UNHEALTHY and replaces the
-  replica, and a RayService upgrade to a model that cannot load is never promoted. A
-  replica serving a model stays healthy through failed reloads.
+* Health tells the truth: a replica that cannot load the model tries ``load_retries`` more
+  times; then ``check_health`` fails, naming the status (404 unknown model, 503 unloadable)
+  and the load error. Serve runs that check before a replica counts as started, so the
+  replica never starts: Serve retries it (``max_constructor_retry_count``), then marks the
+  deployment DEPLOY_FAILED with that message, a RayService upgrade to a model that cannot
+  load is never promoted, and the ingress answers 503/404 with the reason at once. A
+  replica that is serving keeps its model through failed reloads and stays healthy.
 * ``score(image, captions)`` goes through ``@serve.batch``: one forward pass encodes every
   image of the batch and every caption not in the replica's LRU text-embedding cache
   (:func:`hardpos.serve.scoring.compute_batch`).
@@ -132,11 +131,13 @@ class ScoringModel:
                 log.warning("hardpos serve: alias poll failed: %s", exc)
 
     async def check_health(self) -> None:
-        """Serve calls this every ``health_check_period_s``: raises while no model is loaded.
+        """Serve calls this once before the replica counts as started, then every
+        ``health_check_period_s``: raises while no model is loaded.
 
         Reached only after construction (the first load and its retries), so a replica that
         is still loading is never called unhealthy. A failed *reload* leaves the previous
-        version loaded: healthy. (It also starts the alias poller.)
+        version loaded: healthy. The message format (``no model loaded (<status>): ...``)
+        is what the ingress reads back from Serve's status. (It also starts the alias poller.)
         """
         self._ensure_poller()
         if self._state is None:
