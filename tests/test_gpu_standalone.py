@@ -64,6 +64,7 @@ def test_suite_rows_from_the_json(cpu_run):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"batch": 0}, "batch"), ({"sections": ("train", "gpu")}, "sections"), ({"sections": ()}, "sections"),
+    ({"eval_repeats": 0}, "eval_repeats"),
     ({"serve_batches": (0,)}, "serve_batches"), ({"device": "tpu"}, "device"), ({"eval_rows": 1}, "eval_rows"),
 ])
 def test_config_rejects_bad_values(kwargs, match):
@@ -97,3 +98,12 @@ def test_device_script_runs_the_cpu_path(tmp_path):
     result = json.loads((tmp_path / "gpu_suite.json").read_text())
     assert result["machine"]["device"] == "cpu" and result["serve"]["batch_2"]["items_per_s"] > 0
     assert (tmp_path / "gpu_suite.log").is_file()
+
+
+@pytest.mark.slow  # torch.compile's tracing takes ~15 CPU-s even with the eager backend
+def test_compile_section_times_the_compiled_step_against_eager():
+    cfg = gs.GpuSuiteConfig(arch="hardpos-tiny", batch=4, steps=1, warmup=0, device="cpu", sections=("compile",),
+                            compile_backend="eager")
+    fig = gs.run(cfg)["compile"]
+    assert fig["backend"] == "eager" and fig["first_call_s"] > 0
+    assert fig["compiled_samples_per_s"] > 0 and fig["eager_samples_per_s"] > 0 and fig["compiled_over_eager"] > 0

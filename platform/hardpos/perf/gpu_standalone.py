@@ -25,6 +25,9 @@ What it measures, each side by side in one run (random weights: the cost is the 
 * ``serve``: a Serve replica's batch scoring (decode + preprocess + image tower + text tower
   for 3 captions per image, the text cache emptied before each call so every caption is
   encoded) at batch 1, 16 and 64: items/s and the forward's ms per item.
+* ``compile`` (opt-in: ``--sections train,evaluate,serve,compile``): the same training step
+  with the wrapper under ``torch.compile`` vs eager, alternating, so a GPU session can
+  measure the first optimisation the issue lists in the same call.
 
     python -m hardpos.perf.gpu_standalone --arch ViT-B-32 --batch 256 --device cuda --steps 10 --out gpu.json
 
@@ -34,6 +37,7 @@ to ``torch.cuda.synchronize()``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import io
 import json
@@ -53,13 +57,18 @@ from PIL import Image
 from hardpos.eval.evaluator import evaluate_benchmarks
 from hardpos.model import ModelConfig, load_model
 from hardpos.perf.eval_bench import stand_in_replace
+from hardpos.perf.harness import compare_alternating
+from hardpos.perf.tiny_step import step_setup
 from hardpos.perf.train_bench import bench_train_step
 from hardpos.serve.config import ServingLimits
 from hardpos.serve.scoring import LRUCache, ModelState, StageTimes, compute_batch
+from hardpos.train.loss import LossConfig
+from hardpos.train.step import build_scheduler, model_batch, train_step
 
 #: Modules whose presence after a run is reported (ray, mlflow, pandas must stay absent).
 WATCHED = ("ray", "mlflow", "pandas", "pyarrow", "boto3", "fastapi", "vllm", "transformers")
 SECTIONS = ("train", "evaluate", "serve")
+OPTIONAL_SECTIONS = ("compile",)
 #: The issue's goal for ViT-B-32 bf16 on one H100 (the paper's setup: ~70 per A100).
 GOAL_SAMPLES_PER_S = 1500
 
@@ -78,7 +87,9 @@ class GpuSuiteConfig:
         else synthetic rows in their format).
     serve_batches: the serving batch sizes timed.
     image_size: stand-in JPEG size (width, height); REPLACE's Visual Genome images are ~500x375.
-    sections: which of "train", "evaluate", "serve" to run.
+    sections: which of "train", "evaluate", "serve" (and the opt-in "compile") to run.
+    compile_backend: ``torch.compile``'s backend for the "compile" section ("inductor";
+        "eager" only checks the wiring).
     """
 
     arch: str = "ViT-B-32"
@@ -92,6 +103,7 @@ class GpuSuiteConfig:
     serve_batches: tuple[int, ...] = (1, 16, 64)
     image_size: tuple[int, int] = (500, 375)
     sections: tuple[str, ...] = SECTIONS
+    compile_backend: str = "inductor"
 
     def __post_init__(self) -> None:
         if self.batch < 1 or self.steps < 1 or self.warmup < 0 or self.eval_rows < 2 or self.eval_repeats < 1:
@@ -100,9 +112,10 @@ class GpuSuiteConfig:
                              f"eval_repeats={self.eval_repeats}, eval_rows={self.eval_rows}")
         if not self.serve_batches or min(self.serve_batches) < 1:
             raise ValueError(f"serve_batches must be positive sizes, got {self.serve_batches}")
-        unknown = [s for s in self.sections if s not in SECTIONS]
+        unknown = [s for s in self.sections if s not in SECTIONS + OPTIONAL_SECTIONS]
         if unknown or not self.sections:
-            raise ValueError(f"sections must be a non-empty subset of {SECTIONS}, got {self.sections}")
+            raise ValueError(f"sections must be a non-empty subset of {SECTIONS + OPTIONAL_SECTIONS}, "
+                             f"got {self.sections}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
 
@@ -232,12 +245,41 @@ def serve_figures(cfg: GpuSuiteConfig, device: str) -> dict[str, Any]:
     return out
 
 
+def compile_figures(cfg: GpuSuiteConfig, device: str) -> dict[str, Any]:
+    """THE training step with :class:`~hardpos.train.step.TripletCLIP` under ``torch.compile``
+    (``cfg.compile_backend``) vs eager, on one model, optimiser and batch (alternating; the
+    compiled side's first calls, which compile, are in the untimed warm-up)."""
+    setup = step_setup(cfg.arch, cfg.batch, device)
+    batch = model_batch(setup.images, *setup.trimmed)
+    scheduler = build_scheduler(setup.opt, setup.optim.warmup_steps, 1_000_000)
+    compiled = torch.compile(setup.net, backend=cfg.compile_backend)
+    cuda = device == "cuda"
+
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+
+    def step(net):
+        def call():
+            train_step(net, batch, LossConfig(), setup.opt, scheduler, grad_clip=setup.optim.grad_clip,
+                       autocast_ctx=autocast)
+            _sync(device)
+        return call
+
+    t0 = time.perf_counter()
+    step(compiled)()  # the compilation itself, timed on its own
+    compile_s = time.perf_counter() - t0
+    r = compare_alternating(step(compiled), step(setup.net), repeats=cfg.steps, warmup=cfg.warmup, work_items=cfg.batch)
+    return {"backend": cfg.compile_backend, "first_call_s": compile_s,
+            "compiled_samples_per_s": r["optimised_items_per_s"], "eager_samples_per_s": r["baseline_items_per_s"],
+            "compiled_over_eager": r["ratio_median"], "ratio_min": r["ratio_min"], "ratio_max": r["ratio_max"]}
+
+
 # --------------------------------------------------------------------------- the run
 def run(cfg: GpuSuiteConfig) -> dict[str, Any]:
     """Every section of ``cfg`` on one device; the result is JSON-ready."""
     device = resolve_device(cfg.device)
     result: dict[str, Any] = {"suite": "gpu_standalone", "config": dataclasses.asdict(cfg), "machine": machine(device)}
-    runners = {"train": train_figures, "evaluate": eval_figures, "serve": serve_figures}
+    runners = {"train": train_figures, "evaluate": eval_figures, "serve": serve_figures, "compile": compile_figures}
     for name in cfg.sections:
         t0 = time.perf_counter()
         result[name] = runners[name](cfg, device)
@@ -260,14 +302,17 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[GpuSuiteConfig, str |
     p.add_argument("--serve-batches", default=",".join(map(str, d.serve_batches)),
                    help="comma-separated serving batch sizes (default 1,16,64)")
     p.add_argument("--image-size", default="x".join(map(str, d.image_size)), help="stand-in JPEG WxH (default 500x375)")
-    p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of train,evaluate,serve")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help="comma-separated subset of train,evaluate,serve,compile (default: all but compile)")
+    p.add_argument("--compile-backend", default=d.compile_backend, help="torch.compile backend (default inductor)")
     p.add_argument("--out", default=None, help="write the JSON here too (it is always printed)")
     a = p.parse_args(argv)
     try:
         w, h = (int(x) for x in a.image_size.lower().split("x"))
         cfg = GpuSuiteConfig(arch=a.arch, batch=a.batch, device=a.device, steps=a.steps, warmup=a.warmup,
                              eval_rows=a.eval_rows, eval_repeats=a.eval_repeats, serve_batches=tuple(int(x) for x in a.serve_batches.split(",")),
-                             image_size=(w, h), sections=tuple(s.strip() for s in a.sections.split(",") if s.strip()))
+                             image_size=(w, h), sections=tuple(s.strip() for s in a.sections.split(",") if s.strip()),
+                             compile_backend=a.compile_backend)
     except ValueError as exc:
         p.error(str(exc))
     return cfg, a.out
