@@ -1,0 +1,179 @@
+"""The package's layout rules (issue 16), checked on the source so a regression fails a test.
+
+* (a) no module under ``platform/hardpos`` is longer than :data:`MAX_LINES` lines;
+* (b) every import inside a function body carries a ``# lazy: <why>`` comment, except the
+  genuinely heavy optional dependencies in :data:`HEAVY_OPTIONAL` (see :func:`lazy_imports`
+  for exactly where the comment may stand);
+* (c) nothing in the package reaches outside it: no ``sys.path`` in code, no string literal
+  naming the ``tests/`` folder, and no ``../shared`` anywhere (code, docstrings, data files).
+
+Each test lists every offender in its assertion message, so one run says what to fix.
+Pure ``ast``/text reads: no HardPos module is imported.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "hardpos"
+MAX_LINES = 400
+#: Modules (and their submodules) that may be imported inside a function without a
+#: ``# lazy:`` comment: optional and heavy (seconds to import, often not installed).
+HEAVY_OPTIONAL = ("vllm", "matplotlib", "ray.data.llm")
+LAZY = re.compile(r"#\s*lazy:\s*\S")
+TESTS_PATH = re.compile(r"(^|[/\\])tests([/\\]|$)")
+
+
+def modules() -> list[Path]:
+    found = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+    assert len(found) > 50, f"expected the HardPos package under {PACKAGE}, found {len(found)} modules"
+    return found
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(PACKAGE.parent).as_posix()
+
+
+def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The dotted module names an import statement loads ("." prefixes for relative ones)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    return ["." * node.level + (node.module or "")]
+
+
+def _heavy(name: str) -> bool:
+    return any(name == h or name.startswith(h + ".") for h in HEAVY_OPTIONAL)
+
+
+def _justified(lines: list[str], lineno: int) -> bool:
+    """True when the import at 1-based ``lineno`` has a ``# lazy:`` comment on its own line or
+    in the run of comment / import / blank lines directly above it (one comment may cover an
+    import group, e.g. ``import matplotlib; matplotlib.use("Agg")`` is NOT part of the run, so
+    a group split by a statement needs its own comment)."""
+    i = lineno - 1
+    if LAZY.search(lines[i]):
+        return True
+    i -= 1
+    while i >= 0:
+        text = lines[i].strip()
+        if LAZY.search(text):
+            return True
+        if not (text.startswith("#") or text.startswith(("import ", "from ")) or text == ""):
+            return False
+        i -= 1
+    return False
+
+
+def lazy_imports(path: Path) -> list[str]:
+    """Imports inside a function (def, async def, lambda; nested ones too) of ``path`` that
+    are not of a :data:`HEAVY_OPTIONAL` module and have no ``# lazy:`` comment (see
+    :func:`_justified`), as ``file:line: module``."""
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    seen: set[int] = set()
+    out = []
+    for func in ast.walk(ast.parse(source, filename=str(path))):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        for node in ast.walk(func):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in seen:
+                continue
+            seen.add(id(node))
+            names = _imported(node)
+            if all(_heavy(n) for n in names) or _justified(lines, node.lineno):
+                continue
+            out.append(f"{rel(path)}:{node.lineno}: {', '.join(names)}")
+    return out
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are docstrings (prose, not code)."""
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                ids.add(id(body[0].value))
+    return ids
+
+
+def outside_references(path: Path) -> list[str]:
+    """``sys.path`` in code, a non-docstring string literal naming ``tests/``, or ``../shared``
+    anywhere in the file (a module, a model config, any text file of the package)."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    out = [f"{rel(path)}:{n}: ../shared" for n, line in enumerate(text.splitlines(), 1) if "../shared" in line]
+    if path.suffix != ".py":
+        return out
+    tree = ast.parse(text, filename=str(path))
+    docs = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+                and node.value.id == "sys":
+            out.append(f"{rel(path)}:{node.lineno}: sys.path")
+        elif isinstance(node, ast.ImportFrom) and node.module == "sys" and any(a.name == "path" for a in node.names):
+            out.append(f"{rel(path)}:{node.lineno}: from sys import path")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs \
+                and TESTS_PATH.search(node.value):
+            out.append(f"{rel(path)}:{node.lineno}: string naming tests/: {node.value[:60]!r}")
+    return out
+
+
+# --------------------------------------------------------------------------- the rules
+def test_no_module_is_longer_than_the_limit():
+    long = [f"{rel(p)}: {n} lines" for p in modules() if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES]
+    assert not long, f"modules over {MAX_LINES} lines (split them by job):\n" + "\n".join(long)
+
+
+def test_in_function_imports_say_why_they_are_lazy():
+    bad = [line for p in modules() for line in lazy_imports(p)]
+    assert not bad, ("imports inside functions without a '# lazy: <why>' comment (move them to the module top, "
+                     f"or say why they must wait; exempt: {', '.join(HEAVY_OPTIONAL)}):\n" + "\n".join(bad))
+
+
+def test_the_package_does_not_reach_outside_itself():
+    files = [p for p in PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+             and p.suffix in (".py", ".yaml", ".yml", ".json", ".txt", ".md", ".toml", ".cfg")]
+    bad = [line for p in files for line in outside_references(p)]
+    assert not bad, "the package must not touch sys.path, tests/ or ../shared:\n" + "\n".join(bad)
+
+
+# --------------------------------------------------------------------------- the checks themselves
+@pytest.mark.parametrize("code, offenders", [
+    ("def f():\n    import json\n", ["json"]),
+    ("def f():\n    from hardpos import storage\n", ["hardpos"]),
+    ("def f():\n    from . import x\n", ["."]),
+    ("def f():\n    import json  # lazy: only here\n", []),
+    ("def f():\n    # lazy: mlflow costs seconds\n    import mlflow\n    from mlflow import x\n", []),
+    ("def f():\n    # lazy: why\n    import matplotlib\n    matplotlib.use('Agg')\n    import json\n", ["json"]),
+    ("def f():\n    import matplotlib.pyplot as plt\n    import vllm\n    from ray.data.llm import b\n", []),
+    ("def f():\n    import ray.data\n", ["ray.data"]),
+    ("def f():\n    # lazy:\n    import json\n", ["json"]),  # a reason is required
+    ("class A:\n    def m(self):\n        def g():\n            import os\n", ["os"]),
+    ("import json\n\ndef f():\n    return json\n", []),
+])
+def test_lazy_import_rule(tmp_path, monkeypatch, code, offenders):
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
+    path = tmp_path / "m.py"
+    path.write_text(code)
+    assert [line.split(": ", 1)[1] for line in lazy_imports(path)] == offenders
+
+
+@pytest.mark.parametrize("code, hits", [
+    ("import sys\nsys.path.insert(0, 'x')\n", 1),
+    ("from sys import path\n", 1),
+    ("p = ROOT / 'tests' / 'openai_stub.py'\n", 1),
+    ("p = 'tests/openai_stub.py'\n", 1),
+    ("DATA = '../shared/data'\n", 1),
+    ('"""Docstring: tests/test_x.py checks this; MLflow puts it on sys.path."""\nx = "latest"\n', 0),
+    ("# see ../shared/data\n", 1),
+])
+def test_outside_reference_rule(tmp_path, monkeypatch, code, hits):
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
+    path = tmp_path / "m.py"
+    path.write_text(code)
+    assert len(outside_references(path)) == hits, outside_references(path)
