@@ -577,3 +577,41 @@ def test_merge_streams_shards_with_unified_triplet_schema(tmp_path):
     as_jsonl = pipeline.merge_outputs(out, 2, True, "triplets.jsonl")["triplets"]
     assert [t["caption"] for t in read_triplets(as_jsonl)] == ["A", "B"]
     assert not [n for n in os.listdir(out) if n.startswith(".merge-")]  # no temp file left behind
+
+
+def test_rules_stage_over_a_glob_of_files_writes_webdataset_ray_reads(ray_session, tmp_path):
+    import ray
+    from PIL import Image
+
+    from hardpos.data.triplets import read_triplets
+
+    caps = tmp_path / "caps"
+    caps.mkdir()
+    words = ["red", "blue", "green", "white"]
+    n = 0
+    for part, count in ((0, 5), (1, 4), (2, 3)):
+        lines = []
+        for _ in range(count):
+            Image.new("RGB", (8, 8), (n * 20, 0, 0)).save(caps / f"im{n}.png")
+            # no ids: a row's id is its index in the whole source (files in name order)
+            lines.append(json.dumps({"caption": f"A {words[n % 4]} car and a {words[(n + 1) % 4]} dog.",
+                                     "image": f"im{n}.png"}))
+            n += 1
+        (caps / f"part-{part}.jsonl").write_text("\n".join(lines) + "\n")
+    summary = run_stage(gen_config(tmp_path, f"input={caps}/part-*.jsonl", "engine.kind=rules", "shard_size=5",
+                                   "join.webdataset=true"))
+    assert summary["complete"] and summary["input_files"] == 3 and summary["captions"] == 12
+    assert summary["shards_total"] == 3 and summary["inputs"] == summary["accepted"] + summary["rejected"] == 24
+    out = summary["output_dir"]
+    triplets = read_triplets(os.path.join(out, "triplets.parquet"))
+    assert [t["caption_id"] for t in triplets] == [str(i) for i in range(12)]
+    assert all(t["image"] == str(caps / f"im{i}.png") for i, t in enumerate(triplets))
+    tars = sorted(os.listdir(os.path.join(out, "webdataset")))
+    assert tars == ["shard-00000.tar", "shard-00001.tar", "shard-00002.tar"]
+    rows = ray.data.read_webdataset(os.path.join(out, "webdataset"), decoder=None).take_all()
+    assert len(rows) == len(triplets) == 12
+    by_key = {r["__key__"]: r for r in rows}
+    first = by_key["00000-000000"]
+    assert first["txt"] == triplets[0]["caption"].encode() and first["png"] == (caps / "im0.png").read_bytes()
+    meta = json.loads(first["json"])
+    assert (meta["hard_positive"], meta["hard_negative"]) == (triplets[0]["hard_positive"], triplets[0]["hard_negative"])
