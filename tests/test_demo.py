@@ -195,3 +195,43 @@ def test_full_mode_names_unknown_wise_variants():
     assert load_config(demo.Config, None, ["variants=[{name: a}]"]).wise_variants  # checked in full mode only
     with pytest.raises(ConfigError, match=r"wise_alphas: .*\[0, 1\]"):
         load_config(demo.Config, None, ["wise_alphas=[0, 1.5]"])
+
+
+def test_run_orders_the_steps_and_adds_the_wise_curves_in_full_mode(tmp_path, monkeypatch):
+    """The demo's orchestration without Ray: every step stubbed, full=true adds the sweep and
+    one WiSE-FT curve per wise_variants entry to results.md / results.json."""
+    import json
+
+    from hardpos.runtime import JobContext
+    from hardpos.stages import demo
+
+    aug = {"pretrained": 0.2, "captions-only": 0.3, "hn-only": 0.35, "hp+hn": 0.4}
+    steps = []
+    monkeypatch.setattr(demo, "init_ray", lambda cfg: None)
+    monkeypatch.setattr(demo.Pipeline, "world", lambda self: (str(tmp_path / "world"), True))
+    monkeypatch.setattr(demo.Pipeline, "generate", lambda self, w, regenerate: {"complete": True, "outputs": {"triplets": "t.parquet"}})
+    monkeypatch.setattr(demo.Pipeline, "train", lambda self, name, label, data, phase, **kw: steps.append(("train", name)) or {
+        "checkpoint": f"ckpt/{name}", "mlflow_run_id": f"run-{name}", "model_uri": None})
+    monkeypatch.setattr(demo.Pipeline, "sweep", lambda self, triplets, base: steps.append(("sweep", base)) or {"trials": []})
+    monkeypatch.setattr(demo.Pipeline, "evaluate", lambda self, name, ckpt, w: steps.append(("evaluate", name)) or {
+        "metrics": _metrics(0.5, aug[name], 0.2, 0.25), "output_dir": f"eval/{name}"})
+
+    def wise_curve(self, name, base, ckpt, world):
+        steps.append(("wise", name, base, ckpt))
+        path = tmp_path / f"curve-{demo.slug(name)}.md"
+        path.write_text(f"### WiSE-FT: pretrained (alpha=0) -> {name} (alpha=1)\n")
+        return {"files": {"curve_md": str(path)}, "mlflow_run_id": f"wise-{name}", "output_dir": "o", "points": []}
+
+    monkeypatch.setattr(demo.Pipeline, "wise_curve", wise_curve)
+    monkeypatch.setattr(demo.Pipeline, "execute", lambda self, stage, cfg, label: steps.append((stage, cfg.run_id)) or {
+        "model_uri": "models:/hardpos-clip@champion", "champion": {"version": "1"}})
+
+    cfg = demo.Config(output_dir=str(tmp_path), full=True, chart=False)
+    summary = demo.run(cfg, JobContext("demo", str(tmp_path), None))
+    assert [s for s in steps if s[0] == "wise"] == [("wise", "hp+hn", "ckpt/pretrained", "ckpt/hp+hn"),
+                                                    ("wise", "hn-only", "ckpt/pretrained", "ckpt/hn-only")]
+    assert steps.index(("sweep", "ckpt/pretrained")) < steps.index(("evaluate", "pretrained"))
+    assert steps[-1] == ("register", "run-hp+hn") and summary["champion"] == "hp+hn"
+    md = (tmp_path / "results.md").read_text()
+    assert "## WiSE-FT" in md and "-> hn-only (alpha=1)" in md and "| hp+hn |" in md
+    assert set(json.loads((tmp_path / "results.json").read_text())["wise"]) == {"hp+hn", "hn-only"}
