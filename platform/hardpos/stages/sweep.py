@@ -272,9 +272,11 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     resuming = resumable(cfg)
     storage.write_json(storage.join(ctx.output_dir, STATE_FILE), {"run_id": ctx.run_id, "config": _comparable(cfg)})
     if resuming:
-        # Finished trials keep their results; unfinished ones resume, failed ones start again.
+        # Finished trials keep their results; unfinished and failed ones run again.
         print(f"[hardpos] resuming the interrupted sweep in {tune_path}", file=sys.stderr)
-        tuner = tune.Tuner.restore(tune_path, trainable, resume_unfinished=True, restart_errored=True,
+        # resume_errored, not restart_errored: the latter re-adds a failed trial under a new name,
+        # which would give it a second MLflow run; the same trial (no Tune checkpoint) starts over.
+        tuner = tune.Tuner.restore(tune_path, trainable, resume_unfinished=True, resume_errored=True,
                                    param_space=param_space, storage_filesystem=fs)
     else:
         tuner = _new_tuner(cfg, trainable, param_space, fs, tune_path)
