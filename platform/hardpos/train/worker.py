@@ -256,7 +256,7 @@ def _train_worker(config: dict[str, Any]) -> None:
                 sums[k] = sums.get(k, 0.0) + v
             if logger is not None and step > logged_step and (step % cfg.log_every == 0 or step == total):
                 logger.log_metrics({**values, "lr": scheduler.get_last_lr()[0],
-                                    "logit_scale": float(unwrap(net).logit_scale.exp())}, step=step)
+                                    "logit_scale": float(unwrap(net).logit_scale.detach().exp())}, step=step)
             if progress is not None and (line := progress.line(step, epoch, values)):
                 log.info(line)
             if step_hook is not None:
