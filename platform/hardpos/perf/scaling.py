@@ -26,12 +26,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import platform
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+import pyarrow.parquet as pq
 
 from hardpos.config import ConfigError, load_config
 from hardpos.data.world import WorldConfig, generate_world
@@ -101,8 +104,6 @@ def _world(root: Path, n_finetune: int, n_benchmark: int, image_size: int) -> Pa
 
 def slice_parquet(src: Path, dst: Path, n: int) -> Path:
     """The first ``n`` rows of a parquet file (fewer when it has fewer)."""
-    import pyarrow.parquet as pq
-
     if not dst.is_file():
         pq.write_table(pq.read_table(src).slice(0, n), dst)
     return dst
@@ -225,8 +226,6 @@ def main(argv: list[str]) -> int:
 
 
 def _machine() -> dict[str, Any]:
-    import platform
-
     return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
             "load_avg_1m": round(os.getloadavg()[0], 1)}
 
