@@ -137,3 +137,46 @@ def test_search_space_typos_fail_before_any_trial(tmp_path, tracking_uri, monkey
     cfg = load_config(module.Config, None, [f"output_dir={tmp_path}", 'search_space={"loss.w_nag": {"grid_search": [0, 1]}}'])
     with pytest.raises(ConfigError, match="loss.w_nag"):
         runtime.execute("sweep", cfg, quiet=True)
+
+
+@pytest.mark.slow  # two sweeps: ~2x test_sweep_on_sqlite_store
+@pytest.mark.timeout(1500)
+def test_an_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path, ray_session, tracking_uri, monkeypatch):
+    """Run 1: trial B's data file is missing, so B fails (max_failures=0) while A finishes.
+    Run 2, the same command after the file appears: A is not re-run, B runs again into its
+    own earlier MLflow run, and the sweep logs into its earlier run -- no duplicate runs."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    good, _ = write_triplets(tmp_path / "data", n=48)
+    late = tmp_path / "late" / good.name  # appears between the two runs
+    extra = [f'search_space={{"data.train_path": {{"grid_search": ["{good}", "{late}"]}}}}', "max_failures=0",
+             "register=false"]
+    cfg = _sweep_cfg(tmp_path, good, tracking_uri, extra)
+    first = runtime.execute("sweep", cfg, quiet=True)
+    assert first["finished"] == 1 and len(first["failed"]) == 1 and str(late) in json.dumps(first["failed"])
+    trials = tmp_path / "sweep" / "trials"
+    (done,) = [p for p in trials.iterdir() if (p / "summary.json").is_file()]
+    done_mtime = (done / "summary.json").stat().st_mtime_ns
+
+    late.parent.mkdir()
+    late.write_bytes(good.read_bytes())
+    second = runtime.execute("sweep", _sweep_cfg(tmp_path, good, tracking_uri, extra), quiet=True)
+    assert second["finished"] == 2 and second["failed"] == []
+    assert (done / "summary.json").stat().st_mtime_ns == done_mtime  # the finished trial did not run again
+    assert second["mlflow_run_id"] == first["mlflow_run_id"]  # one sweep run, resumed
+
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name("sweep-test")
+    sweeps = client.search_runs([exp.experiment_id], "tags.`hardpos.stage` = 'sweep'")
+    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{first['mlflow_run_id']}'")
+    assert len(sweeps) == 1 and sweeps[0].info.status == "FINISHED"
+    assert len(children) == 2 and {c.info.status for c in children} == {"FINISHED"}
+    assert sorted(c.info.run_name for c in children) == sorted(p.name for p in trials.iterdir())
+    for child in children:  # the re-run trial logged each step once
+        steps = [m.step for m in client.get_metric_history(child.info.run_id, "loss/total")]
+        assert steps and len(steps) == len(set(steps))
+    # a different config on the same output_dir is refused, not mixed into this sweep
+    cfg3 = _sweep_cfg(tmp_path, good, tracking_uri, [*extra, "num_samples=2"])
+    with pytest.raises(ConfigError, match="different config.*num_samples"):
+        runtime.execute("sweep", cfg3, quiet=True)
