@@ -26,6 +26,7 @@ Moved from ``hardpos.calibrate`` (issue 16: measuring tools live in :mod:`hardpo
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import sys
@@ -33,7 +34,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+import torch
+from PIL import Image
+
+from hardpos import report as R
 from hardpos.config import load_config
+from hardpos.eval.evaluator import run_benchmarks
+from hardpos.eval.spec import BenchmarkSpec
+from hardpos.model import ModelConfig, load_model, tokenize
+from hardpos.runtime import execute
+from hardpos.stages import demo
+from hardpos.train.config import OptimConfig
+from hardpos.train.loss import LossConfig
+from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch, train_step
 
 
 # --------------------------------------------------------------------------- probe
@@ -82,8 +96,6 @@ class ProbeConfig:
 
 
 def _load_images(paths: list[str], preprocess) -> "Any":
-    import torch
-    from PIL import Image
 
     return torch.stack([preprocess(Image.open(p).convert("RGB")) for p in paths])
 
@@ -91,7 +103,6 @@ def _load_images(paths: list[str], preprocess) -> "Any":
 def grouped_order(groups: list, generator) -> "Any":
     """A random row order in which rows sharing a non-None group id stay adjacent (whole
     groups are shuffled, a None row is a group of its own)."""
-    import torch
 
     units: list[list[int]] = []
     where: dict = {}
@@ -114,12 +125,6 @@ def _train(clip, images, caps, negs, poss, tokenizer, steps: int, batch: int, lr
     train stage's workers run it: clipping at 1.0, warmup + cosine, logit_scale clamp) on
     tensors decoded once, one process, no Ray.  ``groups``: rows with one id stay in one
     batch (see :func:`grouped_order`; a group may straddle a batch boundary)."""
-    import torch
-
-    from hardpos.model import tokenize
-    from hardpos.train.config import OptimConfig
-    from hardpos.train.loss import LossConfig
-    from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch, train_step
 
     optim = OptimConfig(lr=lr, weight_decay=0.1, beta1=0.9, beta2=0.98, eps=1e-6, warmup_steps=warmup, grad_clip=1.0)
     net = TripletCLIP(clip).train()
@@ -153,14 +158,6 @@ def _train(clip, images, caps, negs, poss, tokenizer, steps: int, batch: int, lr
 
 def probe(cfg: ProbeConfig) -> dict[str, Any]:
     """Pretrain once, finetune every variant from the same weights, evaluate all; return the rows."""
-    import copy
-
-    import pyarrow.parquet as pq
-    import torch
-
-    from hardpos import report as R
-    from hardpos.eval.evaluator import run_benchmarks
-    from hardpos.model import ModelConfig, load_model
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -246,7 +243,6 @@ class RescoreConfig:
 
 
 def _specs(world: Path) -> list:
-    from hardpos.eval.spec import BenchmarkSpec
 
     return [BenchmarkSpec(name=f"world_{b}", kind="triplets", path=str(world / "benchmark" / f"{b}.parquet"))
             for b in ("replace_attribute", "replace_relation", "swap")]
@@ -255,11 +251,6 @@ def _specs(world: Path) -> list:
 def rescore(cfg: RescoreConfig) -> dict[str, dict[str, float]]:
     """Score each checkpoint of ``models`` with the evaluate stage's ``run_benchmarks``; print the
     demo's table (with the signs) and return the rows."""
-    import torch
-
-    from hardpos import report as R
-    from hardpos.eval.evaluator import run_benchmarks
-    from hardpos.model import ModelConfig, load_model
 
     if not cfg.models:
         raise ValueError("rescore: models is empty; give models={name: checkpoint, ...}")
@@ -301,8 +292,6 @@ class SeedsConfig:
 
 def seeds(cfg: SeedsConfig) -> dict[str, Any]:
     """Run the demo per seed (each through runtime.execute) and aggregate mean / spread."""
-    from hardpos.runtime import execute
-    from hardpos.stages import demo
 
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -329,7 +318,6 @@ def seeds(cfg: SeedsConfig) -> dict[str, Any]:
 
 
 def _write_aggregate(out: Path, cfg: SeedsConfig, per_seed, summaries) -> dict[str, Any]:
-    from hardpos import report as R
 
     mean, std = R.aggregate(per_seed)
     n = len(per_seed)
