@@ -202,6 +202,7 @@ def test_hardpos_logger_gets_one_handler_and_the_verbose_switch(monkeypatch):
     assert out.getvalue().count("step 1/2") == 1 and "hidden" not in out.getvalue()
     assert logger.propagate is False and logs.current_level() == "info"
     assert logs.ray_env("info")["RAY_DATA_DISABLE_PROGRESS_BARS"] == "1" and logs.ray_env("debug") == {}
+    assert logs.ray_env("info")["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "false"
     assert Path(logs.ray_env("info")["RAY_DATA_LOGGING_CONFIG"]).is_file()
     assert logs.ray_init_kwargs("info")["logging_level"] == logging.ERROR
     assert logs.train_log_level("debug") == "INFO" and logs.train_log_level("info") == "WARNING"

@@ -90,7 +90,9 @@ def ray_env(level: str) -> dict[str, str]:
     """Environment for a Ray this process starts (its workers inherit it): empty when verbose."""
     if verbose(level):
         return {}
-    return {"RAY_DATA_DISABLE_PROGRESS_BARS": "1", "RAY_DATA_LOGGING_CONFIG": str(QUIET_RAY_DATA_CONFIG)}
+    # MLflow's artifact-download progress bars are as noisy as Ray Data's (one per model load)
+    return {"RAY_DATA_DISABLE_PROGRESS_BARS": "1", "RAY_DATA_LOGGING_CONFIG": str(QUIET_RAY_DATA_CONFIG),
+            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
 
 
 def apply_ray_env(level: str) -> None:

@@ -139,6 +139,7 @@ def execute(
         the run of the interrupted sweep it resumes) is asked, when ``run_fn`` is not given.
     """
     logs.setup(cfg.log_level)
+    logs.apply_ray_env(cfg.log_level)  # also quiets MLflow's download bars in stages without Ray
     module = stage_module(stage) if run_fn is None else None
     fn = run_fn or module.run
     cfg = dataclasses.replace(cfg, output_dir=resolve_output_dir(cfg.output_dir))
