@@ -251,7 +251,8 @@ def test_http_stage_sends_raw_prompts_to_completions_and_chat_to_chat(ray_sessio
     raw_kinds = {"Replace": "replace", "Swap": "swap"}
     for body in by_route["completions"]:
         kind = raw_kinds[body["prompt"].split(" ", 1)[0]]
-        caption = next(c for c in CAPTIONS if body["prompt"] == templates[kind].raw_prompt(c))
+        # the job's captions, or the fixed caption of the stage's preflight probe (sent before Ray starts)
+        caption = next(c for c in [*CAPTIONS, g.PREFLIGHT_CAPTION] if body["prompt"] == templates[kind].raw_prompt(c))
         release = RELEASE_REPLACE if kind == "replace" else RELEASE_SWAP
         assert body == {"model": "stub-llm", "prompt": release.format(example=caption).strip(), **PAPER_SAMPLING[kind]}
     for body in by_route["chat"]:
