@@ -42,7 +42,7 @@ from mlflow.types import ColSpec, Schema
 
 from hardpos import tracking
 from hardpos.model import CONFIG_NAME, ModelConfig, encode_image, encode_text, load_model, tokenize
-from hardpos.train.data import load_image
+from hardpos.data.images import load_image
 
 ARTIFACT_PATH = "model"
 # What loading and predicting import (the model code is carried by code_paths, not pip):

@@ -33,11 +33,9 @@ from __future__ import annotations
 import concurrent.futures as cf
 import fnmatch
 import glob
-import io
 import json
 import os
 import tarfile
-import urllib.request
 import zlib
 from typing import Any, Sequence
 
@@ -48,13 +46,13 @@ import ray.data
 from PIL import Image
 
 from hardpos import storage
+from hardpos.data.images import decode_rgb, fetch_bytes
 
 ROW_COLUMNS = ("key", "image", "image_bytes", "caption", "hard_negative", "hard_positive", "kind", "error")
 TEXT_COLUMNS = ("caption", "hard_negative", "hard_positive")
 IMAGE_MEMBERS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")  # webdataset image members, first present wins
 INLINE_COLUMNS = ("image_bytes", "image", "jpg", "png")  # parquet binary image columns, first present wins
 LAYOUT_OF_SUFFIX = {".tar": "webdataset", ".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl"}
-HTTP_TIMEOUT_S = 30.0
 
 
 class SourceError(ValueError):
@@ -330,22 +328,6 @@ def read_rows(path: str, *, limit: int | None = None, filesystem_for=None) -> tu
 
 
 # --------------------------------------------------------------------------- fetching images
-def fetch_bytes(uri: str) -> bytes:
-    """The bytes at ``uri``: a local path, ``s3://`` or ``http(s)://`` (raises on any failure;
-    a missing local/S3 object is FileNotFoundError)."""
-    if uri.startswith(("http://", "https://")):
-        with urllib.request.urlopen(uri, timeout=HTTP_TIMEOUT_S) as resp:  # noqa: S310 - the user's own URLs
-            return resp.read()
-    return storage.read_bytes(uri)
-
-
-def decode_rgb(data: bytes) -> Image.Image:
-    """Decoded RGB PIL image (the full decode happens here: truncated data raises)."""
-    img = Image.open(io.BytesIO(data))
-    img.load()
-    return img.convert("RGB")
-
-
 def _fetch_decode(uri: str | None, data: bytes | None) -> Image.Image:
     if data is None:
         if uri is None:

@@ -43,11 +43,11 @@ from urllib.parse import urlparse
 import numpy as np
 import pyarrow.fs as pafs
 import torch
-from PIL import Image
 
 from hardpos import storage
 from hardpos.config import require
-from hardpos.data.sources import SourceError, decode_rgb, fetch_all, fetch_bytes, read_rows
+from hardpos.data.images import load_image  # noqa: F401 (re-exported: hardpos.train.data.load_image)
+from hardpos.data.sources import SourceError, fetch_all, read_rows
 from hardpos.data.triplets import resolve_image
 from hardpos.model import trim_tokens
 
@@ -151,11 +151,6 @@ def _clean_text(value: Any) -> str | None:
         return None
     text = str(value)
     return text if text.strip() else None
-
-
-def load_image(uri: str) -> Image.Image:
-    """A decoded RGB PIL image from a local path, s3:// or http(s):// URI (raises on any failure)."""
-    return decode_rgb(fetch_bytes(uri))
 
 
 def row_seed(seed: int, epoch: int, key: Any, caption: Any) -> int:
