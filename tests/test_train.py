@@ -195,6 +195,18 @@ def test_preprocess_keeps_bad_rows_as_counted_rejects(tmp_path):
     assert mb["text_tokens"].shape[1] == mb["neg_tokens"].shape[1] == longest
 
 
+@pytest.mark.parametrize("null", [None, float("nan"), np.float32("nan")])
+def test_preprocess_reads_the_file_when_the_bytes_cell_is_null(tmp_path, null):
+    """A files-layout row's ``image_bytes`` is null; after a row-wise Ray Data filter it arrives
+    as np.float32(nan), which must mean "read the file", not 4 bytes of image data."""
+    path, rows = write_triplets(tmp_path, n=3)
+    udf, _ = _preprocess_udf(tmp_path)
+    batch = {k: np.array([r[k] for r in rows], dtype=object) for k in ("image", "caption", "hard_negative", "hard_positive")}
+    batch["image_bytes"] = np.array([null] * len(rows), dtype=object)
+    out = udf(batch)
+    assert out["ok"].tolist() == [True] * len(rows), list(out["error"])
+
+
 def test_triplet_module_features_equal_separate_encoding(tmp_path):
     from hardpos.model import encode_image, encode_text, tokenize
     from hardpos.train.step import TripletCLIP

@@ -223,7 +223,9 @@ class Preprocess:
         negs = [_clean_text(c) for c in batch["hard_negative"]]
         poss = [_clean_text(c) for c in batch["hard_positive"]]
         blobs = list(batch["image_bytes"]) if "image_bytes" in batch else [None] * n
-        blobs = [None if b is None or (isinstance(b, float) and b != b) else bytes(b) for b in blobs]
+        # Only real bytes are image data: a null cell can arrive as None, NaN or np.float32(nan)
+        # (a row-wise filter turns an all-null binary column into float32), never bytes(nan).
+        blobs = [bytes(b) if isinstance(b, (bytes, bytearray, memoryview)) else None for b in blobs]
         keys = list(batch["key"]) if "key" in batch else list(batch["image"])
         source_errors = list(batch["error"]) if "error" in batch else [""] * n
         todo = []
