@@ -26,7 +26,6 @@ import dataclasses
 import fnmatch
 import glob as globlib
 import hashlib
-import json
 import os
 from typing import Any, Sequence
 
@@ -144,17 +143,9 @@ def _columns_of(path: str, fmt: str) -> list[str] | None:
             raise CaptionSourceError(f"{path}: not a readable parquet file: {exc}") from exc
     text = _head_text(path)
     if fmt == "jsonl":
-        keys: dict[str, None] = {}
-        lines = [ln for ln in text.splitlines() if ln.strip()][:100]
-        for n, line in enumerate(lines, 1):
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise CaptionSourceError(f"{path}: line {n} is not valid JSON: {exc}") from exc
-            if not isinstance(rec, dict):
-                raise CaptionSourceError(f"{path}: line {n} is not a JSON object")
-            keys.update(dict.fromkeys(rec))
-        return list(keys) if lines else None
+        # the first 100 lines' keys (the head holds whole lines only; see _head_text)
+        records = storage.parse_jsonl("\n".join(text.splitlines()[:100]), path, CaptionSourceError)
+        return list(dict.fromkeys(k for rec in records for k in rec)) if records else None
     return None
 
 
