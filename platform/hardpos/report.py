@@ -6,9 +6,10 @@
   stage's metrics, :func:`markdown_table` (+ the paper's signs, :mod:`hardpos.signs`),
   :func:`aggregate` over seeds, :func:`write_chart`;
 * the comparison of tracked runs (the paper's Table-3 layout): :func:`comparison_table`,
-  :func:`tradeoff_plot`.
+  :func:`tradeoff_plot`;
+* the WiSE-FT curve of ``interpolate``: :func:`curve_plot`.
 
-Pure functions over plain dicts; matplotlib is imported only by the two plotting functions
+Pure functions over plain dicts; matplotlib is imported only by the plotting functions
 (it is heavy, and Agg is forced there: no display on a server or in CI).
 
 Demo rows are models (the pretrained base and every finetuned variant); their columns are
@@ -266,6 +267,36 @@ def tradeoff_plot(rows: list[dict[str, Any]], path: str | Path, x: str = "param:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def curve_plot(points: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]], path: str, *, title: str) -> str:
+    """PNG of a WiSE-FT curve (``interpolate``): augmented accuracy, brittleness and retention
+    (when any) against alpha; ``points`` are ``{"alpha", "metrics"}``, ``columns`` (header, key)."""
+    # lazy: matplotlib is an optional, heavy plotting dependency only the chart writers need
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(name, [(h, k) for h, k in columns if pred(k)]) for name, pred in (
+        ("augmented / original accuracy (%)", lambda k: k.endswith(("/aug_acc", "/orig_acc")) and not k.startswith(("zeroshot/", "retrieval/"))),
+        ("brittleness (%, lower is better)", lambda k: k.endswith("/brittleness")),
+        ("retention (%)", lambda k: k.startswith(("zeroshot/", "retrieval/"))))]
+    panels = [p for p in panels if p[1]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4), squeeze=False)
+    xs = [p["alpha"] for p in points]
+    for ax, (name, cols) in zip(axes[0], panels):
+        for header, key in cols:
+            ax.plot(xs, [100 * p["metrics"].get(key, float("nan")) for p in points], marker="o", label=header)
+        ax.set_xlabel("alpha (0 = base, 1 = finetuned)")
+        ax.set_title(name, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -17,7 +17,7 @@ import logging
 import tempfile
 import time
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal, Sequence
 
 import torch
 
@@ -26,12 +26,12 @@ from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
 from hardpos.eval import report as R
 from hardpos.eval.benchmarks import BenchmarkError
 from hardpos.eval.distributed import RayDataConfig, ray_image_encoder
-from hardpos.eval.evaluator import Precision, evaluate_benchmarks
+from hardpos.eval.evaluator import EvalReport, Precision, evaluate_benchmarks
 from hardpos.eval.inline import is_inline_source
 from hardpos.eval.retention import (RetentionError, RetrievalSpec, ZeroShotSpec, resolve_classnames,
                                     resolve_templates, retrieval, zero_shot)
 from hardpos.eval.spec import BenchmarkSpec
-from hardpos.model import ModelConfig, load_model
+from hardpos.model import LoadedModel, ModelConfig, load_model
 from hardpos.runtime import JobContext, init_ray
 
 log = logging.getLogger(__name__)
@@ -159,6 +159,25 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def evaluate_model(model: torch.nn.Module, lm: LoadedModel, specs: Sequence[BenchmarkSpec], cfg: Config,
+                   device: str, image_encoder: Any = None) -> tuple[EvalReport, dict[str, float]]:
+    """(benchmark report, retention metrics) of ``model`` with ``lm``'s preprocessing and
+    tokenizer and ``cfg``'s batch size, threads, precision and retention datasets: the one
+    scoring path of this stage and of ``interpolate`` (which scores mixed weights the same way).
+    A benchmark that cannot be read raises :class:`ConfigError` naming it."""
+    kw = dict(device=device, batch_size=cfg.batch_size, num_threads=cfg.num_threads, precision=cfg.precision)
+    try:
+        report = evaluate_benchmarks(model, lm.preprocess_val, lm.tokenizer, specs, image_encoder=image_encoder, **kw)
+    except BenchmarkError as exc:
+        raise ConfigError(str(exc)) from exc
+    retention: dict[str, float] = {}
+    for zs in cfg.retention.zeroshot:
+        retention.update(zero_shot(model, lm.preprocess_val, lm.tokenizer, zs, **kw))
+    for rs in cfg.retention.retrieval:
+        retention.update(retrieval(model, lm.preprocess_val, lm.tokenizer, rs, **kw))
+    return report, retention
+
+
 def run(cfg: Config, ctx: JobContext) -> dict:
     specs = resolve_specs(cfg)
     device = resolve_device(cfg.device)
@@ -174,21 +193,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
                                           precision=cfg.precision)
 
     started = time.time()
-    try:
-        report = evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, specs, device=device,
-                                     batch_size=cfg.batch_size, num_threads=cfg.num_threads, precision=cfg.precision,
-                                     image_encoder=image_encoder)
-    except BenchmarkError as exc:
-        raise ConfigError(str(exc)) from exc
-    bench_s = time.time() - started
-
-    retention: dict[str, float] = {}
-    for zs in cfg.retention.zeroshot:
-        retention.update(zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, zs, device=device,
-                                   batch_size=cfg.batch_size, num_threads=cfg.num_threads, precision=cfg.precision))
-    for rs in cfg.retention.retrieval:
-        retention.update(retrieval(lm.model, lm.preprocess_val, lm.tokenizer, rs, device=device,
-                                   batch_size=cfg.batch_size, num_threads=cfg.num_threads, precision=cfg.precision))
+    report, retention = evaluate_model(lm.model, lm, specs, cfg, device, image_encoder=image_encoder)
+    bench_s = time.time() - started  # benchmarks and retention
 
     metrics = {**report.metrics, **retention}
     paths = R.write_outputs(report, ctx.output_dir, model_name=model_name, retention=retention, device=device)

@@ -39,9 +39,7 @@ from hardpos import registry, storage, tracking
 from hardpos import report as R
 from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
 from hardpos.eval import report as eval_report
-from hardpos.eval.benchmarks import BenchmarkError
-from hardpos.eval.evaluator import Precision, evaluate_benchmarks
-from hardpos.eval.retention import retrieval, zero_shot
+from hardpos.eval.evaluator import Precision
 from hardpos.eval.spec import BenchmarkSpec
 from hardpos.interpolate import check_alphas, interpolate_state, load_pair, state_of
 from hardpos.model import LoadedModel, ModelConfig, save_checkpoint, unwrap
@@ -115,23 +113,6 @@ def source_of(model: ModelConfig) -> str:
     return str(path.resolve()) if path.exists() else model.pretrained
 
 
-def evaluate_model(model: torch.nn.Module, lm: LoadedModel, specs: Sequence[BenchmarkSpec], cfg: Config,
-                   device: str):
-    """(report, retention metrics) of ``model`` (preprocessing/tokenizer from ``lm``): the
-    evaluate stage's benchmark and retention functions with this config's settings."""
-    kw = dict(device=device, batch_size=cfg.batch_size, num_threads=cfg.num_threads, precision=cfg.precision)
-    try:
-        report = evaluate_benchmarks(model, lm.preprocess_val, lm.tokenizer, specs, **kw)
-    except BenchmarkError as exc:
-        raise ConfigError(str(exc)) from exc
-    retention: dict[str, float] = {}
-    for zs in cfg.retention.zeroshot:
-        retention.update(zero_shot(model, lm.preprocess_val, lm.tokenizer, zs, **kw))
-    for rs in cfg.retention.retrieval:
-        retention.update(retrieval(model, lm.preprocess_val, lm.tokenizer, rs, **kw))
-    return report, retention
-
-
 # --------------------------------------------------------------------------- the curve
 def curve_columns(specs: Sequence[BenchmarkSpec], metrics: Mapping[str, float]) -> list[tuple[str, str]]:
     """[(header, metric key)]: aug acc and brittleness per benchmark (orig acc where a
@@ -155,35 +136,6 @@ def curve_markdown(points: Sequence[Mapping[str, Any]], columns: Sequence[tuple[
                       R.table(["alpha"] + [h for h, _ in columns], rows), ""])
 
 
-def curve_plot(points: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]], path: str, *, title: str) -> str:
-    """PNG: augmented accuracy, brittleness and retention (when any) against alpha."""
-    # lazy: matplotlib is an optional, heavy plotting dependency only the chart writers need
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [(name, [(h, k) for h, k in columns if pred(k)]) for name, pred in (
-        ("augmented / original accuracy (%)", lambda k: k.endswith(("/aug_acc", "/orig_acc")) and not k.startswith(("zeroshot/", "retrieval/"))),
-        ("brittleness (%, lower is better)", lambda k: k.endswith("/brittleness")),
-        ("retention (%)", lambda k: k.startswith(("zeroshot/", "retrieval/"))))]
-    panels = [p for p in panels if p[1]]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4), squeeze=False)
-    xs = [p["alpha"] for p in points]
-    for ax, (name, cols) in zip(axes[0], panels):
-        for header, key in cols:
-            ax.plot(xs, [100 * p["metrics"].get(key, float("nan")) for p in points], marker="o", label=header)
-        ax.set_xlabel("alpha (0 = base, 1 = finetuned)")
-        ax.set_title(name, fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 # --------------------------------------------------------------------------- the job
 def _save_mix(model: torch.nn.Module, lm: LoadedModel, out_dir: str, meta: dict[str, Any], tmp: str) -> tuple[Path, str]:
     """Write the mixed checkpoint to a local folder and to ``<out_dir>/model`` (local or
@@ -201,7 +153,7 @@ def _one_alpha(alpha: float, model: torch.nn.Module, lf: LoadedModel, states: tu
 
     def run_child(cfg: Config, ctx: JobContext) -> dict:
         unwrap(model).load_state_dict(interpolate_state(*states, alpha))
-        report, retention = evaluate_model(model, lf, specs, cfg, device)
+        report, retention = ev.evaluate_model(model, lf, specs, cfg, device)
         metrics = {**report.metrics, **retention}
         name = f"{cfg.finetuned_name} alpha={alpha:g}"
         files = eval_report.write_outputs(report, ctx.output_dir, model_name=name, retention=retention, device=device)
@@ -253,7 +205,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
              "curve_json": storage.write_json(ctx.path("curve.json"), {"base": base_src, "finetuned": ft_src,
                                                                       "points": points})}
     with tempfile.TemporaryDirectory() as tmp:
-        local = curve_plot(points, columns, str(Path(tmp) / "curve.png"), title=title)
+        local = R.curve_plot(points, columns, str(Path(tmp) / "curve.png"), title=title)
         files["curve_png"] = storage.write_bytes(ctx.path("curve.png"), Path(local).read_bytes())
         ctx.log_artifact(local)
         for key in ("curve_md", "curve_json"):
