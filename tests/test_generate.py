@@ -615,3 +615,77 @@ def test_rules_stage_over_a_glob_of_files_writes_webdataset_ray_reads(ray_sessio
     assert first["txt"] == triplets[0]["caption"].encode() and first["png"] == (caps / "im0.png").read_bytes()
     meta = json.loads(first["json"])
     assert (meta["hard_positive"], meta["hard_negative"]) == (triplets[0]["hard_positive"], triplets[0]["hard_negative"])
+
+
+# --------------------------------------------------------------------------- bad sources (issue 19)
+def _caption_lines(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_bad_sources_are_named_before_work_and_leave_no_output(tmp_path):
+    # each fails in the stage's source check, before Ray starts: the output folder stays empty
+    bad = {
+        "nothing": (str(tmp_path / "none" / "part-*.jsonl"), r"glob .*none/part-\*\.jsonl matches no file"),
+        "nocap": (str(tmp_path / "nocap" / "part-*.jsonl"), r"nocap/part-1\.jsonl: no caption column"),
+        "mixed": (str(tmp_path / "mixed" / "part-*.jsonl"),
+                  r"mixed schemas: .*mixed/part-0\.jsonl.*'caption'.*mixed/part-1\.jsonl.*'text'"),
+    }
+    _caption_lines(tmp_path / "nocap" / "part-0.jsonl", [{"caption": "a red bus"}])
+    _caption_lines(tmp_path / "nocap" / "part-1.jsonl", [{"image": "x.jpg", "label": 3}])
+    _caption_lines(tmp_path / "mixed" / "part-0.jsonl", [{"caption": "a cat", "image": "c.jpg"}])
+    _caption_lines(tmp_path / "mixed" / "part-1.jsonl", [{"text": "a dog", "image": "d.jpg"}])
+    for name, (source, match) in bad.items():
+        with pytest.raises(ConfigError, match=match):
+            run_stage(gen_config(tmp_path, f"input={source}", "engine.kind=rules", name=f"out-{name}"))
+        assert os.listdir(tmp_path / f"out-{name}") == [], name
+
+
+def test_first_bad_json_line_names_file_and_line(tmp_path):
+    from hardpos.generate.source import first_bad_json_line
+
+    good = _caption_lines(tmp_path / "a.jsonl", [{"caption": f"a cat {i}"} for i in range(5)])
+    broken = _caption_lines(tmp_path / "b.jsonl", [{"caption": "a dog"}, "", '{"caption": "cut off', "{}"])
+    listed = _caption_lines(tmp_path / "c.jsonl", [{"caption": "a dog"}, "[1, 2]"])
+    assert first_bad_json_line([str(good)]) is None
+    assert first_bad_json_line([str(good), str(broken)]).startswith(f"{broken}: line 3 is not JSON")
+    assert first_bad_json_line([str(listed)]) == f"{listed}: line 2 is not a JSON object"
+
+
+def test_rows_past_the_head_bad_json_names_the_file_missing_caption_is_a_reject(ray_session, tmp_path):
+    # the head check reads 100 lines: a broken line 301 is found only by the read, which must
+    # name the file and the line, and fail before anything is written
+    rows = [{"caption_id": f"1-{j}", "caption": f"A red bus and a small dog {j}."} for j in range(400)]
+    _caption_lines(tmp_path / "caps" / "part-0.jsonl", [{"caption_id": f"0-{j}", "caption": "A red bus."} for j in range(10)])
+    _caption_lines(tmp_path / "caps" / "part-1.jsonl", rows[:300] + ['{"caption_id": "1-300", "caption": "cut'] + rows[301:])
+    with pytest.raises(ConfigError, match=r"caps/part-1\.jsonl: line 301 is not JSON"):
+        run_stage(gen_config(tmp_path, f"input={tmp_path / 'caps' / 'part-*.jsonl'}", "engine.kind=rules",
+                             name="broken"))
+    assert os.listdir(tmp_path / "broken") == []
+    # a row past the head without the caption field is a counted row reject, not a silent drop
+    rows[250] = {"caption_id": "1-250", "text": "no caption field"}
+    _caption_lines(tmp_path / "one" / "caps.jsonl", rows)
+    summary = run_stage(gen_config(tmp_path, f"input={tmp_path / 'one' / 'caps.jsonl'}", "engine.kind=rules",
+                                   "shard_size=200", name="nocap"))
+    assert summary["complete"] and summary["captions"] == 400
+    assert summary["rejected_by_kind_reason"]["input/empty"] == 1
+    assert [r["caption_id"] for r in merged(summary["output_dir"], "rejects") if r["kind"] == "input"] == ["1-250"]
+
+
+def test_a_failed_overwrite_run_leaves_nothing_that_looks_complete(ray_session, tmp_path, monkeypatch):
+    src = _caption_lines(tmp_path / "caps.jsonl", [{"caption": f"A red car and a blue dog {i}."} for i in range(12)])
+    first = run_stage(gen_config(tmp_path, f"input={src}", "engine.kind=rules", "shard_size=5"))
+    out = Path(first["output_dir"])
+    assert first["complete"] and (out / "summary.json").exists() and (out / "triplets.parquet").exists()
+
+    def lost(*args, **kwargs):
+        raise RuntimeError("simulated: a shard task failed for good")
+
+    monkeypatch.setattr(pipeline, "run_worker_shards", lost)
+    with pytest.raises(RuntimeError, match="simulated"):
+        run_stage(gen_config(tmp_path, f"input={src}", "engine.kind=rules", "shard_size=5", "overwrite=true"))
+    # the first run's summary ("complete": true) must not outlive the outputs it describes
+    left = sorted(os.listdir(out))
+    assert "summary.json" not in left and not {"accepted.parquet", "rejects.parquet", "triplets.parquet"} & set(left)
+    assert pipeline.done_shards(str(out)) == set()

@@ -19,6 +19,9 @@ Contract:
 * A caption's ``index`` is its position in the source (files in sorted order, rows in
   file order), so shards (``index // shard_size``) and request ids are the same on every
   run, which is what makes resume exactly-once. A row without an id gets ``str(index)``.
+* A row past the checked head that does not parse fails the read (nothing is written yet)
+  with an error naming its file and line; a row without a caption becomes a row reject
+  (``input/empty``), counted like any other.
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ import dataclasses
 import fnmatch
 import glob as globlib
 import hashlib
+import io
+import json
 import os
 from typing import Any, Sequence
 
@@ -42,6 +47,8 @@ FILE_FORMATS = {".json": "json", ".tsv": "tsv", ".csv": "csv"}  # one file per t
 HEAD_BYTES = 64 * 1024
 CAPTION_SCHEMA = pa.schema([("caption_id", pa.string()), ("caption", pa.string()), ("image", pa.string()),
                             ("negatives", pa.list_(pa.string()))])
+# how Ray Data's errors read when a row does not parse (pyarrow's reader, then its python json fallback)
+UNPARSEABLE = ("ArrowInvalid", "JSON parse error", "JSONDecodeError")
 BLOCK_BYTES = 4 * 1024 * 1024  # small blocks: a shard task fetches only a little more than its rows
 
 
@@ -257,7 +264,8 @@ class CaptionBlocks:
 
 def read_source(src: SourceFiles, *, limit: int | None = None, image_root: str | None = None) -> CaptionBlocks:
     """Read and normalise ``src`` with Ray Data and keep it in the cluster (see the module
-    docstring). Raises :class:`CaptionSourceError` for a file the workers cannot read."""
+    docstring). Raises :class:`CaptionSourceError` for a file the workers cannot read; for
+    JSON lines, it names the file and the first line that does not parse."""
     if src.fmt == "jsonl":
         ds = ray.data.read_json(list(src.files), include_paths=True, **_fs(src))  # pyarrow reads JSON lines
     elif src.fmt == "parquet":
@@ -286,14 +294,38 @@ def read_source(src: SourceFiles, *, limit: int | None = None, image_root: str |
         if cause is not None:
             raise cause from exc
         text = str(exc)
-        if "ArrowInvalid" in text or "JSON parse error" in text:  # rows the reader cannot parse
-            line = next((ln for ln in text.splitlines() if "ArrowInvalid" in ln or "JSON parse" in ln), text)
-            raise CaptionSourceError(f"{src.uri}: unreadable rows: {line.strip()[:500]}") from exc
+        if any(m in text for m in UNPARSEABLE):  # rows the reader cannot parse
+            # Ray Data's error names neither the file nor the line: find them (error path only)
+            where = first_bad_json_line(src.files) if src.fmt == "jsonl" else None
+            line = next((ln for ln in text.splitlines() if any(m in ln for m in UNPARSEABLE)), text)
+            raise CaptionSourceError(where or f"{src.uri}: unreadable rows: {line.strip()[:500]}") from exc
         raise
     total = sum(n for n, _ in stats)
     digest = hashlib.sha256(f"{total}:{sum(s for _, s in stats) % (1 << 64)}".encode()).hexdigest()[:16]
     keep = [(r, n) for r, (n, _) in zip(refs, stats) if n]
     return CaptionBlocks([r for r, _ in keep], [n for _, n in keep], digest)
+
+
+def first_bad_json_line(files: Sequence[str]) -> str | None:
+    """``"<file>: line N is not JSON: ..."`` for the first line of the JSON-lines ``files``
+    that is not a JSON object, or None when every line parses.
+
+    Streams each file a line at a time (local or s3://), so it costs one pass and no more
+    memory than a line; :func:`read_source` calls it only after Ray Data failed to parse a
+    source, whose error names neither the file nor the line."""
+    for path in files:
+        fs, inner = storage.arrow_filesystem(path)
+        with fs.open_input_stream(inner) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    return f"{path}: line {n} is not JSON: {exc}"
+                if not isinstance(record, dict):
+                    return f"{path}: line {n} is not a JSON object"
+    return None
 
 
 def _s3_env() -> dict[str, str]:
@@ -351,5 +383,5 @@ def caption_rows(tables: Sequence[pa.Table], pieces: Sequence[tuple[int, int, in
     return rows
 
 
-__all__ = ["CAPTION_SCHEMA", "CaptionBlocks", "SourceFiles", "caption_rows", "expand", "normalise_batch",
-           "read_source", "read_whole_file", "resolve_source"]
+__all__ = ["CAPTION_SCHEMA", "CaptionBlocks", "SourceFiles", "caption_rows", "expand", "first_bad_json_line",
+           "normalise_batch", "read_source", "read_whole_file", "resolve_source"]
