@@ -128,8 +128,10 @@ WEBDATASET_DIR = "webdataset"
 
 
 def clear_output(out_dir: str, extra: Iterable[str] = ()) -> None:
-    """Remove shard files, the manifest and merged outputs (``overwrite=true``)."""
-    names = [*MERGED, *extra]
+    """Remove shard files, the manifest, merged outputs and the previous run's summary.json
+    (``overwrite=true``): a run that then fails must not leave the old summary claiming a
+    complete output over files that are gone (the job writes summary.json only on success)."""
+    names = [*MERGED, "summary.json", *extra]
     if storage.is_s3(out_dir):
         bucket, _ = storage.split_s3(out_dir)
         client = storage.s3_client()
