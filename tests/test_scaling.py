@@ -47,3 +47,13 @@ def test_sizes_must_grow():
         scaling.Config(generate_sizes=[100, 10, 1000])
     with pytest.raises(ConfigError, match="unknown"):
         scaling.Config(stages=["perturb"])
+
+
+def test_inputs_serial_baseline_decodes_every_row_of_the_files_layout(tmp_path):
+    from hardpos.perf import inputs
+
+    layouts = inputs.write_layouts(tmp_path, 5, 32, shard_rows=2)
+    result = inputs.time_serial(layouts["files"], str(tmp_path / "files"), batch_size=2)
+    assert (result["rows"], result["ok"]) == (5, 5) and result["rows_per_s"] > 0
+    (tmp_path / "files" / "img" / "000003.jpg").write_bytes(b"not a jpeg")  # a bad image is counted, not fatal
+    assert inputs.time_serial(layouts["files"], str(tmp_path / "files"))["ok"] == 4

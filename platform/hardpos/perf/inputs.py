@@ -5,6 +5,9 @@ Writes ``n`` synthetic JPEGs (``size`` px) in each layout under ``workdir``, the
 :func:`hardpos.train.data.read_triplets_dataset` + :class:`hardpos.train.data.Preprocess`
 (open_clip's 224 px validation transform, the model's tokenizer) through Ray Data to the last
 batch, and prints one JSON line per layout: rows/s and wall seconds (the read included).
+Beside them, the baseline the issue names (``files_serial``): the same files layout and the
+same :class:`Preprocess` called in this process, one batch after another with one fetch at a
+time (no Ray Data, no fetch threads), and the Ray Data files layout's speed-up over it.
 
     python -m hardpos.perf.inputs --n 2000 --workdir /tmp/inputs-bench
 """
@@ -68,17 +71,36 @@ def write_layouts(workdir: Path, n: int, size: int, shard_rows: int = 500) -> di
     return {"files": str(files / "triplets.parquet"), "parquet_inline": str(inline), "webdataset": str(wds / "*.tar")}
 
 
-def time_layout(path: str, base_dir: str, batch_size: int = 64) -> dict:
-    """Wall seconds and rows/s for reading + decoding + preprocessing every row of ``path``."""
+def time_layout(path: str, base_dir: str, batch_size: int = 64, limit: int | None = None) -> dict:
+    """Wall seconds and rows/s for reading + decoding + preprocessing every row of ``path``
+    (its first ``limit`` rows when given)."""
     transform = open_clip.image_transform(224, is_train=False)
     tokenizer = open_clip.get_tokenizer("ViT-B-32")
     started = time.perf_counter()
-    ds = read_triplets_dataset(path).map_batches(Preprocess(transform, tokenizer, 224, base_dir),
+    ds = read_triplets_dataset(path, limit=limit).map_batches(Preprocess(transform, tokenizer, 224, base_dir),
                                                  batch_size=batch_size, batch_format="numpy")
     rows = ok = 0
     for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
         rows += len(batch["ok"])
         ok += int(batch["ok"].sum())
+    seconds = time.perf_counter() - started
+    return {"rows": rows, "ok": ok, "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds, 1)}
+
+
+def time_serial(path: str, base_dir: str, batch_size: int = 64) -> dict:
+    """The plain loop: the triplet parquet's rows through :class:`Preprocess` in this process,
+    one batch at a time and one image fetch at a time (``fetch_threads=1``)."""
+    transform = open_clip.image_transform(224, is_train=False)
+    tokenizer = open_clip.get_tokenizer("ViT-B-32")
+    preprocess = Preprocess(transform, tokenizer, 224, base_dir, fetch_threads=1)
+    started = time.perf_counter()
+    table = pq.read_table(path, columns=["image", "caption", "hard_negative", "hard_positive"])
+    rows = ok = 0
+    for start in range(0, table.num_rows, batch_size):
+        part = table.slice(start, batch_size)
+        out = preprocess({name: np.array(part.column(name).to_pylist(), dtype=object) for name in part.column_names})
+        rows += len(out["ok"])
+        ok += int(out["ok"].sum())
     seconds = time.perf_counter() - started
     return {"rows": rows, "ok": ok, "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds, 1)}
 
@@ -94,9 +116,17 @@ def main(argv: list[str] | None = None) -> None:
     layouts = write_layouts(work, args.n, args.size)
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
+        # warm-up, not reported: Ray Data's first pipeline starts workers that import torch and
+        # open_clip (tens of seconds here), which would otherwise be charged to the first layout
+        time_layout(layouts["files"], str(work / "files"), limit=2 * 64)
+        results = {}
         for name, path in layouts.items():
-            result = time_layout(path, str(work / "files"))
-            print(json.dumps({"layout": name, "n": args.n, "size": args.size, **result}), flush=True)
+            results[name] = time_layout(path, str(work / "files"))
+            print(json.dumps({"layout": name, "n": args.n, "size": args.size, **results[name]}), flush=True)
+        serial = time_serial(layouts["files"], str(work / "files"))
+        print(json.dumps({"layout": "files_serial", "n": args.n, "size": args.size, **serial,
+                          "ray_data_files_speedup": round(results["files"]["rows_per_s"] / serial["rows_per_s"], 2)}),
+              flush=True)
     finally:
         ray.shutdown()
 
