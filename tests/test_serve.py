@@ -297,13 +297,18 @@ def test_loadgen_measures_the_running_app(app, monkeypatch):
 
 def test_the_plain_peer_answers_like_the_app(app, tmp_path):
     """The load generator's peer (one FastAPI + uvicorn process, same model and scoring)
-    gives the app's scores and response shape, and the same 400s for bad input."""
+    gives the app's scores and response shape, and the same 400s for bad input; it runs at
+    the CPU priority of Ray's workers (the Serve replicas), as compare_servers starts it."""
+    import os
+
     import requests
 
-    from hardpos.perf.loadgen import LoadgenConfig, measure_level, start_plain, stop_plain
+    from hardpos.perf.loadgen import LoadgenConfig, measure_level, ray_worker_niceness, start_plain, stop_plain
 
-    proc, url = start_plain(LoadgenConfig(arch="hardpos-tiny", torch_threads=1), str(app["ckpt"]), tmp_path)
+    niceness = ray_worker_niceness()
+    proc, url = start_plain(LoadgenConfig(arch="hardpos-tiny", torch_threads=1), str(app["ckpt"]), tmp_path, niceness)
     try:
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == max(niceness, os.nice(0))
         body = {"image_b64": b64(png_bytes(31)), "captions": CAPTIONS, "softmax": True}
         mine = requests.post(url + "/v1/score", json=body, timeout=60)
         theirs = _post(app, "/v1/score", body)
@@ -315,8 +320,10 @@ def test_the_plain_peer_answers_like_the_app(app, tmp_path):
         assert bad.status_code == 400 and "captions is empty" in bad.json()["detail"]
         level = measure_level(url, [body], 2, 6, 60)
         assert level["ok"] == 6 and level["errors"] == 0
-        timing = requests.get(url + "/v1/model", timeout=60).json()["timing"]
+        info = requests.get(url + "/v1/model", timeout=60).json()
+        timing = info["timing"]
         assert {"parse", "decode", "forward", "model_call", "server"} <= set(timing) and timing["forward"]["n"] >= 7
+        assert info["torch_threads"] == 1  # the configured count, read where the forward runs
     finally:
         stop_plain(proc)
     assert proc.returncode is not None
@@ -328,7 +335,9 @@ def test_colocated_model_answers_like_the_two_deployment_app(app):
     import requests
 
     model = f"models:/{MODEL_NAME}@champion"
-    _side_app(app, "colocated", model, colocate_model=True)
+    # torch_threads=2 against Ray's OMP_NUM_THREADS=1 for a 0.1-CPU replica: the replica must
+    # report (and its forward threads use) the configured count, not Ray's default.
+    _side_app(app, "colocated", model, colocate_model=True, torch_threads=2)
     try:
         body = {"image_b64": b64(png_bytes(41)), "captions": CAPTIONS}
         mine = requests.post(app["url"] + "/colocated/v1/score", json=body, timeout=60)
@@ -337,6 +346,7 @@ def test_colocated_model_answers_like_the_two_deployment_app(app):
         np.testing.assert_allclose(mine.json()["scores"], theirs.json()["scores"], atol=1e-5)
         info = requests.get(app["url"] + "/colocated/v1/model", timeout=60).json()
         assert info["batching"]["enabled"] is True and info["batching"]["items"] >= 1
+        assert info["torch_threads"] == 2
         from ray import serve
 
         deployments = serve.status().applications["colocated"].deployments

@@ -62,6 +62,10 @@ class LoadgenConfig:
     torch_threads: intra-op threads of every target's model (Serve replicas and the peer
         alike, so they compute with the same threads); None -> each one's default.
     max_batch_size / batch_wait_timeout_s: the batched app's settings.
+    match_niceness: run the plain peer at the CPU priority of Ray's worker processes (Ray
+        starts Serve's proxy and replicas at +15 niceness by default), so on a machine where
+        anything else runs both get the same share; False: the peer runs at this process's
+        niceness (how session 5 measured: the replica's forward then looked 1.8x slower).
     seed: payload randomness.
     """
 
@@ -86,6 +90,7 @@ class LoadgenConfig:
     max_batch_size: int = 32
     batch_wait_timeout_s: float = 0.0
     torch_threads: int | None = 2
+    match_niceness: bool = True
     seed: int = 0
 
 

@@ -24,11 +24,11 @@ from hardpos.config import ConfigError, load_config
 from hardpos.perf.load_client import (HARD_MAX_REQUESTS, HARD_MAX_SECONDS, LoadgenConfig, check_loopback,
                                       make_payloads, measure, measure_level, percentile, summarize)
 from hardpos.perf.serve_compare import (compare_batching, compare_servers, format_report, level_report,
-                                        serve_bench, start_plain, stop_plain)
+                                        ray_worker_niceness, serve_bench, start_plain, stop_plain)
 
 __all__ = ["HARD_MAX_REQUESTS", "HARD_MAX_SECONDS", "LoadgenConfig", "check_loopback", "compare_batching",
            "compare_servers", "format_report", "level_report", "main", "make_payloads", "measure", "measure_level",
-           "percentile", "serve_bench", "start_plain", "stop_plain", "summarize"]
+           "percentile", "ray_worker_niceness", "serve_bench", "start_plain", "stop_plain", "summarize"]
 
 
 def main(argv: list[str] | None = None) -> int:

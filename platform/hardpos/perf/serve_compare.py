@@ -21,6 +21,8 @@ prints a Markdown table. ``compare_batching`` is the older name of :func:`compar
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -88,7 +90,11 @@ def _serve_port(default: int) -> int:
 def _serve_apps(cfg: LoadgenConfig, source: str, targets: list[str]) -> dict[str, dict[str, Any]]:
     base = {
         "model": source, "arch": cfg.arch, "reload_poll_s": 0, "auth_token_env": "", "access_log": False,
-        "torch_threads": cfg.torch_threads, "limits": {"max_captions": max(64, cfg.captions_per_request)},
+        "torch_threads": cfg.torch_threads,
+        # The app's own 503 deadline sits above the client's timeout: a slow model (ViT-B-32 on a
+        # loaded CPU) shows as latency, as it does for the plain peer, which has no deadline.
+        "limits": {"max_captions": max(64, cfg.captions_per_request),
+                   "request_timeout_s": max(30.0, 2 * cfg.max_seconds_per_level)},
         "model_deployment": {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus,
                              "max_ongoing_requests": max(64, 2 * cfg.max_batch_size, 2 * max(cfg.concurrency))},
         "ingress_deployment": {"num_cpus": 0.1, "max_ongoing_requests": max(256, 2 * max(cfg.concurrency))},
@@ -99,14 +105,37 @@ def _serve_apps(cfg: LoadgenConfig, source: str, targets: list[str]) -> dict[str
     return {t: apps[t] for t in targets if t in SERVE_TARGETS}
 
 
-def start_plain(cfg: LoadgenConfig, source: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+def _niceness() -> int:
+    return os.nice(0)
+
+
+def ray_worker_niceness() -> int:
+    """The niceness (CPU priority) of the connected Ray's worker processes on this node.
+
+    Ray starts its workers -- Serve's proxy and replicas among them -- at the raylet's
+    ``worker_niceness`` (+15 by default, capped at 19) above the process that started it, so
+    on a shared machine a Serve replica gets far less CPU than a peer started at this
+    process's niceness (issue 20: the replica's forward measured 1.8x slower)."""
+    return int(ray.get(ray.remote(num_cpus=0)(_niceness).remote(), timeout=120))
+
+
+def start_plain(cfg: LoadgenConfig, source: str, workdir: Path,
+                niceness: int | None = None) -> tuple[subprocess.Popen, str]:
     """Start the plain peer as a subprocess on 127.0.0.1 and wait until it answers /healthz.
-    Returns (process, base URL); the caller stops the process."""
+    ``niceness``: run it at that niceness (only ever raised above this process's, through
+    ``nice``; None: this process's). Returns (process, base URL); the caller stops it."""
     port = free_port()
     args = [sys.executable, "-m", "hardpos.serve.plain", f"model={source}", f"arch={cfg.arch}", f"port={port}",
             f"device={'cuda' if cfg.num_gpus > 0 else 'cpu'}", f"max_captions={max(64, cfg.captions_per_request)}"]
     if cfg.torch_threads:
         args.append(f"torch_threads={cfg.torch_threads}")
+    delta = 0 if niceness is None else niceness - os.nice(0)
+    if delta > 0:
+        nice = shutil.which("nice")
+        if nice is None:
+            raise RuntimeError("loadgen: the plain peer should run at niceness "
+                               f"{niceness} like Ray's workers, but `nice` is not on PATH; set match_niceness=false")
+        args = [nice, "-n", str(delta), *args]
     log = open(workdir / "plain.log", "wb")  # noqa: SIM115 - lives as long as the process
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -172,8 +201,13 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
             for t, app_cfg in apps.items():
                 serve.run(build_app(app_cfg), name=names[t], route_prefix=f"/{t}", blocking=False)
                 urls[t] = f"http://127.0.0.1:{port}/{t}"
+        niceness = {"loadgen": os.nice(0)}
+        if serve_targets:
+            niceness["ray_workers"] = ray_worker_niceness()
         if "plain" in targets:
-            proc, urls["plain"] = start_plain(cfg, source, workdir)
+            # Same CPU priority as the Serve replicas (match_niceness), or this process's.
+            niceness["plain"] = niceness.get("ray_workers", niceness["loadgen"]) if cfg.match_niceness else os.nice(0)
+            proc, urls["plain"] = start_plain(cfg, source, workdir, niceness["plain"])
         urls = {t: urls[t] for t in targets}
         payloads = make_payloads(cfg)
         for t in targets:
@@ -206,7 +240,7 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
         "gpu": torch.cuda.get_device_name(0) if cfg.num_gpus > 0 and torch.cuda.is_available() else None,
         "torch_threads": cfg.torch_threads, "captions_per_request": cfg.captions_per_request,
         "image_size": cfg.image_size, "max_batch_size": cfg.max_batch_size,
-        "requests_per_level": cfg.requests_per_level, "repeats": cfg.repeats,
+        "requests_per_level": cfg.requests_per_level, "repeats": cfg.repeats, "niceness": niceness,
         "levels": levels, "server_batch_stats": stats,
     }
 

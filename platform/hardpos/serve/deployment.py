@@ -157,7 +157,9 @@ class ScoringModel:
                          **self.stats.summary()},
             "text_cache": state.cache.stats() if state else None,
             "timing": self.times.snapshot(),
-            "torch_threads": torch.get_num_threads(),
+            # Read where forward passes run (compute_batch goes through asyncio.to_thread), not
+            # on this event loop's thread: the figure a load test's forward timings depend on.
+            "torch_threads": await asyncio.to_thread(torch.get_num_threads),
             "replica": serve.get_replica_context().replica_id.unique_id,
         }
         if self._error is not None:

@@ -94,7 +94,9 @@ def build_plain_app(state: ModelState, limits: ServingLimits) -> FastAPI:
     @app.get("/v1/model")
     async def model_info() -> dict[str, Any]:
         return {"loaded": True, "model": {k: v for k, v in state.info.items() if k != "tags"},
-                "timing": times.snapshot(), "torch_threads": torch.get_num_threads(),
+                "timing": times.snapshot(),
+                # read in a worker thread, where compute_batch runs (as the Serve replica does)
+                "torch_threads": await asyncio.to_thread(torch.get_num_threads),
                 "text_cache": state.cache.stats()}
 
     @app.get("/healthz")
