@@ -90,4 +90,30 @@ def test_signs_need_their_models_and_the_markdown_says_so():
     assert "- (c) HN-only more brittle than base (SWAP): yes (+8.0)" in md
     assert "signs" not in R.markdown_table(rows, signs=False)
     spread = {m: {c: 0.001 for c in r} for m, r in rows.items()}
-    assert "larger std of the two" in R.markdown_table(rows, spread)
+    assert "exceeds its std over seeds" in R.markdown_table(rows, spread)
+
+
+def test_over_seeds_a_paired_difference_uses_the_std_of_the_per_seed_differences():
+    # three seeds whose worlds differ in difficulty (every model 10 points lower in seed 1)
+    # while HN-only is 3 +- 1 points more brittle than the base in each: the cells' spreads
+    # (~5.8) hide the effect, the paired differences (std 1.0) do not
+    base = _paper_rows()
+    per_seed = []
+    for shift, gap in ((0.0, 0.03), (-0.10, 0.02), (0.0, 0.04)):
+        seed = {m: dict(r) for m, r in base.items()}
+        seed["pretrained"]["replace/brittleness"] = 0.20 + shift
+        seed["hn-only"]["replace/brittleness"] = 0.20 + shift + gap
+        per_seed.append(seed)
+    mean, std = R.aggregate(per_seed)
+    key = ("c", "HN-only more brittle than base", "REPLACE")
+    unpaired = _by_claim(S.paper_signs(mean, std))[key]
+    assert not unpaired.held and unpaired.noise == pytest.approx(100 * std["hn-only"]["replace/brittleness"])
+    paired = _by_claim(S.paper_signs(mean, std, per_seed=per_seed))[key]
+    assert paired.held and paired.value == pytest.approx(3.0) and paired.noise == pytest.approx(1.0)
+    assert "- (c) HN-only more brittle than base (REPLACE): yes (+3.0, std 1.0)" in R.markdown_table(
+        mean, std, per_seed=per_seed)
+    # and a consistent effect of the wrong sign fails however small the noise
+    for seed in per_seed:
+        seed["hn-only"]["replace/brittleness"] = seed["pretrained"]["replace/brittleness"] - 0.01
+    mean, std = R.aggregate(per_seed)
+    assert not _by_claim(S.paper_signs(mean, std, per_seed=per_seed))[key].held

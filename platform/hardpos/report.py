@@ -106,13 +106,15 @@ def _results(head: list[str], cols: list[str], rows: Mapping[str, Mapping[str, f
 
 
 def markdown_table(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str, Mapping[str, float]] | None = None,
-                   *, title: str | None = None, signs: bool = True) -> str:
+                   *, title: str | None = None, signs: bool = True,
+                   per_seed: Sequence[Mapping[str, Mapping[str, float]]] = ()) -> str:
     """The demo's results as Markdown: the Table-1-style comparison, the mean scores, the
     REPLACE subsets and (``signs``) whether each of the paper's signs held in these rows
     (:func:`hardpos.signs.signs_markdown`; nothing when the rows lack the models it compares).
 
     ``rows``: model -> :func:`table_row`; ``spreads``: model -> same keys (std over seeds),
-    shown as ``± x`` and used by the signs' one-standard-deviation rule.
+    shown as ``± x``; ``per_seed``: each seed's rows (``rows`` their mean), so the signs
+    compare two models by the std of their per-seed differences (see :mod:`hardpos.signs`).
     """
     spreads = spreads or {}
     out = [f"### {title}", ""] if title else []
@@ -124,7 +126,7 @@ def markdown_table(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str
     out += ["", "REPLACE subsets:", ""]
     out.append(_results(["model", "attribute orig", "attribute aug", "attribute brittle", "relation orig",
                          "relation aug", "relation brittle"], list(SUBSET_COLUMNS), rows, spreads))
-    text = S.signs_markdown(S.paper_signs(rows, spreads)) if signs else ""
+    text = S.signs_markdown(S.paper_signs(rows, spreads, per_seed=per_seed)) if signs else ""
     if text:
         out += ["", text.rstrip("\n")]
     return "\n".join(out) + "\n"

@@ -12,16 +12,20 @@ d. HP+HN has higher augmented accuracy and lower brittleness than HN-only (REPLA
 e. with the w_neg grid (``--full``): original accuracy at w_neg = 1 exceeds w_neg = 0, and
    w_neg = 0 (hard positives only) is no better than the base (REPLACE, SWAP).
 
-Margins are percentage points. Over several seeds (``spreads`` = std per cell) a
-difference "holds" only when the mean difference exceeds the larger of the two standard
-deviations ("no better than" fails only when the difference exceeds it); a range sign
-holds when the mean lies in the range. A sign whose models are not in the rows is left
+Margins are percentage points. Over several seeds a difference "holds" only when the mean
+difference exceeds its noise ("no better than" fails only when the difference exceeds it):
+with the per-seed rows (``per_seed``) the noise is the standard deviation of the per-seed
+differences (a paired comparison: the models of one seed share a world and a base, so a
+world that is harder for every model does not hide a consistent effect); with only the
+per-cell spreads (``spreads``) it is the larger of the two cells' standard deviations. A
+range sign holds when the mean lies in the range. A sign whose models are not in the rows is left
 out (the w_neg grid exists only with ``--full``). Pure functions over the rows.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Mapping
+import statistics
+from typing import Literal, Mapping, Sequence
 
 Rows = Mapping[str, Mapping[str, float]]
 
@@ -56,19 +60,32 @@ class Sign:
         return f"{self.claim} ({self.benchmark}): {'yes' if self.held else 'no'} ({detail})"
 
 
-def _compare(sign: str, claim: str, bench: str, kind: str, rows: Rows, spreads: Rows, a: str, b: str, col: str) -> Sign:
+def _noise(spreads: Rows, per_seed: Sequence[Rows], a: str, b: str, col: str) -> float:
+    """The std the difference a - b (points) must beat: of the paired per-seed differences
+    when two or more seeds have both cells, else the larger of the two cells' spreads."""
+    paired = [100 * (float(r[a][col]) - float(r[b][col])) for r in per_seed
+              if a in r and b in r and col in r[a] and col in r[b]]
+    if len(paired) >= 2:
+        return statistics.stdev(paired)
+    return 100 * max(float(spreads.get(a, {}).get(col, 0.0)), float(spreads.get(b, {}).get(col, 0.0)))
+
+
+def _compare(sign: str, claim: str, bench: str, kind: str, rows: Rows, spreads: Rows, a: str, b: str, col: str,
+             per_seed: Sequence[Rows] = ()) -> Sign:
     diff = 100 * (float(rows[a][col]) - float(rows[b][col]))
-    noise = 100 * max(float(spreads.get(a, {}).get(col, 0.0)), float(spreads.get(b, {}).get(col, 0.0)))
+    noise = _noise(spreads, per_seed, a, b, col)
     held = {"greater": diff > noise, "less": -diff > noise, "not_greater": diff <= noise}[kind]
     return Sign(sign, claim, bench, bool(held), round(diff, 6), round(noise, 6), kind)  # type: ignore[arg-type]
 
 
-def paper_signs(rows: Rows, spreads: Rows | None = None, *, base: str = "pretrained", hn_only: str = "hn-only",
-                hp_hn: str = "hp+hn", w_neg0: str = "w_neg=0", w_neg1: str = "w_neg=1") -> list[Sign]:
+def paper_signs(rows: Rows, spreads: Rows | None = None, *, per_seed: Sequence[Rows] = (), base: str = "pretrained",
+                hn_only: str = "hn-only", hp_hn: str = "hp+hn", w_neg0: str = "w_neg=0",
+                w_neg1: str = "w_neg=1") -> list[Sign]:
     """Every sign (see the module doc) the rows can check, in order a..e.
 
     ``rows``: model -> :func:`hardpos.report.table_row` (fractions); ``spreads``: model ->
-    the same keys' std over seeds (None or missing: a single run, the margin must be > 0).
+    the same keys' std over seeds (None or missing: a single run, the margin must be > 0);
+    ``per_seed``: the rows of each seed (``rows`` is their mean), for paired noise.
     The model names default to the demo's (its variants and the ``--full`` grid's rows).
     """
     spreads = spreads or {}
@@ -96,7 +113,7 @@ def paper_signs(rows: Rows, spreads: Rows | None = None, *, base: str = "pretrai
         for bench, group in BENCHMARKS:
             col = f"{group}/{fig}"
             if col in rows[a] and col in rows[b]:
-                out.append(_compare(sign, claim, bench, kind, rows, spreads, a, b, col))
+                out.append(_compare(sign, claim, bench, kind, rows, spreads, a, b, col, per_seed))
     return out
 
 
@@ -107,6 +124,6 @@ def signs_markdown(signs: list[Sign]) -> str:
     held = sum(s.held for s in signs)
     lines = [f"The paper's signs in this run ({held} of {len(signs)} hold; margins in points):", ""]
     if any(s.noise for s in signs):
-        lines[0] = lines[0][:-1] + "; over seeds a difference holds only when it exceeds the larger std of the two):"
+        lines[0] = lines[0][:-1] + "; over seeds a difference holds only when it exceeds its std over seeds):"
     lines += [f"- ({s.sign}) {s.line()}" for s in signs]
     return "\n".join(lines) + "\n"

@@ -322,7 +322,7 @@ def _write_aggregate(out: Path, cfg: SeedsConfig, per_seed, summaries) -> dict[s
     mean, std = R.aggregate(per_seed)
     n = len(per_seed)
     title = f"mean ± std over {n} seed(s) {list(summaries)}"
-    md = R.markdown_table(mean, std, title=title)
+    md = R.markdown_table(mean, std, title=title, per_seed=per_seed)
     (out / "results_seeds.md").write_text(md)
     result = {"seeds": list(summaries), "mean": mean, "std": std, "per_seed": per_seed, "runs": summaries,
               "demo_overrides": cfg.demo}
