@@ -19,7 +19,9 @@ next to the repository, ``os.environ`` changed for the caller):
 * :mod:`hardpos.perf.inputs` -- training-input layouts (image files, inline parquet, webdataset).
 * :mod:`hardpos.perf.resilience` -- node-loss fault injection on a simulated cluster
   (:mod:`~hardpos.perf.simcluster`).
-* :mod:`hardpos.perf.calibrate` -- the synthetic world's probe and the demo over seeds.
+* :mod:`hardpos.perf.calibrate` -- the synthetic world's probe and the demo over seeds;
+  :mod:`hardpos.perf.calibrate_relations` -- can a model learn the world's relations at all
+  (relation-only training, REPLACE-relation accuracy every N steps).
 
 Shared test data helpers and the OpenAI-compatible stub are in :mod:`hardpos.testing`.
 Importing this package imports nothing heavy.
