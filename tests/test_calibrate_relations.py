@@ -56,3 +56,18 @@ def test_a_tiny_run_scores_the_world_benchmark(tmp_path):
     assert [p["step"] for p in curve] == [0, 1, 2]
     assert all(0.0 <= p["relation_orig_acc"] <= 1.0 for p in curve)
     assert curve[-1]["loss"] > 0
+
+
+def test_the_sincos_demo_arch_differs_from_hardpos_demo_only_in_its_fixed_2d_position_embedding():
+    # the relation lever of session 6: the same tower with fixed 2-D sin-cos position embeddings
+    # (learnt ones start at std ~0.1, too weak for a from-scratch model to find positions)
+    learnt = load_model(ModelConfig(arch="hardpos-demo")).model.visual
+    sincos = load_model(ModelConfig(arch="hardpos-demo-sincos")).model.visual
+    assert learnt.positional_embedding.requires_grad and not sincos.positional_embedding.requires_grad
+    assert learnt.positional_embedding.shape == sincos.positional_embedding.shape == (65, 96)
+    # sin/cos values: every patch position distinct and of unit-scale magnitude
+    pos = sincos.positional_embedding[1:]
+    assert torch.cdist(pos, pos).fill_diagonal_(float("inf")).min() > 0.1
+    assert float(pos.abs().max()) <= 1.0 + 1e-6 and float(pos.std()) > 0.4
+    trainable = lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad)  # noqa: E731
+    assert trainable(learnt) - trainable(sincos) == 65 * 96
