@@ -203,6 +203,19 @@ def noncanonical(rng: random.Random, scene: Scene, cap: Caption) -> tuple[str, s
     return _render_caption(scene, cap, words={(i, what): SYNONYMS[value]}), f"{what}_synonym"
 
 
+def relation_negative(rng: random.Random, scene: Scene, cap: Caption, cfg: WorldConfig) -> tuple[str, str] | None:
+    """The REPLACE-relation hard negative of a relation caption: (new relation, negative text),
+    the first of the other relations (in ``rng``'s order) whose caption is verified false of
+    ``scene``; None when every other relation is true or ambiguous there."""
+    pool = [r for r in RELATIONS if r != cap.relation]
+    rng.shuffle(pool)
+    for new in pool:
+        neg = _render_caption(scene, cap, relation=new)
+        if truth(neg, scene, cfg) is False:
+            return new, neg
+    return None
+
+
 def vague(scene: Scene, cap: Caption) -> str:
     """``cap`` with every noun phrase reduced to its shape ("a circle above a square"); still true
     of the scene (the named objects exist, and the caption's own pair stands in its relation)."""

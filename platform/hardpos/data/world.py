@@ -64,7 +64,8 @@ from pathlib import Path
 from hardpos import storage
 # re-exported public names (importers use hardpos.data.world): noqa F401 on purpose
 from hardpos.data.grammar import (AXIS, OPPOSITE, Caption, ParsedNP, _render_caption, canonical_caption,  # noqa: F401
-                                  list_text, noncanonical, np_text, parse, relation_twin, relation_value, truth,
+                                  list_text, noncanonical, np_text, parse, relation_negative, relation_twin,
+                                  relation_value, truth,
                                   vague)
 from hardpos.data.lexicon import load_lexicon
 from hardpos.data.scene import (BENCHMARKS, COLOR_RGB, RELATIONS, SHAPES_ALL, SIZE_SCALE, SPLITS, SYNONYMS,  # noqa: F401
@@ -112,15 +113,13 @@ def benchmark_item(rng: random.Random, scene: Scene, cfg: WorldConfig, subset: s
         cap = canonical_caption(rng, scene, cfg, template="relation")
         if cap is None:
             return None
-        pool = [r for r in RELATIONS if r != cap.relation]
-        rng.shuffle(pool)
-        for new in pool:
-            neg = _render_caption(scene, cap, relation=new)
-            if truth(neg, scene, cfg) is False:
-                pos = _render_caption(scene, cap, relation=SYNONYMS[cap.relation])
-                return _verified(scene, cfg, cap.text, neg, pos, f"relation:{cap.relation}->{new}",
-                                 f"relation:{cap.relation}->{SYNONYMS[cap.relation]}", cap.template)
-        return None
+        found = relation_negative(rng, scene, cap, cfg)
+        if found is None:
+            return None
+        new, neg = found
+        pos = _render_caption(scene, cap, relation=SYNONYMS[cap.relation])
+        return _verified(scene, cfg, cap.text, neg, pos, f"relation:{cap.relation}->{new}",
+                         f"relation:{cap.relation}->{SYNONYMS[cap.relation]}", cap.template)
     if subset == "swap":
         if len(objs) < 2:
             return None

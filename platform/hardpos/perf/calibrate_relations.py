@@ -41,8 +41,9 @@ import torch
 from PIL import Image
 
 from hardpos.config import ConfigError, load_config
-from hardpos.data.grammar import Caption, _render_caption, canonical_caption, relation_twin, truth
-from hardpos.data.scene import RELATIONS, Scene, WorldConfig, render, sample_scene
+from hardpos import report as R
+from hardpos.data.grammar import canonical_caption, relation_negative, relation_twin
+from hardpos.data.scene import Scene, WorldConfig, render, sample_scene
 from hardpos.model import ModelConfig, encode_image, encode_text, load_model, tokenize
 from hardpos.train.config import OptimConfig
 from hardpos.train.loss import LossConfig
@@ -94,18 +95,6 @@ class RelationProbeConfig:
             raise ConfigError("steps and eval_every must be >= 1")
 
 
-def relation_negative(rng: random.Random, scene: Scene, cap: Caption, cfg: WorldConfig) -> str | None:
-    """The benchmark's REPLACE-relation negative of ``cap``: another relation word, verified false
-    of ``scene`` (None when every other relation is true or ambiguous)."""
-    pool = [r for r in RELATIONS if r != cap.relation]
-    rng.shuffle(pool)
-    for new in pool:
-        neg = _render_caption(scene, cap, relation=new)
-        if truth(neg, scene, cfg) is False:
-            return neg
-    return None
-
-
 def relation_rows(rng: random.Random, cfg: WorldConfig, mode: str, n: int) -> list[tuple[Scene, str, str | None]]:
     """``n`` training rows (scene, caption, negative or None) of ``mode``; pure given ``rng``.
 
@@ -123,9 +112,9 @@ def relation_rows(rng: random.Random, cfg: WorldConfig, mode: str, n: int) -> li
             if twin is not None:
                 rows += [(scene, cap.text, None), (twin[0], twin[1], None)]
         elif mode == "hardneg":
-            neg = relation_negative(rng, scene, cap, cfg)
-            if neg is not None:
-                rows.append((scene, cap.text, neg))
+            found = relation_negative(rng, scene, cap, cfg)
+            if found is not None:
+                rows.append((scene, cap.text, found[1]))
         else:
             rows.append((scene, cap.text, None))
     return rows[:n]
@@ -205,9 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     curve = run(load_config(RelationProbeConfig, None, argv))
-    print("| step | relation orig % | loss |\n|---|---|---|")
-    for p in curve:
-        print(f"| {p['step']} | {100 * p['relation_orig_acc']:.1f} | {p['loss']:.3f} |")
+    print(R.table(["step", "relation orig %", "loss"],
+                  [[p["step"], f"{100 * p['relation_orig_acc']:.1f}", f"{p['loss']:.3f}"] for p in curve]))
     return 0
 
 

@@ -206,7 +206,7 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
             niceness["ray_workers"] = ray_worker_niceness()
         if "plain" in targets:
             # Same CPU priority as the Serve replicas (match_niceness), or this process's.
-            niceness["plain"] = niceness.get("ray_workers", niceness["loadgen"]) if cfg.match_niceness else os.nice(0)
+            niceness["plain"] = niceness.get("ray_workers", niceness["loadgen"]) if cfg.match_niceness else niceness["loadgen"]
             proc, urls["plain"] = start_plain(cfg, source, workdir, niceness["plain"])
         urls = {t: urls[t] for t in targets}
         payloads = make_payloads(cfg)
