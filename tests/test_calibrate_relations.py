@@ -8,7 +8,8 @@ import torch
 from hardpos.config import ConfigError
 from hardpos.data.world import WorldConfig, generate_world, parse, truth
 from hardpos.model import ModelConfig, load_model, tokenize
-from hardpos.perf.calibrate_relations import RelationProbeConfig, relation_accuracy, relation_rows, run
+from hardpos.perf.calibrate_relations import (RelationProbeConfig, relation_accuracy, relation_rows, run,
+                                              training_world)
 
 CFG = WorldConfig(min_objects=2, max_objects=3)
 
@@ -71,3 +72,15 @@ def test_the_sincos_demo_arch_differs_from_hardpos_demo_only_in_its_fixed_2d_pos
     assert float(pos.abs().max()) <= 1.0 + 1e-6 and float(pos.std()) > 0.4
     trainable = lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad)  # noqa: E731
     assert trainable(learnt) - trainable(sincos) == 65 * 96
+
+
+def test_training_scenes_use_the_scored_worlds_vocabulary(tmp_path):
+    # a restricted world (two colours, one shape, large only) is trained on its own words, so
+    # the vocabulary ladder of docs/calibration.md can be rerun with jobs/world.py + this tool
+    generate_world(WorldConfig(seed=3, n_pretrain=0, n_finetune=0, n_benchmark=30, colors=["red", "blue"],
+                               shapes=["circle"], sizes=["large"], min_objects=2, max_objects=2), str(tmp_path))
+    world = training_world(RelationProbeConfig(world_dir=str(tmp_path), min_objects=2, max_objects=2))
+    assert (world.colors, world.shapes, world.sizes) == (["red", "blue"], ["circle"], ["large"])
+    rows = relation_rows(random.Random(0), world, "twins", 20)
+    assert {(o.color, o.shape, o.size) for s, _, _ in rows for o in s.objects} <= {
+        ("red", "circle", "large"), ("blue", "circle", "large")}

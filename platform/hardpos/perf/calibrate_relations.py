@@ -44,6 +44,7 @@ from hardpos.config import ConfigError, load_config
 from hardpos import report as R
 from hardpos.data.grammar import canonical_caption, relation_negative, relation_twin
 from hardpos.data.scene import Scene, WorldConfig, render, sample_scene
+from hardpos.data.world import config_from_world
 from hardpos.model import ModelConfig, encode_image, encode_text, load_model, tokenize
 from hardpos.train.config import OptimConfig
 from hardpos.train.loss import LossConfig
@@ -62,7 +63,8 @@ class RelationProbeConfig:
     steps / batch / lr / warmup: the training run (warmup + cosine, as the stages).
     w_neg: weight of the 2-way hard-negative term in ``hardneg`` mode.
     eval_every: score the benchmark every this many steps (and after the last).
-    min_objects / max_objects / relation_margin: the training scenes (as :class:`WorldConfig`).
+    min_objects / max_objects / relation_margin: the training scenes (as :class:`WorldConfig`); their
+        colours, shapes, sizes and image size are the scored world's (:func:`training_world`).
     seed: scenes, batch order and model init.
     threads: torch CPU threads.
     output: also write the curve as JSON here.
@@ -144,15 +146,26 @@ def relation_accuracy(model: torch.nn.Module, bench: dict[str, Any]) -> float:
     return float((s_c > s_n).float().mean())
 
 
+def training_world(cfg: RelationProbeConfig) -> WorldConfig:
+    """The world the training scenes are drawn from: the scored world's vocabulary (colours,
+    shapes, sizes) and image size, so a restricted world (``jobs/world.py colors=[red,blue] ...``)
+    is trained and scored on the same words; the object counts and relation margin are the
+    probe's own."""
+    words = config_from_world(cfg.world_dir)
+    world = WorldConfig(seed=cfg.seed, image_size=words.image_size, colors=list(words.colors),
+                        shapes=list(words.shapes), sizes=list(words.sizes), min_objects=cfg.min_objects,
+                        max_objects=cfg.max_objects, relation_margin=cfg.relation_margin)
+    world.validate()
+    return world
+
+
 def run(cfg: RelationProbeConfig) -> list[dict[str, float]]:
     """Train ``cfg.arch`` from scratch on relation-only rows; return the curve
     ``[{"step", "relation_orig_acc", "loss"}, ...]`` (step 0: the untrained model)."""
     cfg.validate()
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    world = WorldConfig(seed=cfg.seed, min_objects=cfg.min_objects, max_objects=cfg.max_objects,
-                        relation_margin=cfg.relation_margin)
-    world.validate()
+    world = training_world(cfg)
     rng = random.Random(f"hardpos-relations:{cfg.seed}")
     lm = load_model(ModelConfig(arch=cfg.arch))
     bench = _bench(cfg.world_dir, lm.preprocess_val, lm.tokenizer)
