@@ -81,6 +81,7 @@ def test_training_scenes_use_the_scored_worlds_vocabulary(tmp_path):
                                shapes=["circle"], sizes=["large"], min_objects=2, max_objects=2), str(tmp_path))
     world = training_world(RelationProbeConfig(world_dir=str(tmp_path), min_objects=2, max_objects=2))
     assert (world.colors, world.shapes, world.sizes) == (["red", "blue"], ["circle"], ["large"])
+    assert (world.min_objects, world.max_objects, world.seed) == (2, 2, 0)  # the probe's own
     rows = relation_rows(random.Random(0), world, "twins", 20)
-    assert {(o.color, o.shape, o.size) for s, _, _ in rows for o in s.objects} <= {
+    assert len(rows) == 20 and {(o.color, o.shape, o.size) for s, _, _ in rows for o in s.objects} == {
         ("red", "circle", "large"), ("blue", "circle", "large")}

@@ -63,8 +63,8 @@ class RelationProbeConfig:
     steps / batch / lr / warmup: the training run (warmup + cosine, as the stages).
     w_neg: weight of the 2-way hard-negative term in ``hardneg`` mode.
     eval_every: score the benchmark every this many steps (and after the last).
-    min_objects / max_objects / relation_margin: the training scenes (as :class:`WorldConfig`); their
-        colours, shapes, sizes and image size are the scored world's (:func:`training_world`).
+    min_objects / max_objects / relation_margin: the training scenes (as :class:`WorldConfig`); everything
+        else (vocabulary, image size, jitter) is the scored world's (:func:`training_world`).
     seed: scenes, batch order and model init.
     threads: torch CPU threads.
     output: also write the curve as JSON here.
@@ -147,14 +147,12 @@ def relation_accuracy(model: torch.nn.Module, bench: dict[str, Any]) -> float:
 
 
 def training_world(cfg: RelationProbeConfig) -> WorldConfig:
-    """The world the training scenes are drawn from: the scored world's vocabulary (colours,
-    shapes, sizes) and image size, so a restricted world (``jobs/world.py colors=[red,blue] ...``)
-    is trained and scored on the same words; the object counts and relation margin are the
-    probe's own."""
-    words = config_from_world(cfg.world_dir)
-    world = WorldConfig(seed=cfg.seed, image_size=words.image_size, colors=list(words.colors),
-                        shapes=list(words.shapes), sizes=list(words.sizes), min_objects=cfg.min_objects,
-                        max_objects=cfg.max_objects, relation_margin=cfg.relation_margin)
+    """The world the training scenes are drawn from: the scored world's own config (its
+    vocabulary, image size and rendering jitter), so a restricted world (``jobs/world.py
+    colors=[red,blue] ...``) is trained and scored on the same words and pixels; the seed,
+    object counts and relation margin are the probe's own."""
+    world = dataclasses.replace(config_from_world(cfg.world_dir), seed=cfg.seed, min_objects=cfg.min_objects,
+                                max_objects=cfg.max_objects, relation_margin=cfg.relation_margin)
     world.validate()
     return world
 
