@@ -238,3 +238,29 @@ def test_run_orders_the_steps_and_adds_the_wise_curves_in_full_mode(tmp_path, mo
     md = (tmp_path / "results.md").read_text()
     assert "## WiSE-FT" in md and "-> hn-only (alpha=1)" in md and "| hp+hn |" in md
     assert set(json.loads((tmp_path / "results.json").read_text())["wise"]) == {"hp+hn", "hn-only"}
+
+
+def test_phase_shuffle_buffer_reaches_the_train_and_sweep_configs(tmp_path):
+    # 0 reads a split in its own order (a world's relation twins stay side by side); it must
+    # reach both the finetune runs and the sweep's trials, and a negative size fails early.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hardpos.config import ConfigError, load_config
+    from hardpos.stages import demo
+
+    pq.write_table(pa.table({"image": ["a.png"] * 4, "caption": ["a red cube"] * 4}), tmp_path / "t.parquet")
+    cfg = load_config(demo.Config, None, [f"output_dir={tmp_path}", "pretrain.shuffle_buffer=0",
+                                          "finetune.shuffle_buffer=7"])
+    assert (cfg.pretrain.shuffle_buffer, cfg.finetune.shuffle_buffer) == (0, 7)
+    seen = {}
+    pipeline = demo._Pipeline(cfg, ctx=None)
+    pipeline.ctx = type("Ctx", (), {"path": staticmethod(lambda name: str(tmp_path / name))})()
+    pipeline.execute = lambda stage, c, label: seen.setdefault(stage, c) and {}
+    pipeline.train("base", "pretrain", str(tmp_path / "t.parquet"), cfg.pretrain, pretrained=None,
+                   w_pos=0.0, w_neg=0.0, negclip_columns=False, output_dir=str(tmp_path / "pt"))
+    pipeline.sweep(str(tmp_path / "t.parquet"), str(tmp_path / "pt"))
+    assert seen["train"].data.shuffle_buffer == 0
+    assert seen["sweep"].train_overrides["data.shuffle_buffer"] == 7
+    with pytest.raises(ConfigError, match="shuffle_buffer"):
+        load_config(demo.Config, None, ["finetune.shuffle_buffer=-1"])

@@ -86,7 +86,8 @@ class Pipeline:
         tcfg = TrainConfig(
             output_dir=output_dir, seed=self.cfg.seed, tracking=self.tracking(name), ray=self.cfg.ray,
             model=ModelConfig(arch=self.cfg.arch, pretrained=pretrained),
-            data=DataConfig(train_path=data_path, val_fraction=phase.val_fraction),
+            data=DataConfig(train_path=data_path, val_fraction=phase.val_fraction,
+                            shuffle_buffer=phase.shuffle_buffer),
             loss=LossConfig(w_pos=w_pos, w_neg=w_neg, negclip_columns=negclip_columns),
             optim=OptimConfig(lr=phase.lr, warmup_steps=phase.warmup_steps, weight_decay=phase.weight_decay),
             scaling=ScalingSection(num_workers=phase.num_workers, cpus_per_worker=phase.cpus_per_worker),
@@ -115,7 +116,7 @@ class Pipeline:
         cfg, f = self.cfg, self.cfg.finetune
         overrides = {
             "model.arch": cfg.arch, "model.pretrained": base_ckpt, "data.train_path": triplets,
-            "data.val_fraction": f.val_fraction, "optim.lr": f.lr, "optim.warmup_steps": f.warmup_steps,
+            "data.val_fraction": f.val_fraction, "data.shuffle_buffer": f.shuffle_buffer, "optim.lr": f.lr, "optim.warmup_steps": f.warmup_steps,
             "optim.weight_decay": f.weight_decay, "scaling.num_workers": f.num_workers,
             "scaling.cpus_per_worker": f.cpus_per_worker, "batch_size": f.batch_size, "max_steps": f.steps,
             "epochs": epochs_for(triplets, f), "seed": cfg.seed,

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from hardpos import registry, storage, tracking
 from hardpos import report as R
-from hardpos.config import ConfigError, JobConfig, TrackingConfig
+from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
 from hardpos.data.world import WorldConfig
 from hardpos.demo_steps import Pipeline, epochs_for, instructions, say, slug, world_matches
 from hardpos.interpolate import check_alphas
@@ -61,6 +61,9 @@ class PhaseConfig:
         decode tasks keep a core).
     val_fraction: share of the split held out for a per-epoch validation loss (0: none;
         the benchmarks are the demo's evaluation).
+    shuffle_buffer: rows in each worker's local shuffle buffer (0: read the split in its
+        own order, which keeps rows written side by side in one batch but at batch edges,
+        e.g. a world's relation twins, ``world.relation_pair_rate``).
     """
 
     steps: int = 300
@@ -71,6 +74,10 @@ class PhaseConfig:
     num_workers: int = 2
     cpus_per_worker: float = 0.5
     val_fraction: float = 0.0
+    shuffle_buffer: int = 512
+
+    def __post_init__(self) -> None:
+        require(self.shuffle_buffer >= 0, "shuffle_buffer", "must be >= 0 (0: no shuffling)", self.shuffle_buffer)
 
 
 @dataclasses.dataclass
