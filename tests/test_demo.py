@@ -247,6 +247,7 @@ def test_phase_shuffle_buffer_reaches_the_train_and_sweep_configs(tmp_path):
     import pyarrow.parquet as pq
 
     from hardpos.config import ConfigError, load_config
+    from hardpos.runtime import JobContext
     from hardpos.stages import demo
 
     pq.write_table(pa.table({"image": ["a.png"] * 4, "caption": ["a red cube"] * 4}), tmp_path / "t.parquet")
@@ -254,9 +255,13 @@ def test_phase_shuffle_buffer_reaches_the_train_and_sweep_configs(tmp_path):
                                           "finetune.shuffle_buffer=7"])
     assert (cfg.pretrain.shuffle_buffer, cfg.finetune.shuffle_buffer) == (0, 7)
     seen = {}
-    pipeline = demo._Pipeline(cfg, ctx=None)
-    pipeline.ctx = type("Ctx", (), {"path": staticmethod(lambda name: str(tmp_path / name))})()
-    pipeline.execute = lambda stage, c, label: seen.setdefault(stage, c) and {}
+
+    def execute(stage, stage_cfg, label):
+        seen[stage] = stage_cfg
+        return {}
+
+    pipeline = demo._Pipeline(cfg, JobContext("demo", str(tmp_path / "demo"), None))
+    pipeline.execute = execute
     pipeline.train("base", "pretrain", str(tmp_path / "t.parquet"), cfg.pretrain, pretrained=None,
                    w_pos=0.0, w_neg=0.0, negclip_columns=False, output_dir=str(tmp_path / "pt"))
     pipeline.sweep(str(tmp_path / "t.parquet"), str(tmp_path / "pt"))

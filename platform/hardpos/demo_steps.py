@@ -116,8 +116,8 @@ class Pipeline:
         cfg, f = self.cfg, self.cfg.finetune
         overrides = {
             "model.arch": cfg.arch, "model.pretrained": base_ckpt, "data.train_path": triplets,
-            "data.val_fraction": f.val_fraction, "data.shuffle_buffer": f.shuffle_buffer, "optim.lr": f.lr, "optim.warmup_steps": f.warmup_steps,
-            "optim.weight_decay": f.weight_decay, "scaling.num_workers": f.num_workers,
+            "data.val_fraction": f.val_fraction, "data.shuffle_buffer": f.shuffle_buffer, "optim.lr": f.lr,
+            "optim.warmup_steps": f.warmup_steps, "optim.weight_decay": f.weight_decay, "scaling.num_workers": f.num_workers,
             "scaling.cpus_per_worker": f.cpus_per_worker, "batch_size": f.batch_size, "max_steps": f.steps,
             "epochs": epochs_for(triplets, f), "seed": cfg.seed,
             # Tune needs its objective per epoch (replace/aug_acc, swap/aug_acc); a 300-item slice

@@ -36,12 +36,13 @@ from typing import Any, Literal
 
 from hardpos import registry, storage, tracking
 from hardpos import report as R
-from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
+from hardpos.config import ConfigError, JobConfig, TrackingConfig
 from hardpos.data.world import WorldConfig
 from hardpos.demo_steps import Pipeline, epochs_for, instructions, say, slug, world_matches
 from hardpos.interpolate import check_alphas
 from hardpos.runtime import JobContext, init_ray
 from hardpos.stages import register as reg
+from hardpos.train.data import DataConfig
 
 # the demo's steps under the names the tests and earlier callers use
 _Pipeline, _say, _slug, _world_matches, _epochs_for = Pipeline, say, slug, world_matches, epochs_for
@@ -77,7 +78,9 @@ class PhaseConfig:
     shuffle_buffer: int = 512
 
     def __post_init__(self) -> None:
-        require(self.shuffle_buffer >= 0, "shuffle_buffer", "must be >= 0 (0: no shuffling)", self.shuffle_buffer)
+        # The train stage's own data rule, checked at config load rather than at the phase's
+        # first run (for the finetunes, minutes of pretraining later).
+        DataConfig(shuffle_buffer=self.shuffle_buffer)
 
 
 @dataclasses.dataclass
