@@ -1,5 +1,5 @@
-"""The combined loss (DESIGN section 4): hand-computed values, masks, exact zero weights,
-gradients into both towers, and multi-worker gather == one big batch."""
+"""The combined loss: hand-computed values, masks, exact zero weights, gradients into both
+towers, the per-worker analogy scope, and multi-worker gather == one big batch."""
 from __future__ import annotations
 
 import math
@@ -23,7 +23,7 @@ def _ce(logits, target):
 
 
 def reference(I, T, N, P, s, cfg):
-    """DESIGN section 4 written literally with Python lists and explicit subsets."""
+    """The loss definition written literally with Python lists and explicit subsets."""
     B = len(I)
     neg_idx = [i for i in range(B) if N[i] is not None]
     pos_idx = [i for i in range(B) if P[i] is not None]
@@ -117,6 +117,43 @@ def test_matches_the_literal_reference_on_random_batches(seed, negclip):
     ref = reference(lists["image"], lists["text"], N, P, 7.0, cfg)
     for name, value in ref.items():
         assert float(out[name]) == pytest.approx(value, abs=1e-5), name
+
+
+def _tsvlc_positive_term(image, text, positive, s):
+    """TSVLC's ``get_loss_pos_only`` (non-symmetric): one GPU's batch, every row with a positive."""
+    target = torch.arange(len(image))
+    return (F.cross_entropy(s * image @ positive.T, target) + F.cross_entropy(s * text @ positive.T, target)) / 2
+
+
+def test_worker_analogy_scope_is_tsvlcs_per_gpu_positive_term():
+    # Two workers of 4 rows, every row with a positive (as TSVLC's data): the "worker" scope on
+    # the gathered batch is the mean of the per-GPU terms TSVLC computes before its gather.
+    batch = _random_batch(b=8, seed=3, pos_p=1.1)
+    s = 7.0
+    per_gpu = [_tsvlc_positive_term(batch["image"][r], batch["text"][r], batch["positive"][r], s)
+               for r in (slice(0, 4), slice(4, 8))]
+    worker = combined_loss(**batch, cfg=LossConfig(analogy_scope="worker"), workers=2)
+    glob = combined_loss(**batch, cfg=LossConfig(analogy_scope="global"), workers=2)
+    assert float(worker["hard_positive"]) == pytest.approx(float(sum(per_gpu) / 2), abs=1e-6)
+    # the global scope sees 8 columns, not 4: a different (larger) value on this batch
+    assert float(glob["hard_positive"]) > float(worker["hard_positive"]) + 1e-3
+    # every other term is untouched by the scope
+    for name in ("contrastive", "hard_negative", "pos_over_neg", "kl"):
+        assert float(worker[name]) == pytest.approx(float(glob[name]), abs=1e-7), name
+
+
+def test_analogy_scopes_agree_on_one_worker():
+    batch = _random_batch(seed=4)
+    one = combined_loss(**batch, cfg=LossConfig(analogy_scope="worker"))
+    assert float(one["hard_positive"]) == pytest.approx(
+        float(combined_loss(**batch, cfg=LossConfig(analogy_scope="global"))["hard_positive"]), abs=1e-9)
+
+
+def test_worker_blocks_must_split_the_batch_and_scope_is_checked():
+    with pytest.raises(ValueError, match="do not split into 4 equal worker blocks"):
+        combined_loss(**_random_batch(b=6), cfg=LossConfig(analogy_scope="worker"), workers=4)
+    with pytest.raises(Exception, match="analogy_scope"):
+        LossConfig(analogy_scope="gpu")
 
 
 def test_plain_contrastive_equals_open_clip_clip_loss():
@@ -292,7 +329,7 @@ def _features(weight, inputs, masks, rows):
 _CFG = dict(w_pos=1.0, w_neg=0.5, w_pos_over_neg=0.3, w_kl=0.2)
 
 
-def _worker(rank, world, init_file, result_dir):
+def _worker(rank, world, init_file, result_dir, scope="global"):
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -303,7 +340,8 @@ def _worker(rank, world, init_file, result_dir):
         local = _features(weight, inputs, masks, slice(rank * per, (rank + 1) * per))
         glob = gather_features(local)
         out = combined_loss(**{k: glob[k] for k in ("image", "text", "negative", "positive", "neg_mask", "pos_mask")},
-                            logit_scale=torch.tensor(math.log(10.0)), cfg=LossConfig(**_CFG), row_mask=glob["row_mask"])
+                            logit_scale=torch.tensor(math.log(10.0)), cfg=LossConfig(**_CFG, analogy_scope=scope),
+                            row_mask=glob["row_mask"], workers=world)
         out["total"].backward()
         grad = weight.grad.clone()
         dist.all_reduce(grad)  # what DDP does: average parameter gradients over ranks
@@ -314,17 +352,18 @@ def _worker(rank, world, init_file, result_dir):
 
 
 @pytest.mark.integration  # two torch.distributed worker processes
-def test_two_workers_equal_one_worker_on_the_same_global_batch(tmp_path):
+@pytest.mark.parametrize("scope", ["global", "worker"])
+def test_two_workers_equal_one_worker_on_the_same_global_batch(tmp_path, scope):
     import torch.multiprocessing as mp
 
     weight, inputs, masks = _global_problem()
     weight = weight.clone().requires_grad_(True)
     single = combined_loss(**{k: v for k, v in _features(weight, inputs, masks, slice(0, 8)).items() if k != "row_mask"},
-                           logit_scale=torch.tensor(math.log(10.0)), cfg=LossConfig(**_CFG),
-                           row_mask=masks["row_mask"])
+                           logit_scale=torch.tensor(math.log(10.0)), cfg=LossConfig(**_CFG, analogy_scope=scope),
+                           row_mask=masks["row_mask"], workers=2)
     single["total"].backward()
 
-    mp.start_processes(_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True,
+    mp.start_processes(_worker, args=(2, str(tmp_path / "init"), str(tmp_path), scope), nprocs=2, join=True,
                        start_method="spawn")
     for rank in range(2):
         res = torch.load(tmp_path / f"{rank}.pt", weights_only=True)

@@ -162,6 +162,10 @@ def test_shipped_configs_load():
     assert (paper.model.arch, paper.model.pretrained) == ("ViT-B-32-quickgelu", "openai")
     assert (paper.scaling.num_workers, paper.scaling.use_gpu, paper.batch_size, paper.epochs) == (4, True, 128, 5)
     assert paper.optim.lr == 5e-6
+    # as the paper ran it on 4 GPUs (TSVLC): no NegCLIP columns, per-GPU positives, TSVLC's
+    # warmup, no clipping, no hold-out
+    assert (paper.loss.negclip_columns, paper.loss.analogy_scope) == (False, "worker")
+    assert (paper.optim.warmup_steps, paper.optim.grad_clip, paper.data.val_fraction) == (10000, 0.0, 0.0)
 
 
 def _preprocess_udf(base_dir):

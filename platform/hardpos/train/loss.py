@@ -32,15 +32,28 @@ A term whose weight is 0 is not added at all (not multiplied by 0), so it is rem
 exactly: a NaN/inf in an unused term cannot leak into ``total`` or the gradients.
 
 How ``w_neg`` and the NegCLIP columns relate (the paper's Table 3 grid). The paper's
-finetuning follows TSVLC/SVLC: hard negatives enter the loss twice, as extra contrastive
-columns (unweighted, as in NegCLIP) and as the 2-way term weighted by ``w_neg``. Its
-ablation row "0 HN" is a model trained with *no* hard negatives at all (its original
-accuracy falls below the base's), so here ``w_neg = 0`` means exactly that: no columns, no
-2-way term, and the gradient of ``total`` with respect to the negative features is exactly
-0. For ``w_neg > 0`` the columns are on (unless ``negclip_columns=False``) and only the
-2-way term scales with the weight; so the grid 0 / .25 / .5 / .75 / 1 moves from "hard
-positives only" to full HN+HP training, as the paper's table does. ``pos_over_neg`` also
-reads the negatives, so it is refused together with ``w_neg = 0``.
+Appendix D.1 names three terms: a contrastive loss across the batch as in CLIP, a hard
+negative loss and a hard positive loss, on 4 GPUs. Its code base (TSVLC) also appends the
+negatives as extra text columns of the contrastive term, but only in a single process: on
+several GPUs its feature gather keeps the first B text rows of each rank and the negative
+columns vanish. So what the paper ran is plain CLIP contrastive + the 2-way negative term +
+the positive term, which is ``negclip_columns=False`` (the paper preset). The columns
+(NegCLIP, unweighted) remain an option; with them on, ``w_neg`` = 0.25 is not a quarter of
+``w_neg`` = 1, because the columns switch on at full weight as soon as ``w_neg > 0``.
+
+The paper's ablation row "0 HN" is a model trained with *no* hard negatives at all (its
+original accuracy falls below the base's), so ``w_neg = 0`` means exactly that: no columns,
+no 2-way term, and the gradient of ``total`` with respect to the negative features is
+exactly 0. ``pos_over_neg`` also reads the negatives, so it is refused together with
+``w_neg = 0``.
+
+Where the hard-positive term looks (``analogy_scope``): TSVLC computes it on each GPU's own
+batch before the gather (B_local columns); ``"worker"`` reproduces that on the gathered
+batch with a block-diagonal column mask (each row sees only its own worker's positives);
+``"global"`` (default) lets every row see every worker's positives. The two agree exactly
+on one worker. With several workers ``"worker"`` is the mean over rows of the per-worker
+terms, which equals TSVLC's mean of per-GPU means when every worker holds the same number of
+valid positives.
 
 Why not ``open_clip.loss.ClipLoss`` directly: its B x B image/text matrix is exactly our
 text->image half (and the image->text half without NegCLIP columns; the tests check we
@@ -59,7 +72,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping
+from typing import Literal, Mapping
 
 import torch
 import torch.distributed as dist
@@ -85,8 +98,12 @@ class LossConfig:
         needs hard negatives, so it must stay 0 when w_neg is 0).
     w_kl: weight of SVLC's optional KL(uniform || softmax[<I,T>, <I,P>]) term (default off).
     negclip_columns: when w_neg > 0, also add the valid hard negatives as extra text columns
-        of the contrastive image->text term (NegCLIP, unweighted, as TSVLC/SVLC do). False =
-        plain CLIP contrastive whatever w_neg is. Ignored when w_neg is 0.
+        of the contrastive image->text term (NegCLIP, unweighted; TSVLC does this only in a
+        single process). False = plain CLIP contrastive whatever w_neg is, which is what the
+        paper ran on 4 GPUs. Ignored when w_neg is 0.
+    analogy_scope: which positives the hard-positive term's rows are scored against:
+        ``global`` (the whole gathered batch) or ``worker`` (only the row's own worker's
+        batch, as TSVLC computes it per GPU). Identical on one worker.
     """
 
     w_pos: float = 1.0
@@ -94,8 +111,12 @@ class LossConfig:
     w_pos_over_neg: float = 0.0
     w_kl: float = 0.0
     negclip_columns: bool = True
+    analogy_scope: Literal["global", "worker"] = "global"
 
     def __post_init__(self) -> None:
+        require(self.analogy_scope in ("global", "worker"), "analogy_scope",
+                "must be 'global' (the whole batch) or 'worker' (each worker's own rows, as TSVLC)",
+                self.analogy_scope)
         for name in ("w_pos", "w_neg", "w_pos_over_neg", "w_kl"):
             value = getattr(self, name)
             require(math.isfinite(value) and value >= 0, name, "must be a finite number >= 0", value)
@@ -127,14 +148,15 @@ def _zero_rows(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def _row_ce(logits: torch.Tensor, col_mask: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per-row cross-entropy with invalid columns excluded.
+    """Per-row cross-entropy with invalid columns excluded (``col_mask``: [cols] for every
+    row alike, or [rows, cols] per row).
 
     Invalid columns get the logit ``_MASKED`` (not -inf): exp() of it underflows to exactly
     0 next to any real logit (|s * cos| <= 100), and a row whose columns are all invalid
     (no positives in the batch) stays finite, so its zero weight in the mean cannot turn
     into 0 * NaN in the backward pass.
     """
-    logits = logits.masked_fill(~col_mask.unsqueeze(0), _MASKED)
+    logits = logits.masked_fill(~(col_mask if col_mask.dim() == 2 else col_mask.unsqueeze(0)), _MASKED)
     return F.cross_entropy(logits, target, reduction="none")
 
 
@@ -153,10 +175,13 @@ def combined_loss(
     logit_scale: torch.Tensor,
     cfg: LossConfig | None = None,
     row_mask: torch.Tensor | None = None,
+    workers: int = 1,
 ) -> dict[str, torch.Tensor]:
     """All loss terms and ``total`` (0-dim float32 tensors); see the module docstring.
 
-    Raises ValueError for mismatched shapes. Works in float32 whatever the feature dtype
+    ``workers``: how many equal, contiguous blocks of rows the batch is made of (the ranks
+    of a gathered batch, rank 0 first); only ``analogy_scope="worker"`` reads it.
+    Raises ValueError for mismatched shapes or a batch that does not split into ``workers``. Works in float32 whatever the feature dtype
     (bf16 autocast features are upcast: softmax over a few thousand logits in bf16 is not
     accurate enough to compare terms).
     """
@@ -168,6 +193,8 @@ def combined_loss(
     for name, m in (("neg_mask", neg_mask), ("pos_mask", pos_mask)):
         if m.shape != (b,):
             raise ValueError(f"combined_loss: {name} has shape {tuple(m.shape)}, expected {(b,)}")
+    if workers < 1 or b % workers:
+        raise ValueError(f"combined_loss: {b} rows do not split into {workers} equal worker blocks")
     rows = torch.ones(b, dtype=torch.bool, device=image.device) if row_mask is None else row_mask.bool()
     n = neg_mask.bool() & rows
     p = pos_mask.bool() & rows
@@ -195,9 +222,14 @@ def combined_loss(
 
     hard_negative = _masked_mean(_two_way(sim_it, sim_in), n)
 
-    # Analogy: rows and columns restricted to the batch's valid positives.
-    l_ip = _row_ce(s * image @ positive.T, p, target)
-    l_tp = _row_ce(s * text @ positive.T, p, target)
+    # Analogy: rows and columns restricted to the batch's valid positives (and, per worker,
+    # to the row's own worker block).
+    pos_cols = p
+    if cfg.analogy_scope == "worker" and workers > 1:
+        block = torch.arange(b, device=image.device) // (b // workers)
+        pos_cols = p.unsqueeze(0) & (block.unsqueeze(0) == block.unsqueeze(1))
+    l_ip = _row_ce(s * image @ positive.T, pos_cols, target)
+    l_tp = _row_ce(s * text @ positive.T, pos_cols, target)
     hard_positive = (_masked_mean(l_ip, p) + _masked_mean(l_tp, p)) / 2
 
     pos_over_neg = _masked_mean(_two_way(sim_ip, sim_in), n & p)

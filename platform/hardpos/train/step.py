@@ -145,8 +145,10 @@ def forward_loss(net: torch.nn.Module, batch: dict[str, Any], loss_cfg: LossConf
     local = {k: out[k] for k in ("image", "text", "negative", "positive")}
     local.update(neg_mask=batch["neg_mask"], pos_mask=batch["pos_mask"], row_mask=batch["row_mask"])
     glob = gather_features(local)
+    workers = glob["row_mask"].shape[0] // max(local["row_mask"].shape[0], 1)
     terms = combined_loss(glob["image"], glob["text"], glob["negative"], glob["positive"], glob["neg_mask"],
-                          glob["pos_mask"], out["logit_scale"], loss_cfg, row_mask=glob["row_mask"])
+                          glob["pos_mask"], out["logit_scale"], loss_cfg, row_mask=glob["row_mask"],
+                          workers=workers)
     terms["_rows"] = glob["row_mask"].sum()
     return terms
 
