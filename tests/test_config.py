@@ -66,8 +66,8 @@ def test_config_error_is_a_value_error_that_names_the_full_key_path():
     with pytest.raises(ConfigError, match=r"^tracking\.drain_timeout_s must be >= 0, got -1\.0$"):
         load_config(_Cfg, None, ["tracking.drain_timeout_s=-1"])
     # built directly (no loader), the key is relative to the dataclass; still a ValueError
-    with pytest.raises(ValueError, match=r"^max_queued_records must be >= 1, got 0$"):
-        TrackingConfig(max_queued_records=0)
+    with pytest.raises(ValueError, match=r"^request_timeout_s must be > 0, got 0$"):
+        TrackingConfig(request_timeout_s=0)
     # type errors read "key: what was wrong"
     with pytest.raises(ConfigError, match=r"^outer\.mode: 'c' is not one of 'a', 'b'$"):
         load_config(_Cfg, None, ["outer.mode=c"])

@@ -1,6 +1,6 @@
 """Tracking as a side channel (hardpos.tracking): a dead or slow MLflow server never
-stalls or fails a job; records are kept (memory, then a spill file), sent in order when it
-returns, never twice, and replayed later when it does not. Units run against a real SQLite
+stalls or fails a job; records are written to a journal on disk first, sent in order when it
+returns, never twice, and replayed later (by the same shipper) when it does not. Units run against a real SQLite
 store behind a switchable transport; the end-to-end tests stop and restart a real
 ``mlflow server`` by PID during a real 2-worker Ray Train run (and a sweep)."""
 from __future__ import annotations
@@ -121,23 +121,65 @@ def test_logging_never_waits_for_a_hung_server(tmp_path, tracking_uri, switch):
     assert _steps(tracking_uri, run.run_id, "loss") == list(range(1, 301))
 
 
-def test_outage_spills_beyond_the_memory_bound_and_flushes_in_order(tmp_path, tracking_uri, switch):
-    run = _start(tmp_path, tracking_uri, max_queued_records=50)
+def test_every_record_is_on_disk_before_it_is_sent_and_flushes_in_order(tmp_path, tracking_uri, switch):
+    run = _start(tmp_path, tracking_uri)
     switch.down = True
     for step in range(1, 176):
         run.log_metrics({"loss": float(step)}, step=step)
     q = tracking.existing_queue(run.tracking_uri, run.run_id, run.spill_dir)
-    assert len(q._memory) < 50                       # bounded memory ...
-    spill = list((tmp_path / "tracking").glob("*.spill.jsonl"))
-    assert len(spill) == 1 and sum(1 for _ in spill[0].open()) >= 150  # ... the rest on disk
+    journal = list((tmp_path / "tracking").glob("*.log.jsonl"))
+    assert journal == [q.path]
+    header, *rows = tracking.read_jsonl(q.path)     # everything is on disk already
+    assert header["run_id"] == run.run_id and [r["step"] for r in rows] == list(range(1, 176))
     assert _steps(tracking_uri, run.run_id, "loss") == []
     switch.down = False
-    _wait(lambda: q.pending() == 0, what="the queue to drain")
+    _wait(lambda: q.pending() == 0, what="the journal to be sent")
     sent = [s for call in switch.calls for s in call]
     assert sent == list(range(1, 176))               # in order, each once
     assert _steps(tracking_uri, run.run_id, "loss") == list(range(1, 176))
-    assert not list((tmp_path / "tracking").glob("*.spill.jsonl"))  # spill file gone once sent
     assert tracking.end_run(run)["undelivered"] == 0
+    assert not list((tmp_path / "tracking").glob("*.jsonl*"))  # journal and cursor gone once sent
+
+
+def test_a_killed_process_leaves_its_journal_and_replay_sends_it(tmp_path, tracking_uri, switch, monkeypatch):
+    run = _start(tmp_path, tracking_uri)
+    switch.down = True
+    for step in range(1, 31):
+        run.log_metrics({"loss": float(step)}, step=step)
+    q = tracking.existing_queue(run.tracking_uri, run.run_id, run.spill_dir)
+    # what a SIGKILL leaves: the journal as written, no close, no undelivered file
+    orphan = tmp_path / "orphan.log.jsonl"
+    orphan.write_bytes(q.path.read_bytes())
+    monkeypatch.undo()  # replay through the real transport; the live queue stays cut off
+    out = tracking.replay(orphan)
+    assert out.left == 0 and out.delivered == 30 and not orphan.exists()
+    assert _steps(tracking_uri, run.run_id, "loss") == list(range(1, 31))
+
+
+def test_a_replay_that_stops_resumes_at_its_cursor(tmp_path, tracking_uri, switch):
+    run = _start(tmp_path, tracking_uri)
+    switch.down = True
+    for step in range(1, 2501):   # three requests of at most 1,000 metrics
+        run.log_metrics({"loss": float(step)}, step=step)
+    report = tracking.end_run(run, timeout=0)
+    assert report["undelivered"] == 2501     # + the end record
+    switch.down = False
+    real = switch.log_batch
+    calls = []
+
+    def second_request_fails(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise tracking.Transient("connection refused (test)")
+        return real(*args)
+
+    switch.log_batch = second_request_fails
+    first = tracking.replay(tmp_path / "tracking")
+    assert first.delivered == 1000 and first.left == 1501
+    switch.log_batch = real
+    second = tracking.replay(tmp_path / "tracking")
+    assert second.delivered == 1501 and second.left == 0
+    assert [s for call in switch.calls for s in call] == list(range(1, 2501))  # nothing sent twice
 
 
 def test_a_resend_after_an_ambiguous_failure_is_not_a_duplicate(tmp_path, tracking_uri, switch):
@@ -218,7 +260,7 @@ def test_a_restarted_worker_adopts_the_leftovers_and_skips_logged_steps(tmp_path
     # attempt 2: resumes from a checkpoint at step 4, the server still down; the ledger
     # knows steps up to 8 were logged, so steps 5-8 are retrained but not logged again
     assert run.last_step("loss/total") == 8
-    assert not Path(left.undelivered_files[0]).exists()  # adopted into the new queue's spill
+    assert not Path(left.undelivered_files[0]).exists()  # adopted into the new process's journal
     for step in range(5, 11):
         if step > 8:
             run.log_metrics({"loss/total": 2.0}, step=step)
@@ -280,8 +322,7 @@ def test_a_job_finishes_ok_and_its_summary_says_what_was_not_delivered(tmp_path,
 
 def test_tracking_config_is_validated():
     for bad, msg in (("tracking.drain_timeout_s=-1", "drain_timeout_s must be >= 0"),
-                     ("tracking.request_timeout_s=0", "request_timeout_s must be > 0"),
-                     ("tracking.max_queued_records=0", "max_queued_records must be >= 1")):
+                     ("tracking.request_timeout_s=0", "request_timeout_s must be > 0")):
         with pytest.raises(ConfigError, match=msg):
             load_config(JobConfig, None, [bad])
     assert load_config(JobConfig, None, ["tracking.required=false"]).tracking.required is False
@@ -437,3 +478,61 @@ def test_a_sweep_trial_outage_neither_fails_the_trial_nor_loses_its_metrics(ray_
         assert steps == list(range(1, len(steps) + 1)) and len(steps) == (96 // 8), child.info.run_name
         assert len(client.get_metric_history(child.info.run_id, "replace/aug_acc")) == 1
         assert "objective" in child.data.metrics
+
+
+# --------------------------------------------------------------------------- the REST client
+def test_rest_calls_carry_mlflows_documented_auth_settings(monkeypatch):
+    import http.server
+
+    seen: list[dict] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's naming
+            seen.append({"path": self.path, "auth": self.headers.get("Authorization")})
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/prefix"
+    try:
+        monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "t0k")
+        tracking.HttpTransport(base, 2.0).log_batch("r1", [], [], [{"key": "a", "value": "b"}])
+        monkeypatch.delenv("MLFLOW_TRACKING_TOKEN")
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "u")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "p")
+        assert tracking.probe(base, 2.0) is None
+    finally:
+        server.shutdown()
+    assert seen[0] == {"path": "/prefix/api/2.0/mlflow/runs/log-batch", "auth": "Bearer t0k"}
+    assert seen[1] == {"path": "/prefix/api/2.0/mlflow/experiments/search", "auth": "Basic dTpw"}  # base64 u:p
+
+
+def test_artifact_proxy_urls_follow_the_tracking_uri():
+    from hardpos.tracking.transport import artifacts_url
+
+    assert artifacts_url("mlflow-artifacts:/1/abc/artifacts", "http://h:5000") == \
+        "http://h:5000/api/2.0/mlflow-artifacts/artifacts/1/abc/artifacts"
+    assert artifacts_url("mlflow-artifacts://other:9/1/x", "https://h/mlflow") == \
+        "https://other:9/mlflow/api/2.0/mlflow-artifacts/artifacts/1/x"
+
+
+def test_fail_fast_mlflow_sets_once_and_leaves_a_users_settings(monkeypatch):
+    from hardpos.tracking import transport
+
+    monkeypatch.setattr(transport, "_FAIL_FAST_SET", False)
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "77")
+    transport.fail_fast_mlflow()
+    import os
+
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0" and os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "77"
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+    transport.fail_fast_mlflow()          # once per process: never flips a value back
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "3"

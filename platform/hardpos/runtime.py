@@ -103,11 +103,11 @@ def reopen_run(cfg: TrackingConfig, run_id: str | None, spill_dir: str | None = 
     from mlflow.tracking import MlflowClient
 
     try:
-        with tracking.fail_fast_http(cfg.request_timeout_s):
-            client = MlflowClient(uri)
-            if client.get_run(run_id).info.lifecycle_stage != "active":
-                return None
-            client.update_run(run_id, status="RUNNING")
+        tracking.fail_fast_mlflow()
+        client = MlflowClient(uri)
+        if client.get_run(run_id).info.lifecycle_stage != "active":
+            return None
+        client.update_run(run_id, status="RUNNING")
     except Exception:  # noqa: BLE001 - gone, deleted or unreachable: a new run is the answer
         return None
     return tracking.RunLogger(uri, run_id, spill_dir, options=tracking.queue_options(cfg))

@@ -84,9 +84,8 @@ class TrackingConfig:
         the server; what is still queued then is saved for ``hardpos track replay`` and
         counted in summary.json (the job's exit code does not change).
     request_timeout_s: timeout of one request to the tracking server (no HTTP retries:
-        the background sender retries with its own backoff).
-    max_queued_records: records held in memory while the server is unreachable; beyond
-        that they spill to a JSON-lines file under ``<output_dir>/tracking``.
+        the background shipper retries with its own backoff). Every record is written to a
+        journal under ``<output_dir>/tracking`` first, so an outage holds nothing in memory.
     """
 
     tracking_uri: str | None = None
@@ -96,12 +95,10 @@ class TrackingConfig:
     required: bool = True
     drain_timeout_s: float = 30.0
     request_timeout_s: float = 5.0
-    max_queued_records: int = 10_000
 
     def __post_init__(self) -> None:
         require(self.drain_timeout_s >= 0, "drain_timeout_s", "must be >= 0", self.drain_timeout_s)
         require(self.request_timeout_s > 0, "request_timeout_s", "must be > 0", self.request_timeout_s)
-        require(self.max_queued_records >= 1, "max_queued_records", "must be >= 1", self.max_queued_records)
 
 
 @dataclasses.dataclass

@@ -134,10 +134,10 @@ def _trial_run_to_resume(tracking_cfg: dict[str, Any], parent_run_id: str | None
     if not parent_run_id or not tracking_cfg.get("enabled", True):
         return None
     try:
-        with tracking.fail_fast_http(tracking_cfg.get("request_timeout_s", 5.0)):
-            runs = tracking.search_runs(tracking_cfg["tracking_uri"], tracking_cfg["experiment"],
-                                        f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.mlflow.runName = '{name}'",
-                                        order_by=["attributes.start_time DESC"])
+        tracking.fail_fast_mlflow()
+        runs = tracking.search_runs(tracking_cfg["tracking_uri"], tracking_cfg["experiment"],
+                                    f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.mlflow.runName = '{name}'",
+                                    order_by=["attributes.start_time DESC"])
     except Exception:  # noqa: BLE001 - server unreachable: the trial starts a run (or records it locally)
         return None
     unfinished = [r for r in runs if r.info.status != "FINISHED"]
@@ -259,7 +259,6 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         "required": False,
         "drain_timeout_s": cfg.tracking.drain_timeout_s,
         "request_timeout_s": cfg.tracking.request_timeout_s,
-        "max_queued_records": cfg.tracking.max_queued_records,
     }
     trainable = tune.with_resources(
         functools.partial(run_trial, base=base, output_dir=ctx.output_dir, tracking_cfg=tracking_cfg,
@@ -365,8 +364,8 @@ def trial_rows(cfg: Config, ctx: JobContext, tracking_uri: str) -> tuple[list[di
                   + (f"; {sent.left} still left: {sent.errors[:3]}" if sent.left else ""), file=sys.stderr)
     if problem is None and not ctx.run.local:
         try:
-            with tracking.fail_fast_http(cfg.tracking.request_timeout_s):
-                return compare.collect_runs(tracking_uri, cfg.tracking.experiment, ctx.run_id), None
+            tracking.fail_fast_mlflow()
+            return compare.collect_runs(tracking_uri, cfg.tracking.experiment, ctx.run_id), None
         except Exception as exc:  # noqa: BLE001 - the server went away again: fall back below
             problem = f"{type(exc).__name__}: {str(exc)[:200]}"
     reason = problem or "the sweep's run was recorded locally (server down at its start)"

@@ -4,12 +4,11 @@ One module per job (read in this order):
 
 * :mod:`~hardpos.tracking.store`: the tracking URI, experiments, run searches;
 * :mod:`~hardpos.tracking.logger`: :class:`RunLogger` (log from any process, never wait),
-  :func:`start_run` / :func:`end_run`, this process's queue per run;
-* :mod:`~hardpos.tracking.queue`: the bounded, spilling queue (caller side, spill file, close);
-* :mod:`~hardpos.tracking.sender`: the queue's background sender thread (a mixin of the queue);
+  :func:`start_run` / :func:`end_run`, this process's journal per run;
+* :mod:`~hardpos.tracking.journal`: every record on disk first, one shipper sends it (the
+  files, the background thread, close and what is left);
 * :mod:`~hardpos.tracking.transport`: one request to the store, and why a resend is harmless;
-* :mod:`~hardpos.tracking.files`: the spill, undelivered and ledger files on disk;
-* :mod:`~hardpos.tracking.resend`: ``hardpos track replay``, sending those files later.
+* :mod:`~hardpos.tracking.resend`: ``hardpos track replay``, the same shipper on left-over files.
 
 Everything a stage, a test or a user needs is importable from ``hardpos.tracking``. The
 names load on first use (PEP 562 ``__getattr__``), because importing MLflow takes seconds
@@ -36,13 +35,13 @@ _EXPORTS = {
                      "search_runs", "use_tracking_uri"], "store"),
     **dict.fromkeys(["RunLogger", "clean_params", "close_all", "end_run", "existing_queue", "last_logged_step",
                      "numeric_metrics", "queue_for", "queue_options", "spill_dir_for", "start_run"], "logger"),
-    **dict.fromkeys(["DeliveryReport", "QueueOptions", "RunQueue"], "queue"),
-    **dict.fromkeys(["ClientTransport", "HttpTransport", "Rejected", "Transient", "fail_fast_http",
+    **dict.fromkeys(["DeliveryReport", "LOCAL_PREFIX", "QueueOptions", "RunQueue", "read_jsonl",
+                     "undelivered_files"], "journal"),
+    **dict.fromkeys(["ClientTransport", "HttpTransport", "Rejected", "Transient", "fail_fast_mlflow",
                      "log_model_now", "next_unit", "probe"], "transport"),
-    **dict.fromkeys(["LOCAL_PREFIX", "read_jsonl", "undelivered_files"], "files"),
     **dict.fromkeys(["ReplayReport", "replay"], "resend"),
 }
-_SUBMODULES = ("files", "logger", "queue", "resend", "store", "transport")
+_SUBMODULES = ("journal", "logger", "resend", "store", "transport")
 
 __all__ = ["TrackingUnavailableError", *sorted(_EXPORTS)]
 
@@ -62,13 +61,13 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ does this on first use
-    from hardpos.tracking.files import LOCAL_PREFIX, read_jsonl, undelivered_files  # noqa: F401
+    from hardpos.tracking.journal import (LOCAL_PREFIX, DeliveryReport, QueueOptions, RunQueue,  # noqa: F401
+                                          read_jsonl, undelivered_files)
     from hardpos.tracking.logger import (RunLogger, clean_params, close_all, end_run, existing_queue,  # noqa: F401
                                          last_logged_step, numeric_metrics, queue_for, queue_options, spill_dir_for,
                                          start_run)
-    from hardpos.tracking.queue import DeliveryReport, QueueOptions, RunQueue  # noqa: F401
     from hardpos.tracking.resend import ReplayReport, replay  # noqa: F401
     from hardpos.tracking.store import (DEFAULT_DB, default_tracking_uri, ensure_experiment,  # noqa: F401
                                         resolve_tracking_uri, search_runs, use_tracking_uri)
     from hardpos.tracking.transport import (ClientTransport, HttpTransport, Rejected, Transient,  # noqa: F401
-                                            fail_fast_http, log_model_now, next_unit, probe)
+                                            fail_fast_mlflow, log_model_now, next_unit, probe)

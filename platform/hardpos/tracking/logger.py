@@ -2,9 +2,9 @@
 
 :class:`RunLogger` is a small picklable handle (tracking URI + run id + spill folder) so
 Ray workers (e.g. Ray Train rank 0) log into the driver's run without touching MLflow's
-global "active run" state. Its records go through this process's queue for the run
-(:mod:`hardpos.tracking.queue`, one per run and process, kept here) that survives a
-tracking outage. :func:`start_run` / :func:`end_run` bracket a job's run.
+global "active run" state. Its records go to this process's journal of the run
+(:mod:`hardpos.tracking.journal`: on disk first, shipped by one background thread; one per
+run and process, kept here), which survives a tracking outage. :func:`start_run` / :func:`end_run` bracket a job's run.
 """
 from __future__ import annotations
 
@@ -27,10 +27,11 @@ from mlflow.tracking import MlflowClient
 from hardpos import storage
 from hardpos.config import TrackingConfig, flatten
 from hardpos.tracking import TrackingUnavailableError
-from hardpos.tracking.files import LOCAL_PREFIX, ledger_step
-from hardpos.tracking.queue import DeliveryReport, QueueOptions, RunQueue
+# The module, not its names: tests swap transport.transport_for for a switchable one.
+from hardpos.tracking import transport
+from hardpos.tracking.journal import LOCAL_PREFIX, DeliveryReport, QueueOptions, RunQueue, ledger_step
 from hardpos.tracking.store import ensure_experiment, resolve_tracking_uri
-from hardpos.tracking.transport import fail_fast_http, probe
+from hardpos.tracking.transport import fail_fast_mlflow, probe
 
 log = logging.getLogger("hardpos.tracking")
 
@@ -66,10 +67,10 @@ def numeric_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, floa
 class RunLogger:
     """Log into one MLflow run from any process, without ever waiting on the server.
 
-    Picklable (a Ray Train worker gets a copy) and holds no connections: every call hands
-    its records to this process's queue for the run (:mod:`hardpos.tracking.queue`: a
-    bounded in-memory queue, a background sender, a spill file under ``spill_dir``), so a
-    slow or dead tracking server costs the caller an append. :meth:`close` (or
+    Picklable (a Ray Train worker gets a copy) and holds no connections: every call appends
+    its records to this process's journal of the run under ``spill_dir``
+    (:mod:`hardpos.tracking.journal`, shipped by a background thread), so a slow or dead
+    tracking server costs the caller a file append. :meth:`close` (or
     :func:`end_run`) waits a bounded time for delivery and reports what was not delivered.
 
     local: the server was unreachable when the run started and ``tracking.required`` was
@@ -105,7 +106,7 @@ class RunLogger:
         server is down at the restart.
         """
         return last_logged_step(self.tracking_uri, self.run_id, self.spill_dir, metric, self.options,
-                                               local=self.local)
+                                local=self.local)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         self._queue().put_many([{"kind": "tag", "key": k, "value": str(v)} for k, v in tags.items()])
@@ -137,14 +138,13 @@ class RunLogger:
 
     def close(self, timeout: float | None = None, *, hand_off: bool = False) -> DeliveryReport:
         """Wait up to ``timeout`` s (default ``drain_timeout_s``) for this process's records,
-        then keep the rest on disk; see :meth:`hardpos.tracking.queue.RunQueue.close`."""
+        then keep the rest on disk; see :meth:`hardpos.tracking.journal.RunQueue.close`."""
         q = existing_queue(self.tracking_uri, self.run_id, self.spill_dir) or self._queue()
         return q.close(timeout, hand_off=hand_off)
 
 
 def queue_options(cfg: TrackingConfig) -> QueueOptions:
-    return QueueOptions(request_timeout_s=cfg.request_timeout_s, max_queued_records=cfg.max_queued_records,
-                        drain_timeout_s=cfg.drain_timeout_s)
+    return QueueOptions(request_timeout_s=cfg.request_timeout_s, drain_timeout_s=cfg.drain_timeout_s)
 
 
 def spill_dir_for(output_dir: str) -> str:
@@ -179,12 +179,12 @@ def start_run(
     all_tags = {"mlflow.runName": run_name, **{k: str(v) for k, v in (tags or {}).items()}}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
+    fail_fast_mlflow()
     problem = probe(uri, cfg.request_timeout_s, attempts=3)
     if problem is None:
         try:
-            with fail_fast_http(cfg.request_timeout_s):
-                exp_id = ensure_experiment(cfg.experiment, uri)
-                run = MlflowClient(uri).create_run(exp_id, tags=all_tags, run_name=run_name)
+            exp_id = ensure_experiment(cfg.experiment, uri)
+            run = MlflowClient(uri).create_run(exp_id, tags=all_tags, run_name=run_name)
             return RunLogger(uri, run.info.run_id, spill_dir, options=options)
         except Exception as exc:  # noqa: BLE001 - a store that fails here is as unavailable as a dead one
             if cfg.required:
@@ -268,9 +268,8 @@ def last_logged_step(tracking_uri: str, run_id: str, spill_dir: str | None, key:
         return best
     if probe(tracking_uri, options.request_timeout_s) is None:
         try:
-            with fail_fast_http(options.request_timeout_s):
-                history = MlflowClient(tracking_uri).get_metric_history(run_id, key)
-            best = max(best, max((m.step for m in history), default=0))
+            steps = transport.transport_for(tracking_uri, options.request_timeout_s).metric_history(run_id, key)
+            best = max(best, max(steps, default=0))
         except Exception as exc:  # noqa: BLE001 - the ledger is the fallback
             log.warning("tracking: could not read %s's history from %s (%s); using the local ledger", key,
                         tracking_uri, str(exc)[:200])

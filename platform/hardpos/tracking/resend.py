@@ -1,9 +1,12 @@
 """``hardpos track replay``: send the records a job could not deliver to their MLflow runs.
 
-A queue that closes while the server is away leaves ``*.undelivered.jsonl`` files in its
-spill folder (:mod:`hardpos.tracking.files`); :func:`replay` sends them later, oldest record
-first. Resending is harmless (see "Exactly once" in :mod:`hardpos.tracking.transport`), so a
-replay that fails half-way can simply be run again.
+A journal that closes while the server is away leaves a ``*.undelivered.jsonl`` file in
+its spill folder (:mod:`hardpos.tracking.journal`); :func:`replay` sends it later with the
+journal's own shipper (:func:`~hardpos.tracking.journal.read_unit`,
+:func:`~hardpos.tracking.journal.send_unit`), oldest record first, moving the file's cursor
+past every request the server took. A replay that stops half-way resumes at the cursor when
+run again (and resending is harmless anyway: "Exactly once" in
+:mod:`hardpos.tracking.transport`).
 """
 from __future__ import annotations
 
@@ -18,10 +21,11 @@ from mlflow.tracking import MlflowClient
 
 # The module, not its names: tests swap transport.transport_for for a switchable one.
 from hardpos.tracking import transport
-from hardpos.tracking.files import (LEDGER_SUFFIX, LOCAL_PREFIX, UNDELIVERED_SUFFIX, drop_copy, read_jsonl,
-                                    undelivered_files, write_jsonl)
+from hardpos.tracking.journal import (LEDGER_SUFFIX, LOCAL_PREFIX, UNDELIVERED_SUFFIX, drop_journal, load_cursor,
+                                      read_header, read_unit, records_after, save_cursor, send_unit,
+                                      undelivered_files)
 from hardpos.tracking.store import ensure_experiment
-from hardpos.tracking.transport import Rejected, Transient, deliver, fail_fast_http, log_model_now, next_unit
+from hardpos.tracking.transport import Transient, fail_fast_mlflow, log_model_now
 
 log = logging.getLogger("hardpos.tracking")
 
@@ -41,8 +45,7 @@ class ReplayReport:
 
 def replay(path: str | os.PathLike, tracking_uri: str | None = None, timeout_s: float = 30.0) -> ReplayReport:
     """Send undelivered files to their runs, oldest record first; a file whose records all
-    went is deleted, one that fails is rewritten with what is left (resending is harmless:
-    see "Exactly once" above).
+    went is deleted, one that stops keeps its cursor (the next replay starts there).
 
     ``tracking_uri`` overrides the URI each file names (the server moved). A run recorded
     locally (``local-...``: the server was down when the job started) is created first (same
@@ -54,11 +57,11 @@ def replay(path: str | os.PathLike, tracking_uri: str | None = None, timeout_s: 
     # Runs created locally first, parents before children (a child's parent tag may name a local run).
     parsed = []
     for f in files:
-        rows = read_jsonl(f)
-        if not rows or rows[0].get("kind") != "header":
-            report.errors.append(f"{f}: no header line (not an undelivered tracking file)")
-            continue
-        parsed.append((f, rows[0], rows[1:]))
+        try:
+            header, start = read_header(f)
+            parsed.append((f, header, records_after(f, load_cursor(f, start))))
+        except ValueError as exc:
+            report.errors.append(f"{exc} (not an undelivered tracking file)")
     parsed.sort(key=lambda item: (not any(r["kind"] == "create" for r in item[2]),
                                   any(str(v).startswith(LOCAL_PREFIX) for r in item[2] if r["kind"] == "create"
                                       for v in r.get("tags", {}).values()),
@@ -76,18 +79,14 @@ def replay(path: str | os.PathLike, tracking_uri: str | None = None, timeout_s: 
             report.errors.append(f"{f}: cannot create run {run_id}: {type(exc).__name__}: {exc}"[:500])
             report.left += len(rows)
             continue
-        left, delivered, rejected, error = _replay_rows(uri, run_id, rows, f.parent, timeout_s)
+        left, delivered, rejected, error = _ship_file(uri, run_id, f, timeout_s)
         report.delivered += delivered
         report.rejected += rejected
         if left:
-            report.left += len(left)
-            report.errors.append(f"{f}: {len(left)} record(s) left ({error})")
-            write_jsonl(f, [header, *left])
+            report.left += left
+            report.errors.append(f"{f}: {left} record(s) left ({error})")
         else:
-            f.unlink()
-            for rec in rows:
-                if rec["kind"] == "artifact":
-                    drop_copy(f.parent, rec["path"])
+            drop_journal(f)
             run = glob.escape(header["run_id"])
             if not any(f.parent.glob(f"{run}.*{UNDELIVERED_SUFFIX}")):  # the run is complete in MLflow
                 for ledger in f.parent.glob(f"{run}.*{LEDGER_SUFFIX}"):
@@ -113,47 +112,45 @@ def _create_local_run(uri: str, local_id: str, rows: list[dict], mapping: dict[s
         raise ValueError(f"run {local_id} was recorded locally but this file does not say how to create it "
                          f"(replay the folder holding its driver's file first)")
     tags = {k: mapping.get(v, v) for k, v in create.get("tags", {}).items()}
-    with fail_fast_http(timeout_s):
-        exp_id = ensure_experiment(create["experiment"], uri)
-        run = MlflowClient(uri).create_run(exp_id, start_time=create.get("start_time"), tags=tags,
-                                           run_name=create.get("run_name"))
+    fail_fast_mlflow()
+    exp_id = ensure_experiment(create["experiment"], uri)
+    run = MlflowClient(uri).create_run(exp_id, start_time=create.get("start_time"), tags=tags,
+                                       run_name=create.get("run_name"))
     run_id = run.info.run_id
     mapping[local_id] = run_id
     (folder / f"{local_id}.run.json").write_text(json.dumps({"run_id": run_id, "tracking_uri": uri}))
     return run_id
 
 
-def _replay_rows(uri: str, run_id: str, rows: list[dict], folder: Path, timeout_s: float
-                 ) -> tuple[list[dict], int, int, str | None]:
-    """Send ``rows`` in order -> (rows not sent, delivered, rejected, last error)."""
+def _ship_file(uri: str, run_id: str, path: Path, timeout_s: float) -> tuple[int, int, int, str | None]:
+    """Ship ``path`` from its cursor with the journal's shipper -> (records left, delivered,
+    rejected, the error that stopped it)."""
     conn = transport.transport_for(uri, timeout_s)
-    body = [r for r in rows if r["kind"] not in ("create",)]
-    i, delivered, rejected = 0, 0, 0
-    while i < len(body):
-        if body[i]["kind"] == "model":
-            try:
-                log_model_now(uri, run_id, body[i]["dir"], timeout_s)
-                delivered += 1
-            except Exception as exc:  # noqa: BLE001
-                return body[i:], delivered, rejected, f"log_model: {type(exc).__name__}: {str(exc)[:200]}"
-            i += 1
-            continue
-        n = next_unit(body, i)
-        unit = body[i:i + n]
+    _, start = read_header(path)
+    offset, end = load_cursor(path, start), path.stat().st_size
+    delivered = rejected = 0
+    while offset < end:
+        unit, after = read_unit(path, offset, end)
+        if not unit:
+            break
         try:
-            deliver(conn, run_id, unit, str(folder))
-            delivered += n
-        except Transient as exc:
-            return body[i:], delivered, rejected, str(exc)[:300]
-        except Rejected:
-            for rec in unit:
+            if unit[0]["kind"] == "create":   # done before shipping (the run exists now)
+                pass
+            elif unit[0]["kind"] == "model":
                 try:
-                    deliver(conn, run_id, [rec], str(folder))
-                    delivered += 1
-                except Rejected as exc:
-                    rejected += 1
-                    log.warning("replay: the server refused a %s record (%s); dropped", rec["kind"], str(exc)[:200])
-                except Transient as exc:
-                    return body[body.index(rec, i):], delivered, rejected, str(exc)[:300]
-        i += n
-    return [], delivered, rejected, None
+                    log_model_now(uri, run_id, unit[0]["dir"], timeout_s)
+                except Exception as exc:  # noqa: BLE001 - left for the next replay
+                    raise Transient(f"log_model: {type(exc).__name__}: {str(exc)[:200]}") from exc
+                delivered += 1
+            else:
+                d, r = send_unit(conn, run_id, unit, path.parent, _refused)
+                delivered, rejected = delivered + d, rejected + r
+        except Transient as exc:
+            return len(records_after(path, offset)), delivered, rejected, str(exc)[:300]
+        offset = after
+        save_cursor(path, offset)
+    return 0, delivered, rejected, None
+
+
+def _refused(rec: dict, exc: Exception) -> None:
+    log.warning("replay: the server refused a %s record (%s); dropped", rec["kind"], str(exc)[:200])

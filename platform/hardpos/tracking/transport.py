@@ -1,9 +1,24 @@
 """Talking to the tracking store: one request, a short timeout, no retries of MLflow's own.
 
-A failed request is :class:`Transient` (no answer, 429, 5xx: the queue keeps the records
-and tries again) or :class:`Rejected` (a 4xx or an MLflow error no resend can fix: the
-record is dropped and counted). The retrying lives in :mod:`hardpos.tracking.queue`, not
-here, so that a dead server costs one short request per backoff step.
+A failed request is :class:`Transient` (no answer, 429, 5xx: the journal keeps the records
+and the shipper tries again) or :class:`Rejected` (a 4xx or an MLflow error no resend can
+fix: the record is dropped and counted). The retrying lives in
+:mod:`hardpos.tracking.journal`, not here, so that a dead server costs one short request
+per backoff step.
+
+An ``mlflow server`` is spoken to over its public REST API with ``requests`` (an explicit
+timeout, no retries), with MLflow's documented client settings: ``MLFLOW_TRACKING_TOKEN``
+(bearer) or ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` (basic),
+``MLFLOW_TRACKING_INSECURE_TLS``, ``MLFLOW_TRACKING_SERVER_CERT_PATH`` and
+``MLFLOW_TRACKING_CLIENT_CERT_PATH``. Any other store (sqlite, PostgreSQL, ...) goes
+through ``MlflowClient``.
+
+The few synchronous MLflow calls a job makes through ``MlflowClient`` (creating its run,
+reading a metric's history, ``log_model``) come after a probe, and :func:`fail_fast_mlflow`
+sets MLflow's own HTTP client to fail fast for the whole process, once: no retries and a
+30-second request timeout, unless the user set ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` /
+``MLFLOW_HTTP_REQUEST_TIMEOUT`` themselves. It is never set and undone around a block:
+the process environment is shared with every thread.
 
 Exactly once. A failed request can be ambiguous (sent, committed, the answer lost), so the
 queue delivers *at least* once and makes every resend a no-op instead of checking what the
@@ -21,22 +36,19 @@ into a flood of reads): a record's content is fixed when it is queued, and
 from __future__ import annotations
 
 import collections
-import contextlib
 import mimetypes
 import os
 import posixpath
+import re
+import threading
 import time
+import urllib.parse
 from pathlib import Path
-from typing import Iterator
 
+import requests
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
-from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
 from mlflow.tracking import MlflowClient
-from mlflow.utils.credentials import get_default_host_creds
-from mlflow.utils.rest_utils import http_request
-
-from hardpos.tracking import TrackingUnavailableError  # noqa: F401  (re-exported: raised by start_run)
 
 # MLflow's log_batch limits (per request).
 MAX_METRICS, MAX_PARAMS, MAX_TAGS, MAX_ENTITIES = 1000, 100, 100, 1000
@@ -58,26 +70,53 @@ def is_http(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 
 
-@contextlib.contextmanager
-def fail_fast_http(timeout_s: float) -> Iterator[None]:
-    """MLflow's own HTTP client with no retries and a short timeout, for a block.
+_FAIL_FAST_LOCK = threading.Lock()
+_FAIL_FAST_SET = False
 
-    For the few *synchronous* calls (run creation, ``log_model``, a metric history read)
-    that go through ``MlflowClient``: by default it retries with backoff for minutes. The
-    environment is process-wide; the background sender never reads it (it passes its
-    timeout and retries explicitly), so only the calling thread's block is affected.
-    """
-    names = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, round(timeout_s)))}
-    saved = {k: os.environ.get(k) for k in names}
-    os.environ.update(names)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+
+def fail_fast_mlflow() -> None:
+    """MLflow's own HTTP client fails fast in this process from now on: no retries, 30 s per
+    request (a user's own ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` / ``..._TIMEOUT`` win).
+
+    Called by a job before its first synchronous MLflow call; set once and never undone
+    (by default MLflow retries with backoff for minutes, which is what a job whose server
+    died must not do). Idempotent and thread-safe."""
+    global _FAIL_FAST_SET
+    with _FAIL_FAST_LOCK:
+        if not _FAIL_FAST_SET:
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+            _FAIL_FAST_SET = True
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def rest(base_uri: str, endpoint: str, method: str, timeout_s: float, **kwargs) -> requests.Response:
+    """One request to ``base_uri`` + ``endpoint`` with MLflow's documented client auth and TLS
+    settings (module docstring), ``timeout_s`` for connect and read, and no retries."""
+    headers = dict(kwargs.pop("headers", None) or {})
+    auth = None
+    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        headers["Authorization"] = f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}"
+    elif os.environ.get("MLFLOW_TRACKING_USERNAME") and os.environ.get("MLFLOW_TRACKING_PASSWORD"):
+        auth = (os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"])
+    verify: bool | str = not _truthy("MLFLOW_TRACKING_INSECURE_TLS")
+    if verify and os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"):
+        verify = os.environ["MLFLOW_TRACKING_SERVER_CERT_PATH"]
+    url = base_uri.rstrip("/") + "/" + endpoint.lstrip("/")
+    return requests.request(method, url, headers=headers, auth=auth, verify=verify, timeout=timeout_s,
+                            cert=os.environ.get("MLFLOW_TRACKING_CLIENT_CERT_PATH") or None, **kwargs)
+
+
+def artifacts_url(artifact_uri: str, tracking_uri: str) -> str:
+    """The HTTP URL of an ``mlflow-artifacts:`` location, served by the tracking server's
+    artifact proxy (``/api/2.0/mlflow-artifacts/artifacts/<path>``); a host in the artifact
+    URI wins over the tracking URI's."""
+    track, art = urllib.parse.urlparse(tracking_uri), urllib.parse.urlparse(artifact_uri)
+    path = re.sub(r"//+", "/", f"{track.path}/api/2.0/mlflow-artifacts/artifacts/{art.path}")
+    return urllib.parse.urlunparse((track.scheme, art.netloc or track.netloc, path, "", "", "")).rstrip("/")
 
 
 def short_error(exc: BaseException) -> str:
@@ -111,13 +150,11 @@ class HttpTransport:
 
     def __init__(self, uri: str, timeout_s: float) -> None:
         self.uri, self.timeout_s = uri, timeout_s
-        self._creds = get_default_host_creds(uri)
         self._artifact_uris: dict[str, str] = {}
 
-    def _call(self, endpoint: str, method: str, creds=None, **kwargs) -> dict:
+    def _call(self, endpoint: str, method: str, base: str | None = None, **kwargs) -> dict:
         try:
-            resp = http_request(creds or self._creds, endpoint, method, max_retries=0, timeout=self.timeout_s,
-                                raise_on_status=False, **kwargs)
+            resp = rest(base or self.uri, endpoint, method, self.timeout_s, **kwargs)
         except Exception as exc:  # noqa: BLE001 - connection refused, timeout, DNS: all transient
             raise Transient(short_error(exc)) from exc
         if resp.status_code == 200:
@@ -146,13 +183,23 @@ class HttpTransport:
         if not artifact_uri.startswith("mlflow-artifacts:"):
             _store_upload(artifact_uri, local, artifact_path)
             return
-        base = MlflowArtifactsRepository.resolve_uri(artifact_uri, self.uri)
-        creds = get_default_host_creds(base)
+        base = artifacts_url(artifact_uri, self.uri)
         for path, rel in _files_of(local):
             dest = posixpath.join(*(p for p in (artifact_path, rel) if p))
             with open(path, "rb") as fh:
-                self._call(posixpath.join("/", dest), "PUT", creds=creds, data=fh,
-                           extra_headers={"Content-Type": mimetypes.guess_type(path.name)[0] or "application/octet-stream"})
+                self._call(posixpath.join("/", dest), "PUT", base=base, data=fh,
+                           headers={"Content-Type": mimetypes.guess_type(path.name)[0] or "application/octet-stream"})
+
+    def metric_history(self, run_id: str, key: str) -> list[int]:
+        """The steps logged for ``key`` (every page)."""
+        steps, token = [], None
+        while True:
+            params = {"run_id": run_id, "metric_key": key, "max_results": 25000, **({"page_token": token} if token else {})}
+            page = self._call("/api/2.0/mlflow/metrics/get-history", "GET", params=params)
+            steps += [int(m.get("step", 0)) for m in page.get("metrics", [])]
+            token = page.get("next_page_token")
+            if not token:
+                return steps
 
 
 def _files_of(local: Path) -> list[tuple[Path, str]]:
@@ -201,6 +248,9 @@ class ClientTransport:
         else:
             self._wrap(self._client.log_artifact, run_id, str(local), artifact_path)
 
+    def metric_history(self, run_id: str, key: str) -> list[int]:
+        return [m.step for m in self._wrap(self._client.get_metric_history, run_id, key)]
+
 
 def transport_for(uri: str, timeout_s: float):
     return HttpTransport(uri, timeout_s) if is_http(uri) else ClientTransport(uri, timeout_s)
@@ -220,8 +270,7 @@ def probe(uri: str, timeout_s: float = 5.0, attempts: int = 1) -> str | None:
             time.sleep(0.5 * 2 ** (attempt - 1))
         try:
             # An endpoint every MLflow server serves (/health is not guaranteed behind a proxy).
-            resp = http_request(get_default_host_creds(uri), "/api/2.0/mlflow/experiments/search", "POST",
-                                max_retries=0, timeout=timeout_s, raise_on_status=False, json={"max_results": 1})
+            resp = rest(uri, "/api/2.0/mlflow/experiments/search", "POST", timeout_s, json={"max_results": 1})
         except Exception as exc:  # noqa: BLE001
             problem = short_error(exc)
             continue
@@ -273,7 +322,7 @@ def log_model_now(tracking_uri: str, run_id: str, checkpoint_dir: str, timeout_s
     # upload needs it, not every process that logs a metric.
     from hardpos.mlflow_model import log_model
 
-    with fail_fast_http(timeout_s):
-        uri = log_model(run_id, checkpoint_dir, tracking_uri=tracking_uri)
-        MlflowClient(tracking_uri).set_tag(run_id, "hardpos.model_uri", uri)
+    fail_fast_mlflow()
+    uri = log_model(run_id, checkpoint_dir, tracking_uri=tracking_uri)
+    MlflowClient(tracking_uri).set_tag(run_id, "hardpos.model_uri", uri)
     return uri
