@@ -1,14 +1,23 @@
-"""Rule engine: exact outputs on real NegCLIP captions, determinism, the paper's table, the job."""
+"""Rule engine: exact outputs on real NegCLIP captions, determinism, the paper's table, the
+REPLACE benchmark's pairs held out by default, the job."""
 import json
 
 import pytest
 
+from hardpos.data.lexicon import benchmark_pairs, benchmark_substitution, load_lexicon
 from hardpos.data.perturb import Perturbation, RulePerturber
 from hardpos.data.validate import validate
 
 
 @pytest.fixture(scope="module")
 def rules():
+    """With the REPLACE benchmark's substitution pairs (the opt-in): the exact outputs below
+    pin the rules' mechanics, several through pairs the default holds out."""
+    return RulePerturber(seed=0, lexicon=load_lexicon(include_benchmark_pairs=True))
+
+
+@pytest.fixture(scope="module")
+def default_rules():
     return RulePerturber(seed=0)
 
 
@@ -57,13 +66,57 @@ EXACT = [
 
 
 @pytest.mark.parametrize("caption,polarity,expected", EXACT)
-def test_exact_outputs_on_real_captions(rules, negclip, caption, polarity, expected):
+def test_exact_outputs_on_real_captions(rules, default_rules, negclip, caption, polarity, expected):
     assert caption in negclip  # the test really uses NegCLIP captions
     got = rules.hard_negatives(caption) if polarity == "negative" else rules.hard_positives(caption)
     assert Perturbation(expected[2], expected[0], expected[1]) in got
+    by_default = (default_rules.hard_negatives(caption) if polarity == "negative"
+                  else default_rules.hard_positives(caption))
+    held_out = polarity == "positive" and benchmark_substitution(caption, expected[2]) is not None
+    assert (Perturbation(expected[2], expected[0], expected[1]) in by_default) is not held_out
 
 
-def test_complete_output_for_one_caption(rules):
+def test_the_default_lexicon_holds_out_every_benchmark_pair():
+    held = benchmark_pairs()
+    assert ("white", "ivory") in held and ("holding", "grasping") in held and len(held) == 35
+    pairs = lambda lex: {(k[0], f) for k, v in lex.positives.items() for f, _ in v}  # noqa: E731
+    assert not pairs(load_lexicon()) & held                       # none, curated or from the table
+    assert len(pairs(load_lexicon(include_benchmark_pairs=True)) & held) == 21  # the opt-in (less exclusions)
+    # the table's words stay known words: only the pairs are held out
+    assert set(load_lexicon().senses) == set(load_lexicon(include_benchmark_pairs=True).senses)
+
+
+@pytest.mark.parametrize("caption,positive,pair", [
+    ("A white dog on a bench.", "A ivory dog on a bench.", ("white", "ivory")),
+    ("a man holding a bat", "a man grasping a bat", ("holding", "grasping")),
+    ("A cat on top of a car.", "A cat on a car.", ("on top of", "on")),
+    ("A cat behind a car.", "A cat to the rear of a car.", ("behind", "to the rear of")),
+    ("A white dog.", "A snowy dog.", None),                      # not a pair of the table
+    ("A white dog.", "A white dog.", None),
+    ("A white dog and a cat.", "A cat and a white dog.", None),  # a swap, not a substitution
+])
+def test_benchmark_substitution_reads_the_edit(caption, positive, pair):
+    assert benchmark_substitution(caption, positive) == pair
+
+
+def test_default_rules_never_emit_a_replace_benchmark_substitution(shared_data, default_rules):
+    """Every original caption of the REPLACE benchmark (the captions most likely to hold its
+    words): the default engine emits none of the benchmark's own substitutions; the opt-in does."""
+    captions = set()
+    for subset in ("attributes", "relations"):
+        rows = json.loads((shared_data / "hard_positives" / "data" / f"vl_checklist_{subset}.json").read_text())
+        captions.update(r["true_caption"] for r in rows)
+    sample = sorted(captions)[::4]  # every 4th: ~7k captions, a few seconds
+    opt_in = RulePerturber(seed=0, lexicon=load_lexicon(include_benchmark_pairs=True))
+    leaked = [(c, p.text) for c in sample for p in default_rules.hard_positives(c)
+              if p.kind == "replace" and benchmark_substitution(c, p.text)]
+    assert leaked == []
+    seen = sum(1 for c in sample[:1500] for p in opt_in.hard_positives(c)
+               if p.kind == "replace" and benchmark_substitution(c, p.text))
+    assert seen > 300  # the same captions do carry the benchmark's words
+
+
+def test_complete_output_for_one_caption(rules, default_rules):
     caption = "There are a lot of people sitting by the fountain."
     assert rules.hard_negatives(caption) == [
         Perturbation("There are a lot of people standing by the fountain.", "replace", "relation:state_posture sitting->standing"),
@@ -74,6 +127,7 @@ def test_complete_output_for_one_caption(rules):
         Perturbation("There are a lot of people seated by the fountain.", "replace", "relation:state_posture sitting->seated"),
     ]
     assert rules.hard_positives("Boats sitting on the shore.") == []
+    assert default_rules.hard_positives(caption) == []  # "sitting"->"seated" is a REPLACE benchmark pair
 
 
 @pytest.mark.parametrize("caption,absent", [

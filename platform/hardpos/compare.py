@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hardpos import registry, report, storage, tracking
+from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
 
 
 def collect_runs(tracking_uri: str, experiment: str, parent_run_id: str | None = None) -> list[dict[str, Any]]:
@@ -34,6 +35,8 @@ def collect_runs(tracking_uri: str, experiment: str, parent_run_id: str | None =
         for key, value in run.data.params.items():
             row[f"param:{key}"] = _number_or_text(value)
         row.update(run.data.metrics)
+        if run.data.tags.get(SEEN_SUBSTITUTIONS_TAG):
+            row["seen_substitutions"] = run.data.tags[SEEN_SUBSTITUTIONS_TAG]
         rows.append(row)
     return rows
 
@@ -62,6 +65,8 @@ def summary_rows(output_dir: str) -> list[dict[str, Any]]:
         row.update(tracking.numeric_metrics(s.get("final_metrics") or {}))
         if isinstance(s.get("objective"), (int, float)):
             row["objective"] = float(s["objective"])
+        if s.get("seen_substitutions"):
+            row["seen_substitutions"] = s["seen_substitutions"]
         rows.append(row)
     return rows
 

@@ -93,6 +93,24 @@ def _require_store(tracking_uri: str) -> None:
                                      "(set tracking.tracking_uri to the store the model was registered in)")
 
 
+def source_run_tags(uri: str, tracking_uri: str) -> dict[str, str]:
+    """The tags of the run that logged the model behind a ``runs:/`` or ``models:/`` URI
+    ({} for any other source, or when the store cannot say)."""
+    if not uri.startswith(("runs:/", "models:/")):
+        return {}
+    try:
+        client = mlflow_client(tracking_uri)
+        if uri.startswith("runs:/"):
+            run_id = uri[len("runs:/"):].split("/", 1)[0]
+        elif (ref := split_registry_uri(uri)) is not None:
+            run_id = model_version(tracking_uri, ref).run_id
+        else:
+            run_id = client.get_logged_model(uri[len("models:/"):].strip("/")).source_run_id
+        return dict(client.get_run(run_id).data.tags) if run_id else {}
+    except Exception:  # noqa: BLE001 - provenance is best effort: the model itself loaded or will fail loudly
+        return {}
+
+
 def model_version(tracking_uri: str, ref: RegistryRef):
     """The ``ModelVersion`` ``ref`` names in ``tracking_uri``'s registry.
 

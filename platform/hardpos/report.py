@@ -205,6 +205,10 @@ COMPARISON_COLUMNS = [
 ]
 
 
+#: Marks a REPLACE figure of a model trained on the REPLACE benchmark's own substitutions.
+SEEN_MARK = "(seen)"
+
+
 def comparison_columns(rows: list[dict[str, Any]], columns=COMPARISON_COLUMNS) -> list[tuple[str, str]]:
     """The default columns some row has, plus every other ``<benchmark>/aug_acc|brittleness``."""
     present = [(h, k) for h, k in columns if any(k in r for r in rows)]
@@ -231,7 +235,19 @@ def comparison_table(rows: list[dict[str, Any]], pareto: list[int] | None = None
     if pareto is not None:
         rows = [{**r, "pareto": "yes" if i in pareto else ""} for i, r in enumerate(rows)]
         cols.append(("Pareto", "pareto"))
-    return table([h for h, _ in cols], ([_comparison_cell(k, r.get(k)) for _, k in cols] for r in rows))
+
+    def cell(key: str, row: dict[str, Any]) -> str:
+        text = _comparison_cell(key, row.get(key))
+        # a REPLACE figure of a model trained on REPLACE's own substitutions is contaminated
+        if text and key.startswith("replace") and row.get("seen_substitutions"):
+            text += " " + SEEN_MARK
+        return text
+
+    out = table([h for h, _ in cols], ([cell(k, r) for _, k in cols] for r in rows))
+    if any(r.get("seen_substitutions") for r in rows):
+        out += f"\n\n{SEEN_MARK} seen substitutions: trained on hard positives made with the REPLACE benchmark's own " \
+               "substitution table (`include_benchmark_pairs`), so these REPLACE numbers are contaminated.\n"
+    return out
 
 
 def tradeoff_plot(rows: list[dict[str, Any]], path: str | Path, x: str = "param:loss.w_neg") -> Path | None:

@@ -11,9 +11,14 @@ prep | noun) and *groups* of surface forms that mean the same thing.
 * REPLACE hard negative of a form: the canonical form of another group of its class
   (only the groups named in ``contrast`` when the class has one: "man" -> "woman", not
   "man" -> "baby").
-* REPLACE hard positive of a form: another form of its own group, plus the paper's
-  table entries, minus the pairs in ``positive_excluded`` (each with its reason: a change
-  of intensity, "large"->"huge"; a narrower category, "dog"->"puppy"; another sense).
+* REPLACE hard positive of a form: another form of its own group, minus the pairs in
+  ``positive_excluded`` (each with its reason: a change of intensity, "large"->"huge"; a
+  narrower category, "dog"->"puppy"; another sense), and minus every pair of the REPLACE
+  benchmark's own substitution table (:func:`benchmark_pairs`: "white"->"ivory",
+  "holding"->"grasping", ...), which 16 curated groups share with it. Training on those
+  would teach the test's invariances: a model finetuned on them reports contaminated REPLACE
+  numbers. ``include_benchmark_pairs=True`` adds the whole table instead (an explicit
+  opt-in that the stages record in the run and the reports flag as "seen substitutions").
   An exclusion is one-way: "dog"->"puppy" is out, "puppy"->"dog" (broader, still true) stays.
 * Nouns get their plural forms (regular, or from ``plurals``) as a parallel class; an
   exclusion of singular forms also excludes their plurals.
@@ -155,26 +160,79 @@ def _read(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+@functools.lru_cache(maxsize=1)
+def benchmark_pairs() -> frozenset[tuple[str, str]]:
+    """Every (original, replacement) pair of the REPLACE benchmark's hard-positive table
+    (attributes and relations; ``resources/lexicons/paper_replace_table.json``)."""
+    table = _read(PAPER_TABLE_FILE)
+    return frozenset((row["from"], row["to"]) for subset in ("attributes", "relations") for row in table[subset])
+
+
+#: The run tag that marks data made with the REPLACE benchmark's own substitutions (and,
+#: through the train stage, models trained on it): their REPLACE numbers are contaminated.
+SEEN_SUBSTITUTIONS_TAG = "hardpos.seen_substitutions"
+
+
+def seen_substitutions_tag(include_benchmark_pairs: bool) -> dict[str, str]:
+    """``{SEEN_SUBSTITUTIONS_TAG: "replace"}`` when the benchmark's pairs were included, else ``{}``."""
+    return {SEEN_SUBSTITUTIONS_TAG: "replace"} if include_benchmark_pairs else {}
+
+
+def _tokens(text: str) -> list[str]:
+    # "an" -> "a": a substitution also fixes the article ("a white dog" -> "an ivory dog")
+    return ["a" if w == "an" else w for w in (t.strip(".,;:!?\"'") for t in text.lower().split())]
+
+
+def _edit(a: list[str], b: list[str]) -> list[tuple[str, str]]:
+    """The replaced phrase of ``a`` -> ``b`` (common leading and trailing words stripped) and,
+    for an insertion/deletion, the same widened by the word before it (as the benchmark's
+    table was derived: "on top of" -> "on")."""
+    start = 0
+    while start < min(len(a), len(b)) and a[start] == b[start]:
+        start += 1
+    end = 0
+    while end < min(len(a), len(b)) - start and a[len(a) - 1 - end] == b[len(b) - 1 - end]:
+        end += 1
+    src, dst = a[start:len(a) - end], b[start:len(b) - end]
+    out = [(" ".join(src), " ".join(dst))] if src and dst else []
+    if start and (not src or not dst):
+        out.append((" ".join([a[start - 1], *src]), " ".join([b[start - 1], *dst])))
+    return out
+
+
+def benchmark_substitution(caption: str, positive: str) -> tuple[str, str] | None:
+    """The (original, replacement) pair when ``positive`` is ``caption`` with one contiguous
+    phrase replaced by a pair of the REPLACE benchmark's table (case-insensitive, punctuation
+    aside), else None. Engine-agnostic: it reads the text, so it catches an LLM that writes
+    the benchmark's own substitutions as well as a rule."""
+    pairs = benchmark_pairs()
+    return next((e for e in _edit(_tokens(caption), _tokens(positive)) if e in pairs), None)
+
+
 @functools.lru_cache(maxsize=8)
-def _cached(use_paper: bool, restrict_to: frozenset[str] | None) -> Lexicon:
-    return _build(_read(LEXICON_FILE), _read(PAPER_TABLE_FILE) if use_paper else None, restrict_to)
+def _cached(include_benchmark_pairs: bool, restrict_to: frozenset[str] | None) -> Lexicon:
+    return _build(_read(LEXICON_FILE), include_benchmark_pairs, restrict_to)
 
 
-def load_lexicon(*, use_paper: bool = True, restrict_to: set[str] | frozenset[str] | None = None,
+def load_lexicon(*, include_benchmark_pairs: bool = False, restrict_to: set[str] | frozenset[str] | None = None,
                  data: dict | None = None) -> Lexicon:
     """The lexicon; cached when built from the shipped files.
 
-    use_paper: add the paper's REPLACE table (minus ``positive_excluded``) as hard-positive synonyms.
+    include_benchmark_pairs: False (default): no hard positive is a pair of the REPLACE
+        benchmark's substitution table (:func:`benchmark_pairs`), curated or not. True: the
+        whole table is added as hard-positive synonyms (minus ``positive_excluded``).
     restrict_to: keep only these surface forms (negatives, positives and senses alike).
     data: a lexicon mapping in the JSON's format instead of the shipped file (tests, users).
     """
     restrict = frozenset(restrict_to) if restrict_to is not None else None
     if data is None:
-        return _cached(use_paper, restrict)
-    return _build(data, _read(PAPER_TABLE_FILE) if use_paper else None, restrict)
+        return _cached(include_benchmark_pairs, restrict)
+    return _build(data, include_benchmark_pairs, restrict)
 
 
-def _build(data: dict, paper: dict | None, restrict: frozenset[str] | None) -> Lexicon:
+def _build(data: dict, include_benchmark_pairs: bool, restrict: frozenset[str] | None) -> Lexicon:
+    paper = _read(PAPER_TABLE_FILE)
+    held_out = frozenset() if include_benchmark_pairs else benchmark_pairs()
     classes = data.get("classes")
     if not isinstance(classes, dict) or not classes:
         raise ValueError("lexicon has no 'classes' mapping")
@@ -216,7 +274,8 @@ def _build(data: dict, paper: dict | None, restrict: frozenset[str] | None) -> L
                     # (a plural pair is excluded when its singular pair is: "dogs"->"puppies")
                     sg = groups[gi]
                     syn = [(f, "lexicon") for k, f in enumerate(group)
-                           if f != form and keep(f) and f"{sg[fi]}->{sg[k]}" not in excluded]
+                           if f != form and keep(f) and f"{sg[fi]}->{sg[k]}" not in excluded
+                           and not any(e in held_out for e in _edit(form.split(), f.split()))]
                     if syn:
                         positives.setdefault((form, cls), []).extend(syn)
                     # hard negatives: canonical forms of other groups (or the contrast list)
@@ -228,23 +287,26 @@ def _build(data: dict, paper: dict | None, restrict: frozenset[str] | None) -> L
                     if targets:
                         negatives.setdefault((form, cls), []).extend(targets)
 
-    if paper is not None:
-        for subset in ("attributes", "relations"):
-            for row in paper.get(subset, []):
-                src, dst = row["from"], row["to"]
-                if f"{src}->{dst}" in excluded or not keep(src) or not keep(dst):
-                    continue
-                known = senses.get(src)
-                if known:
+    # The table's words are known words either way (a word class is no leak: "wet" is an
+    # adjective); its pairs become hard positives only when asked for.
+    for subset in ("attributes", "relations"):
+        for row in paper.get(subset, []):
+            src, dst = row["from"], row["to"]
+            if f"{src}->{dst}" in excluded or not keep(src) or not keep(dst):
+                continue
+            known = senses.get(src)
+            if known:
+                if include_benchmark_pairs:
                     for sense in known:
                         lst = positives.setdefault((src, sense.cls), [])
                         if all(f != dst for f, _ in lst):
                             lst.append((dst, "paper"))
-                else:
-                    cls = f"paper_{subset}"
-                    pos = "adj" if subset == "attributes" else "prep"
-                    slot = "attribute" if subset == "attributes" else "relation"
-                    senses.setdefault(src, []).append(Sense(src, cls, slot, pos, 0))
+            else:
+                cls = f"paper_{subset}"
+                pos = "adj" if subset == "attributes" else "prep"
+                slot = "attribute" if subset == "attributes" else "relation"
+                senses.setdefault(src, []).append(Sense(src, cls, slot, pos, 0))
+                if include_benchmark_pairs:
                     positives.setdefault((src, cls), []).append((dst, "paper"))
 
     max_phrase = max(len(f.split()) for f in senses) if senses else 1

@@ -169,7 +169,10 @@ def world_lexicon(cfg: WorldConfig | None = None):
     cfg = cfg or WorldConfig()
     voc = vocabulary(cfg)
     forms = set(voc["colors"]) | set(voc["shapes"]) | set(voc["sizes"]) | set(voc["relations"]) | set(voc["synonyms"].values())
-    lex = load_lexicon(restrict_to=forms)
+    # The world is its own benchmark: its REPLACE positives are its designed synonyms
+    # (``SYNONYMS``, which the world's benchmark uses too), several of which the real REPLACE
+    # table shares ("red"->"crimson"); the real table's exclusion is for real captions.
+    lex = load_lexicon(include_benchmark_pairs=True, restrict_to=forms)
     if not cfg.shape_negatives:  # shapes stay nouns (binding and swaps need them), only their negatives go
         lex = dataclasses.replace(lex, negatives={k: v for k, v in lex.negatives.items() if k[0] not in voc["shapes"]})
     return lex

@@ -124,11 +124,18 @@ class RulesEngineConfig:
     num_cpus: CPUs per rule task (Ray runs as many tasks as the cluster's CPUs allow).
     lexicon: "auto" (the world's lexicon when the input is a synthetic world, else the full
         one), "default" or "world".
+    include_benchmark_pairs: also emit the REPLACE benchmark's own substitutions ("white" ->
+        "ivory", "holding" -> "grasping") as hard positives. Off by default: a model trained
+        on them has seen the test's invariances, so its REPLACE numbers are contaminated. On,
+        the run is tagged ``hardpos.seen_substitutions=replace`` and models trained on its
+        triplets are flagged next to their REPLACE numbers. (A synthetic world's lexicon is
+        its own and ignores this.)
     """
 
     batch_size: int = 256
     num_cpus: float = 1.0
     lexicon: Literal["auto", "default", "world"] = "auto"
+    include_benchmark_pairs: bool = False
 
 
 @dataclasses.dataclass

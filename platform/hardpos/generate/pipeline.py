@@ -190,6 +190,7 @@ class ShardJob:
     world_dir: str | None = None
     rule_negatives: dict | None = None
     join: JoinSpec | None = None
+    include_benchmark_pairs: bool = False
 
     def picker(self) -> NegativePicker:
         assert self.join is not None
@@ -250,7 +251,8 @@ def rules_shard(job: ShardJob, index: int, start: int, pieces: list[tuple[int, i
     results = list(shard.input_rejects)
     if shard.requests:
         requests = pa.Table.from_pylist([{c: r[c] for c in engines.REQUEST_COLUMNS} for r in shard.requests])
-        rows = engines.rules_batch(requests, seed=job.seed, world_dir=job.world_dir)
+        rows = engines.rules_batch(requests, seed=job.seed, world_dir=job.world_dir,
+                                   include_benchmark_pairs=job.include_benchmark_pairs)
         results.extend(judge_batch(rows, job.rule_negatives).to_pylist())
     return commit_shard(job, shard, results)
 

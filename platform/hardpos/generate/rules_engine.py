@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from hardpos.data.lexicon import load_lexicon
 from hardpos.data.perturb import RulePerturber
 from hardpos.data.world import config_from_world, world_lexicon
 from hardpos.generate.engine_config import REQUEST_COLUMNS, EngineConfig
@@ -30,26 +31,27 @@ def row_seed(seed: int, caption_id: str, kind: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}\x00{caption_id}\x00{kind}".encode()).digest()[:4], "little")
 
 
-def rule_lexicon(world_dir: str | None):
-    """The rule lexicon: the synthetic world's (restricted to its words) or the full default."""
+def rule_lexicon(world_dir: str | None, include_benchmark_pairs: bool = False):
+    """The rule lexicon: the synthetic world's (restricted to its words), or the full one
+    without (by default) or with the REPLACE benchmark's substitution pairs."""
     if not world_dir:
-        return None
+        return load_lexicon(include_benchmark_pairs=include_benchmark_pairs)
     return world_lexicon(config_from_world(world_dir))
 
 
-_PERTURBERS: dict[tuple[int, str | None], Any] = {}
+_PERTURBERS: dict[tuple[int, str | None, bool], Any] = {}
 
 
-def cached_perturber(seed: int, world_dir: str | None):
+def cached_perturber(seed: int, world_dir: str | None, include_benchmark_pairs: bool = False):
     """One RulePerturber per (seed, lexicon) per worker process, reused across tasks (and
     across the fused rules -> judge stages, whose rule negatives then hit its per-caption cache)."""
-    key = (seed, world_dir)
+    key = (seed, world_dir, include_benchmark_pairs)
     if key not in _PERTURBERS:
-        _PERTURBERS[key] = RulePerturber(seed=seed, lexicon=rule_lexicon(world_dir))
+        _PERTURBERS[key] = RulePerturber(seed=seed, lexicon=rule_lexicon(world_dir, include_benchmark_pairs))
     return _PERTURBERS[key]
 
 
-def rules_batch(batch, seed: int = 0, world_dir: str | None = None):
+def rules_batch(batch, seed: int = 0, world_dir: str | None = None, include_benchmark_pairs: bool = False):
     """``map_batches`` function: the rule engine over a batch of request rows (pyarrow).
 
     A plain task, not an actor: tasks reuse Ray's pooled workers (no per-run actor start-up)
@@ -57,7 +59,7 @@ def rules_batch(batch, seed: int = 0, world_dir: str | None = None):
     (seed, polarity, kind, caption), so a row's output does not depend on batching,
     workers or resume.
     """
-    rules = cached_perturber(seed, world_dir)
+    rules = cached_perturber(seed, world_dir, include_benchmark_pairs)
     out = []
     for row in batch.to_pylist():
         polarity, rule_kind = _rule_kind(row["kind"])
@@ -86,6 +88,8 @@ def engine_schema():
 
 
 def apply_rules(ds, cfg: EngineConfig, seed: int, world_dir: str | None = None):
-    return ds.map_batches(rules_batch, fn_kwargs={"seed": seed, "world_dir": world_dir}, batch_format="pyarrow",
+    return ds.map_batches(rules_batch, fn_kwargs={"seed": seed, "world_dir": world_dir,
+                                                  "include_benchmark_pairs": cfg.rules.include_benchmark_pairs},
+                          batch_format="pyarrow",
                           batch_size=cfg.rules.batch_size, num_cpus=cfg.rules.num_cpus)
 

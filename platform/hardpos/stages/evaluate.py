@@ -23,6 +23,7 @@ import torch
 
 from hardpos import storage
 from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
+from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.eval import report as R
 from hardpos.eval.benchmarks import BenchmarkError
 from hardpos.eval.distributed import RayDataConfig, ray_image_encoder
@@ -32,7 +33,9 @@ from hardpos.eval.retention import (RetentionError, RetrievalSpec, ZeroShotSpec,
                                     resolve_templates, retrieval, zero_shot)
 from hardpos.eval.spec import BenchmarkSpec
 from hardpos.model import LoadedModel, ModelConfig, load_model
+from hardpos.model_uri import source_run_tags
 from hardpos.runtime import JobContext, init_ray
+from hardpos.tracking import resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +187,13 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     torch.manual_seed(cfg.seed)  # random-weight models are reproducible from the seed
     lm = load_model(cfg.model, device=device, tracking_uri=cfg.tracking.tracking_uri)  # MLflow sources: this job's store
     model_name = cfg.model_name or (cfg.model.pretrained or f"random {lm.arch}")
+    # a model trained on REPLACE's own substitutions: its REPLACE numbers are contaminated
+    seen = source_run_tags(cfg.model.pretrained or "", resolve_tracking_uri(cfg.tracking.tracking_uri)).get(
+        SEEN_SUBSTITUTIONS_TAG)
+    if seen:
+        model_name += " [seen substitutions: REPLACE numbers contaminated]"
+        if ctx.run is not None:
+            ctx.run.set_tags({SEEN_SUBSTITUTIONS_TAG: seen})
 
     image_encoder = None
     if cfg.engine == "ray_data" or needs_ray_reader(specs):
@@ -218,6 +228,6 @@ def run(cfg: Config, ctx: JobContext) -> dict:
             raise RuntimeError(f"{r.name}: {len(r.excluded_items)} of {n_total} items lost their image "
                                f"(> max_missing_fraction={cfg.max_missing_fraction}); see {paths['missing_images']}")
     print(R.markdown_report(report, model_name, retention, device=device).split("## Missing")[0])
-    return {"model": model_name, "device": device, "precision": cfg.precision, "engine": cfg.engine,
+    return {"model": model_name, "seen_substitutions": seen, "device": device, "precision": cfg.precision, "engine": cfg.engine,
             "benchmark_seconds": round(bench_s, 3),
             "metrics": metrics, "benchmarks": benchmarks, "files": paths}

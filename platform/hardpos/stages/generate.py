@@ -11,9 +11,12 @@ import tempfile
 import time
 from typing import Literal
 
+import pyarrow.parquet as pq
+
 from hardpos import storage
 from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
 from hardpos.data.captions import CaptionSourceError
+from hardpos.data.lexicon import benchmark_substitution, seen_substitutions_tag
 from hardpos.data.validate import KINDS
 from hardpos.data.world import world_dir_of
 from hardpos.generate import engines, pipeline, source
@@ -124,6 +127,17 @@ def check_config(cfg: Config, templates) -> None:
         build_vllm_processor_config(cfg.engine.vllm)
 
 
+def benchmark_substitution_count(accepted_uri: str) -> int:
+    """Accepted REPLACE hard positives whose edit is a pair of the REPLACE benchmark's table."""
+    fs, path = storage.arrow_filesystem(accepted_uri)
+    table = pq.read_table(path, filesystem=fs, columns=["caption", "kind", "polarity", "text"])
+    n = 0
+    for row in table.to_pylist():
+        if row["polarity"] == "positive" and row["kind"].startswith("replace") and row["text"]:
+            n += benchmark_substitution(row["caption"], row["text"]) is not None
+    return n
+
+
 def resolve_input(cfg: Config) -> tuple[str, str | None]:
     """(the caption file to read, the world folder whose lexicon the rules use or None)."""
     src, world_dir = cfg.input, world_dir_of(cfg.input)  # the perturb stage decides it the same way
@@ -174,7 +188,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         out_dir=ctx.output_dir, templates=tuple(templates), source=src_name, shard_size=cfg.shard_size, seed=cfg.seed,
         world_dir=world_dir, rule_negatives={"seed": cfg.seed, "world_dir": world_dir} if needs_rules else None,
         join=pipeline.JoinSpec(cfg.join.positives, cfg.join.negatives, cfg.join.keep_unmatched,
-                               pipeline.dataset_name(source_uri), cfg.join.webdataset) if cfg.join.enabled else None)
+                               pipeline.dataset_name(source_uri), cfg.join.webdataset) if cfg.join.enabled else None,
+        include_benchmark_pairs=cfg.engine.rules.include_benchmark_pairs)
     out = ctx.output_dir
     if cfg.overwrite:
         pipeline.clear_output(out, [cfg.join.output])
@@ -183,6 +198,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         "num_captions": blocks.num_captions, "shard_size": cfg.shard_size, "num_shards": num_shards,
         "prompts": cfg.prompts, "prompts_fingerprint": fingerprint(templates), "kinds": [t.kind for t in templates],
         "engine": cfg.engine.kind, "model": model, "seed": cfg.seed,
+        "include_benchmark_pairs": cfg.engine.rules.include_benchmark_pairs,
         "join": {"enabled": cfg.join.enabled, "positives": cfg.join.positives, "negatives": cfg.join.negatives,
                  "keep_unmatched": cfg.join.keep_unmatched, "webdataset": cfg.join.webdataset},
     })
@@ -280,6 +296,11 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         },
         "outputs": outputs,
     }
+    # Test-set hygiene: positives that are the REPLACE benchmark's own substitutions (0 unless
+    # engine.rules.include_benchmark_pairs is on, or an LLM wrote them itself).
+    summary["include_benchmark_pairs"] = cfg.engine.rules.include_benchmark_pairs
+    if "accepted" in outputs:
+        summary["positives_with_benchmark_substitutions"] = benchmark_substitution_count(outputs["accepted"])
     if preflight is not None:
         summary["http_preflight"] = preflight
     summary["accept_rate"] = round(summary["accepted"] / summary["inputs"], 4) if summary["inputs"] else 0.0
@@ -294,7 +315,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         **{f"rejected/{k}": v for k, v in summary["rejected_by_reason"].items()},
     })
     if ctx.run is not None:
-        ctx.run.set_tags({"hardpos.engine": cfg.engine.kind, "hardpos.model": model})
+        ctx.run.set_tags({"hardpos.engine": cfg.engine.kind, "hardpos.model": model,
+                          **seen_substitutions_tag(cfg.engine.rules.include_benchmark_pairs)})
     if done:
         samples = pipeline.sample_rows(out, sorted(done), cfg.samples)
         outputs["samples"] = storage.write_json(storage.join(out, "samples.json"), samples)

@@ -40,6 +40,7 @@ from hardpos.config import ConfigError, JobConfig
 from hardpos.data.captions import CaptionSourceError, read_captions
 from hardpos.data.perturb import _stable_seed
 from hardpos.data.triplets import TripletFileError, make_triplet, read_triplets, resolve_image, write_triplets
+from hardpos.data.lexicon import benchmark_substitution, seen_substitutions_tag
 from hardpos.data.validate import validate
 from hardpos.data.world import world_dir_of
 from hardpos.generate.engines import cached_perturber
@@ -60,6 +61,9 @@ class Config(JobConfig):
     limit: only the first N input rows (None: all).
     lexicon: "auto" (the world's lexicon when the input is a world folder or a file next to its
         world.json, else the full one), "default" or "world" (an error without a world).
+    include_benchmark_pairs: also emit the REPLACE benchmark's own substitutions as hard
+        positives (off: a model trained on them has seen the test's invariances; on, the run is
+        tagged ``hardpos.seen_substitutions=replace``). A world's lexicon ignores it.
     image_root: folder/URI that relative image paths of caption sources are relative to.
     output_format: "parquet" or "jsonl".
     num_workers: 0 perturbs in this process; N > 0 splits the captions over N Ray tasks.
@@ -73,6 +77,7 @@ class Config(JobConfig):
     split: str = "finetune"
     limit: int | None = None
     lexicon: Literal["auto", "default", "world"] = "auto"
+    include_benchmark_pairs: bool = False
     image_root: str | None = None
     output_format: Literal["parquet", "jsonl"] = "parquet"
     num_workers: int = 0
@@ -118,7 +123,7 @@ def _load_rows(cfg: Config) -> tuple[list[dict], str, str | None]:
 
 
 def _perturb_chunk(captions: list[str], seed: int, kinds: list[str], want_neg: bool, want_pos: bool,
-                   world_dir: str | None) -> tuple[list[dict], float]:
+                   world_dir: str | None, include_benchmark_pairs: bool = False) -> tuple[list[dict], float]:
     """Pure per-caption work (runs in-process or in a Ray task): (results, CPU seconds spent).
 
     world_dir: the input's world (its lexicon is used), None for the full lexicon.
@@ -126,7 +131,8 @@ def _perturb_chunk(captions: list[str], seed: int, kinds: list[str], want_neg: b
     CPU seconds, not wall time, make the throughput figure comparable on a shared machine.
     """
     cpu0 = time.process_time()
-    rules = cached_perturber(seed, world_dir)  # the generate stage's rule engine, same lexicon and seed
+    # the generate stage's rule engine, same lexicon and seed
+    rules = cached_perturber(seed, world_dir, include_benchmark_pairs)
     out = []
     for caption in captions:
         negs = [p for p in rules.hard_negatives(caption) if p.kind in kinds] if want_neg else []
@@ -174,7 +180,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     t0 = time.perf_counter()
     cpu_s = 0.0
     captions = [r["caption"] for r in keep]
-    args = (cfg.seed, list(cfg.kinds), cfg.negatives, cfg.positives, world_dir)
+    args = (cfg.seed, list(cfg.kinds), cfg.negatives, cfg.positives, world_dir, cfg.include_benchmark_pairs)
     if cfg.num_workers > 0 and captions:
         init_ray(cfg.ray)
         task = ray.remote(num_cpus=1)(_perturb_chunk)
@@ -224,7 +230,14 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         "captions_per_cpu_s_rules": round(n / cpu_s, 1) if cpu_s > 0 else None,
         "captions_per_s_end_to_end": round(len(rows) / total_s, 1) if total_s > 0 else None,
         "rule_seconds": round(rule_s, 3), "output": out_uri, "rejects": ctx.path("rejects.jsonl"),
+        # test-set hygiene: positives that are the REPLACE benchmark's own substitutions
+        "include_benchmark_pairs": cfg.include_benchmark_pairs,
+        "positives_with_benchmark_substitutions": sum(
+            1 for r in out_rows if r["hard_positive"] and r["kind"] == "replace"
+            and benchmark_substitution(r["caption"], r["hard_positive"]) is not None),
     }
+    if ctx.run is not None and cfg.include_benchmark_pairs:
+        ctx.run.set_tags(seen_substitutions_tag(True))
     ctx.log_metrics({**{f"coverage/{k}": v for k, v in coverage.items()},
                      "inputs": len(rows), "written": len(out_rows), "rejected": len(rejects),
                      "captions_per_s": summary["captions_per_s_rules"] or 0.0})

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hardpos import storage, tracking
+from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.runtime import JobContext
 from hardpos.tracking import numeric_metrics
 from hardpos.train.checkpoint import MODEL_DIR
@@ -63,6 +64,26 @@ def _log_final_model(run, local: Path, final_dir: str) -> tuple[str | None, bool
     return (None if run.local else f"runs:/{run.run_id}/model"), True
 
 
+def seen_substitutions(train_path: str) -> str | None:
+    """"replace" when the triplets were made with the REPLACE benchmark's own substitutions,
+    read from the ``summary.json`` the generate / perturb stage wrote beside them (None when
+    there is none, e.g. a user's own file: nothing is known then)."""
+    if not train_path or any(c in train_path for c in "*?["):
+        return None
+    path = train_path.rstrip("/")
+    folder = path.rsplit("/", 1)[0] if "/" in path else "."
+    # beside a triplet file, or inside a folder of them
+    candidates = [storage.join(folder, "summary.json")] + ([storage.join(path, "summary.json")] if "." not in path.rsplit("/", 1)[-1] else [])
+    for uri in candidates:
+        try:
+            summary = storage.read_json(uri) if storage.exists(uri) else None
+        except Exception:  # noqa: BLE001 - a summary that cannot be read says nothing about the data
+            summary = None
+        if isinstance(summary, dict) and "include_benchmark_pairs" in summary:
+            return "replace" if summary["include_benchmark_pairs"] else None
+    return None
+
+
 def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = (), step_hook: StepHook | None = None) -> dict:
     """Train, export the final checkpoint to <output_dir>/model, log it as an MLflow model.
 
@@ -72,8 +93,11 @@ def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = (), step_hook: 
     see :func:`hardpos.train.trainer.build_trainer`).
     """
     trainer, plan, cfg = build_trainer(cfg, callbacks=callbacks, run_logger=ctx.run, step_hook=step_hook)
+    seen = seen_substitutions(cfg.data.train_path)
     if ctx.run is not None:
         ctx.run.log_params({"plan": vars(plan)})
+        if seen:
+            ctx.run.set_tags({SEEN_SUBSTITUTIONS_TAG: seen})
     result = trainer.fit()
     if result.error is not None:
         raise RuntimeError(f"training failed: {result.error}") from result.error
@@ -108,6 +132,7 @@ def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = (), step_hook: 
         "train_rows": plan.train_rows,
         "val_rows": plan.val_rows,
         "samples_per_s": metrics.get("perf/samples_per_s", 0.0),
+        "seen_substitutions": seen,
     }
     print(f"trained {steps} steps; final loss/total {metrics.get('loss/total', float('nan')):.4f}, "
           f"val/loss {metrics.get('val/loss', float('nan')):.4f}; model: {final_dir}")
