@@ -12,9 +12,10 @@ line or configuration.
 from __future__ import annotations
 
 import sys
+import traceback
 from typing import Any
 
-from hardpos import tracking
+from hardpos import preflight, tracking
 from hardpos.config import ConfigError, describe_config, dump_yaml, load_config
 from hardpos.runtime import STAGES, execute, stage_module
 from hardpos.tracking import TrackingUnavailableError
@@ -156,16 +157,33 @@ def main(argv: list[str] | None = None) -> int:
     if print_config:
         print(dump_yaml(cfg))
         return 0
+    verbose = cfg.log_level == "debug"
+    try:
+        # Cheap checks in order of cost (inputs, servers, weights) before anything is started
+        # or written: a user's mistake costs seconds and one line, not a traceback.
+        preflight.run_checks(stage, cfg)
+    except ConfigError as exc:
+        print(f"hardpos {stage}: {exc}", file=sys.stderr)
+        return 2
     try:
         summary = execute(stage, cfg)
     except KeyboardInterrupt:
         print(f"hardpos {stage}: interrupted", file=sys.stderr)
         return 130
     except ConfigError as exc:  # raised by a stage validating its inputs before work starts
+        if verbose:
+            traceback.print_exc()
         print(f"hardpos {stage}: config error: {exc}", file=sys.stderr)
         return 2
     except TrackingUnavailableError as exc:  # before any compute: one line, no traceback
         print(f"hardpos {stage}: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - the stage failed: one line; --verbose gives the traceback
+        if verbose:
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0][:500]
+        print(f"hardpos {stage}: failed: {type(exc).__name__}: {first} (--verbose shows the traceback)",
+              file=sys.stderr)
         return 1
     return 0 if summary.get("status") == "ok" else 1
 

@@ -127,6 +127,9 @@ class JobConfig:
     log_level: console detail. info: HardPos's stage, progress and result lines, Ray's own
         logs and progress bars off; debug (the CLI's --verbose): Ray's output back too;
         warning / error: only problems.
+    allow_empty: False: an input with nothing in it (no captions, no triplets, no benchmark
+        items) is an error before any work (exit 2 naming the input); True: the stage runs
+        on nothing and reports zero counts.
     """
 
     output_dir: str = "outputs/run"
@@ -134,6 +137,7 @@ class JobConfig:
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
     ray: RayConfig = dataclasses.field(default_factory=RayConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    allow_empty: bool = False
 
 
 # --------------------------------------------------------------------------- loading
