@@ -361,7 +361,9 @@ def test_rules_engine_over_all_negclip_captions_conserves_rows(ray_session, shar
         assert r["text"] == " ".join(picked.split()) and r["raw_output"] == picked and r["source"] == "rule"
     assert {r["reason"] for r in rejects} <= {"no_rule", "empty", "identical", "too_many_edits", "not_a_swap",
                                               "length", "chatter", "non_text"}
-    assert summary["accepted_by_kind"]["replace"] > 0.7 * 4839 and summary["accepted_by_kind"]["swap"] > 0
+    # REPLACE positives for 63.7% of the captions: the benchmark's own substitutions are held out
+    assert summary["accepted_by_kind"]["replace"] > 0.6 * 4839 and summary["accepted_by_kind"]["swap"] > 0
+    assert summary["include_benchmark_pairs"] is False and summary["positives_with_benchmark_substitutions"] == 0
     triplets = read_triplets(os.path.join(out, "triplets.parquet"))
     # one row per caption (join.positives "one"), whichever of its positives the seeded rule picked
     assert sum(t["hard_positive"] is not None for t in triplets) == len({r["caption_id"] for r in accepted})

@@ -45,3 +45,22 @@ def test_comparison_table_flags_contaminated_replace_numbers():
     assert "| clean | 50.0 | 40.0 |" in lines and "| leaky | 60.0 (seen) | 40.0 |" in lines
     assert "contaminated" in text
     assert "(seen)" not in report.comparison_table(rows[:1])
+
+
+def test_generate_counts_and_tags_benchmark_substitutions(ray_session, tmp_path, tracking_uri):
+    from mlflow.tracking import MlflowClient
+
+    from hardpos.stages import generate
+
+    src = _captions(tmp_path)
+    got = {}
+    for include in (False, True):
+        cfg = load_config(generate.Config, None, [
+            f"input={src}", f"output_dir={tmp_path / f'gen-{include}'}", "engine.kind=rules",
+            f"engine.rules.include_benchmark_pairs={str(include).lower()}", "tracking.experiment=seen"])
+        got[include] = runtime.execute("generate", cfg, quiet=True)
+    assert got[False]["positives_with_benchmark_substitutions"] == 0
+    assert got[True]["positives_with_benchmark_substitutions"] >= 2
+    tags = {k: MlflowClient(tracking_uri).get_run(got[k]["mlflow_run_id"]).data.tags for k in got}
+    assert tags[True]["hardpos.seen_substitutions"] == "replace" and "hardpos.seen_substitutions" not in tags[False]
+    assert seen_substitutions(str(tmp_path / "gen-True" / "triplets.parquet")) == "replace"
