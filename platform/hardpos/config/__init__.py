@@ -162,7 +162,10 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        mark = getattr(exc, "problem_mark", None)  # one line: where, and what the parser expected
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}; fix the file's syntax") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
