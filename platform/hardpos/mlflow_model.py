@@ -28,6 +28,8 @@ versions it was logged with (:func:`pip_requirements`), so ``mlflow models serve
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -106,6 +108,19 @@ class HardPosModel(mlflow.pyfunc.PythonModel):
         return pd.DataFrame({"score": scores, "error": errors})
 
 
+#: Parts of the package a logged model does not carry: measuring tools, test helpers and
+#: byte-code caches (the model imports none of them).
+NOT_SHIPPED = ("perf", "testing", "__pycache__", "*.pyc")
+
+
+def product_code(dest: Path) -> Path:
+    """A copy of the HardPos package under ``dest`` without :data:`NOT_SHIPPED`; returns it."""
+    package = Path(__file__).resolve().parent
+    out = dest / package.name
+    shutil.copytree(package, out, ignore=shutil.ignore_patterns(*NOT_SHIPPED))
+    return out
+
+
 def log_model(run: Any, checkpoint_dir: str | os.PathLike, tracking_uri: str | None = None) -> str:
     """Log ``checkpoint_dir`` as the MLflow model ``model`` of a run; returns ``runs:/<id>/model``.
 
@@ -126,12 +141,13 @@ def log_model(run: Any, checkpoint_dir: str | os.PathLike, tracking_uri: str | N
     code = package / "train" / "pyfunc_model.py"
     # log_model works on MLflow's global "active run": point the global tracking URI at this
     # run's store only for the call.
-    with tracking.use_tracking_uri(uri), mlflow.start_run(run_id=run_id):
+    with tempfile.TemporaryDirectory(prefix="hardpos-code-") as tmp, \
+            tracking.use_tracking_uri(uri), mlflow.start_run(run_id=run_id):
         mlflow.pyfunc.log_model(
             name=ARTIFACT_PATH,
             python_model=str(code),
             artifacts={"checkpoint": str(checkpoint_dir)},
-            code_paths=[str(package)],  # the model carries the HardPos code it imports
+            code_paths=[str(product_code(Path(tmp)))],  # the model carries the HardPos code it imports
             # explicit: MLflow's inference would load the model (slow) and miss lazy imports
             pip_requirements=pip_requirements(),
             signature=signature(),
