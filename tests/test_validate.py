@@ -156,6 +156,14 @@ CONJUNCT_SWAPS = [
      "A child petting a yak and holding a flowered umbrella."),
     ("There are meats and vegetables on a flatbread", "There are vegetables and meats on a flatbread"),
     ("A pizza and a salad are sitting on a table.", "A salad and a pizza are sitting on a table."),
+    # comma lists of one-word members or known nouns stay lists (the adjective guard keeps them)
+    ("A fork next to an apple, orange and onion.", "A fork next to an apple, onion and orange."),
+    ("A den with a couch, table, book shelf and a television.", "A den with a couch, table, a television and book shelf."),
+    ("Dinner plate with pork chop, pasta and vegetables on it.", "Dinner plate with pork chop, vegetables and pasta on it."),
+    # the paper's own few-shot answers: a collection's "of" takes the whole coordination, and
+    # number agreement may follow the new order ("two antelope" and "two antelopes" are one noun)
+    ("a mixture of rice and broccoli are put together", "a mixture of broccoli and rice are put together"),
+    ("three giraffes and two antelope", "two antelopes and three giraffes"),
 ]
 
 BINDING_SWAPS = [
@@ -196,6 +204,16 @@ BINDING_SWAPS = [
      "Various greens and a white plate containing fried food."),
     ("A man with a coat on his shoulder and a suitcase by his foot.",
      "A man with a coat on a suitcase and his shoulder by his foot."),
+    # an adjective the lexicon does not know is no list member: the car would join the adjectives
+    ("A snowy, empty street and a car.", "A snowy, a car and empty street."),
+    ("a dusty, muddy field and a horse", "a dusty, a horse and muddy field"),
+    ("A snowy, icy, empty city street and a stoplight.", "A snowy, icy, a stoplight and empty city street."),
+    # a phrase after the list that may belong to its last member alone moves with the swap
+    ("bed, mirror and window to patio", "bed, window and mirror to patio"),
+    ("A bedroom area with a bed, mirror and window to patio.", "A bedroom area with a bed, window and mirror to patio."),
+    ("A fire hydrant and a car parked near a house.", "A car and a fire hydrant parked near a house."),
+    ("a plate with bacon, eggs and hamburger topped with bananas",
+     "a plate with bacon, hamburger and eggs topped with bananas"),
 ]
 
 

@@ -8,7 +8,7 @@ Token predicates and word classes come from :mod:`hardpos.data.wordclasses`.
 """
 from __future__ import annotations
 
-from hardpos.data.textnorm import tokens
+from hardpos.data.textnorm import fold_counted_plurals, tokens
 from hardpos.data.wordclasses import (
     _AFTER_COORDINATION,
     _BINDS_RIGHT,
@@ -110,7 +110,11 @@ def _whole_conjuncts(toks: list[str], i: int, a: int, y0: int, j: int, middles: 
     * Noun phrases, right edge: the caption's end, clause punctuation, a coordinator, a floating
       "all"/"both"/"together", or a preposition/verb that may attach to the whole coordination;
       never a noun ("a [cane] and [a roller] bag") or a word that may belong to Y alone ("with",
-      "wearing", "of", "that", and "in" after a person or animal, unless "in front of").
+      "wearing", "of", "that", "to", a participle with its preposition: "[a hydrant] and [a
+      car] parked near ...", and "in" after a person or animal, unless "in front of").
+    * Comma lists (:func:`_noun_list_ok`): no unknown adjective taken for a member ("a snowy,
+      [empty street] and [a car]"), and no preposition but a place after the list ("bed,
+      [mirror] and [window] to patio").
     * Attribute scope (:func:`_may_share_modifiers`): prenominal modifiers of one conjunct may
       cover a bare other one ("a white [hat] and [uniform]", "[noodle] and [vegetable dish]").
     * Modifiers after a head (:func:`_post_modifiers_ok`): Y's may cover both ("a man and [a
@@ -149,7 +153,54 @@ def _whole_conjuncts(toks: list[str], i: int, a: int, y0: int, j: int, middles: 
         prev = toks[m + 1:i - 1]
         bare = [t for t in prev if t not in _DETERMINERS] or prev  # "a blue, [white] and red": "a" is shared
         common &= cls.shapes(prev) | cls.shapes(bare)  # "a snowy, icy, [empty city street]" lists adjectives
+    if "noun" in common:
+        earlier = _earlier_members(toks, i, cls)
+        if (earlier or middles) and not _noun_list_ok(
+                [*earlier, toks[i:a], *(toks[s:e] for s, e in middles), toks[y0:j]], toks[j] if j < len(toks) else None,
+                cls):
+            common -= {"noun"}
     return any(_EDGE_RULES[shape](toks, i, a, y0, j, cls) for shape in sorted(common))
+
+
+def _earlier_members(toks: list[str], i: int, cls: _Classify) -> list[list[str]]:
+    """The comma-list members before the conjunct starting at ``i``, in order ("a bathroom with
+    [a sink], toilet and shower" -> [["a", "sink"]]); empty when no comma comes right before it."""
+    out: list[list[str]] = []
+    t = i - 1
+    while t >= 0 and toks[t] == ",":
+        m = t - 1
+        while m >= 0 and toks[m] not in _CLAUSE_PUNCT and toks[m] not in _COORDINATORS and not cls.linker(toks[m]):
+            m -= 1
+        if m == t - 1:
+            break
+        out.insert(0, toks[m + 1:t])
+        t = m
+    return out
+
+
+def _noun_list_ok(members: list[list[str]], right: str | None, cls: _Classify) -> bool:
+    """May these comma-list members ("A, B and C") be read as whole noun phrases of one list?
+
+    * No adjective taken for a member. A word the lexicon does not know counts as a noun, so
+      in "a snowy, empty street and a car" or "a dusty, muddy field and a horse" the first
+      adjective looks like a member, and a swap across it moves a noun into the adjective list
+      ("a snowy, a car and empty street"). Refused: a member that is one word (after an
+      optional determiner) not known as a noun, before a bare member of several words (the
+      shape of stacked adjectives before one noun). One-word members ("an apple, orange and
+      onion") and members known as nouns ("a couch, table, book shelf and a television") stay.
+    * The list ends at the caption's end, punctuation, a coordinator, a verb or a place ("on",
+      "in", ...); any other preposition right after it may belong to the last member alone
+      ("bed, mirror and window [to patio]"), so the swap would move it to another thing.
+    """
+    if right in _PREPOSITIONS and right not in _LOCATIVE:
+        return False
+    nouns = cls.wc.nouns
+    for m, nxt in zip(members, members[1:]):
+        head = [t for t in m if t not in _DETERMINERS]
+        if (len(head) == 1 and head[0] not in nouns and not _plural(head[0]) and len(nxt) > 1
+                and nxt[0] not in _DETERMINERS):
+            return False
+    return True
 
 
 def _adjectives_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: _Classify) -> bool:
@@ -194,7 +245,8 @@ def _noun_phrases_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: _Cla
         return False
     y_animate = y[-1] in wc.animate
     in_front = right == "in" and j + 1 < len(toks) and toks[j + 1] == "front"
-    if right in _BINDS_RIGHT or (right in _BINDS_RIGHT_ANIMATE and y_animate and not in_front):
+    if right in _BINDS_RIGHT or (right in _BINDS_RIGHT_ANIMATE and y_animate and not in_front) or (
+            cls.participle(right or "") and j + 1 < len(toks) and toks[j + 1] in _PREPOSITIONS):
         return False
     if (right in _PREPOSITIONS or cls.ing_verb(right or "")) and any(cls.linker(t) for t in x[1:]):
         return False  # "[a man with a hat] and [a woman] on a bench": Y may go on
@@ -283,7 +335,9 @@ def is_conjunct_swap(original: str, candidate: str) -> bool:
     ``P + Y + S + X + Q``, where S joins conjuncts ("and", "or", ",", ", and"; in a list
     "A, B and C" it may also hold the members between X and Y) and X, Y pass the rules of
     :func:`_whole_conjuncts`.  Comparison is on :func:`tokens` (case, whitespace and a final
-    period ignored) with "an" folded to "a", so articles may follow the new order.
+    period ignored) with "an" folded to "a", so articles may follow the new order, and a
+    plural "s" right after a count above one dropped, so number agreement may follow it too
+    ("three giraffes and two antelope" -> "two antelopes and three giraffes").
 
     Accepted: "a cat and a dog" -> "a dog and a cat"; "a sink, toilet and shower" -> "a sink,
     shower and toilet"; "A black and white cat" -> "A white and black cat"; "a man wearing
@@ -298,6 +352,14 @@ def is_conjunct_swap(original: str, candidate: str) -> bool:
     model that a binding change keeps the meaning.
     """
     o, c = _swap_tokens(original), _swap_tokens(candidate)
+    if _is_swap_of(o, c):
+        return True
+    fo, fc = fold_counted_plurals(o), fold_counted_plurals(c)
+    return (fo, fc) != (o, c) and _is_swap_of(fo, fc)
+
+
+def _is_swap_of(o: list[str], c: list[str]) -> bool:
+    """:func:`is_conjunct_swap` on comparison tokens."""
     n = len(o)
     if len(c) != n or o == c:
         return False

@@ -27,3 +27,21 @@ def tokens(text: str) -> list[str]:
 def words(text: str) -> list[str]:
     """Normalised words only (punctuation dropped); "an" is folded to "a"."""
     return ["a" if w == "an" else w for w in _WORD.findall(normalise(text))]
+
+
+#: counts above one: the noun right after them is plural whether or not it takes an "s"
+#: ("two antelope" / "two antelopes", "three sheep")
+PLURAL_COUNTS = frozenset({"two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+                           "dozen", "dozens", "hundreds", "several", "many", "multiple", "numerous"})
+
+
+def fold_counted_plurals(toks: list[str]) -> list[str]:
+    """``toks`` with the plural "s" of a word right after a count above one dropped, so a swap
+    that fixes number agreement ("three giraffes and two antelope" -> "two antelopes and three
+    giraffes") compares equal word for word. Comparison form only."""
+    out = list(toks)
+    for k in range(1, len(out)):
+        w = out[k]
+        if out[k - 1] in PLURAL_COUNTS and len(w) > 3 and w.endswith("s") and not w.endswith("ss"):
+            out[k] = w[:-1]
+    return out

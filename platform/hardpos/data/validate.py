@@ -22,8 +22,9 @@ Checks, in this order (the first failing one is the reason):
                     by a word or two).
 ``too_many_edits``  REPLACE kinds: more than one contiguous word/phrase differs, or the
                     changed phrase is longer than :data:`MAX_REPLACE_SPAN` words.
-``not_a_swap``      SWAP kinds: the multiset of words differs (a/an count as one word)
-                    or the word order is unchanged.
+``not_a_swap``      SWAP kinds: the multiset of words differs (a/an count as one word;
+                    so do "antelope"/"antelopes" right after a count above one) or the
+                    word order is unchanged.
 ``not_conjunct_swap``  SWAP positives ("swap" / "swap_positive") only: the words are a
                     permutation of the original's but not two whole coordinated phrases
                     exchanged (see :func:`is_conjunct_swap`).  Moving modifiers or nouns
@@ -55,7 +56,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from hardpos.data.conjuncts import is_conjunct_swap
-from hardpos.data.textnorm import normalise, tokens, words
+from hardpos.data.textnorm import fold_counted_plurals, normalise, tokens, words
 
 __all__ = ["KINDS", "LENGTH_SLACK_WORDS", "MAX_LENGTH_RATIO", "MAX_REPLACE_SPAN", "MIN_LENGTH_RATIO", "REASONS",
            "Verdict", "is_conjunct_swap", "normalise", "tokens", "words", "validate"]
@@ -193,7 +194,9 @@ def validate(original: str, candidate: object, kind: str) -> Verdict:
         return _reject("length")
     if shape in ("swap", "conjunct_swap"):
         wo, wc = words(original), words(text)
-        if Counter(wo) != Counter(wc) or wo == wc:
+        same_words = Counter(wo) == Counter(wc) or (  # "two antelope(s)": one noun either way
+            Counter(fold_counted_plurals(wo)) == Counter(fold_counted_plurals(wc)))
+        if not same_words or fold_counted_plurals(wo) == fold_counted_plurals(wc):
             return _reject("not_a_swap")
         if shape == "conjunct_swap" and not is_conjunct_swap(original, text):
             return _reject("not_conjunct_swap")

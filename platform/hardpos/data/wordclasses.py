@@ -46,9 +46,10 @@ _PREPOSITIONS = frozenset({"with", "without", "on", "in", "at", "by", "near", "u
 #: past participles the lexicon lists among its function words ("a pizza [topped] with cheese")
 _PARTICIPLES = frozenset({"seen", "shown", "made", "set"})
 _PARTICLES = frozenset({"up", "down", "out", "off", "around", "away", "back", "over"})
-#: words after the right conjunct that may belong to it alone ("a man and a woman with a dog"):
+#: words after the right conjunct that may belong to it alone ("a man and a woman with a dog",
+#: "a bed and a window to the patio"):
 #: the right conjunct is not known to end there, so no swap is accepted at that split
-_BINDS_RIGHT = frozenset({"with", "without", "of", "wearing", "holding", "carrying", "having", "dressed", "that",
+_BINDS_RIGHT = frozenset({"with", "without", "of", "to", "wearing", "holding", "carrying", "having", "dressed", "that",
                           "who", "which", "whose", "whom"})
 #: ... and these when that conjunct is a person or animal ("a man and a woman in red dresses")
 _BINDS_RIGHT_ANIMATE = frozenset({"in"})
@@ -68,6 +69,7 @@ _PREP_NOUNS = frozenset({"top", "front", "back", "middle", "side", "edge", "end"
 #: [a man] and [a woman]"); after any other "of" the second conjunct may be the noun's partner
 #: ("a body of water and mountains", "a piece of cake and fork")
 _OF_COLLECTIONS = frozenset({"group", "groups", "bunch", "lots", "lot", "pile", "piles", "collection", "variety",
+                             "mixture", "combination", "medley",
                              "assortment", "couple", "pair", "set", "kind", "kinds", "type", "types", "mix", "full",
                              "consisting", "made", "plate", "plates", "bowl", "bowls", "tray", "box", "basket",
                              "picture", "photo", "photograph", "image", "view", "closeup", "shot", "painting",
