@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 
 import pytest
 import torch
@@ -338,7 +339,9 @@ def _worker(rank, world, init_file, result_dir, scope="global"):
         weight = weight.clone().requires_grad_(True)
         per = 8 // world
         local = _features(weight, inputs, masks, slice(rank * per, (rank + 1) * per))
-        glob = gather_features(local)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)  # no deprecated torch collective on the way
+            glob = gather_features(local)
         out = combined_loss(**{k: glob[k] for k in ("image", "text", "negative", "positive", "neg_mask", "pos_mask")},
                             logit_scale=torch.tensor(math.log(10.0)), cfg=LossConfig(**_CFG, analogy_scope=scope),
                             row_mask=glob["row_mask"], workers=world)

@@ -263,6 +263,27 @@ FEATURE_KEYS = ("image", "text", "negative", "positive")
 MASK_KEYS = ("neg_mask", "pos_mask", "row_mask")
 
 
+class GatherWithGrad(torch.autograd.Function):
+    """``dist.all_gather`` that passes gradients back: every rank's tensor, in rank order.
+
+    Backward sums each part's gradient over the ranks (every rank's loss used this rank's rows)
+    and returns this rank's part -- what ``torch.distributed.nn.functional.all_gather`` did, on
+    public collectives only (that function is deprecated).
+    """
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, tensor)
+        return tuple(parts)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        stacked = torch.stack([g.contiguous() for g in grads])
+        dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
+        return stacked[dist.get_rank()]
+
+
 def gather_features(local: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Concatenate every rank's features (with gradient) and masks (without).
 
@@ -273,13 +294,10 @@ def gather_features(local: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return dict(local)
-    # lazy: only a distributed run reaches here, and torch builds without distributed support lack this module
-    from torch.distributed.nn.functional import all_gather as all_gather_with_grad
-
     out: dict[str, torch.Tensor] = {}
     world = dist.get_world_size()
     for key in FEATURE_KEYS:
-        out[key] = torch.cat(all_gather_with_grad(local[key].contiguous()), dim=0)
+        out[key] = torch.cat(GatherWithGrad.apply(local[key].contiguous()), dim=0)
     for key in MASK_KEYS:
         # gloo cannot all_gather bool tensors: travel as uint8.
         m = local[key].to(torch.uint8).contiguous()
