@@ -152,38 +152,75 @@ def aggregate(per_seed: Sequence[Mapping[str, Mapping[str, float]]]) -> tuple[di
     return mean, std
 
 
-def write_chart(rows: Mapping[str, Mapping[str, float]], path: str, spreads: Mapping[str, Mapping[str, float]] | None = None,
-                *, title: str = "HardPos on the synthetic world") -> str:
-    """A PNG: per benchmark (REPLACE, SWAP), grouped bars of original accuracy, augmented
-    accuracy and brittleness for every model (error bars = ``spreads`` when given)."""
+#: The paper's Table 1 (ViT-B-32 finetuned on COCO): per model, per benchmark, (original acc.,
+#: augmented acc., brittleness) in %, drawn beside the testbed's bars by :func:`write_chart`.
+PAPER_TABLE1: dict[str, dict[str, tuple[float, float, float]]] = {
+    "pretrained": {"replace": (61.6, 46.8, 23.2), "swap": (60.5, 49.6, 21.7)},
+    "HN-only": {"replace": (73.9, 55.7, 21.0), "swap": (74.3, 60.5, 25.1)},
+    "HP+HN": {"replace": (69.0, 58.0, 16.9), "swap": (73.2, 61.1, 22.9)},
+}
+CHART_FIGURES = (("orig_acc", "original acc."), ("aug_acc", "augmented acc."), ("brittleness", "brittleness"))
+#: characters per title line: a 10-inch figure's suptitle at 11 pt holds about this many
+TITLE_WRAP = 95
+
+
+def chart_figure(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str, Mapping[str, float]] | None = None,
+                 *, title: str = "HardPos on the synthetic world", paper: Mapping[str, Mapping[str, Sequence[float]]] | None = None):
+    """The matplotlib Figure :func:`write_chart` saves: per benchmark (REPLACE, SWAP), grouped
+    bars of original accuracy, augmented accuracy and brittleness for every model (error bars =
+    ``spreads``), and beside a model the paper reports, its Table 1 value as a hatched outline
+    (``paper``: default :data:`PAPER_TABLE1`; {} for none). The full title, wrapped."""
     # lazy: matplotlib is an optional, heavy plotting dependency only the chart writers need
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: pyplot after the Agg backend is chosen
     import matplotlib.pyplot as plt
+    # lazy: only the title needs it
+    import textwrap
 
     spreads = spreads or {}
+    paper = PAPER_TABLE1 if paper is None else paper
     models = list(rows)
-    figs = (("orig_acc", "original acc."), ("aug_acc", "augmented acc."), ("brittleness", "brittleness"))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    width = 0.8 / max(1, len(models))
+    slots = [s for m in models for s in ([(m, False)] + ([(m, True)] if m in paper else []))]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.8), sharey=True)
+    width = 0.84 / max(1, len(slots))
+    colors = {m: f"C{i}" for i, m in enumerate(models)}
     for ax, (group, _) in zip(axes, GROUPS):
-        for k, model in enumerate(models):
-            xs = [i + (k - (len(models) - 1) / 2) * width for i in range(len(figs))]
-            ys = [100 * rows[model][f"{group}/{f}"] for f, _ in figs]
-            err = [100 * spreads.get(model, {}).get(f"{group}/{f}", 0.0) for f, _ in figs] if spreads else None
-            bars = ax.bar(xs, ys, width, label=model, yerr=err, capsize=2 if err else 0)
+        for k, (model, from_paper) in enumerate(slots):
+            xs = [i + (k - (len(slots) - 1) / 2) * width for i in range(len(CHART_FIGURES))]
+            if from_paper:
+                ys = [float(v) for v in paper[model][group]]
+                bars = ax.bar(xs, ys, width, label=f"{model} (paper, Table 1)", facecolor="none",
+                              edgecolor=colors[model], hatch="///", linewidth=1.0)
+            else:
+                ys = [100 * rows[model][f"{group}/{f}"] for f, _ in CHART_FIGURES]
+                err = [100 * spreads.get(model, {}).get(f"{group}/{f}", 0.0) for f, _ in CHART_FIGURES] if spreads else None
+                bars = ax.bar(xs, ys, width, label=model, color=colors[model], yerr=err, capsize=2 if err else 0)
             for b, y in zip(bars, ys):
                 ax.text(b.get_x() + b.get_width() / 2, y + 1, f"{y:.0f}", ha="center", va="bottom", fontsize=7)
-        ax.set_xticks(range(len(figs)), [label for _, label in figs])
+        ax.set_xticks(range(len(CHART_FIGURES)), [label for _, label in CHART_FIGURES])
         ax.set_title(group.upper())
         ax.set_ylim(0, 110)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("%")
-    axes[1].legend(fontsize=8, loc="upper right")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
+    fig.suptitle("\n".join(textwrap.wrap(title, TITLE_WRAP)), fontsize=11)
+    rows_of_legend = math.ceil(len(labels) / min(4, max(1, len(labels))))
+    fig.tight_layout(rect=(0, 0.06 * rows_of_legend, 1, 1))
+    return fig
+
+
+def write_chart(rows: Mapping[str, Mapping[str, float]], path: str, spreads: Mapping[str, Mapping[str, float]] | None = None,
+                *, title: str = "HardPos on the synthetic world",
+                paper: Mapping[str, Mapping[str, Sequence[float]]] | None = None) -> str:
+    """Save :func:`chart_figure` as a PNG at ``path`` (1,000 px wide: README width) -> ``path``."""
+    # lazy: matplotlib is an optional, heavy plotting dependency only the chart writers need
+    import matplotlib.pyplot as plt
+
+    fig = chart_figure(rows, spreads, title=title, paper=paper)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
