@@ -7,6 +7,8 @@ import sys
 import pytest
 import torch
 
+from hardpos import preflight
+from hardpos.config import ConfigError
 from hardpos.model import (CONFIG_NAME, ModelConfig, encode_text, load_model, save_checkpoint, tokenize,
                            trim_tokens)
 
@@ -68,6 +70,7 @@ def test_quick_gelu_is_automatic_for_openai_weights(monkeypatch):
         return real("hardpos-tiny", force_quick_gelu=force_quick_gelu)
 
     monkeypatch.setattr(open_clip, "create_model_and_transforms", fake)
+    monkeypatch.setattr(preflight, "hub_offline", lambda: False)  # the weights are faked, not fetched
     lm = load_model(ModelConfig(arch="ViT-B-32", pretrained="openai"))  # no download: faked
     assert calls[-1] == ("ViT-B-32", "openai", True) and lm.model_cfg.get("quick_gelu") is True
     load_model(ModelConfig(arch="ViT-B-32-quickgelu", pretrained="openai"))
@@ -228,3 +231,19 @@ def test_hf_hub_legacy_bin_weights_and_clear_errors(tmp_path, offline_hub):
         load_model(ModelConfig(pretrained="hf-hub:"))
     with pytest.raises(ValueError, match="open_clip tag"):
         load_model(ModelConfig(arch="hf-hub:org/bin-clip", pretrained="openai"))
+
+
+def test_weights_that_cannot_be_fetched_fail_at_once_in_one_line(monkeypatch):
+    """An open_clip tag whose weights are not cached, on a machine without the Hub: a
+    ConfigError with the one line that says what to do, in well under a second (no retries)."""
+    # lazy: the timing is this test's alone
+    import time
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        load_model(ModelConfig(arch="ViT-B-32", pretrained="openai"))
+    assert time.monotonic() - started < 5.0
+    assert str(info.value) == (
+        "model.pretrained=openai: could not fetch the 'openai' weights of ViT-B-32: no network? pass a local file, "
+        "an s3:// checkpoint or an hf-hub: id in a local cache; HF_HUB_OFFLINE=1 makes this fail at once")

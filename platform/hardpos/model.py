@@ -46,7 +46,8 @@ from open_clip.push_to_hf_hub import save_config_for_hf
 from open_clip.transformer import text_global_pool
 from safetensors.torch import save_file
 
-from hardpos import storage, tracking
+from hardpos import preflight, storage, tracking
+from hardpos.config import ConfigError
 from hardpos.registry import download_model
 
 log = logging.getLogger(__name__)
@@ -241,13 +242,22 @@ def load_model(cfg: ModelConfig, device: str | torch.device = "cpu", *, tracking
             quick = source == "openai" and not cfg.arch.endswith("-quickgelu")
         model_cfg = model_config_dict(cfg.arch, force_quick_gelu=bool(quick))
         arch = cfg.arch
-        model, pp_train, pp_val = open_clip.create_model_and_transforms(
-            cfg.arch,
-            pretrained=str(source) if source is not None else None,
-            force_quick_gelu=bool(quick),
-            device=device,
-            weights_only=True,
-        )
+        is_tag = isinstance(source, str) and not Path(source).exists()
+        if is_tag:
+            # weights not in the cache on an offline machine: one line now, not the hub's retries
+            preflight.check_model("model", cfg.arch, source)
+        try:
+            model, pp_train, pp_val = open_clip.create_model_and_transforms(
+                cfg.arch,
+                pretrained=str(source) if source is not None else None,
+                force_quick_gelu=bool(quick),
+                device=device,
+                weights_only=True,
+            )
+        except RuntimeError as exc:
+            if is_tag and "Failed to download" in str(exc):
+                raise ConfigError(f"model.pretrained={source}: {preflight.weights_message(cfg.arch, source)}") from exc
+            raise
     if cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
     tokenizer = open_clip.get_tokenizer(tokenizer_name)

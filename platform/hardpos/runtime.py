@@ -85,6 +85,7 @@ def init_ray(cfg: RayConfig | None = None, log_level: str | None = None, **kwarg
         if kwargs["include_dashboard"] and getattr(context, "dashboard_url", None):
             print(f"[hardpos] Ray dashboard: http://{context.dashboard_url}", file=sys.stderr)
     logs.quiet_ray_data(log_level)
+    logs.quiet_raylet(log_level)
 
 
 def reopen_run(cfg: TrackingConfig, run_id: str | None, spill_dir: str | None = None) -> tracking.RunLogger | None:
