@@ -263,10 +263,17 @@ def test_http_engine_end_to_end_on_real_negclip_captions(ray_session, shared_dat
     from hardpos.data.captions import read_captions
     from hardpos.data.triplets import read_triplets
 
+    from hardpos.generate.prompts import PROMPTS_DIR
+
     n = 200
     source = str(shared_data / NEGCLIP)
     captions = read_captions(source, limit=n)
-    templates = load_prompts("paper")
+    # the paper preset's prompts with the strict validator: the stub's chatter and multi-edit
+    # answers exercise its reasons (the preset's own paper mode: tests/test_paper_validation.py)
+    prompts = tmp_path / "paper_strict.yaml"
+    prompts.write_text((PROMPTS_DIR / "paper.yaml").read_text().replace("validation: paper", "validation: strict"))
+    templates = load_prompts(str(prompts))
+    assert {t.validation for t in templates} == {"strict"}
     expected = collections.Counter()
     for c in captions:
         for t in templates:
@@ -278,7 +285,7 @@ def test_http_engine_end_to_end_on_real_negclip_captions(ray_session, shared_dat
                    and behaviour(c["caption"].strip(), t.kind) == "flaky"})
     with OpenAIStub() as stub:
         cfg = gen_config(tmp_path, f"input={source}", f"limit={n}", "shard_size=50", *http_overrides(stub),
-                         "tracking.enabled=true", "tracking.experiment=gen-test")
+                         "tracking.enabled=true", "tracking.experiment=gen-test", f"prompts={prompts}")
         summary = run_stage(cfg)
         assert stub.requests == n_requests + n_flaky  # each 503 retried exactly once; nothing else resent
 

@@ -84,12 +84,13 @@ def test_paper_preset_settings_are_the_release_decoding_in_raw_mode():
         assert t.sampling.overrides() == PAPER_SAMPLING[kind]
         assert t.sampling.stop is None        # HF generation ends at EOS or the token limit
         assert t.postprocess == "none"        # generated_text is kept as generated
+        assert t.validation == "paper"        # and filtered as the release did: not at all (see test_paper_validation)
         assert t.polarity == "positive"
     swap = paper()["swap"].when
     assert (swap.contains_word, swap.max_words, swap.min_words) == ("and", 15, None)
     assert paper()["replace"].when == type(swap)()
     # the whole preset (text + settings) in one number: any edit to paper.yaml moves it
-    assert fingerprint(load_prompts("paper")) == "1e64c1ea9f136034"
+    assert fingerprint(load_prompts("paper")) == "38f451bb3c59a0c4"
 
 
 def test_chat_preset_keeps_the_earlier_wording_and_its_fingerprint():

@@ -34,6 +34,17 @@ Checks, in this order (the first failing one is the reason):
                     swap ("a cat and a dog" -> "a dog and a cat"), which keeps the meaning,
                     so it cannot be a hard negative.
 
+Modes (``validate(..., mode=)``, one of :data:`MODES`):
+
+``strict``  (the platform's default) every check above.
+``paper``   what the paper's release did, which filtered nothing it could read as a caption:
+            only ``non_text``, ``empty``, ``identical`` and over-length output (``length``
+            when the candidate is longer than :data:`MAX_LENGTH_RATIO` times the original,
+            beyond :data:`LENGTH_SLACK_WORDS`). No chatter, edit-shape or conjunct check: a
+            completion that runs on past its first line is taken as generated. The accepted
+            text is the candidate with whitespace collapsed (what open_clip's tokenizer does
+            to any caption anyway). The bundled ``paper`` prompts validate this way.
+
 Normalisation for comparison: lower case, whitespace collapsed, a trailing period
 dropped, punctuation split off words.  The accepted ``text`` keeps the candidate's own
 case and punctuation, with whitespace collapsed.
@@ -58,9 +69,11 @@ from dataclasses import dataclass
 from hardpos.data.conjuncts import is_conjunct_swap
 from hardpos.data.textnorm import fold_counted_plurals, normalise, tokens, words
 
-__all__ = ["KINDS", "LENGTH_SLACK_WORDS", "MAX_LENGTH_RATIO", "MAX_REPLACE_SPAN", "MIN_LENGTH_RATIO", "REASONS",
+__all__ = ["KINDS", "LENGTH_SLACK_WORDS", "MAX_LENGTH_RATIO", "MAX_REPLACE_SPAN", "MIN_LENGTH_RATIO", "MODES", "REASONS",
            "Verdict", "is_conjunct_swap", "normalise", "tokens", "words", "validate"]
 
+
+MODES = ("strict", "paper")
 
 REASONS = ("empty", "identical", "chatter", "too_many_edits", "not_a_swap", "not_conjunct_swap", "meaning_kept",
            "length", "non_text")
@@ -160,15 +173,19 @@ def _edit_shape_replace(orig_words: list[str], cand_words: list[str]) -> str | N
     return None
 
 
-def validate(original: str, candidate: object, kind: str) -> Verdict:
+def validate(original: str, candidate: object, kind: str, mode: str = "strict") -> Verdict:
     """Accept or reject ``candidate`` as a ``kind`` edit of ``original``.
 
     kind: "replace" | "swap" (hard positives); "replace_negative" | "swap_negative" (LLM
     hard negatives, same edit-shape rules); "replace_positive"/"swap_positive" are aliases.
-    Raises ValueError for an unknown kind or a non-string original (caller bugs, not rows).
+    mode: "strict" (every check) or "paper" (only non_text, empty, identical and over-length;
+    see the module docstring).
+    Raises ValueError for an unknown kind or mode, or a non-string original (caller bugs, not rows).
     """
     if kind not in KINDS:
         raise ValueError(f"unknown validation kind {kind!r}; expected one of {sorted(KINDS)}")
+    if mode not in MODES:
+        raise ValueError(f"unknown validation mode {mode!r}; expected one of {MODES}")
     if not isinstance(original, str):
         raise ValueError(f"original caption must be a string, got {type(original).__name__}")
     shape = KINDS[kind]
@@ -182,12 +199,16 @@ def validate(original: str, candidate: object, kind: str) -> Verdict:
         return _reject("empty")
     if not any(ch.isalpha() for ch in candidate):
         return _reject("non_text")
-    if _is_chatter(original, candidate):
+    if mode == "strict" and _is_chatter(original, candidate):
         return _reject("chatter")
     text = " ".join(candidate.split())
     if normalise(text) == normalise(original):
         return _reject("identical")
     n_orig, n_cand = len(words(original)), len(words(text))
+    if mode == "paper":  # the release's filter: over-length only, then as generated
+        if n_orig and n_cand - n_orig > LENGTH_SLACK_WORDS and n_cand / n_orig > MAX_LENGTH_RATIO:
+            return _reject("length")
+        return Verdict(True, None, text)
     if n_orig and abs(n_cand - n_orig) > LENGTH_SLACK_WORDS and not (
         MIN_LENGTH_RATIO <= n_cand / n_orig <= MAX_LENGTH_RATIO
     ):

@@ -128,13 +128,15 @@ def plan(captions: list[dict], templates: list[PromptTemplate], shard_size: int,
 
 
 # --------------------------------------------------------------------------- validation
-def judge(row: dict) -> dict:
-    """Engine row -> result row: the validator's verdict (or the engine error) as status/reason."""
+def judge(row: dict, mode: str = "strict") -> dict:
+    """Engine row -> result row: the validator's verdict (or the engine error) as status/reason.
+
+    mode: the validator's mode for this row's kind (its template's ``validation``)."""
     out = dict(row)
     if row.get("engine_error"):
         out.update(status="rejected", reason=row["engine_error"], detail=row.get("engine_detail"), text=None)
         return out
-    verdict = validate(row["caption"], row.get("raw_output"), row["kind"])
+    verdict = validate(row["caption"], row.get("raw_output"), row["kind"], mode)
     if verdict.accepted:
         out.update(status="accepted", reason=None, detail=None, text=verdict.text)
     else:
@@ -149,18 +151,21 @@ def result_schema():
     return schema
 
 
-def judge_batch(batch, rule_negatives: dict | None = None):
+def judge_batch(batch, rule_negatives: dict | None = None, validation: dict[str, str] | None = None):
     """``map_batches`` form of :func:`judge` (pyarrow in, pyarrow out, fixed schema).
 
     rule_negatives: ``{"seed": int, "world_dir": str | None}`` to also attach each row's rule
     hard negative for its base kind (column ``rule_negative``, see :func:`rule_negative`),
     so the join needs no rule work on the driver; None leaves the column null. Run in the
     same task as the rule engine, the perturber's per-caption cache makes this nearly free.
+    validation: kind -> validator mode (the templates' ``validation``); kinds not in it, and
+    the rule engine's own rows, are validated strictly.
     """
     rules = engines.cached_perturber(rule_negatives["seed"], rule_negatives["world_dir"]) if rule_negatives else None
     rows = []
     for r in batch.to_pylist():
-        row = judge({c: r.get(c) for c in engines.REQUEST_COLUMNS + engines.ENGINE_COLUMNS})
+        row = judge({c: r.get(c) for c in engines.REQUEST_COLUMNS + engines.ENGINE_COLUMNS},
+                    (validation or {}).get(r.get("kind"), "strict"))
         row["rule_negative"] = rule_negative(rules, row["caption"], base_kind(row["kind"])) if rules else None
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=result_schema())

@@ -30,6 +30,7 @@ import yaml
 
 from hardpos import storage
 from hardpos.config import ConfigError
+from hardpos.data.validate import MODES as VALIDATION_MODES
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "resources" / "prompts"
 BUNDLED = ("paper", "chat", "with_negatives")
@@ -38,7 +39,7 @@ PROMPT_MODES = ("chat", "raw")
 POSTPROCESS = ("none", "first_line")
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "stop")
 # PromptTemplate fields added after runs were first fingerprinted (see fingerprint())
-_LATER_FIELDS = ("prompt_mode", "prompt", "sampling", "postprocess")
+_LATER_FIELDS = ("prompt_mode", "prompt", "sampling", "postprocess", "validation")
 _WORD = re.compile(r"[A-Za-z0-9']+")
 
 
@@ -120,6 +121,9 @@ class PromptTemplate:
     prompt: raw mode: the whole prompt (few-shot examples written into it) with ``{caption}``.
     sampling: this kind's decoding settings (see :class:`Sampling`).
     postprocess: what of the completion the validator sees (see :func:`postprocess`).
+    validation: the validator's mode for this kind's outputs: "strict" (default: every
+        check) or "paper" (only non-text, empty, identical and over-length output are
+        rejected, as the paper's release filtered; see :func:`hardpos.data.validate.validate`).
     """
 
     kind: str
@@ -132,6 +136,7 @@ class PromptTemplate:
     prompt: str | None = None
     sampling: Sampling = Sampling()
     postprocess: str = "none"
+    validation: str = "strict"
 
     @property
     def raw(self) -> bool:
@@ -184,7 +189,7 @@ class PromptTemplate:
 
 
 _ENTRY_KEYS = {"kind", "polarity", "user", "system", "few_shot", "when", "prompt_mode", "prompt", "sampling",
-               "postprocess"}
+               "postprocess", "validation"}
 
 
 def _parse_sampling(raw: Any, where: str) -> Sampling:
@@ -233,11 +238,15 @@ def _parse_entry(entry: Any, where: str) -> PromptTemplate:
     post = entry.get("postprocess", "none")
     if post not in POSTPROCESS:
         raise ConfigError(f"{where}: postprocess must be one of {POSTPROCESS}, got {post!r}")
+    validation = entry.get("validation", "strict")
+    if validation not in VALIDATION_MODES:
+        raise ConfigError(f"{where}: validation must be one of {VALIDATION_MODES}, got {validation!r}; "
+                          "'paper' rejects only empty, identical, non-text and over-length output")
     when_raw = entry.get("when") or {}
     if not isinstance(when_raw, dict) or set(when_raw) - {"contains_word", "max_words", "min_words"}:
         raise ConfigError(f"{where}: 'when' accepts contains_word, max_words, min_words; got {when_raw!r}")
     common = dict(kind=kind, polarity=polarity, when=When(**when_raw), prompt_mode=mode,
-                  sampling=_parse_sampling(entry.get("sampling"), where), postprocess=post)
+                  sampling=_parse_sampling(entry.get("sampling"), where), postprocess=post, validation=validation)
     if mode == "raw":
         misplaced = sorted({"user", "system", "few_shot"} & set(entry))
         if misplaced:

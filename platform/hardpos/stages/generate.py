@@ -224,7 +224,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     def make_dataset(ds):
         ds = engines.apply_engine(ds, cfg.engine, by_kind, seed=cfg.seed, world_dir=world_dir)
         return ds.map_batches(pipeline.judge_batch, batch_size=1024, num_cpus=0.25, batch_format="pyarrow",
-                              fn_kwargs={"rule_negatives": job.rule_negatives})
+                              fn_kwargs={"rule_negatives": job.rule_negatives,
+                                         "validation": {k: t.validation for k, t in by_kind.items()}})
 
     if cfg.engine.kind == "rules":
         # each shard whole on one worker (rules, validation, rule negatives, join, files):

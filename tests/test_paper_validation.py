@@ -1,0 +1,152 @@
+"""The paper preset validates as the paper's release did; the strict validator stays the
+platform's default, and every example the paper's prompt prints passes or fails it for a
+reason a reviewer would agree with.
+
+The release (generate_hard_positives.py) wrote each completion's ``generated_text`` as is:
+no filter beyond what cannot be a caption. The validator's ``paper`` mode rejects only
+empty, identical, non-text and over-length output; ``strict`` adds chatter, the REPLACE
+one-edit rule and the SWAP whole-conjunct rule.
+"""
+from __future__ import annotations
+
+import re
+
+import pyarrow as pa
+import pytest
+
+from hardpos.config import ConfigError
+from hardpos.data.validate import MODES, Verdict, validate
+from hardpos.generate.engine_config import ENGINE_COLUMNS, REQUEST_COLUMNS
+from hardpos.generate.planning import judge_batch
+from hardpos.generate.prompts import load_prompts
+
+
+def paper_few_shot() -> list[tuple[str, str]]:
+    """The (input, output) pairs written into the paper preset's SWAP prompt."""
+    swap = {t.kind: t for t in load_prompts("paper")}["swap"]
+    return re.findall(r"Input: (.+)\nOutput: (.+)", swap.prompt)
+
+
+def test_the_paper_prompt_holds_its_five_few_shot_answers():
+    pairs = paper_few_shot()
+    assert len(pairs) == 5 and pairs[0] == ("three giraffes and two antelope", "two antelopes and three giraffes")
+
+
+@pytest.mark.parametrize("original,candidate", paper_few_shot())
+def test_every_few_shot_answer_of_the_paper_prompt_passes_both_modes(original, candidate):
+    # strict once rejected two of them: "a mixture of [rice] and [broccoli]" (a mixture's "of"
+    # takes the whole coordination) and "two antelope" -> "two antelopes" (number agreement)
+    assert validate(original, candidate, "swap", "paper") == Verdict(True, None, candidate)
+    assert validate(original, candidate, "swap") == Verdict(True, None, candidate)
+
+
+# Hard positives of the kinds the paper's appendix shows (its SWAP answers reorder "trees and
+# bushes", "rice and broccoli"; several of its REPLACE answers change more than one word).
+# paper mode takes them all; strict rejects some, each for the reason given.
+SAMPLES = [
+    ("swap", "a mixture of rice and broccoli", "a mixture of broccoli and rice", None),
+    ("swap", "three giraffes and two antelope", "two antelopes and three giraffes", None),
+    ("swap", "A giraffe eating leaves from trees and bushes", "A giraffe eating leaves from bushes and trees", None),
+    ("swap", "Two zebras grazing among the trees and bushes in a field.",
+     "Two zebras grazing among the bushes and trees in a field.", None),
+    # "tall" may describe the trees only: in the new order it may describe the bushes
+    ("swap", "An elephant walking through tall trees and bushes.", "An elephant walking through tall bushes and trees.",
+     "not_conjunct_swap"),
+    # two separate word changes: each one is its own unchecked risk to the meaning (the prompt
+    # asks for one word); strict REPLACE positives are one contiguous edit
+    ("replace", "A large white dog sitting on a couch", "A big white dog resting on a couch", "too_many_edits"),
+    ("replace", "A man holding a red umbrella on a street", "A guy holding a red umbrella on a road", "too_many_edits"),
+    ("replace", "A woman on a beach holding a surf board", "A lady on the beach carrying a surfboard",
+     "too_many_edits"),
+]
+
+
+@pytest.mark.parametrize("kind,original,candidate,strict_reason", SAMPLES)
+def test_paper_style_samples_pass_paper_mode_and_strict_says_why(kind, original, candidate, strict_reason):
+    assert validate(original, candidate, kind, "paper") == Verdict(True, None, candidate)
+    assert validate(original, candidate, kind).reason == strict_reason
+
+
+@pytest.mark.parametrize("candidate,reason", [
+    (None, "empty"),
+    ("   ", "empty"),
+    ('""', "empty"),
+    (b"a dog and a cat", "non_text"),
+    (42, "non_text"),
+    ("1234 -- 5678", "non_text"),
+    ("a dog\x00 and a cat", "non_text"),
+    ("A cat and a dog.", "identical"),
+    ("  a cat and  A DOG ", "identical"),
+    ("a dog and a cat " + "and a bird and a horse and a cow and a sheep", "length"),
+])
+def test_paper_mode_rejects_only_what_cannot_be_a_caption(candidate, reason):
+    assert validate("A cat and a dog.", candidate, "swap", "paper") == Verdict(False, reason, None)
+
+
+def test_paper_mode_keeps_a_completion_that_runs_past_its_first_line():
+    # raw completions with max_new_tokens 20 often go on: the release kept them as generated
+    original = "a bathroom with a sink, toilet and shower"
+    continued = " a bathroom with a sink, shower and toilet\n\nInput: a cat"
+    assert validate(original, continued, "swap", "paper") == Verdict(
+        True, None, "a bathroom with a sink, shower and toilet Input: a cat")
+    assert validate(original, continued, "swap").reason == "chatter"
+    # ... unless it runs on past twice the caption's length (and two words of slack)
+    longer = continued + " and a dog\nOutput: a dog and a cat"
+    assert validate(original, longer, "swap", "paper").reason == "length"
+    replace = "A dog on a beach.\nA puppy on a beach."
+    assert validate("A dog on the beach.", replace, "replace", "paper").accepted
+    assert validate("A dog on the beach.", replace, "replace").reason == "chatter"
+    # chatter and several edits are strict-only reasons
+    assert validate("A dog on the beach.", "Sure! A hound on the beach.", "replace", "paper").accepted
+    assert validate("A dog on the beach.", "Sure! A hound on the beach.", "replace").reason == "chatter"
+
+
+def test_an_unknown_mode_is_a_caller_error():
+    assert MODES == ("strict", "paper")
+    with pytest.raises(ValueError, match="unknown validation mode 'loose'"):
+        validate("a cat", "a kitten", "replace", "loose")
+
+
+def test_the_paper_preset_validates_as_the_paper_and_the_others_strictly():
+    assert {t.validation for t in load_prompts("paper")} == {"paper"}
+    assert {t.validation for t in load_prompts("chat")} == {"strict"}
+    assert {t.validation for t in load_prompts("with_negatives")} == {"strict"}
+    # the preset keeps completions as generated; the validator's mode decides
+    assert {t.postprocess for t in load_prompts("paper")} == {"none"}
+
+
+def test_a_prompt_file_with_a_bad_validation_names_the_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("prompts:\n  - kind: replace\n    user: 'x {caption}'\n    validation: lenient\n")
+    with pytest.raises(ConfigError, match=r"validation must be one of \('strict', 'paper'\), got 'lenient'"):
+        load_prompts(str(path))
+    path.write_text("prompts:\n  - kind: replace\n    user: 'x {caption}'\n    validation: paper\n")
+    assert load_prompts(str(path))[0].validation == "paper"
+
+
+def _engine_rows(outputs: list[tuple[str, str, str]]) -> pa.Table:
+    rows = []
+    for k, (kind, caption, raw) in enumerate(outputs):
+        rows.append({"request_id": f"{k}:{kind}", "shard": 0, "caption_id": str(k), "caption": caption, "kind": kind,
+                     "polarity": "positive", "raw_output": raw, "engine_error": None, "engine_detail": None,
+                     "prompt_tokens": 10, "completion_tokens": 5, "source": "llm:test"})
+    assert set(rows[0]) == set(REQUEST_COLUMNS + ENGINE_COLUMNS)
+    return pa.Table.from_pylist(rows)
+
+
+def test_the_judge_applies_each_kinds_mode():
+    batch = _engine_rows([
+        ("swap", "a cat and a dog", "a dog and a cat\nInput: a bird"),
+        ("replace", "A large white dog sitting on a couch", "A big white dog resting on a couch"),
+        ("replace", "a red car", "a red car"),
+    ])
+    strict = judge_batch(batch).to_pylist()
+    assert [(r["status"], r["reason"]) for r in strict] == [
+        ("rejected", "chatter"), ("rejected", "too_many_edits"), ("rejected", "identical")]
+    paper = judge_batch(batch, validation={"swap": "paper", "replace": "paper"}).to_pylist()
+    assert [(r["status"], r["reason"], r["text"]) for r in paper] == [
+        ("accepted", None, "a dog and a cat Input: a bird"),
+        ("accepted", None, "A big white dog resting on a couch"),
+        ("rejected", "identical", None)]
+    mixed = judge_batch(batch, validation={"swap": "paper"}).to_pylist()  # kinds not named: strict
+    assert [r["status"] for r in mixed] == ["accepted", "rejected", "rejected"]
