@@ -39,6 +39,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from hardpos import tracking
 from hardpos.serve.config import BatchingConfig, DeploymentOptions, load_app_config
 from hardpos.serve.deployment import ScoringModel
+from hardpos.serve.docs import add_offline_docs
 from hardpos.serve.errors import ServingError, check_bearer, token_digest
 from hardpos.serve.requests import (check_image_header, is_multipart, parse_batch_payload, parse_compare_payload,
                                     parse_flag, parse_json_body, parse_score_payload, read_body, read_multipart,
@@ -65,7 +66,10 @@ api = FastAPI(
         "score of correct captions, which this API shows as it is. Errors: 400 bad input, "
         "401 auth, 404 unknown model, 413 image too large, 503 model unavailable or timed out."
     ),
+    docs_url=None,  # the CDN page; add_offline_docs serves Swagger UI from the package instead
+    redoc_url=None,
 )
+add_offline_docs(api)
 
 
 @api.exception_handler(ServingError)
