@@ -211,13 +211,14 @@ def test_perturb_job_on_negclip_subprocess(shared_data, tmp_path):
     assert "captions/s" in proc.stdout and "coverage" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["inputs"] == 400 == summary["written"] + summary["rejected"]
-    assert summary["coverage"]["neg_replace"] > 0.8 and summary["coverage"]["pos_replace"] > 0.7
+    # REPLACE positives: 62.8% of these 400 (the benchmark's own substitutions are held out)
+    assert summary["coverage"]["neg_replace"] > 0.8 and summary["coverage"]["pos_replace"] > 0.6
     assert summary["coverage"]["pos_swap"] > 0.05 and summary["captions_per_s_rules"] > 0
     rows = read_triplets(str(out / "triplets.parquet"))
     assert rows[0]["caption"] == "A child holding a flowered umbrella and petting a yak."
     assert rows[0]["image"] == "coco/val2014/COCO_val2014_000000184613.jpg" and rows[0]["source"] == "rule"
     filled = [r for r in rows if r["hard_negative"] and r["hard_positive"]]
-    assert len(filled) / len(rows) > 0.7
+    assert len(filled) / len(rows) > 0.6  # 249 of 400 rows have both
     for r in filled:
         assert validate(r["caption"], r["hard_positive"], r["kind"]).accepted
         assert validate(r["caption"], r["hard_negative"], r["kind"] + "_negative").accepted
@@ -345,8 +346,8 @@ def test_every_rule_swap_positive_on_negclip_passes_the_conjunct_check(rules, ne
     verdicts = [(c, p.text, validate(c, p.text, "swap")) for c, p in swaps]
     bad = [(c, text, v.reason) for c, text, v in verdicts if not v.accepted]
     assert not bad, bad[:5]
-    # coverage, measured: 427 swaps on 425 of the 4,839 captions (before the check: 565 on 559,
-    # 113 of them rejected by the check)
+    # coverage, measured: 415 of the 4,815 unique captions get one (before the check: 559, 113 of
+    # them rejected by it; 425 before the comma-list, compound and pronoun guards)
     assert len({c for c, _ in swaps}) >= 400
     assert {p.slot for _, p in swaps} == {"conjuncts:noun_phrases", "conjuncts:verb_phrases", "conjuncts:adjectives"}
 

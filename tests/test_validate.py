@@ -164,6 +164,9 @@ CONJUNCT_SWAPS = [
     # number agreement may follow the new order ("two antelope" and "two antelopes" are one noun)
     ("a mixture of rice and broccoli are put together", "a mixture of broccoli and rice are put together"),
     ("three giraffes and two antelope", "two antelopes and three giraffes"),
+    # a verb phrase's possessive points to the subject, which stays where it is
+    ("A boy kneeling down by his skateboard and holding up his arm cast.",
+     "A boy holding up his arm cast and kneeling down by his skateboard."),
 ]
 
 BINDING_SWAPS = [
@@ -214,6 +217,14 @@ BINDING_SWAPS = [
     ("A fire hydrant and a car parked near a house.", "A car and a fire hydrant parked near a house."),
     ("a plate with bacon, eggs and hamburger topped with bananas",
      "a plate with bacon, hamburger and eggs topped with bananas"),
+    # a compound noun is no adjective: "toilet paper" split
+    ("a black toilet some toilet paper and brown tiles", "a black toilet some toilet brown and paper tiles"),
+    # a pronoun moved in front of what it points to loses it
+    ("A woman and her child sitting nest to a man on a park bench.",
+     "Her child and a woman sitting nest to a man on a park bench."),
+    ("a little boy sitting on a skateboard and riding it", "a little boy riding it and sitting on a skateboard"),
+    ("A woman playing  with a toilet seat and putting a normal chair over it.",
+     "A woman putting a normal chair over it and playing  with a toilet seat."),
 ]
 
 

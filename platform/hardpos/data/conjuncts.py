@@ -11,6 +11,8 @@ from __future__ import annotations
 from hardpos.data.textnorm import fold_counted_plurals, tokens
 from hardpos.data.wordclasses import (
     _AFTER_COORDINATION,
+    _ANAPHORS,
+    _POSSESSIVES,
     _BINDS_RIGHT,
     _BINDS_RIGHT_ANIMATE,
     _CLAUSE_PUNCT,
@@ -100,7 +102,10 @@ def _whole_conjuncts(toks: list[str], i: int, a: int, y0: int, j: int, middles: 
     * Nothing starts right after another "and" (nested coordination: "a black and [white cat]
       and [dog]").
     * Adjectives share the noun after them ("a [black] and [white] cat") or are predicates
-      after a verb ("is [black] and [white]").
+      after a verb ("is [black] and [white]"); never after a noun, where X may end a compound
+      ("some toilet [paper] and [brown] tiles").
+    * Y holds no word pointing back to X ("a woman and [her child]", "... and [putting a chair
+      over it]"): in front of X it would lose what it points to.
     * Verb phrases follow their subject ("a man [wearing glasses] and [holding a bottle]"); one
       with an object ends the clause; two bare verbs share only a place ("sitting and standing
       on a bench"), not an object or complement ("smiling and taking a picture").
@@ -131,7 +136,7 @@ def _whole_conjuncts(toks: list[str], i: int, a: int, y0: int, j: int, middles: 
       the linker's noun is itself inside a prepositional phrase ("with a frame on [wall] and
       [sink]": the sink may be the frame's partner).
     """
-    common = cls.shapes(toks[i:a]) & cls.shapes(toks[y0:j])
+    common = cls.shapes(toks[i:a]) & cls.shapes(toks[y0:j]) - _points_back(toks[y0:j], cls)
     if middles:
         seps = [t for t in toks[a:y0] if t in _COORDINATORS or t == ","]
         if any(t != "," for t in seps[:-1]) or any(cls.linker(t) for s, e in middles for t in toks[s:e]):
@@ -160,6 +165,18 @@ def _whole_conjuncts(toks: list[str], i: int, a: int, y0: int, j: int, middles: 
                 cls):
             common -= {"noun"}
     return any(_EDGE_RULES[shape](toks, i, a, y0, j, cls) for shape in sorted(common))
+
+
+def _points_back(y: list[str], cls: _Classify) -> frozenset[str]:
+    """The shapes in which Y's pronouns may point back to X, so that Y cannot move in front of
+    it: any pronoun in a noun phrase ("a woman and [her child]"); in a verb phrase an object
+    pronoun ("sitting on a skateboard and [riding it]"), not a possessive of the subject
+    ("kneeling by his skateboard and [holding up his arm]")."""
+    if not any(t in _ANAPHORS for t in y):
+        return frozenset()
+    nxt = [*y[1:], None]
+    in_vp = any(t in _ANAPHORS - _POSSESSIVES and not (t == "her" and cls.content(n)) for t, n in zip(y, nxt))
+    return frozenset({"noun", "adj", "vp"} if in_vp else {"noun", "adj"})
 
 
 def _earlier_members(toks: list[str], i: int, cls: _Classify) -> list[list[str]]:
@@ -206,6 +223,8 @@ def _noun_list_ok(members: list[list[str]], right: str | None, cls: _Classify) -
 def _adjectives_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: _Classify) -> bool:
     left = toks[i - 1] if i > 0 else None
     right = toks[j] if j < len(toks) else None
+    if left in cls.wc.nouns and left not in cls.wc.adjectives:
+        return False  # "some toilet [paper] and [brown] tiles": X may end a compound noun
     if cls.content(right):
         return True  # a shared head noun ("a brown and gold fire hydrant")
     if (left in _DETERMINERS or cls.content(left)) and cls.ing_verb(right or "") and cls.content(

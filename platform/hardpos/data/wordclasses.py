@@ -55,6 +55,12 @@ _BINDS_RIGHT = frozenset({"with", "without", "of", "to", "wearing", "holding", "
 _BINDS_RIGHT_ANIMATE = frozenset({"in"})
 #: after a coordination of noun phrases these float over the whole ("apples and pears all in a bowl")
 _AFTER_COORDINATION = frozenset({"all", "both", "together", "each"})
+#: words that point back to something named before them ("a woman and [her child]", "playing with
+#: a seat and [putting a chair over it]"): moved in front of what they point to, they lose it
+_ANAPHORS = frozenset({"it", "its", "her", "his", "him", "them", "their", "theirs", "itself", "himself", "herself",
+                       "themselves"})
+#: ... of those, the ones a verb phrase may hold for its subject ("kneeling by [his] skateboard")
+_POSSESSIVES = frozenset({"its", "his", "their"})
 #: finite verbs: "[a kitchen has a stove] and [microwave]" is no reading, so Y cannot be the subject's partner
 _FINITE = frozenset({"is", "are", "was", "were", "has", "have", "had", "holds", "hold", "shows", "show", "features",
                      "contains", "includes", "include", "including", "depicting", "showing", "reflecting"})
