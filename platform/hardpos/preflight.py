@@ -313,7 +313,7 @@ def _is_checkpoint(pretrained: str) -> bool:
 
 # --------------------------------------------------------------------------- per stage
 TRIPLET_COLUMNS = (("caption",), ("image", "image_bytes", "jpg", "png"))
-BENCHMARK_TABLE_KINDS = ("triplets", "parquet", "jsonl")
+BENCHMARK_TABLE_KINDS = ("triplets",)
 
 
 def _tracking_of(cfg: Any) -> TrackingConfig | None:
@@ -342,17 +342,16 @@ def benchmark(key: str, spec: Any, allow_empty: bool) -> None:
     if spec.kind in BENCHMARK_TABLE_KINDS:
         check_table(f"{key}.path", spec.path, columns=(("caption",),), what=f"{spec.kind} benchmark file",
                     allow_empty=allow_empty, image_root=spec.image_root)
-    elif not storage.is_s3(spec.path) and not spec.path.startswith(("hf://", "http://", "https://")):
-        input_files(f"{key}.path", spec.path, suffixes=(".json", ".jsonl", ".parquet", ".tar"),
-                    what=f"{spec.kind} benchmark")
+    elif not spec.path.startswith(("hf://", "http://", "https://")) and not storage.exists(spec.path):
+        fail(f"{key}.path", spec.path, f"{spec.kind} benchmark not found", "check the path (a file or folder)")
 
 
 def evaluate(cfg: Any) -> None:
     """The evaluate stage: benchmark files, servers, then the model's weights."""
     specs = list(cfg.benchmarks)
     check_s3_endpoint([s.path for s in specs] + [cfg.model.pretrained, cfg.world, cfg.output_dir])
-    if cfg.world:
-        input_files("world", cfg.world, suffixes=(".parquet",), what="world folder")
+    if cfg.world and not storage.exists(cfg.world):
+        fail("world", cfg.world, "world folder not found", "run `hardpos world` first, or fix the path")
     for spec in specs:
         benchmark(f"benchmarks.{spec.name}", spec, allow_empty=cfg.allow_empty)
     check_tracking(cfg.tracking)
@@ -362,8 +361,8 @@ def evaluate(cfg: Any) -> None:
 def interpolate(cfg: Any) -> None:
     """The interpolate stage: like evaluate, for both endpoints of the mix."""
     check_s3_endpoint([s.path for s in cfg.benchmarks] + [cfg.base.pretrained, cfg.finetuned.pretrained, cfg.world])
-    if cfg.world:
-        input_files("world", cfg.world, suffixes=(".parquet",), what="world folder")
+    if cfg.world and not storage.exists(cfg.world):
+        fail("world", cfg.world, "world folder not found", "run `hardpos world` first, or fix the path")
     for spec in cfg.benchmarks:
         benchmark(f"benchmarks.{spec.name}", spec, allow_empty=cfg.allow_empty)
     check_tracking(cfg.tracking)
