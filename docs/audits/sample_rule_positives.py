@@ -2,7 +2,7 @@
 """Regenerate the unlabelled sample of rule REPLACE hard positives for a hand audit.
 
     python docs/audits/sample_rule_positives.py CAPTIONS OUT.tsv [--n 320] [--seed 15]
-        [--rule-seed 0] [--previous LABELLED.tsv] [--exclude AUDIT.tsv ...]
+        [--rule-seed 0] [--previous LABELLED.tsv] [--exclude AUDIT.tsv ...] [--kind replace|swap]
 
 CAPTIONS: any caption source ``hardpos`` reads (the audits use the NegCLIP COCO
 validation captions, ``valid_neg_clip.tsv``). The sample is the first ``--n`` captions
@@ -33,11 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rule-seed", type=int, default=0)
     ap.add_argument("--previous", default=None)
     ap.add_argument("--exclude", nargs="*", default=[])
+    ap.add_argument("--kind", choices=("replace", "swap"), default="replace")
     args = ap.parse_args(argv)
 
     caps = [r["caption"] for r in read_captions(args.captions)]
     skip = {r["caption"] for path in args.exclude for r in read_audit(path, labelled=False)}
-    rows, stats = sample_rule_positives(caps, n=args.n, seed=args.seed, rule_seed=args.rule_seed, skip=skip)
+    rows, stats = sample_rule_positives(caps, n=args.n, seed=args.seed, rule_seed=args.rule_seed, skip=skip,
+                                        kind=args.kind)
     reused = 0
     if args.previous:
         before = {r["caption"]: r for r in read_audit(args.previous)}
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                 reused += 1
     write_audit(args.out, rows)
     print(f"{len(rows)} rows from {stats.drawn} drawn captions -> {args.out}; "
-          f"REPLACE-positive coverage of all {len(set(caps))} unique captions: {stats.coverage_all:.1%}"
+          f"{args.kind.upper()}-positive coverage of all {len(set(caps))} unique captions: {stats.coverage_all:.1%}"
           + (f"; labels carried over for {reused} unchanged rows" if args.previous else ""))
     return 0
 

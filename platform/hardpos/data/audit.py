@@ -1,7 +1,7 @@
 """Hand audits of rule hard positives: a repeatable sample, and the labelled file's rates.
 
-An audit answers "how many REPLACE hard positives that the rule engine would write for
-real captions change the meaning?". :func:`sample_rule_positives` draws the sample the
+An audit answers "how many REPLACE (or SWAP) hard positives that the rule engine would
+write for real captions change the meaning?". :func:`sample_rule_positives` draws the sample the
 way the generate stage does (one ``RulePerturber.pick(caption, "positive", "replace")``
 per caption), from captions shuffled with a fixed seed, so the same command always
 gives the same rows; a person then labels each row ``ok`` / ``wrong`` / ``doubtful``
@@ -33,7 +33,7 @@ class SampleStats:
 
     drawn: captions taken from the shuffled order before ``n`` positives were found.
     with_positive: of those, how many got a REPLACE positive.
-    coverage_all: share of ALL unique captions that get a REPLACE positive (not only the drawn ones).
+    coverage_all: share of ALL unique captions that get a positive of the kind (not only the drawn ones).
     """
 
     drawn: int
@@ -47,8 +47,9 @@ def unique_captions(captions: Iterable[str]) -> list[str]:
 
 
 def sample_rule_positives(captions: Iterable[str], *, n: int = 320, seed: int = 15, rule_seed: int = 0,
-                          perturber=None, skip: Iterable[str] = ()) -> tuple[list[dict], SampleStats]:
-    """The first ``n`` captions, in an order shuffled by ``seed``, that get a picked REPLACE positive.
+                          perturber=None, skip: Iterable[str] = (), kind: str = "replace") -> tuple[list[dict], SampleStats]:
+    """The first ``n`` captions, in an order shuffled by ``seed``, that get a picked ``kind``
+    ("replace" or "swap") positive.
 
     Returns rows ``{"caption", "positive", "slot"}`` in sample order, and :class:`SampleStats`.
     The shuffle depends only on ``seed`` and the caption list, so re-running after a lexicon
@@ -57,9 +58,12 @@ def sample_rule_positives(captions: Iterable[str], *, n: int = 320, seed: int = 
     further down the order.
     rule_seed: the perturber's seed (the generate stage's default is 0).
     skip: captions never sampled (those of earlier audits, for a held-out sample).
+    kind: which rule positives: "replace" (synonyms) or "swap" (whole conjuncts exchanged).
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
+    if kind not in ("replace", "swap"):
+        raise ValueError(f"kind must be 'replace' or 'swap', got {kind!r}")
     if perturber is None:
         perturber = RulePerturber(seed=rule_seed)
     caps = unique_captions(captions)
@@ -73,10 +77,10 @@ def sample_rule_positives(captions: Iterable[str], *, n: int = 320, seed: int = 
         if len(rows) == n:
             break
         drawn += 1
-        p = perturber.pick(caption, "positive", "replace")
+        p = perturber.pick(caption, "positive", kind)
         if p is not None:
             rows.append({"caption": caption, "positive": p.text, "slot": p.slot})
-    covered = sum(perturber.pick(c, "positive", "replace") is not None for c in caps)
+    covered = sum(perturber.pick(c, "positive", kind) is not None for c in caps)
     return rows, SampleStats(drawn=drawn, with_positive=len(rows), coverage_all=covered / len(caps) if caps else 0.0)
 
 

@@ -1,0 +1,52 @@
+"""The hand audit of rule SWAP hard positives (docs/audits/swap_positives_*.tsv).
+
+* held out: 120 NegCLIP captions (seed 2026) with the positive the engine picks, each labelled;
+  the engine must still pick exactly these, and the wrong share stays at its measured 2 of 120.
+* dropped: the 10 positives the comma-list, compound and pronoun guards removed, each labelled
+  wrong with its reason; the engine must never emit them again and the validator must refuse them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hardpos.data.audit import audit_rates, read_audit
+from hardpos.data.perturb import RulePerturber
+from hardpos.data.validate import validate
+
+AUDITS = Path(__file__).resolve().parent.parent / "docs" / "audits"
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return RulePerturber(seed=0)
+
+
+def test_heldout_swap_audit_is_what_the_engine_picks_and_meets_its_bar(rules):
+    rows = read_audit(AUDITS / "swap_positives_heldout.tsv")
+    assert len(rows) == 120
+    for r in rows:
+        picked = rules.pick(r["caption"], "positive", "swap")
+        assert picked is not None and picked.text == r["positive"], r["caption"]
+    rates = audit_rates(rows)
+    assert rates["wrong"] <= 2 / 120 and rates["doubtful"] <= 10 / 120
+
+
+def test_dropped_swap_positives_stay_dropped(rules):
+    rows = read_audit(AUDITS / "swap_positives_dropped.tsv")
+    assert len(rows) == 10 and {r["label"] for r in rows} == {"wrong"}
+    for r in rows:
+        assert all(p.text != r["positive"] for p in rules.hard_positives(r["caption"])), r["caption"]
+        assert validate(r["caption"], r["positive"], "swap").reason == "not_conjunct_swap"
+
+
+def test_the_sampler_draws_swap_positives_and_names_a_bad_kind():
+    from hardpos.data.audit import sample_rule_positives
+
+    caps = ["a cat and a dog on a bench", "a red car", "a man and a woman on a beach"]
+    rows, stats = sample_rule_positives(caps, n=5, seed=1, kind="swap")
+    assert {r["caption"] for r in rows} == {caps[0], caps[2]} and stats.coverage_all == 2 / 3
+    assert all(r["slot"].startswith("conjuncts:") for r in rows)
+    with pytest.raises(ValueError, match="kind must be 'replace' or 'swap', got 'add'"):
+        sample_rule_positives(caps, kind="add")
