@@ -85,6 +85,9 @@ CASES = [
     ("eval-unknown-kind", "evaluate", ["benchmarks=[{{name: b, kind: bogus, path: {d}/good.parquet}}]"], "bogus", {}),
     ("eval-missing", "evaluate", ["benchmarks=[{{name: b, kind: triplets, path: {d}/nope.parquet}}]"],
      "benchmarks.b.path", {}),
+    ("sweep-train-config-missing", "sweep", ["train_config={d}/nope.yaml"], "train_config not found", {}),
+    ("sweep-empty-triplets", "sweep", ["train_config=null", "train_overrides={{data: {{train_path: {d}/empty.parquet}}}}"],
+     "no rows", {}),
     ("eval-empty", "evaluate", ["benchmarks=[{{name: b, kind: triplets, path: {d}/empty.parquet}}]"], "no rows", {}),
 ]
 
@@ -97,7 +100,7 @@ def warm_cli():
     from hardpos import cli
     from hardpos.runtime import stage_module
 
-    for stage in ("train", "generate", "evaluate"):
+    for stage in ("train", "generate", "evaluate", "sweep"):
         stage_module(stage)
     return cli
 

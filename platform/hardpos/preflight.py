@@ -419,13 +419,31 @@ def generate(cfg: Any) -> None:
     check_tracking(cfg.tracking)
 
 
+def sweep(cfg: Any) -> None:
+    """The sweep stage: the trials' shared train config (file + overrides) loads, and its
+    inputs and weights pass the train stage's checks; then the sweep's tracking server."""
+    # lazy: the sweep stage module imports Ray Tune
+    from hardpos.config import from_dict
+    from hardpos.stages.sweep import base_train_dict
+    from hardpos.train.config import TrainConfig
+
+    base = from_dict(TrainConfig, base_train_dict(cfg))
+    data = base.data
+    check_s3_endpoint([data.train_path, data.val_path, base.model.pretrained, cfg.output_dir])
+    check_table("train_overrides.data.train_path", data.train_path, columns=TRIPLET_COLUMNS, what="triplet file",
+                allow_empty=cfg.allow_empty, image_root=data.image_root)
+    check_tracking(cfg.tracking)
+    check_model("train_overrides.model", base.model.arch, base.model.pretrained)
+
+
 def world(cfg: Any) -> None:
     """The world stage reads nothing: only the tracking server."""
     check_s3_endpoint([cfg.output_dir])
     check_tracking(cfg.tracking)
 
 
-STAGES = {"train": train, "evaluate": evaluate, "interpolate": interpolate, "generate": generate, "world": world}
+STAGES = {"train": train, "evaluate": evaluate, "interpolate": interpolate, "generate": generate, "world": world,
+          "sweep": sweep}
 
 
 def run_checks(stage: str, cfg: Any) -> None:
