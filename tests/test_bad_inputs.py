@@ -189,3 +189,16 @@ def test_allow_empty_keeps_the_old_behaviour(files, tmp_path):
     with pytest.raises(ConfigError, match="no captions"):
         run_checks("generate", load_config(Config, None, empty))
     run_checks("generate", load_config(Config, None, [*empty, "allow_empty=true"]))  # no error
+
+
+def test_a_stage_that_fails_later_says_so_in_one_line_and_verbose_gives_the_traceback(warm_cli, tmp_path):
+    """Past the checks (the experiment is looked up when the stage runs): exit 1 and one line
+    naming the error; --verbose adds the traceback."""
+    args = [f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db", "experiment=nope", f"output_dir={tmp_path}/out"]
+    code, stderr, _ = run_forked(warm_cli, "register", args, tmp_path, {})
+    ours = [ln for ln in stderr.splitlines() if ln.startswith("hardpos register")]
+    assert code == 1 and "Traceback" not in stderr, stderr[-2000:]
+    assert ours == [f"hardpos register: failed: LookupError: MLflow experiment 'nope' does not exist at "
+                    f"sqlite:///{tmp_path}/mlflow.db (--verbose shows the traceback)"]
+    code, stderr, _ = run_forked(warm_cli, "register", [*args, "--verbose"], tmp_path, {})
+    assert code == 70 and "Traceback" in stderr and "LookupError" in stderr  # raised out of main
