@@ -273,7 +273,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     files["results_json"] = storage.write_json(ctx.path("results.json"), results)
     if cfg.chart:
         with tempfile.TemporaryDirectory() as tmp:
-            local = R.write_chart(rows, str(Path(tmp) / "results.png"), title=title[:90])
+            local = R.write_chart(rows, str(Path(tmp) / "results.png"), title=title)  # the chart wraps it
             storage.write_bytes(ctx.path("results.png"), Path(local).read_bytes())
             ctx.log_artifact(local)
         files["chart"] = ctx.path("results.png")
