@@ -290,6 +290,7 @@ def test_http_engine_end_to_end_on_real_negclip_captions(ray_session, shared_dat
         assert stub.requests == n_requests + n_flaky  # each 503 retried exactly once; nothing else resent
 
     assert summary["complete"] and summary["shards_total"] == 4 and summary["captions"] == n
+    assert summary["validation"] == {"replace": "strict", "swap": "strict"}
     assert summary["inputs"] == n_requests == summary["accepted"] + summary["rejected"]
     got = collections.Counter()
     for kind, count in summary["accepted_by_kind"].items():

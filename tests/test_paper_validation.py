@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from hardpos.config import ConfigError
@@ -150,3 +151,33 @@ def test_the_judge_applies_each_kinds_mode():
         ("rejected", "identical", None)]
     mixed = judge_batch(batch, validation={"swap": "paper"}).to_pylist()  # kinds not named: strict
     assert [r["status"] for r in mixed] == ["accepted", "rejected", "rejected"]
+
+
+def test_the_generate_stage_judges_the_paper_preset_as_the_paper(ray_session, shared_data, tmp_path):
+    """The http engine against the OpenAI-compatible stub on 127.0.0.1 with prompts=paper: the
+    stub's chatter and multi-edit answers are accepted as generated; only what cannot be a
+    caption is rejected."""
+    from hardpos.config import load_config
+    from hardpos.runtime import execute
+    from hardpos.testing.openai_stub import OpenAIStub, behaviour
+    import hardpos.stages.generate as g
+
+    source = str(shared_data / "negclip" / "valid_neg_clip.tsv")
+    with OpenAIStub() as stub:
+        cfg = load_config(g.Config, None, [
+            f"output_dir={tmp_path / 'out'}", "tracking.enabled=false", f"input={source}", "limit=60",
+            "shard_size=30", "prompts=paper", "engine.kind=http", f"engine.http.url={stub.url}",
+            "engine.http.model=stub-llm", "engine.http.retry_wait_s=0.01", "engine.http.preflight=false"])
+        summary = execute("generate", cfg, quiet=True)
+    assert summary["validation"] == {"replace": "paper", "swap": "paper"}
+    reasons = {key.split("/")[1] for key in summary["rejected_by_kind_reason"]}
+    assert reasons <= {"empty", "identical", "length", "non_text", "http_error"}, reasons
+    # the stub's multi-edit answers are kept as generated; its chatter (the answer wrapped in
+    # 14 more words) runs past twice a caption's length, so only "length" can reject it
+    accepted = pq.read_table(summary["outputs"]["accepted"]).to_pylist()
+    assert summary["accepted"] == len(accepted) > 0
+    assert any(behaviour(r["caption"].strip(), r["kind"]) == "multi" for r in accepted)
+    rejects = pq.read_table(summary["outputs"]["rejects"]).to_pylist()
+    assert {r["reason"] for r in rejects if behaviour(r["caption"].strip(), r["kind"]) == "chatter"} <= {"length"}
+    assert all(r["text"].startswith("Sure!") for r in accepted if behaviour(r["caption"].strip(), r["kind"]) == "chatter")
+

@@ -300,6 +300,9 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     # Test-set hygiene: positives that are the REPLACE benchmark's own substitutions (0 unless
     # engine.rules.include_benchmark_pairs is on, or an LLM wrote them itself).
     summary["include_benchmark_pairs"] = cfg.engine.rules.include_benchmark_pairs
+    # how each kind's outputs were judged ("paper": as the paper's release, "strict": every check;
+    # the rule engine's own rows are always strict)
+    summary["validation"] = {t.kind: "strict" if cfg.engine.kind == "rules" else t.validation for t in templates}
     if "accepted" in outputs:
         summary["positives_with_benchmark_substitutions"] = benchmark_substitution_count(outputs["accepted"])
     if preflight is not None:
