@@ -167,6 +167,8 @@ CONJUNCT_SWAPS = [
     # a verb phrase's possessive points to the subject, which stays where it is
     ("A boy kneeling down by his skateboard and holding up his arm cast.",
      "A boy holding up his arm cast and kneeling down by his skateboard."),
+    # "between" takes two things by nature
+    ("A herd of sheep standing between a train and a river.", "A herd of sheep standing between a river and a train."),
 ]
 
 BINDING_SWAPS = [
@@ -225,6 +227,10 @@ BINDING_SWAPS = [
     ("a little boy sitting on a skateboard and riding it", "a little boy riding it and sitting on a skateboard"),
     ("A woman playing  with a toilet seat and putting a normal chair over it.",
      "A woman putting a normal chair over it and playing  with a toilet seat."),
+    # a place's two objects at the caption's end: the second may be the subject's partner
+    ("a yellow truck on a street and a traffic light", "a yellow truck on a traffic light and a street"),
+    ("A toilet and sink side by side in a bathroom and a mirror.",
+     "A toilet and sink side by side in a mirror and a bathroom."),
 ]
 
 

@@ -134,7 +134,9 @@ def _whole_conjuncts(toks: list[str], i: int, a: int, y0: int, j: int, middles: 
       conjunct has a determiner, after "of" always, elsewhere unless the bare one is a known
       thing or the linker is a finite verb ("a kitchen has [a stove] and [microwave]"); and when
       the linker's noun is itself inside a prepositional phrase ("with a frame on [wall] and
-      [sink]": the sink may be the frame's partner).
+      [sink]": the sink may be the frame's partner); and when the linker is a place ("on", "in",
+      not "between") and both conjuncts, each with its own determiner, end the caption ("a
+      truck on [a street] and [a traffic light]": the light may be the truck's partner).
     """
     common = cls.shapes(toks[i:a]) & cls.shapes(toks[y0:j]) - _points_back(toks[y0:j], cls)
     if middles:
@@ -282,6 +284,8 @@ def _noun_phrases_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: _Cla
             return False
         if link == "of" and toks[opener - 1] not in _OF_COLLECTIONS:
             return False
+        if link in _LOCATIVE and link not in _TAKES_PAIR and x_det and y_det and cls.boundary(right):
+            return False  # "a truck on [a street] and [a traffic light]": the light may be the truck's partner
         if link in _PREPOSITIONS and _nested_in_prepositional_phrase(toks, opener, cls):
             return False  # "with a coat on [his shoulder] and [a suitcase] by his foot"
         if x_det != y_det:
@@ -343,6 +347,9 @@ def _may_share_modifiers(first: list[str], second: list[str], cls: _Classify) ->
     pure = cls.wc.pure_adjectives
     return len(second) == 1 or (any(t in pure for t in mods) and not any(t in pure for t in second))
 
+
+#: places that name two things by nature ("between a train and a river"): the coordination is theirs
+_TAKES_PAIR = frozenset({"between", "among", "amongst"})
 
 _EDGE_RULES = {"adj": _adjectives_ok, "vp": _verb_phrases_ok, "noun": _noun_phrases_ok}
 
