@@ -9,6 +9,7 @@ file. ``make test-unit`` (``-m "not integration and not slow and not gpu"``) run
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,16 @@ INTEGRATION_FIXTURES = frozenset({"ray_session", "s3_server", "s3_env", "mlflow_
 
 
 def pytest_configure(config):
-    """The ``browser`` mark: tests that drive a real headless Chromium (tests/test_explorer.py)."""
+    """The ``browser`` mark: tests that drive a real headless Chromium (tests/test_explorer.py).
+
+    Also the S3 credentials of moto's server, as a cluster provides them: a credentials file
+    named by ``AWS_SHARED_CREDENTIALS_FILE`` in the environment every Ray process starts
+    with (HardPos never copies secrets into a worker's runtime_env, so a worker finds them
+    through the standard AWS chain, as on a real cluster)."""
+    if not os.environ.get("AWS_SHARED_CREDENTIALS_FILE"):
+        creds = Path(tempfile.mkdtemp(prefix="hardpos-aws-")) / "credentials"
+        creds.write_text("[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
+        os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(creds)
     config.addinivalue_line("markers", "browser: drives a real headless Chromium (skips without one unless "
                                        "HARDPOS_REQUIRE_BROWSER is set, then fails)")
 
@@ -71,14 +81,17 @@ def s3_server():
 
 @pytest.fixture
 def s3_env(s3_server, monkeypatch):
-    """Point the storage layer (boto3 + pyarrow) at moto; returns a fresh bucket name."""
+    """Point the storage layer (boto3 + pyarrow) at moto; returns a fresh bucket name.
+
+    Credentials come from the credentials file :func:`pytest_configure` set up, not from
+    ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``."""
     import uuid
 
     from hardpos import storage
 
     monkeypatch.setenv("HARDPOS_S3_ENDPOINT_URL", s3_server)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     storage._client.cache_clear()
     bucket = f"hardpos-{uuid.uuid4().hex[:10]}"

@@ -8,6 +8,9 @@
   ``$AWS_REGION`` / ``$AWS_DEFAULT_REGION`` (default us-east-1).
 * Missing keys raise :class:`FileNotFoundError`, missing buckets :class:`StorageError`,
   both naming the URI.
+* :func:`worker_env` is the one place that decides what a Ray worker's ``runtime_env``
+  gets from the driver: where things are (endpoints, region, caches, credential *files*),
+  never a secret.
 
 Nothing here touches the network at import time.
 """
@@ -17,6 +20,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,6 +30,34 @@ from urllib.parse import urlparse
 
 class StorageError(RuntimeError):
     """A storage operation failed for a reason other than a missing key."""
+
+
+# --------------------------------------------------------------------------- worker environment
+#: What Ray workers need to reach the same S3 endpoint, model caches and MLflow store as the
+#: driver: locations and switches only. Credentials reach a worker through the standard AWS
+#: chain on its node (an instance role, a mounted credentials file named by
+#: ``AWS_SHARED_CREDENTIALS_FILE`` / ``AWS_PROFILE``, or the cluster's own environment),
+#: never through ``runtime_env``, which the dashboard and job metadata show to anyone.
+WORKER_ENV = ("HARDPOS_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
+              "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_CA_BUNDLE",
+              "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT", "HARDPOS_CACHE_DIR")
+TRACKING_ENV = ("MLFLOW_TRACKING_URI",)
+#: Names that hold a secret (checked on every forwarded variable, whatever the allow-list says).
+SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|ACCESS_KEY|PRIVATE_KEY|API_KEY|_AUTH$", re.IGNORECASE)
+
+
+def worker_env(include_tracking: bool = True) -> dict[str, str]:
+    """The driver's environment variables a Ray worker gets (for ``runtime_env.env_vars``):
+    :data:`WORKER_ENV` (plus ``MLFLOW_TRACKING_URI`` when ``include_tracking``) that are set,
+    never a name matching :data:`SECRET_NAME`, nor a URI with a password in it."""
+    names = WORKER_ENV + (TRACKING_ENV if include_tracking else ())
+    env = {k: os.environ[k] for k in names if os.environ.get(k)}
+    return {k: v for k, v in env.items() if not SECRET_NAME.search(k) and not _has_password(v)}
+
+
+def _has_password(value: str) -> bool:
+    parsed = urlparse(value) if "://" in value else None
+    return bool(parsed and parsed.password)
 
 
 # --------------------------------------------------------------------------- uris

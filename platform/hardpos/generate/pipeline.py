@@ -37,7 +37,6 @@ replace one here.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 from typing import Any, Callable, Iterable
@@ -228,12 +227,6 @@ def _fetch_shard(job: ShardJob, blocks: CaptionBlocks, index: int) -> Shard:
     return plan_shard(caption_rows(tables, pieces, start), list(job.templates), index, job.source)
 
 
-def storage_env() -> dict[str, str]:
-    """The driver's S3 settings (endpoint, region, credentials) for workers that read or
-    write s3:// themselves; Ray's workers do not see variables set after they started."""
-    return {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "HARDPOS_S3_"))}
-
-
 def shard_count(num_captions: int, shard_size: int) -> int:
     return -(-num_captions // shard_size)
 
@@ -264,7 +257,7 @@ def run_worker_shards(job: ShardJob, blocks: CaptionBlocks, pending: Iterable[in
     stats, start = RunStats(), time.time()
     options: dict[str, Any] = {"num_cpus": num_cpus, "max_retries": 3}
     if storage.is_s3(job.out_dir):  # workers write the shards: they need the driver's S3 settings
-        options["runtime_env"] = {"env_vars": storage_env()}
+        options["runtime_env"] = {"env_vars": storage.worker_env(include_tracking=False)}
     task = ray.remote(rules_shard).options(**options)
     window = max(2, int(2 * ray.cluster_resources().get("CPU", 1) / max(num_cpus, 0.01)))
     todo, inflight = list(pending), {}

@@ -328,21 +328,17 @@ def first_bad_json_line(files: Sequence[str]) -> str | None:
     return None
 
 
-def _s3_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "HARDPOS_S3_"))}
-
-
 def _fs(src: SourceFiles) -> dict:
     """Reader arguments for s3:// sources: the filesystem, and the driver's S3 settings for
     the read tasks (Ray's workers do not see variables set after they started)."""
     if storage.is_s3(src.files[0]):
         return {"filesystem": storage.arrow_filesystem(src.files[0])[0],
-                "ray_remote_args": {"runtime_env": {"env_vars": _s3_env()}}}
+                "ray_remote_args": {"runtime_env": {"env_vars": storage.worker_env(include_tracking=False)}}}
     return {}
 
 
 def _task_args(src: SourceFiles) -> dict:
-    return {"runtime_env": {"env_vars": _s3_env()}} if storage.is_s3(src.files[0]) else {}
+    return {"runtime_env": {"env_vars": storage.worker_env(include_tracking=False)}} if storage.is_s3(src.files[0]) else {}
 
 
 def _ordered(ds):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import time
 import uuid
 from pathlib import Path
@@ -95,7 +94,7 @@ def build_trainer(cfg: TrainConfig, *, callbacks: Sequence[Any] = (), run_logger
     image_size = lm.model.visual.image_size
     image_size = image_size[0] if isinstance(image_size, (tuple, list)) else int(image_size)
     datasets = build_datasets(cfg.data, lm.preprocess_train, lm.preprocess_val, lm.tokenizer, image_size,
-                              batch_size=cfg.batch_size, env=forwarded_env(include_tracking=False),
+                              batch_size=cfg.batch_size, env=storage.worker_env(include_tracking=False),
                               num_cpus=decode_task_cpus(cfg, ray.cluster_resources().get("CPU", 0.0)), seed=cfg.seed)
     spe, total = plan_steps(datasets.train_rows, cfg)
     plan = Plan(datasets.train_rows, datasets.val_rows, spe, total, cfg.batch_size * cfg.scaling.num_workers)
@@ -103,7 +102,7 @@ def build_trainer(cfg: TrainConfig, *, callbacks: Sequence[Any] = (), run_logger
     resources = {"CPU": cfg.scaling.cpus_per_worker, **cfg.scaling.resources_per_worker}
     if cfg.scaling.use_gpu:
         resources["GPU"] = 1
-    env = forwarded_env()
+    env = storage.worker_env()
     run_config = ray.train.RunConfig(
         name=cfg.run_name or f"train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",
         storage_path=storage_path,
@@ -152,27 +151,6 @@ def decode_task_cpus(cfg: TrainConfig, cluster_cpus: float, reserved_cpus: float
                 cluster_cpus, cfg.scaling.num_workers, cfg.scaling.cpus_per_worker,
                 f" and {reserved_cpus:g} reserved" if reserved_cpus else "")
     return 1.0
-
-
-# Environment the workers need to reach the same S3 endpoint / MLflow store as the driver.
-_S3_ENV = ("HARDPOS_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
-_CRED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-# Where hf-hub: model sources are cached, and whether the Hub may be reached.
-_HF_ENV = ("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT")
-
-
-def forwarded_env(include_tracking: bool = True) -> dict[str, str]:
-    """Driver environment variables Ray workers need (for a runtime_env).
-
-    S3 endpoint/region and the Hugging Face cache/offline switches always; credentials only together with an endpoint override (a
-    MinIO/moto-style dev setup): on AWS the nodes' own credential chain is used, and
-    secrets are not copied into Ray's runtime environment.
-    """
-    names = list(_S3_ENV) + list(_HF_ENV) + (["MLFLOW_TRACKING_URI", "HARDPOS_CACHE_DIR"] if include_tracking else [])
-    env = {k: os.environ[k] for k in names if os.environ.get(k)}
-    if any(k in env for k in _S3_ENV[:3]):
-        env.update({k: os.environ[k] for k in _CRED_ENV if os.environ.get(k)})
-    return env
 
 
 def resolve_paths(cfg: TrainConfig) -> TrainConfig:
