@@ -1,0 +1,68 @@
+"""Every third-party module the package imports is a declared requirement of its own (not
+left to arrive through another package's requirements): the product's imports in
+``[project.dependencies]`` (``vllm`` in its extra), the measuring tools' and test helpers'
+(``hardpos.perf``, ``hardpos.testing``) in an extra. Pure ``ast`` over the source."""
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from importlib import metadata
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "platform" / "hardpos"
+TOOLING = ("perf/", "testing/")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _declared() -> tuple[set[str], dict[str, set[str]]]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    name = lambda req: _norm(re.split(r"[\s<>=!~\[;]", req, maxsplit=1)[0])  # noqa: E731
+    core = {name(r) for r in project["dependencies"]}
+    extras = {k: {name(r) for r in v} for k, v in project["optional-dependencies"].items()}
+    return core, extras
+
+
+def _imports() -> dict[str, set[str]]:
+    """top-level module -> the package files (relative) importing it, third-party only."""
+    found: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for top in {n.split(".")[0] for n in names}:
+                if top not in sys.stdlib_module_names and top not in ("hardpos", "__future__"):
+                    found.setdefault(top, set()).add(path.relative_to(PACKAGE).as_posix())
+    return found
+
+
+def test_every_imported_distribution_is_declared():
+    core, extras = _declared()
+    dists = metadata.packages_distributions()
+    problems = []
+    for module, files in sorted(_imports().items()):
+        candidates = {_norm(d) for d in dists.get(module, [module])}  # not installed (vllm): its own name
+        product = sorted(f for f in files if not f.startswith(TOOLING))
+        allowed = core | extras.get("vllm", set()) if product else core | set().union(*extras.values())
+        if not candidates & allowed:
+            problems.append(f"{module} ({', '.join(sorted(candidates))}) imported by {sorted(files)[:3]}")
+    assert not problems, "imported but not declared in pyproject.toml:\n" + "\n".join(problems)
+
+
+def test_the_check_sees_the_imports_it_must():
+    found = _imports()
+    assert {"torch", "ray", "mlflow", "aiohttp", "safetensors", "PIL"} <= set(found)
+    assert any(f.startswith("perf/") for f in found.get("httpx", ()))
