@@ -1,4 +1,4 @@
-"""The relation learnability probe (issue 17): its rows say only the relation apart, its score
+"""The relation learnability probe: its rows say only the relation apart, its score
 is the evaluator's rule, and a tiny run goes end to end."""
 import random
 
@@ -60,7 +60,7 @@ def test_a_tiny_run_scores_the_world_benchmark(tmp_path):
 
 
 def test_the_sincos_demo_arch_differs_from_hardpos_demo_only_in_its_fixed_2d_position_embedding():
-    # the relation lever of session 6: the same tower with fixed 2-D sin-cos position embeddings
+    # the relation lever: the same tower with fixed 2-D sin-cos position embeddings
     # (learnt ones start at std ~0.1, too weak for a from-scratch model to find positions)
     learnt = load_model(ModelConfig(arch="hardpos-demo")).model.visual
     sincos = load_model(ModelConfig(arch="hardpos-demo-sincos")).model.visual

@@ -1,5 +1,5 @@
 """`ray.include_dashboard=true`: a local Ray starts its dashboard on 127.0.0.1 and HardPos prints
-the address (issue 18). Run in a fresh interpreter: the test session's own Ray is already up,
+the address. Run in a fresh interpreter: the test session's own Ray is already up,
 and `init_ray` is idempotent."""
 import os
 import shutil

@@ -627,7 +627,7 @@ def test_rules_stage_over_a_glob_of_files_writes_webdataset_ray_reads(ray_sessio
     assert (meta["hard_positive"], meta["hard_negative"]) == (triplets[0]["hard_positive"], triplets[0]["hard_negative"])
 
 
-# --------------------------------------------------------------------------- bad sources (issue 19)
+# --------------------------------------------------------------------------- bad sources
 def _caption_lines(path, rows):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))

@@ -1,4 +1,4 @@
-"""WiSE-FT (issue 21): the weight mix is exact at its ends and linear between them,
+"""WiSE-FT: the weight mix is exact at its ends and linear between them,
 mismatched models fail with a message naming the difference, and the interpolate stage
 reproduces the endpoints' scores, tracks one child run per alpha and registers a mix
 with its provenance (real MLflow sqlite store, tiny hardpos-tiny checkpoints)."""

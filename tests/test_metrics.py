@@ -1,4 +1,4 @@
-"""The paper's metrics (DESIGN section 5) on hand-built score triples: every strict
+"""The paper's metrics (original / augmented accuracy, brittleness) on hand-built score triples: every strict
 ordering of (s_c, s_n, s_p), every tie, NaN positives, and subset averaging."""
 from __future__ import annotations
 

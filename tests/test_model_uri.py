@@ -1,5 +1,5 @@
 """``models:/`` and ``runs:/`` model sources resolve in the job's configured tracking URI, in
-every stage's loading path (issue 15 point 7).
+every stage's loading path.
 
 A tiny model is logged and registered (HardPos's own log_model + the register stage's core)
 in a store at ``<tmp>/a/mlruns.db``; each test then works from an empty ``<tmp>/b`` with

@@ -1,4 +1,4 @@
-"""The README's commands work as written (issue 18): every shell command it shows is extracted
+"""The README's commands work as written: every shell command it shows is extracted
 and the checkable part checked, fast (nothing is run but config parsing and ``--help``):
 
 * ``make X ...``: X is a Makefile target;

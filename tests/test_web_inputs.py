@@ -1,4 +1,4 @@
-"""Web-scale inputs (issue 19 item 2): webdataset tar shards and parquet with inline image
+"""Web-scale inputs: webdataset tar shards and parquet with inline image
 bytes, read through real Ray Data for training and evaluation; corrupt samples counted and
 skipped; bad sources named before any rows are read; per-row seeded augmentation."""
 from __future__ import annotations

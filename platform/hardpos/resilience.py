@@ -1,5 +1,5 @@
 """Alias of :mod:`hardpos.perf.resilience`, so ``python -m hardpos.resilience OUT [--quick]``
-keeps working after the fault-injection run moved out of the product modules (issue 16)."""
+keeps working after the fault-injection run moved out of the product modules."""
 import sys
 
 from hardpos.perf.resilience import *  # noqa: F401,F403  (the public names, for old imports)

@@ -1,8 +1,8 @@
 """Measuring tools for HardPos: they run the product, they are not part of it.
 
-Moved out of the product modules in issue 16 (they were ~2,200 of the package's lines and
-reached outside it: a test file loaded by path, import-path edits, a data folder guessed
-next to the repository, ``os.environ`` changed for the caller):
+Kept apart from the product modules (they would otherwise reach outside the package: a
+test file loaded by path, import-path edits, a data folder guessed next to the repository,
+``os.environ`` changed for the caller):
 
 * :mod:`hardpos.perf.harness` -- alternating A/B timing, the results table, and
   :func:`~hardpos.perf.harness.reference_data_dir` (``data_dir=`` / ``$HARDPOS_REFERENCE_DATA``).

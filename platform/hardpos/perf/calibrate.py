@@ -21,7 +21,6 @@ Two commands::
 ``seeds`` numbers (the real pipeline) go into the README.  Every key=value is parsed as YAML;
 ``seeds`` passes ``demo.<key>=<value>`` on to the demo config (e.g. ``demo.finetune.steps=200``).
 
-Moved from ``hardpos.calibrate`` (issue 16: measuring tools live in :mod:`hardpos.perf`);
 ``python -m hardpos.calibrate`` is an alias of ``python -m hardpos.perf.calibrate``.
 """
 from __future__ import annotations

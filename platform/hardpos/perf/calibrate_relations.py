@@ -1,4 +1,4 @@
-"""Can the demo model learn spatial relations at all?  A Ray-free learnability probe (issue 17).
+"""Can the demo model learn spatial relations at all?  A Ray-free learnability probe.
 
 The synthetic world's REPLACE-relation subset ("a red circle above a blue square" vs "... below
 ...") sits at chance for every model of the demo.  This tool separates "relations cannot be

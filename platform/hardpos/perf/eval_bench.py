@@ -14,7 +14,6 @@ same per-item scores (checked: ``max_abs_score_diff``) and the same metrics.
 
     python -m hardpos.perf.eval_bench n_rows=2000 data_dir=/path/to/reference/data
 
-Moved from ``hardpos.eval.bench`` (issue 16: measuring code lives in :mod:`hardpos.perf`).
 The reference files come from ``data_dir=`` or ``$HARDPOS_REFERENCE_DATA``
 (:func:`hardpos.perf.harness.reference_data_dir`), never from a path guessed next to the
 repository.

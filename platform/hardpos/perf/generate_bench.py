@@ -13,8 +13,6 @@ Cases (each pair alternates in one process, see :func:`hardpos.perf.harness.comp
 :func:`generate_bench` returns rows for the harness; :func:`measure_stage` runs the stage
 once and returns its captions/s, requests/s and tokens/s.
 
-Moved from ``hardpos.generate.bench`` (issue 16: measuring code lives in :mod:`hardpos.perf`;
-it used to load the stub out of the test folder and the captions from a path next to the repo).
 Captions: ``negclip/valid_neg_clip.tsv`` under ``data_dir`` / ``$HARDPOS_REFERENCE_DATA``
 when present, else synthetic ones.
 """

@@ -4,8 +4,7 @@ Why alternate: on a shared 2-core machine, background load drifts over seconds; 
 A, B, A, B, ... and taking the median of the per-pair ratios cancels most of that drift,
 where "all of A then all of B" would not.  Never used in tests as a timing assertion.
 
-Moved from ``hardpos.benchutil`` (issue 16: measuring tools live in :mod:`hardpos.perf`, not
-beside the product code). :func:`reference_data_dir` is the one place the suites learn where
+:func:`reference_data_dir` is the one place the suites learn where
 the public reference files are; the package never guesses a path outside itself.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Decode throughput of the three training input layouts (issue 19): image files named by a
+"""Decode throughput of the three training input layouts: image files named by a
 triplet parquet, parquet with the image bytes inline, webdataset tar shards.
 
 Writes ``n`` synthetic JPEGs (``size`` px) in each layout under ``workdir``, then times

@@ -65,7 +65,7 @@ class LoadgenConfig:
     match_niceness: run the plain peer at the CPU priority of Ray's worker processes (Ray
         starts Serve's proxy and replicas at +15 niceness by default), so on a machine where
         anything else runs both get the same share; False: the peer runs at this process's
-        niceness (how session 5 measured: the replica's forward then looked 1.8x slower).
+        niceness (measured without it, the replica's forward looked 1.8x slower).
     seed: payload randomness.
     """
 

@@ -8,7 +8,7 @@
 With ``url`` it measures that running server (:func:`measure`); without, it deploys the
 Ray Serve app batched and unbatched and the plain FastAPI + uvicorn peer side by side on
 this machine and compares them (:func:`compare_servers`). Prints a Markdown table, then the
-JSON. Split by job (issue 20): the client side (settings, payloads, levels, figures) is
+JSON. The client side (settings, payloads, levels, figures) is
 :mod:`hardpos.perf.load_client`, deploying and comparing is :mod:`hardpos.perf.serve_compare`;
 every public name is re-exported here, so ``from hardpos.perf.loadgen import ...`` keeps working.
 

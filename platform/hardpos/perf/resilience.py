@@ -24,8 +24,8 @@ starts its own cluster); use a private ``RAY_TMPDIR`` so the cluster's address f
 not replace another local Ray's. The cluster runs with ``RAY_AUTH_MODE=disabled``
 (loopback only, torn down at the end).
 
-Moved from ``hardpos.resilience`` (issue 16: measuring tools live in :mod:`hardpos.perf`;
-``python -m hardpos.resilience`` still works through an alias). The environment variables
+Measuring tools live in :mod:`hardpos.perf` (``python -m hardpos.resilience`` is an alias).
+The environment variables
 the simulated cluster needs (``RAY_ADDRESS``, ``RAY_AUTH_MODE``, the train scenario's
 ``MLFLOW_TRACKING_URI``) are set only inside :func:`scoped_environ` and restored on exit, so
 a caller's ``os.environ`` is left as it was. The Serve app is :mod:`hardpos.serve.app`.

@@ -115,7 +115,7 @@ def ray_worker_niceness() -> int:
     Ray starts its workers -- Serve's proxy and replicas among them -- at the raylet's
     ``worker_niceness`` (+15 by default, capped at 19) above the process that started it, so
     on a shared machine a Serve replica gets far less CPU than a peer started at this
-    process's niceness (issue 20: the replica's forward measured 1.8x slower)."""
+    process's niceness (without it the replica's forward measured 1.8x slower)."""
     return int(ray.get(ray.remote(num_cpus=0)(_niceness).remote(), timeout=120))
 
 

@@ -1,7 +1,7 @@
 """A multi-node Ray cluster simulated on one machine, and the thread/kill helpers of the
 resilience scenarios (:mod:`hardpos.perf.resilience`).
 
-Split out of :mod:`hardpos.perf.resilience` (issue 16: one module, one job): this module
+This module
 owns the cluster (start, add a node, SIGKILL a node by the PIDs Ray recorded, tear down)
 and the process environment it needs (:func:`scoped_environ`); the scenarios and their
 checks stay in ``resilience``, which re-exports these names.

@@ -7,8 +7,7 @@ evaluate, serve, generate, gpu (CUDA only), resilience (node loss; figures, not 
 tracking (step time with the MLflow server dead vs alive). ``quick=true`` shrinks every suite to a smoke
 run (used by the test suite to keep the harness working; its numbers mean nothing).
 
-Moved from ``hardpos.stages.benchmark`` (issue 16: measuring code lives in :mod:`hardpos.perf`);
-that stage module now only re-exports :class:`Config` and :func:`run`, so ``hardpos benchmark``
+The ``benchmark`` stage module only re-exports :class:`Config` and :func:`run`, so ``hardpos benchmark``
 and ``jobs/benchmark.py`` resolve through the stage registry as before. Reference files
 (NegCLIP captions, the REPLACE annotations) come from ``data_dir=`` or
 ``$HARDPOS_REFERENCE_DATA``; without either, suites use synthetic stand-ins.

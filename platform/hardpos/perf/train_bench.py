@@ -7,8 +7,8 @@ text-tower call), the feature gather (a no-op in one process), the combined loss
 gradient clipping at the default ``optim.grad_clip`` (1.0), the fused AdamW step, the
 warmup + cosine scheduler step and the ``logit_scale`` clamp. Not timed: data loading and
 decoding, DDP's gradient all-reduce, logging and checkpoints (one process, one batch).
-Until issue 16 this module had its own copy of the step, without clipping, scheduler or
-clamp, so its numbers were of a cheaper step than training runs.
+It times the training loop's own step (clipping, scheduler and clamp included), not a
+cheaper copy of it.
 
 :func:`bench_train_step` measures, on one model and one batch, alternating side by side
 (:func:`hardpos.perf.harness.compare_alternating`, median of per-pair ratios):
