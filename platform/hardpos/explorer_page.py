@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from hardpos.eval.benchmarks import Item
-from hardpos.eval.evaluator import load_image
+from hardpos.data.images import load_image
 
 if TYPE_CHECKING:  # types only: hardpos.explorer imports this module
     from hardpos.explorer import BenchmarkRows, Row

@@ -7,6 +7,7 @@ installs only its logged requirements.
 from __future__ import annotations
 
 import io
+import urllib.error
 import urllib.request
 
 from PIL import Image
@@ -18,10 +19,15 @@ HTTP_TIMEOUT_S = 30.0
 
 def fetch_bytes(uri: str) -> bytes:
     """The bytes at ``uri``: a local path, ``s3://`` or ``http(s)://`` (raises on any failure;
-    a missing local/S3 object is FileNotFoundError)."""
+    a missing local or S3 object, or an HTTP 404/410, is FileNotFoundError)."""
     if uri.startswith(("http://", "https://")):
-        with urllib.request.urlopen(uri, timeout=HTTP_TIMEOUT_S) as resp:  # noqa: S310 - the user's own URLs
-            return resp.read()
+        try:
+            with urllib.request.urlopen(uri, timeout=HTTP_TIMEOUT_S) as resp:  # noqa: S310 - the user's own URLs
+                return resp.read()
+        except urllib.error.HTTPError as exc:
+            if exc.code in (404, 410):
+                raise FileNotFoundError(f"{uri}: HTTP {exc.code}") from exc
+            raise
     return storage.read_bytes(uri)
 
 
@@ -32,6 +38,13 @@ def decode_rgb(data: bytes) -> Image.Image:
     return img.convert("RGB")
 
 
-def load_image(uri: str) -> Image.Image:
-    """A decoded RGB PIL image from a local path, s3:// or http(s):// URI (raises on any failure)."""
-    return decode_rgb(fetch_bytes(uri))
+def load_image(uri: str, crop: tuple[int, int, int, int] | None = None) -> Image.Image:
+    """A decoded RGB PIL image from a local path, s3:// or http(s):// URI, cropped to ``crop``
+    = (x, y, w, h) when given: the one image loader of the package (training, evaluation,
+    retention, the explorer, the logged model). Raises on any failure; a missing image is
+    FileNotFoundError."""
+    img = decode_rgb(fetch_bytes(str(uri)))
+    if crop is not None:
+        x, y, w, h = crop
+        img = img.crop((x, y, x + w, y + h))
+    return img

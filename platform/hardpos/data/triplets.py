@@ -140,25 +140,28 @@ def read_triplets(uri: str) -> list[dict]:
 
 
 def resolve_image(image: str, base_dir: str, image_root: str | None = None) -> str:
-    """Where a triplet row's image lives.
+    """Where an image named by a row (triplets, benchmarks, caption sources) lives: the one
+    resolver of the package.
 
-    Absolute paths and s3:// URIs are returned as they are; relative paths are joined to
-    ``image_root`` when given, else to ``base_dir`` (the triplet file's own folder).
-    Local results are normalised (``a/../b`` -> ``b``) so files can be opened directly.
+    Absolute paths and URIs with a scheme (``s3://``, ``http(s)://``, ...) are returned as
+    they are; relative paths are joined to ``image_root`` when given, else to ``base_dir``
+    (the file's own folder), which may itself be a URI. Results are normalised (``a/../b``
+    -> ``b``) so files can be opened directly.
     """
     if image is None or not str(image).strip():
         raise ValueError("row has no image path")
     image = str(image)
-    if storage.is_s3(image) or os.path.isabs(image):
+    if "://" in image or os.path.isabs(image):
         return image
     base = image_root if image_root else base_dir
-    if storage.is_s3(base):
-        parts = []
-        for part in f"{base.rstrip('/')}/{image}"[len("s3://"):].split("/"):
+    if "://" in base:
+        scheme, rest = base.split("://", 1)
+        parts: list[str] = []
+        for part in f"{rest.rstrip('/')}/{image}".split("/"):
             if part == "..":
-                if parts:
+                if len(parts) > 1:  # never above the bucket / host
                     parts.pop()
             elif part not in ("", "."):
                 parts.append(part)
-        return "s3://" + "/".join(parts)
+        return f"{scheme}://" + "/".join(parts)
     return os.path.normpath(os.path.join(base, image))

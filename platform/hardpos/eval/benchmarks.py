@@ -44,12 +44,10 @@ first N items overall for SWAP and triplet files.
 from __future__ import annotations
 
 import dataclasses
-import posixpath
-from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from hardpos import storage
-from hardpos.data.triplets import TripletFileError, read_triplets, resolve_image as resolve_triplet_image
+from hardpos.data.triplets import TripletFileError, read_triplets, resolve_image
 from hardpos.eval.spec import BenchmarkSpec
 
 REPLACE_SUBSETS = ("attributes", "relations")
@@ -103,15 +101,6 @@ class Benchmark:
 
 
 # --------------------------------------------------------------------------- helpers
-def resolve_image(image: str, base_dir: str) -> str:
-    """``image`` as is when absolute or a URI, else joined to ``base_dir``."""
-    if storage.is_s3(image) or "://" in image or PurePosixPath(image).is_absolute():
-        return image
-    if storage.is_s3(base_dir):
-        return posixpath.join(base_dir.rstrip("/"), image)
-    return str(storage.join(base_dir, image))
-
-
 def _read_json(uri: str) -> Any:
     if not storage.exists(uri):
         raise BenchmarkError(f"benchmark file not found: {uri}")
@@ -235,7 +224,7 @@ def load_triplets(spec: BenchmarkSpec) -> Benchmark:
             continue
         bbox = row.get("bbox")
         crop = tuple(float(v) for v in bbox) if bbox else None
-        items.append(Item(str(i), str(row.get("kind") or "all"), resolve_triplet_image(row["image"], base, spec.image_root),
+        items.append(Item(str(i), str(row.get("kind") or "all"), resolve_image(row["image"], base, spec.image_root),
                           row["caption"], row["hard_negative"], row.get("hard_positive") or None, crop))  # type: ignore[arg-type]
     has_pos = any(it.positive is not None for it in items)
     return Benchmark(spec.name, "triplets", _limit(items, spec.limit), has_positives=has_pos, rejected=rejected)

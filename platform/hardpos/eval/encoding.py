@@ -1,4 +1,4 @@
-"""Encoding for the evaluator: open images, pick the arithmetic, encode images and captions.
+"""Encoding for the evaluator: open images (:func:`hardpos.data.images.load_image`), pick the arithmetic, encode images and captions.
 
 :func:`encode_image_keys` decodes + preprocesses images in a small thread pool one batch
 ahead of the model; :func:`encode_captions` batches captions in token-length order so each
@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import io
 import logging
 import time
 from typing import Callable, Literal, Sequence, get_args
 
 import torch
-from PIL import Image
 
-from hardpos import storage
+from hardpos.data.images import load_image
 from hardpos.eval.benchmarks import Crop
 from hardpos.model import encode_image, encode_text, trim_tokens
 
@@ -31,19 +29,6 @@ progress = logging.getLogger("hardpos.eval")
 
 
 # --------------------------------------------------------------------------- images
-def load_image(uri: str, crop: Crop | None = None) -> "Image.Image":
-    """Open ``uri`` (local or s3://) as RGB, cropped to ``crop`` = (x, y, w, h) if given."""
-    if storage.is_s3(uri):
-        img = Image.open(io.BytesIO(storage.read_bytes(uri)))
-    else:
-        img = Image.open(uri)
-    img = img.convert("RGB")  # forces the full decode: truncated files fail here
-    if crop is not None:
-        x, y, w, h = crop
-        img = img.crop((x, y, x + w, y + h))
-    return img
-
-
 def _load_preprocessed(key: ImageKey, preprocess: Callable) -> "torch.Tensor | str":
     """The preprocessed tensor, or an error string (never raises)."""
     try:

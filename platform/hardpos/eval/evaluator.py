@@ -51,7 +51,7 @@ from hardpos.eval.spec import BenchmarkSpec
 # (training, retention, Serve, the Ray Data engine, tests) keep importing them from here.
 from hardpos.eval.encoding import (PRECISIONS, ImageKey, Precision, _ieee_fp32_on_cuda,  # noqa: F401
                                    _load_preprocessed, check_precision, encode_captions, encode_image_keys,
-                                   eval_mode, load_image, precision_context)
+                                   eval_mode, precision_context)
 from hardpos.eval.pairs import score_pairs, similarity_matrix  # noqa: F401
 
 log = logging.getLogger(__name__)

@@ -48,7 +48,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from hardpos import storage
-from hardpos.eval.benchmarks import Benchmark, BenchmarkError, Item, _read_json, _root, resolve_image
+from hardpos.data.triplets import resolve_image
+from hardpos.eval.benchmarks import Benchmark, BenchmarkError, Item, _read_json, _root
 from hardpos.eval.spec import BenchmarkSpec
 from hardpos.report import pct, table
 

@@ -210,8 +210,6 @@ class Preprocess:
         text = _clean_text(image)
         if text is None:
             return None
-        if "://" in text:  # s3://, http(s)://: as given
-            return text
         return resolve_image(text, self.base_dir, self.image_root)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
