@@ -8,6 +8,7 @@ knows how to configure every stage the demo calls, the stage module only decides
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import sys
@@ -28,7 +29,8 @@ from hardpos.stages import evaluate as ev
 from hardpos.stages import generate as gen
 from hardpos.stages import interpolate as wise
 from hardpos.stages import world as world_stage
-from hardpos.train.config import OptimConfig, ScalingSection, TrainConfig
+from hardpos.train.checkpoint import find_resume_checkpoint
+from hardpos.train.config import CheckpointSection, OptimConfig, ScalingSection, TrainConfig
 from hardpos.train.data import DataConfig
 from hardpos.train.loss import LossConfig
 
@@ -66,23 +68,42 @@ class Pipeline:
         return self.cfg.world_dir or self.ctx.path("world")
 
     # 1 ------------------------------------------------------------------ world
-    def world(self) -> tuple[str, bool]:
-        """(the world folder, reused?): an existing world whose world.json matches is kept."""
-        cfg, world_dir = self.cfg, self.world_dir()
-        if world_matches(world_dir, cfg.world):
-            say(f"1/7 world: reusing {world_dir} (its world.json matches the config)")
-            self.timings["world"] = 0.0
+    def world(self, world: WorldConfig | None = None, world_dir: str | None = None,
+              label: str = "1/7 world") -> tuple[str, bool]:
+        """(the world folder, reused?): an existing world whose world.json matches is kept.
+
+        world / world_dir: another world than the demo's own (the pretraining curriculum's)."""
+        cfg = self.cfg
+        world = world or cfg.world
+        world_dir = world_dir or self.world_dir()
+        if world_matches(world_dir, world):
+            say(f"{label}: reusing {world_dir} (its world.json matches the config)")
+            self.timings.setdefault(label, 0.0)
             return world_dir, True
-        wcfg = world_stage.Config(**dataclasses.asdict(cfg.world), output_dir=world_dir,
+        wcfg = world_stage.Config(**dataclasses.asdict(world), output_dir=world_dir,
                                   tracking=self.tracking("world"), ray=cfg.ray)
-        self.execute("world", wcfg, "1/7 world")
+        self.execute("world", wcfg, label)
         if not storage.exists(storage.join(world_dir, "world.json")):
             raise RuntimeError(f"world stage wrote no world.json under {world_dir}")
         return world_dir, False
 
     # 2 / 4 ------------------------------------------------------------ training
     def train(self, name: str, label: str, data_path: str, phase: PhaseConfig, *, pretrained: str | None,
-              w_pos: float, w_neg: float, negclip_columns: bool, output_dir: str) -> dict:
+              w_pos: float, w_neg: float, negclip_columns: bool, output_dir: str, resumable: bool = False) -> dict:
+        """One training run of the train stage on Ray Train.
+
+        resumable: the run is named after what it trains (:func:`phase_key`: arch, seed, phase,
+            data, start), checkpoints every ``phase.checkpoint_every`` steps and continues from
+            its latest checkpoint under ``output_dir`` when a stopped run of the same settings
+            left one; False: a name of this invocation's own (a fresh run every time).
+        """
+        run_name, resume, ckpt = f"{slug(name)}-{self.invocation}", None, CheckpointSection()
+        if resumable:
+            run_name = f"{slug(name)}-{phase_key(self.cfg.arch, self.cfg.seed, phase, data_path, pretrained)}"
+            ckpt = CheckpointSection(every_steps=phase.checkpoint_every, num_to_keep=2)
+            resume = latest_checkpoint(storage.join(output_dir, "ray_train", run_name))
+            if resume:
+                say(f"{label}: resuming from {resume}")
         tcfg = TrainConfig(
             output_dir=output_dir, seed=self.cfg.seed, tracking=self.tracking(name), ray=self.cfg.ray,
             model=ModelConfig(arch=self.cfg.arch, pretrained=pretrained),
@@ -93,7 +114,7 @@ class Pipeline:
             scaling=ScalingSection(num_workers=phase.num_workers, cpus_per_worker=phase.cpus_per_worker),
             # the loop stops at max_steps; enough epochs that the steps are always reached
             epochs=epochs_for(data_path, phase), batch_size=phase.batch_size, max_steps=phase.steps,
-            log_every=max(1, min(20, phase.steps // 10)), run_name=f"{slug(name)}-{self.invocation}",
+            log_every=max(1, min(20, phase.steps // 10)), run_name=run_name, checkpoint=ckpt, resume_from=resume,
         )
         return self.execute("train", tcfg, label)
 
@@ -191,6 +212,25 @@ def world_matches(world_dir: str, world: WorldConfig) -> bool:
         return False
     files = ["pretrain.parquet", "finetune.parquet", *(f"benchmark/{b}.parquet" for b in BENCHMARKS)]
     return all(storage.exists(storage.join(world_dir, f)) for f in files)
+
+
+def phase_key(arch: str, seed: int, phase: PhaseConfig, data_path: str, pretrained: str | None) -> str:
+    """A short hash of everything a training phase's result depends on (for resumable names):
+    the same settings continue a stopped run, other settings start a run of their own."""
+    raw = json.dumps({"arch": arch, "seed": seed, "phase": dataclasses.asdict(phase), "data": data_path,
+                      "pretrained": pretrained}, sort_keys=True, default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()[:10]
+
+
+def latest_checkpoint(run_dir: str) -> str | None:
+    """The newest training checkpoint under a Ray Train run folder, or None (no run yet, or
+    stopped before its first checkpoint)."""
+    if not storage.exists(run_dir):
+        return None
+    try:
+        return find_resume_checkpoint(run_dir)
+    except FileNotFoundError:
+        return None
 
 
 def epochs_for(data_path: str, phase: PhaseConfig) -> int:

@@ -29,16 +29,18 @@ The steps themselves (how each stage is configured) are :mod:`hardpos.demo_steps
 from __future__ import annotations
 
 import dataclasses
+import shlex
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Literal
 
-from hardpos import registry, storage, tracking
+from hardpos import bases, registry, storage, tracking
 from hardpos import report as R
 from hardpos.config import ConfigError, JobConfig, TrackingConfig
 from hardpos.data.world import WorldConfig
-from hardpos.demo_steps import Pipeline, epochs_for, instructions, say, slug, world_matches
+from hardpos.demo_steps import Pipeline, epochs_for, instructions, phase_key, say, slug, world_matches
 from hardpos.interpolate import check_alphas
 from hardpos.runtime import JobContext, init_ray
 from hardpos.stages import register as reg
@@ -65,6 +67,8 @@ class PhaseConfig:
     shuffle_buffer: rows in each worker's local shuffle buffer (0: read the split in its
         own order, which keeps rows written side by side in one batch but at batch edges,
         e.g. a world's relation twins, ``world.relation_pair_rate``).
+    checkpoint_every: a resumable phase (``pretrain_only``) checkpoints every this many steps
+        (0: at epoch ends only), so a stopped run loses at most that many.
     """
 
     steps: int = 300
@@ -76,8 +80,11 @@ class PhaseConfig:
     cpus_per_worker: float = 0.5
     val_fraction: float = 0.0
     shuffle_buffer: int = 512
+    checkpoint_every: int = 0
 
     def __post_init__(self) -> None:
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every must be >= 0 (0: at epoch ends), got {self.checkpoint_every}")
         # The train stage's own data rule, checked at config load rather than at the phase's
         # first run (for the finetunes, minutes of pretraining later).
         DataConfig(shuffle_buffer=self.shuffle_buffer)
@@ -119,6 +126,17 @@ def _default_world() -> WorldConfig:
                        binding_partial_captions=True, shape_negatives=False, vague_caption_rate=0.5)
 
 
+def _default_curriculum_world() -> WorldConfig:
+    # The small world where the sin-cos tower learns relations (docs/calibration.md): 12 kinds of
+    # object (6 colours x circle/square, one size), exactly two per scene, relation captions
+    # mostly, each with its mirrored twin next to it (read in order: curriculum.shuffle_buffer=0)
+    # so a batch can only tell the two apart by the relation. Its own seed: no scene of it is
+    # a scene of the demo's world.
+    return WorldConfig(seed=1000, n_pretrain=20000, n_finetune=0, n_benchmark=1000, min_objects=2, max_objects=2,
+                       shapes=["circle", "square"], sizes=["large"], relation_caption_rate=0.75,
+                       relation_pair_rate=1.0)
+
+
 @dataclasses.dataclass
 class Config(JobConfig):
     """The end-to-end demo.
@@ -132,9 +150,20 @@ class Config(JobConfig):
     arch: the open_clip architecture trained from scratch (hardpos-demo: 64 px images in 8 x 8
         patches, so relations are visible; hardpos-tiny: 32 px in 4 x 4, for smoke tests).
     pretrain: the from-scratch "pretraining" phase (plain CLIP loss on the pretrain split).
+    curriculum: a pretraining phase before ``pretrain`` on ``curriculum_world``'s pretrain
+        split (steps 0: none); ``pretrain`` then starts from its checkpoint.
+    curriculum_world: the curriculum's world (default: a small one where relations are learnable).
+    pretrain_only: make a base and stop: the world(s), the pretraining phase(s) (resumable:
+        a stopped run continues from its latest checkpoint, a finished phase is kept), the
+        base's evaluation, and the base written as float16 weights + manifest
+        (:mod:`hardpos.bases`) under ``ship_to``.
+    base_name: the base's name (its folder and ``<base_name>.json`` manifest).
+    ship_to: where pretrain_only writes the base (None: <output_dir>/base; the package's
+        bases folder is ``platform/hardpos/resources/bases``).
     pretrained: use this checkpoint (a local dir, s3://, runs:/ or models:/ URI) as the
         pretrained base and skip step 2 (e.g. an earlier demo's <output_dir>/pretrain/model,
-        to compare finetuning settings on the same base); None pretrains from scratch.
+        to compare finetuning settings on the same base); None pretrains from scratch. A base
+        with a manifest (:mod:`hardpos.bases`) must have been pretrained on ``world``.
     finetune: the finetuning phase shared by every variant.
     variants: the finetuned models (default: captions-only control, HN-only, HP+HN).
     generate_engine: engine of the generate stage: rules | http | vllm (http/vllm need
@@ -163,6 +192,11 @@ class Config(JobConfig):
     pretrained: str | None = None
     pretrain: PhaseConfig = dataclasses.field(default_factory=lambda: PhaseConfig(steps=300, batch_size=32, lr=5e-4, warmup_steps=20))
     finetune: PhaseConfig = dataclasses.field(default_factory=lambda: PhaseConfig(steps=150, batch_size=32, lr=3e-4, warmup_steps=20))
+    curriculum: PhaseConfig = dataclasses.field(default_factory=lambda: PhaseConfig(steps=0, batch_size=32, lr=5e-4, warmup_steps=20, shuffle_buffer=0))
+    curriculum_world: WorldConfig = dataclasses.field(default_factory=_default_curriculum_world)
+    pretrain_only: bool = False
+    base_name: str = "hardpos-base"
+    ship_to: str | None = None
     variants: list[Variant] = dataclasses.field(default_factory=_default_variants)
     generate_engine: Literal["rules", "http", "vllm"] = "rules"
     full: bool = False
@@ -187,6 +221,20 @@ class Config(JobConfig):
             p = getattr(self, phase)
             if p.steps < 1 or p.batch_size < 1 or p.num_workers < 1:
                 raise ConfigError(f"{phase}: steps, batch_size and num_workers must be >= 1")
+        c = self.curriculum
+        if c.steps < 0 or c.batch_size < 1 or c.num_workers < 1:
+            raise ConfigError(f"curriculum: steps must be >= 0 (0: no curriculum), batch_size and num_workers >= 1, "
+                              f"got steps={c.steps} batch_size={c.batch_size} num_workers={c.num_workers}")
+        if c.steps and self.curriculum_world.n_pretrain < 1:
+            raise ConfigError("curriculum_world.n_pretrain must be >= 1 when curriculum.steps > 0")
+        if self.pretrain_only and self.pretrained:
+            raise ConfigError(f"pretrain_only=true makes a base from scratch; drop pretrained={self.pretrained}")
+        if not self.base_name or "/" in self.base_name or self.base_name.startswith("."):
+            raise ConfigError(f"base_name={self.base_name!r}: must be a plain file name (no '/', not hidden)")
+        # a shipped base is tied to the world it was pretrained on: fail now, not after the world is built
+        manifest = bases.manifest_for(self.pretrained)
+        if manifest is not None:
+            bases.check_world(manifest, self.world, source=f"pretrained={self.pretrained}")
         try:
             self.wise_alphas = check_alphas(self.wise_alphas)
         except ValueError as exc:
@@ -205,14 +253,14 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     p = Pipeline(cfg, ctx)
 
     world_dir, reused = p.world()
+    if cfg.pretrain_only:
+        return pretrain_base(cfg, ctx, p, world_dir, started)
 
     if cfg.pretrained:
         say(f"2/7 pretrain: skipped, the base is pretrained={cfg.pretrained}")
         pre = {"checkpoint": cfg.pretrained, "mlflow_run_id": None, "model_uri": None}
     else:
-        pre = p.train("pretrained", "2/7 pretrain a small CLIP from scratch", f"{world_dir}/pretrain.parquet",
-                      cfg.pretrain, pretrained=None, w_pos=0.0, w_neg=0.0, negclip_columns=False,
-                      output_dir=ctx.path("pretrain"))
+        pre = pretrain(cfg, ctx, p, world_dir, resumable=False)
     base_ckpt = pre["checkpoint"]
 
     gen = p.generate(world_dir, regenerate=not reused)
@@ -294,3 +342,73 @@ def run(cfg: Config, ctx: JobContext) -> dict:
             "registered": registered.get("champion"), "models": models, "world_dir": world_dir, "world_reused": reused,
             "files": files, "timings_s": p.timings, "tracking_uri": uri, "sweep": sweep_summary,
             "wise": results["wise"], "pipeline_s": round(elapsed, 1)}
+
+
+# --------------------------------------------------------------------------- the base
+def pretrain(cfg: Config, ctx: JobContext, p: Pipeline, world_dir: str, *, resumable: bool) -> dict:
+    """The pretraining phase(s): the curriculum on its small world (when ``curriculum.steps``),
+    then ``pretrain`` on the demo's world from the curriculum's checkpoint. Returns the last
+    phase's train summary.
+
+    resumable: every phase runs under a name of its settings and continues from its latest
+    checkpoint; a phase whose ``phase.json`` records the same settings as finished is not
+    trained again (a stopped ``pretrain_only`` run picks up where it stopped).
+    """
+    start: str | None = None
+    phases: list[tuple[str, str, str, PhaseConfig]] = []
+    if cfg.curriculum.steps:
+        cw_dir, _ = p.world(cfg.curriculum_world, ctx.path("curriculum_world"), "1/7 curriculum world")
+        phases.append(("pretrained-curriculum", "2/7 pretrain (curriculum: the small world)",
+                       f"{cw_dir}/pretrain.parquet", cfg.curriculum))
+    phases.append(("pretrained", "2/7 pretrain a small CLIP" + (" (the demo's world)" if phases else " from scratch"),
+                   f"{world_dir}/pretrain.parquet", cfg.pretrain))
+    summary: dict = {}
+    for name, label, data, phase in phases:
+        out = ctx.path("pretrain" if name == "pretrained" else "pretrain-curriculum")
+        key = phase_key(cfg.arch, cfg.seed, phase, data, start)
+        marker = storage.join(out, "phase.json")
+        done = storage.read_json(marker) if resumable and storage.exists(marker) else None
+        if done and done.get("key") == key and storage.exists(storage.join(done["summary"]["checkpoint"], "open_clip_config.json")):
+            say(f"{label}: finished earlier ({marker}), kept")
+            summary = done["summary"]
+        else:
+            summary = p.train(name, label, data, phase, pretrained=start, w_pos=0.0, w_neg=0.0,
+                              negclip_columns=False, output_dir=out, resumable=resumable)
+            if resumable:
+                storage.write_json(marker, {"key": key, "summary": summary})
+        start = summary["checkpoint"]
+    return summary
+
+
+def pretrain_base(cfg: Config, ctx: JobContext, p: Pipeline, world_dir: str, started: float) -> dict:
+    """``pretrain_only``: pretrain (resumably), evaluate the base on the demo's world, write it
+    as a shippable base (float16 weights + manifest, :func:`hardpos.bases.write_base`)."""
+    pre = pretrain(cfg, ctx, p, world_dir, resumable=True)
+    ev_base = p.evaluate("pretrained", pre["checkpoint"], world_dir)
+    row = R.table_row(ev_base["metrics"])
+    curriculum_row = None
+    if cfg.curriculum.steps:
+        ev_c = p.evaluate("pretrained-on-curriculum-world", pre["checkpoint"], ctx.path("curriculum_world"))
+        curriculum_row = R.table_row(ev_c["metrics"])
+    manifest = {
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "git": bases.git_commit(),
+        "arch": cfg.arch,
+        "seed": cfg.seed,
+        "world": bases.world_dict(cfg.world),
+        "curriculum_world": bases.world_dict(cfg.curriculum_world) if cfg.curriculum.steps else None,
+        "phases": {"curriculum": dataclasses.asdict(cfg.curriculum) if cfg.curriculum.steps else None,
+                   "pretrain": dataclasses.asdict(cfg.pretrain)},
+        "final_loss": pre.get("final_metrics", {}).get("loss/total"),
+        "benchmark": {"world": row, "curriculum_world": curriculum_row},
+        "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_s_this_invocation": round(time.time() - started, 1),
+    }
+    dest = cfg.ship_to or ctx.path("base")
+    written = bases.write_base(pre["checkpoint"], dest, cfg.base_name, manifest)
+    ctx.log_metrics({f"pretrained/{k}": v for k, v in row.items()})
+    say(f"base {cfg.base_name}: {dest}/{cfg.base_name} ({written['weights']['bytes'] / 1e6:.1f} MB float16); "
+        f"REPLACE attribute orig {100 * row['world_replace_attribute/orig_acc']:.1f}, relation orig "
+        f"{100 * row['world_replace_relation/orig_acc']:.1f}, SWAP orig {100 * row['swap/orig_acc']:.1f}")
+    return {"base": f"{dest}/{cfg.base_name}", "manifest": written, "rows": {"pretrained": row},
+            "world_dir": world_dir, "timings_s": p.timings, "pipeline_s": round(time.time() - started, 1)}
