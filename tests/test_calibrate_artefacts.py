@@ -1,0 +1,42 @@
+"""The artefact-strength probe: a text-only original-vs-negative classifier's held-out accuracy."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hardpos.config import ConfigError
+from hardpos.perf.calibrate_artefacts import ArtefactConfig, artefact_strength, features
+
+COLORS, SHAPES = ["red", "blue", "green", "yellow"], ["circle", "square", "star"]
+
+
+def _rows(n: int, marked: bool) -> list[dict]:
+    rng = random.Random(0)
+    rows = []
+    for _ in range(n):
+        c1, c2 = rng.sample(COLORS, 2)
+        s1, s2 = rng.sample(SHAPES, 2)
+        cap = f"a {c1} {s1} and a {c2} {s2}"
+        # marked: every negative uses a word no caption uses (a detectable artefact);
+        # unmarked: the negative swaps the colours, as likely a caption as the caption itself
+        neg = f"a crimson {s1} and a {c2} {s2}" if marked else f"a {c2} {s1} and a {c1} {s2}"
+        rows.append({"caption": cap, "hard_negative": neg, "hard_positive": f"a {c2} {s2} and a {c1} {s1}"})
+    return rows
+
+
+def test_a_marked_negative_is_detected_and_an_unmarked_one_is_not():
+    marked = artefact_strength(_rows(400, marked=True))
+    plain = artefact_strength(_rows(400, marked=False))
+    assert marked["accuracy"] > 0.95
+    assert 0.35 < plain["accuracy"] < 0.65
+    assert marked["positives_called_negative"] < 0.2  # the positives carry no marker
+    assert marked["n_train"] + marked["n_test"] == 400 and marked["n_test"] > 40
+
+
+def test_features_and_bad_config():
+    assert "a red" in features("A red circle", 2) and "<s>" in features("x", 1)
+    with pytest.raises(ConfigError, match="test_fraction"):
+        artefact_strength(_rows(10, True), ArtefactConfig(test_fraction=1.0))
+    with pytest.raises(ValueError, match="both sides"):
+        artefact_strength(_rows(1, True), ArtefactConfig(test_fraction=0.01))
