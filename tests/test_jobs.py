@@ -44,7 +44,13 @@ def _submit(address: str, working_dir: Path, entrypoint: list[str], env: dict, r
     cmd = [str(RAY), "job", "submit", "--address", address, "--working-dir", str(working_dir)]
     if runtime_env:
         cmd += ["--runtime-env-json", json.dumps(runtime_env)]
-    return subprocess.run([*cmd, "--", *entrypoint], env=env, capture_output=True, text=True, timeout=240)
+    deadline = time.monotonic() + 120
+    while True:
+        res = subprocess.run([*cmd, "--", *entrypoint], env=env, capture_output=True, text=True, timeout=240)
+        # the job server answers before its node agent is up (seconds on a loaded machine): Ray says "try again later"
+        if "No available agent to submit job" not in res.stderr + res.stdout or time.monotonic() > deadline:
+            return res
+        time.sleep(3)
 
 
 @pytest.fixture
