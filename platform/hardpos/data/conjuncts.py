@@ -71,9 +71,10 @@ def _runs_after(toks: list[str], a: int) -> list[tuple[int, list[tuple[int, int]
         t = m
 
 
-def _list_opener(toks: list[str], i: int, cls: _Classify) -> int:
-    """Index of the token before the whole list the conjunct starting at ``i`` belongs to
-    (-1 at the caption's start): "with a hat, a scarf and a dog" -> the index of "with"."""
+def _comma_list_before(toks: list[str], i: int, cls: _Classify) -> tuple[int, list[list[str]]]:
+    """Walk back over the comma-list the conjunct starting at ``i`` ends: (the index of the
+    token before the whole list, -1 at the caption's start; the members before ``i``, in order)."""
+    members: list[list[str]] = []
     t = i - 1
     while t >= 0 and toks[t] == ",":
         m = t - 1
@@ -81,8 +82,15 @@ def _list_opener(toks: list[str], i: int, cls: _Classify) -> int:
             m -= 1
         if m == t - 1:
             break
+        members.insert(0, toks[m + 1:t])
         t = m
-    return t
+    return t, members
+
+
+def _list_opener(toks: list[str], i: int, cls: _Classify) -> int:
+    """Index of the token before the whole list the conjunct starting at ``i`` belongs to
+    (-1 at the caption's start): "with a hat, a scarf and a dog" -> the index of "with"."""
+    return _comma_list_before(toks, i, cls)[0]
 
 
 def _whole_conjuncts(toks: list[str], i: int, a: int, y0: int, j: int, middles: list[tuple[int, int]],
@@ -184,17 +192,7 @@ def _points_back(y: list[str], cls: _Classify) -> frozenset[str]:
 def _earlier_members(toks: list[str], i: int, cls: _Classify) -> list[list[str]]:
     """The comma-list members before the conjunct starting at ``i``, in order ("a bathroom with
     [a sink], toilet and shower" -> [["a", "sink"]]); empty when no comma comes right before it."""
-    out: list[list[str]] = []
-    t = i - 1
-    while t >= 0 and toks[t] == ",":
-        m = t - 1
-        while m >= 0 and toks[m] not in _CLAUSE_PUNCT and toks[m] not in _COORDINATORS and not cls.linker(toks[m]):
-            m -= 1
-        if m == t - 1:
-            break
-        out.insert(0, toks[m + 1:t])
-        t = m
-    return out
+    return _comma_list_before(toks, i, cls)[1]
 
 
 def _noun_list_ok(members: list[list[str]], right: str | None, cls: _Classify) -> bool:
