@@ -384,6 +384,31 @@ def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_e
     assert sorted(m.step for m in epochs) == [1, 2]
 
 
+def test_a_remote_checkpoint_is_read_from_a_folder_of_the_workers_own(tmp_path):
+    # Ray's as_directory() shares one download folder per node and downloads again into it
+    # when a second worker takes the lock after the first finished: the first then reads a
+    # file being rewritten (seen as a truncated train_state.pt on resume from s3). Each
+    # worker must read its own copy, and Ray's shared folder must stay untouched.
+    import pyarrow.fs
+    import ray.train
+
+    from hardpos.model import ModelConfig, load_model
+    from hardpos.train.checkpoint import load_remote_train_state, save_train_checkpoint
+
+    lm = load_model(ModelConfig(arch="hardpos-tiny"), device="cpu")
+    save_train_checkpoint(tmp_path / "ckpt", lm.model, lm.model_cfg, {"step": 3}, {"step": 3, "epoch": 0})
+    # A filesystem that is not LocalFileSystem takes the download path, as s3 does.
+    remote = pyarrow.fs.SubTreeFileSystem(str(tmp_path), pyarrow.fs.LocalFileSystem())
+    checkpoint = ray.train.Checkpoint(path="ckpt", filesystem=remote)
+    shared = Path(checkpoint._get_temporary_checkpoint_dir())
+    fresh = load_model(ModelConfig(arch="hardpos-tiny"), device="cpu").model
+    state = load_remote_train_state(checkpoint.filesystem, checkpoint.path, fresh)
+    assert state == {"step": 3, "epoch": 0}
+    assert not shared.exists()
+    for (name, a), (_, b) in zip(lm.model.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
 def test_decode_tasks_ask_for_no_more_cpu_than_the_workers_leave():
     cfg = load_config(TrainConfig, None, ["scaling.num_workers=2", "scaling.cpus_per_worker=0.5"])
     assert decode_task_cpus(cfg, 8.0) == 1.0

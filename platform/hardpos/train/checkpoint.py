@@ -9,7 +9,10 @@ so the newest sorts last.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
+
+import pyarrow.fs
 
 import torch
 from safetensors.torch import load_file
@@ -42,6 +45,23 @@ def load_train_state(directory: str | os.PathLike, clip: torch.nn.Module) -> dic
     clip.load_state_dict(load_file(str(directory / MODEL_DIR / WEIGHTS_NAME)))
     # weights_only: a checkpoint may come from anywhere (s3, a colleague); no pickle code runs.
     return torch.load(state_file, map_location="cpu", weights_only=True)
+
+
+def load_remote_train_state(filesystem: pyarrow.fs.FileSystem, path: str, clip: torch.nn.Module) -> dict:
+    """:func:`load_train_state` of the checkpoint folder ``path`` on ``filesystem`` (a Ray
+    ``Checkpoint``'s pair); a folder not on the local filesystem is first copied into a
+    temporary folder of this process's own.
+
+    Not ``Checkpoint.as_directory()``: it shares one download folder between the workers of
+    a node, guarded by a lock taken without waiting, so a worker that takes the lock after
+    another finished downloads again into the folder the other is reading, which then sees
+    a truncated ``train_state.pt``.
+    """
+    if isinstance(filesystem, pyarrow.fs.LocalFileSystem):
+        return load_train_state(path, clip)
+    with tempfile.TemporaryDirectory(prefix="hardpos-resume-") as tmp:
+        pyarrow.fs.copy_files(path, tmp, source_filesystem=filesystem)
+        return load_train_state(tmp, clip)
 
 
 def find_resume_checkpoint(uri: str) -> str:

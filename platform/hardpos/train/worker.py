@@ -44,7 +44,7 @@ import torch.distributed as dist
 from hardpos import logs, tracking
 from hardpos.eval.evaluator import run_benchmarks
 from hardpos.model import load_model, unwrap
-from hardpos.train.checkpoint import load_train_state, save_train_checkpoint
+from hardpos.train.checkpoint import load_remote_train_state, save_train_checkpoint
 from hardpos.train.config import TrainConfig
 from hardpos.train.data import to_model_batch, worker_filesystem
 from hardpos.train.loss import loss_metrics
@@ -185,8 +185,7 @@ def _train_worker(config: dict[str, Any]) -> None:
     if checkpoint is None and config.get("resume_from"):
         checkpoint = _ray_checkpoint(config["resume_from"])
     if checkpoint is not None:
-        with checkpoint.as_directory() as ckpt_dir:
-            state = load_train_state(ckpt_dir, clip)
+        state = load_remote_train_state(checkpoint.filesystem, checkpoint.path, clip)
         step = resumed_from = int(state["step"])
         if rank == 0:
             log.warning("resuming from step %d (%s)", step, checkpoint.path)
