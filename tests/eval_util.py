@@ -29,7 +29,8 @@ def stand_in_images(root: Path, rel_paths: Iterable[str], size=(8, 8)) -> int:
 def tiny_model(seed: int = 0):
     import torch
 
-    from hardpos.model import ModelConfig, load_model
+    from hardpos.config import ModelConfig
+    from hardpos.model import load_model
 
     torch.manual_seed(seed)
     return load_model(ModelConfig(arch="hardpos-tiny"))

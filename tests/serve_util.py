@@ -12,7 +12,8 @@ def tiny_checkpoint(directory: Path, seed: int) -> Path:
     """A ``hardpos-tiny`` checkpoint with random weights from ``seed``."""
     import torch
 
-    from hardpos.model import ModelConfig, load_model, save_checkpoint
+    from hardpos.config import ModelConfig
+    from hardpos.model import load_model, save_checkpoint
 
     torch.manual_seed(seed)
     loaded = load_model(ModelConfig(arch="hardpos-tiny"))

@@ -86,8 +86,8 @@ def test_every_demo_invocation_trains_under_ray_train_names_of_its_own(tmp_path)
 def test_demo_runs_the_whole_pipeline_small(ray_session, tracking_uri, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from hardpos.config import load_config
-    from hardpos.model import ModelConfig, load_model
+    from hardpos.config import ModelConfig, load_config
+    from hardpos.model import load_model
     from hardpos.runtime import execute
     from hardpos.stages import demo
 

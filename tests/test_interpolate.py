@@ -9,11 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from eval_util import tiny_model
-from hardpos.config import ConfigError, load_config
-from hardpos.interpolate import ArchitectureMismatch, check_alphas, check_compatible, interpolate_state, load_pair, state_of
-from hardpos.model import ModelConfig, load_model, save_checkpoint
+
+from hardpos.config import ConfigError, ModelConfig, load_config
+from hardpos.interpolate import (
+    ArchitectureMismatch,
+    check_alphas,
+    check_compatible,
+    interpolate_state,
+    load_pair,
+    state_of,
+)
+from hardpos.model import load_model, save_checkpoint
 from hardpos.testing import triplet_rows, write_image, write_rows
 
 

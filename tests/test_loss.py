@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hardpos.train.loss import LossConfig, combined_loss, gather_features
+from hardpos.train.config import LossConfig
+from hardpos.train.loss import combined_loss, gather_features
 
 
 # --------------------------------------------------------------------------- reference
@@ -273,7 +274,8 @@ def test_shape_mismatch_is_a_clear_error():
 
 
 def test_gradients_reach_both_towers_and_the_scale():
-    from hardpos.model import ModelConfig, encode_image, encode_text, load_model, tokenize
+    from hardpos.config import ModelConfig
+    from hardpos.model import encode_image, encode_text, load_model, tokenize
 
     torch.manual_seed(0)
     lm = load_model(ModelConfig(arch="hardpos-tiny"))
@@ -294,7 +296,8 @@ def test_gradients_reach_both_towers_and_the_scale():
 
 
 def test_logit_scale_clamp():
-    from hardpos.model import ModelConfig, load_model
+    from hardpos.config import ModelConfig
+    from hardpos.model import load_model
     from hardpos.train.loss import clamp_logit_scale
 
     m = load_model(ModelConfig(arch="hardpos-tiny")).model

@@ -16,9 +16,9 @@ from packaging.requirements import Requirement
 from PIL import Image
 
 from hardpos import tracking
-from hardpos.config import TrackingConfig
+from hardpos.config import ModelConfig, TrackingConfig
 from hardpos.mlflow_model import PIP_REQUIREMENTS, log_model
-from hardpos.model import ModelConfig, encode_image, encode_text, load_model, save_checkpoint, tokenize
+from hardpos.model import encode_image, encode_text, load_model, save_checkpoint, tokenize
 
 # Loads the model with the HardPos install taken off sys.path, predicts, and reports what it
 # imported. Runs in a fresh interpreter: nothing of the test process leaks in.

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from hardpos import preflight
-from hardpos.config import ConfigError
-from hardpos.model import (CONFIG_NAME, ModelConfig, encode_text, load_model, save_checkpoint, tokenize,
-                           trim_tokens)
+from hardpos.config import ConfigError, ModelConfig
+from hardpos.model import CONFIG_NAME, encode_text, load_model, save_checkpoint, tokenize, trim_tokens
 
 CAPTIONS = ["a red circle to the left of a blue square", "a dog", "two crimson triangles above a small green circle"]
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hardpos.model import ModelConfig, load_model
+from hardpos.config import ModelConfig
+from hardpos.model import load_model
 
 
 @dataclasses.dataclass
@@ -155,10 +156,10 @@ def test_relative_sqlite_uris_become_absolute_where_the_config_is_read(store):
 def test_evaluate_stage_loads_the_registered_model_from_its_tracking_uri(store, tmp_path):
     """`jobs/evaluate.py model.pretrained=models:/<name>@champion tracking.tracking_uri=<store>`
     from a directory without a store: same metrics as evaluating the checkpoint folder."""
-    from hardpos.testing import triplet_rows, write_rows
     from hardpos.config import load_config
     from hardpos.runtime import execute
     from hardpos.stages import evaluate as stage
+    from hardpos.testing import triplet_rows, write_rows
 
     bench = write_rows(tmp_path / "bench", triplet_rows(6, seed=2))
     common = ["device=cpu", "batch_size=4", f"benchmarks=[{{name: colours, kind: triplets, path: {bench}}}]",
@@ -225,10 +226,9 @@ def test_train_stage_finetunes_the_registered_model_on_ray_train_workers(store, 
     """model.pretrained=models:/<name>@champion resolves on the driver and in the worker
     (another process and working directory). lr=0: the trained weights must be exactly the
     registered ones, which proves the worker started from them (not random weights)."""
-    from hardpos.testing import write_triplets as write_train_triplets
-
     from hardpos.config import load_config
     from hardpos.runtime import execute
+    from hardpos.testing import write_triplets as write_train_triplets
     from hardpos.train.config import TrainConfig
 
     data, _ = write_train_triplets(tmp_path / "data", n=16)

@@ -13,7 +13,6 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import free_port
 from serve_util import b64, bomb_png, broken_checkpoint, png_bytes, register_checkpoint, tiny_checkpoint
 
@@ -84,8 +83,9 @@ def _local_scores(ckpt, images: list[bytes], captions: list[str]) -> np.ndarray:
     """The evaluator's scores for the same checkpoint and inputs (cosine, [images, captions])."""
     from PIL import Image
 
+    from hardpos.config import ModelConfig
     from hardpos.eval.evaluator import similarity_matrix
-    from hardpos.model import ModelConfig, load_model
+    from hardpos.model import load_model
 
     loaded = load_model(ModelConfig(pretrained=str(ckpt)))
     pil = [Image.open(io.BytesIO(raw)) for raw in images]

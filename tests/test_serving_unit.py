@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from serve_util import bomb_png, png_bytes
 
 from hardpos.config import ConfigError
 from hardpos.serve import config as C
 from hardpos.serve import errors as E
 from hardpos.serve import requests as R
 from hardpos.serve import scoring as SC
-from serve_util import bomb_png, png_bytes
 
 LIM = C.ServingLimits(max_image_bytes=100_000, max_image_pixels=250_000, max_captions=4, max_caption_chars=50)
 
@@ -253,8 +253,9 @@ def test_compute_batch_matches_the_evaluator_and_rejects_a_bad_item_alone():
     import torch
     from PIL import Image
 
+    from hardpos.config import ModelConfig
     from hardpos.eval.evaluator import similarity_matrix
-    from hardpos.model import ModelConfig, load_model
+    from hardpos.model import load_model
 
     torch.manual_seed(0)
     loaded = load_model(ModelConfig(arch="hardpos-tiny"))

@@ -9,7 +9,6 @@ import pytest
 
 from hardpos import runtime
 from hardpos.config import ConfigError, load_config
-
 from hardpos.testing import write_triplets
 from hardpos.testing.mlflow_server import LocalMlflowServer
 
@@ -36,11 +35,11 @@ def _sweep_cfg(tmp_path: Path, triplets: Path, tracking_uri: str, extra: list[st
 
 
 def _check_sweep(summary: dict, tracking_uri: str, out: Path) -> None:
+    import torch
     from mlflow.tracking import MlflowClient
 
-    import torch
-
-    from hardpos.model import ModelConfig, encode_text, load_model, tokenize
+    from hardpos.config import ModelConfig
+    from hardpos.model import encode_text, load_model, tokenize
 
     assert summary["trials"] == 2 and summary["finished"] == 2 and summary["failed"] == []
     client = MlflowClient(tracking_uri)
@@ -103,9 +102,9 @@ def test_register_and_compare_stages_on_a_real_mlflow_server(tmp_path, mlflow_se
     import torch
 
     from hardpos import tracking
-    from hardpos.config import TrackingConfig
+    from hardpos.config import ModelConfig, TrackingConfig
     from hardpos.mlflow_model import log_model
-    from hardpos.model import ModelConfig, load_model, save_checkpoint
+    from hardpos.model import load_model, save_checkpoint
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     torch.manual_seed(0)

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from hardpos.config import ConfigError, load_config
-from hardpos.train.data import DataError, Preprocess, read_triplets_dataset, split_of, to_model_batch
+from hardpos.testing import write_triplets
 from hardpos.train.config import OptimConfig, TrainConfig
+from hardpos.train.data import DataError, Preprocess, read_triplets_dataset, split_of, to_model_batch
 from hardpos.train.step import build_optimizer, lr_factor, param_groups
 from hardpos.train.trainer import decode_task_cpus, plan_steps
-from hardpos.testing import write_triplets
 
 BASE = ["batch_size=8", "optim.lr=0.001", "optim.warmup_steps=2", "log_every=1", "data.shuffle_buffer=0",
         "fault.max_failures=0"]
@@ -38,7 +38,8 @@ def test_plan_steps_and_schedule():
 
 
 def test_weight_decay_only_on_weight_matrices():
-    from hardpos.model import ModelConfig, load_model
+    from hardpos.config import ModelConfig
+    from hardpos.model import load_model
 
     model = load_model(ModelConfig()).model
     decay, no_decay = param_groups(model, 0.1)
@@ -56,7 +57,8 @@ def test_fused_adamw_makes_the_same_update_as_the_per_parameter_loop():
 
     import torch
 
-    from hardpos.model import ModelConfig, load_model
+    from hardpos.config import ModelConfig
+    from hardpos.model import load_model
 
     torch.manual_seed(0)
     fused_model = load_model(ModelConfig()).model
@@ -83,8 +85,9 @@ def test_train_step_clips_schedules_and_clamps():
     """The ONE step (used by the worker, calibration and the benchmark) does every part of a step."""
     import math as _math
 
-    from hardpos.model import ModelConfig, encode_text, load_model
-    from hardpos.train.loss import LossConfig
+    from hardpos.config import ModelConfig
+    from hardpos.model import encode_text, load_model
+    from hardpos.train.config import LossConfig
     from hardpos.train.step import TripletCLIP, build_scheduler, forward_loss, model_batch, train_step
 
     torch.manual_seed(0)
@@ -169,7 +172,8 @@ def test_shipped_configs_load():
 
 
 def _preprocess_udf(base_dir):
-    from hardpos.model import ModelConfig, load_model
+    from hardpos.config import ModelConfig
+    from hardpos.model import load_model
 
     lm = load_model(ModelConfig())
     return Preprocess(lm.preprocess_val, lm.tokenizer, 32, str(base_dir)), lm
@@ -317,7 +321,8 @@ def test_two_workers_finetune_and_write_everything(trained):
 def test_logged_mlflow_model_loads_with_the_trained_weights(trained):
     from safetensors.torch import load_file
 
-    from hardpos.model import ModelConfig, load_model
+    from hardpos.config import ModelConfig
+    from hardpos.model import load_model
 
     s = trained["summary"]
     assert s["model_uri"] == f"runs:/{s['mlflow_run_id']}/model"
@@ -392,7 +397,8 @@ def test_a_remote_checkpoint_is_read_from_a_folder_of_the_workers_own(tmp_path):
     import pyarrow.fs
     import ray.train
 
-    from hardpos.model import ModelConfig, load_model
+    from hardpos.config import ModelConfig
+    from hardpos.model import load_model
     from hardpos.train.checkpoint import load_remote_train_state, save_train_checkpoint
 
     lm = load_model(ModelConfig(arch="hardpos-tiny"), device="cpu")

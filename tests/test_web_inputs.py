@@ -20,8 +20,9 @@ import ray
 import torch
 from PIL import Image
 
+from hardpos.config import ModelConfig
 from hardpos.data.sources import SourceError, read_rows, resolve_files
-from hardpos.model import ModelConfig, load_model
+from hardpos.model import load_model
 from hardpos.testing import free_port
 from hardpos.train.data import DataError, Preprocess, read_triplets_dataset, row_seed
 
@@ -291,7 +292,8 @@ def test_triplets_benchmark_from_shards_scores_like_image_files(ray_session, sha
 def test_build_datasets_streams_shards_and_splits_by_image(ray_session, shards, tiny):
     """The training driver's datasets from shards: every sample on exactly one side of the
     split, corrupt ones reaching the worker as ok=False rows (counted there)."""
-    from hardpos.train.data import DataConfig, build_datasets
+    from hardpos.train.config import DataConfig
+    from hardpos.train.data import build_datasets
 
     folder, _ = shards
     cfg = DataConfig(train_path=str(folder / "train-*.tar"), val_fraction=0.3, shuffle_buffer=0)

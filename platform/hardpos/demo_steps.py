@@ -20,19 +20,16 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.parquet as pq
 
 from hardpos import storage
-from hardpos.config import TrackingConfig
+from hardpos.config import ModelConfig, TrackingConfig
 from hardpos.data.world import BENCHMARKS, WorldConfig, load_world
 from hardpos.eval.retention import RetrievalSpec
-from hardpos.model import ModelConfig
 from hardpos.runtime import JobContext, execute
 from hardpos.stages import evaluate as ev
 from hardpos.stages import generate as gen
 from hardpos.stages import interpolate as wise
 from hardpos.stages import world as world_stage
 from hardpos.train.checkpoint import find_resume_checkpoint
-from hardpos.train.config import CheckpointSection, OptimConfig, ScalingSection, TrainConfig
-from hardpos.train.data import DataConfig
-from hardpos.train.loss import LossConfig
+from hardpos.train.config import CheckpointSection, DataConfig, LossConfig, OptimConfig, ScalingSection, TrainConfig
 
 if TYPE_CHECKING:  # annotations only: the demo's config module imports this one
     from hardpos.stages.demo import Config, PhaseConfig

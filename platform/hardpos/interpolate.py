@@ -26,7 +26,8 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from hardpos.model import LoadedModel, ModelConfig, load_model, unwrap
+from hardpos.config import ModelConfig
+from hardpos.model import LoadedModel, load_model, unwrap
 
 
 class ArchitectureMismatch(ValueError):

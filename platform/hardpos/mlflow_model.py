@@ -43,8 +43,9 @@ from mlflow.tracking import MlflowClient
 from mlflow.types import ColSpec, Schema
 
 from hardpos import tracking
-from hardpos.model import CONFIG_NAME, ModelConfig, encode_image, encode_text, load_model, tokenize
+from hardpos.config import ModelConfig
 from hardpos.data.images import load_image
+from hardpos.model import CONFIG_NAME, encode_image, encode_text, load_model, tokenize
 
 ARTIFACT_PATH = "model"
 # What loading and predicting import (the model code is carried by code_paths, not pip):

@@ -47,7 +47,7 @@ from open_clip.transformer import text_global_pool
 from safetensors.torch import save_file
 
 from hardpos import preflight, storage, tracking
-from hardpos.config import ConfigError
+from hardpos.config import ConfigError, ModelConfig
 from hardpos.registry import download_model
 
 log = logging.getLogger(__name__)
@@ -58,25 +58,6 @@ META_NAME = "hardpos.json"
 _CONFIG_DIR = Path(__file__).parent / "resources" / "model_configs"
 
 
-@dataclasses.dataclass
-class ModelConfig:
-    """Which model to build and where its weights come from.
-
-    arch: open_clip architecture (``ViT-B-32``, ``ViT-B-32-quickgelu``), a HardPos tiny
-        config (``hardpos-tiny``, ``hardpos-small``), or ``hf-hub:org/name`` (the
-        architecture in that hub repo's ``open_clip_config.json``; its weights only when
-        ``pretrained`` names them too). Ignored when ``pretrained`` is a HardPos checkpoint
-        or ``hf-hub:`` (both carry their own architecture).
-    pretrained: None (random), an open_clip tag, a local path, s3:// URI, MLflow URI or
-        ``hf-hub:org/name``.
-    force_quick_gelu: None = automatic (True for ``openai`` weights).
-    grad_checkpointing: trade compute for memory in training.
-    """
-
-    arch: str = "hardpos-tiny"
-    pretrained: str | None = None
-    force_quick_gelu: bool | None = None
-    grad_checkpointing: bool = False
 
 
 @dataclasses.dataclass

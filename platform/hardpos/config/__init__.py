@@ -59,7 +59,7 @@ from hardpos.config.fields import field_default as _field_default
 from hardpos.config.help import describe_config, field_docs, type_name
 from hardpos.config.overrides import parse_override, set_dotted
 
-__all__ = ["ConfigError", "JobConfig", "RayConfig", "TrackingConfig", "describe_config", "dump_yaml", "field_docs",
+__all__ = ["ConfigError", "JobConfig", "ModelConfig", "RayConfig", "TrackingConfig", "describe_config", "dump_yaml", "field_docs",
            "flatten", "from_dict", "load_config", "parse_override", "read_yaml_mapping", "require", "set_dotted",
            "to_dict", "type_name"]
 
@@ -114,6 +114,27 @@ class RayConfig:
     address: str | None = None
     num_cpus: int | None = None
     include_dashboard: bool = False
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """Which model to build and where its weights come from.
+
+    arch: open_clip architecture (``ViT-B-32``, ``ViT-B-32-quickgelu``), a HardPos tiny
+        config (``hardpos-tiny``, ``hardpos-small``), or ``hf-hub:org/name`` (the
+        architecture in that hub repo's ``open_clip_config.json``; its weights only when
+        ``pretrained`` names them too). Ignored when ``pretrained`` is a HardPos checkpoint
+        or ``hf-hub:`` (both carry their own architecture).
+    pretrained: None (random), an open_clip tag, a local path, s3:// URI, MLflow URI or
+        ``hf-hub:org/name``.
+    force_quick_gelu: None = automatic (True for ``openai`` weights).
+    grad_checkpointing: trade compute for memory in training.
+    """
+
+    arch: str = "hardpos-tiny"
+    pretrained: str | None = None
+    force_quick_gelu: bool | None = None
+    grad_checkpointing: bool = False
 
 
 @dataclasses.dataclass

@@ -9,7 +9,6 @@ asked), so scores equal the local engine's.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -17,23 +16,10 @@ import ray
 import ray.data
 import torch
 
+from hardpos.config import ModelConfig
 from hardpos.eval.evaluator import check_precision, encode_image_keys
-from hardpos.model import ModelConfig, load_model, unwrap
-
-
-@dataclasses.dataclass
-class RayDataConfig:
-    """Ray Data engine settings (``engine=ray_data``).
-
-    concurrency: number of model actors.
-    batch_size: images per actor call.
-    num_cpus / num_gpus: resources per actor (num_gpus > 0 puts each actor on a GPU).
-    """
-
-    concurrency: int = 1
-    batch_size: int = 64
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
+from hardpos.eval.spec import RayDataConfig
+from hardpos.model import load_model, unwrap
 
 
 class _ImageEncoderActor:

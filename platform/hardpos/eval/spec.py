@@ -38,3 +38,18 @@ class BenchmarkSpec:
     image_root: str | None = None
     limit: int | None = None
     cache_dir: str | None = None
+
+
+@dataclasses.dataclass
+class RayDataConfig:
+    """Ray Data engine settings (``engine=ray_data``).
+
+    concurrency: number of model actors.
+    batch_size: images per actor call.
+    num_cpus / num_gpus: resources per actor (num_gpus > 0 puts each actor on a GPU).
+    """
+
+    concurrency: int = 1
+    batch_size: int = 64
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0

@@ -38,14 +38,13 @@ import torch
 from PIL import Image
 
 from hardpos import report as R
-from hardpos.config import load_config
+from hardpos.config import ModelConfig, load_config
 from hardpos.eval.evaluator import run_benchmarks
 from hardpos.eval.spec import BenchmarkSpec
-from hardpos.model import ModelConfig, load_model, tokenize
+from hardpos.model import load_model, tokenize
 from hardpos.runtime import execute
 from hardpos.stages import demo
-from hardpos.train.config import OptimConfig
-from hardpos.train.loss import LossConfig
+from hardpos.train.config import LossConfig, OptimConfig
 from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch, train_step
 
 

@@ -40,14 +40,13 @@ import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
-from hardpos.config import ConfigError, load_config
 from hardpos import report as R
+from hardpos.config import ConfigError, ModelConfig, load_config
 from hardpos.data.grammar import canonical_caption, relation_negative, relation_twin
 from hardpos.data.scene import Scene, WorldConfig, render, sample_scene
 from hardpos.data.world import config_from_world
-from hardpos.model import ModelConfig, encode_image, encode_text, load_model, tokenize
-from hardpos.train.config import OptimConfig
-from hardpos.train.loss import LossConfig
+from hardpos.model import encode_image, encode_text, load_model, tokenize
+from hardpos.train.config import LossConfig, OptimConfig
 from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch, train_step
 
 MODES = ("twins", "hardneg", "plain")

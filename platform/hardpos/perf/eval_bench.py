@@ -31,11 +31,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from hardpos.eval.benchmarks import load_benchmark
+from hardpos.config import ModelConfig
 from hardpos.data.images import load_image
+from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.evaluator import benchmark_metrics, evaluate_benchmarks
 from hardpos.eval.spec import BenchmarkSpec
-from hardpos.model import ModelConfig, load_model
+from hardpos.model import load_model
 from hardpos.perf.harness import compare_alternating, reference_data_dir
 
 

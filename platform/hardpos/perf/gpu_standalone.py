@@ -54,15 +54,16 @@ import open_clip
 import torch
 from PIL import Image
 
+from hardpos.config import ModelConfig
 from hardpos.eval.evaluator import evaluate_benchmarks
-from hardpos.model import ModelConfig, load_model
+from hardpos.model import load_model
 from hardpos.perf.eval_bench import stand_in_replace
 from hardpos.perf.harness import compare_alternating
 from hardpos.perf.tiny_step import step_setup
 from hardpos.perf.train_bench import bench_train_step
 from hardpos.serve.config import ServingLimits
 from hardpos.serve.scoring import LRUCache, ModelState, StageTimes, compute_batch
-from hardpos.train.loss import LossConfig
+from hardpos.train.config import LossConfig
 from hardpos.train.step import build_scheduler, model_batch, train_step
 
 #: Modules whose presence after a run is reported (ray, mlflow, pandas must stay absent).

@@ -54,10 +54,10 @@ from ray import serve
 from ray._private import state as ray_state
 
 from hardpos import runtime
-from hardpos.config import load_config
+from hardpos.config import ModelConfig, load_config
 from hardpos.generate import pipeline
 from hardpos.generate.prompts import load_prompts
-from hardpos.model import ModelConfig, load_model, save_checkpoint
+from hardpos.model import load_model, save_checkpoint
 from hardpos.perf.simcluster import SimCluster, in_thread, kill_when, scoped_environ, wait_for  # noqa: F401 (re-exported)
 from hardpos.runtime import stage_module
 from hardpos.serve.app import build_app

@@ -38,7 +38,8 @@ from ray import serve
 from ray.serve.context import _get_global_client
 
 from hardpos import runtime
-from hardpos.model import ModelConfig, load_model, save_checkpoint
+from hardpos.config import ModelConfig
+from hardpos.model import load_model, save_checkpoint
 from hardpos.perf.load_client import LoadgenConfig, make_payloads, measure_level
 from hardpos.report import table
 from hardpos.serve.app import build_app

@@ -28,9 +28,9 @@ from typing import Any, Callable, Literal
 
 import torch
 
-from hardpos.config import JobConfig
+from hardpos.config import JobConfig, ModelConfig
 from hardpos.data.captions import read_captions
-from hardpos.model import ModelConfig, encode_text, load_model, tokenize
+from hardpos.model import encode_text, load_model, tokenize
 from hardpos.perf import gpu_standalone
 from hardpos.perf.eval_bench import evaluate_bench
 from hardpos.perf.generate_bench import caption_file, measure_stage

@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
-from hardpos.model import LoadedModel, ModelConfig, load_model, tokenize
-from hardpos.train.step import OptimConfig
+from hardpos.config import ModelConfig
+from hardpos.model import LoadedModel, load_model, tokenize
+from hardpos.train.config import OptimConfig
 from hardpos.train.step import TripletCLIP, build_optimizer
 
 COLOURS = ("red", "blue", "green", "yellow", "purple", "orange")

@@ -48,7 +48,8 @@ from hardpos.config import TrackingConfig
 from hardpos.perf.harness import compare_alternating
 from hardpos.perf.tiny_step import step_setup
 from hardpos.testing.mlflow_server import LocalMlflowServer
-from hardpos.train.loss import LossConfig, loss_metrics
+from hardpos.train.config import LossConfig
+from hardpos.train.loss import loss_metrics
 from hardpos.train.step import model_batch, train_step
 
 

@@ -40,12 +40,12 @@ from typing import Any
 import torch
 from open_clip.loss import ClipLoss
 
-from hardpos.model import ModelConfig, encode_text, load_model
+from hardpos.config import ModelConfig
+from hardpos.model import encode_text, load_model
 from hardpos.perf.harness import compare_alternating
 from hardpos.perf.tiny_step import synthetic_batch
-from hardpos.train.step import OptimConfig
-from hardpos.train.loss import LossConfig
 from hardpos.train import step as training_step  # step.train_step looked up per call: tests count the calls
+from hardpos.train.config import LossConfig, OptimConfig
 from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch
 
 

@@ -26,8 +26,9 @@ from typing import Any, Callable, Hashable, Iterable, Sequence
 import torch
 
 from hardpos import registry, tracking
+from hardpos.config import ModelConfig
 from hardpos.eval.metrics import verdicts  # noqa: F401 - re-exported for the app (one definition)
-from hardpos.model import ModelConfig, encode_image, encode_text, trim_tokens
+from hardpos.model import encode_image, encode_text, trim_tokens
 from hardpos.model import load_model as _load_model  # this module's load_model wraps it
 from hardpos.serve.config import ServeAppConfig, ServingLimits
 from hardpos.serve.errors import ServingError

@@ -44,7 +44,7 @@ from hardpos.demo_steps import Pipeline, epochs_for, instructions, phase_key, sa
 from hardpos.interpolate import check_alphas
 from hardpos.runtime import JobContext, init_ray
 from hardpos.stages import register as reg
-from hardpos.train.data import DataConfig
+from hardpos.train.config import DataConfig
 
 # the demo's steps under the names the tests and earlier callers use
 _Pipeline, _say, _slug, _world_matches, _epochs_for = Pipeline, say, slug, world_matches, epochs_for

@@ -22,17 +22,24 @@ from typing import Any, ClassVar, Literal, Sequence
 import torch
 
 from hardpos import storage
-from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
+from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig, require
 from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.eval import report as R
 from hardpos.eval.benchmarks import BenchmarkError
-from hardpos.eval.distributed import RayDataConfig, ray_image_encoder
+from hardpos.eval.distributed import ray_image_encoder
 from hardpos.eval.evaluator import EvalReport, Precision, evaluate_benchmarks
 from hardpos.eval.inline import is_inline_source
-from hardpos.eval.retention import (RetentionError, RetrievalSpec, ZeroShotSpec, resolve_classnames,
-                                    resolve_templates, retrieval, zero_shot)
-from hardpos.eval.spec import BenchmarkSpec
-from hardpos.model import LoadedModel, ModelConfig, load_model
+from hardpos.eval.retention import (
+    RetentionError,
+    RetrievalSpec,
+    ZeroShotSpec,
+    resolve_classnames,
+    resolve_templates,
+    retrieval,
+    zero_shot,
+)
+from hardpos.eval.spec import BenchmarkSpec, RayDataConfig
+from hardpos.model import LoadedModel, load_model
 from hardpos.model_uri import source_run_tags
 from hardpos.runtime import JobContext, init_ray
 from hardpos.tracking import resolve_tracking_uri

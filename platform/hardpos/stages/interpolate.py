@@ -37,12 +37,12 @@ import torch
 
 from hardpos import registry, storage, tracking
 from hardpos import report as R
-from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
+from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig, require
 from hardpos.eval import report as eval_report
 from hardpos.eval.evaluator import Precision
 from hardpos.eval.spec import BenchmarkSpec
 from hardpos.interpolate import check_alphas, interpolate_state, load_pair, state_of
-from hardpos.model import LoadedModel, ModelConfig, save_checkpoint, unwrap
+from hardpos.model import LoadedModel, save_checkpoint, unwrap
 from hardpos.runtime import JobContext, execute
 from hardpos.stages import evaluate as ev
 

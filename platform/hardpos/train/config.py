@@ -10,16 +10,122 @@ Test-only fault injection is not configuration: tests pass a ``step_hook`` to
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Literal
 
-from hardpos.config import JobConfig, TrackingConfig, require
+from hardpos.config import JobConfig, ModelConfig, TrackingConfig, require
 from hardpos.eval.spec import BenchmarkSpec
-from hardpos.model import ModelConfig
-from hardpos.train.data import DataConfig
-from hardpos.train.loss import LossConfig
-# OptimConfig lives beside build_optimizer, as LossConfig beside the loss: the GPU suite
-# (hardpos.perf.gpu_standalone) builds the optimiser without importing the data pipeline.
-from hardpos.train.step import OptimConfig
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Where the triplets come from and how they are split and shuffled.
+
+    train_path: triplet file (.parquet / .jsonl; image paths, or the image bytes inline in a
+        binary column), webdataset .tar shards, a folder of such files or a glob
+        (``shards/*.tar``); local or s3://.
+    val_path: a separate validation triplet file; None -> hold out ``val_fraction`` of
+        ``train_path`` (by a stable hash of the image path).
+    val_fraction: share of ``train_path`` held out for the per-epoch validation loss when
+        ``val_path`` is None (0 disables validation).
+    image_root: folder relative image paths are resolved against (None: the triplet
+        file's own folder).
+    limit: use only the first N rows of ``train_path`` (None: all); for smoke runs.
+    shuffle_buffer: rows in each worker's local shuffle buffer (0: no shuffling).
+    decode_cpus: CPUs each Ray Data decode/preprocess task asks for; None: 1, or the CPUs
+        the training workers (and a sweep's trial driver) leave free when that is less, so
+        a decode task can always be scheduled (see ``hardpos.train.trainer.decode_task_cpus``).
+    fetch_threads: threads per decode task fetching the images rows name (local, s3://,
+        http(s)://) concurrently.
+    """
+
+    train_path: str = "outputs/world/finetune.parquet"
+    val_path: str | None = None
+    val_fraction: float = 0.05
+    image_root: str | None = None
+    limit: int | None = None
+    shuffle_buffer: int = 512
+    decode_cpus: float | None = None
+    fetch_threads: int = 16
+
+    def __post_init__(self) -> None:
+        require(self.fetch_threads >= 1, "fetch_threads", "must be >= 1", self.fetch_threads)
+        require(self.decode_cpus is None or self.decode_cpus > 0, "decode_cpus",
+                "must be > 0 (or null for automatic)", self.decode_cpus)
+        require(0.0 <= self.val_fraction < 1.0, "val_fraction", "must be in [0, 1)", self.val_fraction)
+        require(self.shuffle_buffer >= 0, "shuffle_buffer", "must be >= 0", self.shuffle_buffer)
+
+
+@dataclasses.dataclass
+class LossConfig:
+    """Weights and switches of the combined loss (see the module docstring).
+
+    w_pos: weight of the hard-positive (analogy) term; the paper fixes 1 (0 = "HN-only").
+    w_neg: weight of the hard-negative 2-way term; the paper sweeps {0, .25, .5, .75, 1}.
+        0 = no hard negatives at all: no 2-way term AND no NegCLIP columns (the paper's
+        "0 HN" row is trained on hard positives only).
+    w_pos_over_neg: weight of the optional positive-over-negative 2-way term (default off;
+        needs hard negatives, so it must stay 0 when w_neg is 0).
+    w_kl: weight of SVLC's optional KL(uniform || softmax[<I,T>, <I,P>]) term (default off).
+    negclip_columns: when w_neg > 0, also add the valid hard negatives as extra text columns
+        of the contrastive image->text term (NegCLIP, unweighted; TSVLC does this only in a
+        single process). False = plain CLIP contrastive whatever w_neg is, which is what the
+        paper ran on 4 GPUs. Ignored when w_neg is 0.
+    analogy_scope: which positives the hard-positive term's rows are scored against:
+        ``global`` (the whole gathered batch) or ``worker`` (only the row's own worker's
+        batch, as TSVLC computes it per GPU). Identical on one worker.
+    """
+
+    w_pos: float = 1.0
+    w_neg: float = 1.0
+    w_pos_over_neg: float = 0.0
+    w_kl: float = 0.0
+    negclip_columns: bool = True
+    analogy_scope: Literal["global", "worker"] = "global"
+
+    def __post_init__(self) -> None:
+        require(self.analogy_scope in ("global", "worker"), "analogy_scope",
+                "must be 'global' (the whole batch) or 'worker' (each worker's own rows, as TSVLC)",
+                self.analogy_scope)
+        for name in ("w_pos", "w_neg", "w_pos_over_neg", "w_kl"):
+            value = getattr(self, name)
+            require(math.isfinite(value) and value >= 0, name, "must be a finite number >= 0", value)
+        require(not (self.w_neg == 0 and self.w_pos_over_neg != 0), "w_pos_over_neg",
+                "must be 0 when w_neg is 0 (it reads the hard negatives, and w_neg=0 means training without "
+                "them; set w_neg > 0 or w_pos_over_neg=0)", self.w_pos_over_neg)
+
+    @property
+    def uses_negatives(self) -> bool:
+        """True when hard negatives reach the loss at all (``w_neg > 0``)."""
+        return self.w_neg > 0
+
+    @property
+    def negative_columns(self) -> bool:
+        """True when the contrastive term gets the NegCLIP columns (negatives in use and switched on)."""
+        return self.negclip_columns and self.uses_negatives
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    """AdamW + warmup/cosine schedule.
+
+    lr: peak learning rate (the paper: 5e-6 for ViT-B-32 from OpenAI weights).
+    weight_decay: applied to weight matrices only (not gains, biases, logit_scale).
+    beta1, beta2, eps: AdamW parameters.
+    warmup_steps: linear warmup from 0 to ``lr``; then cosine decay to 0 at the last step.
+    grad_clip: max global gradient norm (0 disables clipping).
+    fused: torch's fused AdamW kernel (CPU and CUDA) instead of a per-parameter loop; the
+        same update up to float rounding (see :func:`hardpos.train.step.build_optimizer`).
+    """
+
+    lr: float = 1e-4
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-6
+    warmup_steps: int = 10
+    grad_clip: float = 1.0
+    fused: bool = True
 
 
 @dataclasses.dataclass
@@ -70,9 +176,9 @@ class TrainConfig(JobConfig):
 
     output_dir: the stage writes summary.json, model/ (final checkpoint) and, unless
         checkpoint.storage_path is set, ray_train/ (Ray Train's checkpoints) here.
-    model: the model to finetune (see hardpos.model.ModelConfig).
-    data: triplet files and the validation split (see hardpos.train.data.DataConfig).
-    loss: weights of the combined loss (see hardpos.train.loss.LossConfig).
+    model: the model to finetune (see hardpos.config.ModelConfig).
+    data: triplet files and the validation split (see DataConfig above).
+    loss: weights of the combined loss (see LossConfig above; the loss itself: hardpos.train.loss).
     optim: AdamW and the LR schedule.
     scaling: Ray Train workers and resources.
     checkpoint: checkpoint storage and frequency.

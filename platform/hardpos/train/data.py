@@ -45,54 +45,17 @@ import pyarrow.fs as pafs
 import torch
 
 from hardpos import storage
-from hardpos.config import require
 from hardpos.data.images import load_image  # noqa: F401 (re-exported: hardpos.train.data.load_image)
 from hardpos.data.sources import SourceError, fetch_all, read_rows
 from hardpos.data.triplets import resolve_image
 from hardpos.model import trim_tokens
+from hardpos.train.config import DataConfig
 
 
 class DataError(ValueError):
     """A training data source is missing, unreadable, or lacks required columns."""
 
 
-@dataclasses.dataclass
-class DataConfig:
-    """Where the triplets come from and how they are split and shuffled.
-
-    train_path: triplet file (.parquet / .jsonl; image paths, or the image bytes inline in a
-        binary column), webdataset .tar shards, a folder of such files or a glob
-        (``shards/*.tar``); local or s3://.
-    val_path: a separate validation triplet file; None -> hold out ``val_fraction`` of
-        ``train_path`` (by a stable hash of the image path).
-    val_fraction: share of ``train_path`` held out for the per-epoch validation loss when
-        ``val_path`` is None (0 disables validation).
-    image_root: folder relative image paths are resolved against (None: the triplet
-        file's own folder).
-    limit: use only the first N rows of ``train_path`` (None: all); for smoke runs.
-    shuffle_buffer: rows in each worker's local shuffle buffer (0: no shuffling).
-    decode_cpus: CPUs each Ray Data decode/preprocess task asks for; None: 1, or the CPUs
-        the training workers (and a sweep's trial driver) leave free when that is less, so
-        a decode task can always be scheduled (see ``hardpos.train.trainer.decode_task_cpus``).
-    fetch_threads: threads per decode task fetching the images rows name (local, s3://,
-        http(s)://) concurrently.
-    """
-
-    train_path: str = "outputs/world/finetune.parquet"
-    val_path: str | None = None
-    val_fraction: float = 0.05
-    image_root: str | None = None
-    limit: int | None = None
-    shuffle_buffer: int = 512
-    decode_cpus: float | None = None
-    fetch_threads: int = 16
-
-    def __post_init__(self) -> None:
-        require(self.fetch_threads >= 1, "fetch_threads", "must be >= 1", self.fetch_threads)
-        require(self.decode_cpus is None or self.decode_cpus > 0, "decode_cpus",
-                "must be > 0 (or null for automatic)", self.decode_cpus)
-        require(0.0 <= self.val_fraction < 1.0, "val_fraction", "must be in [0, 1)", self.val_fraction)
-        require(self.shuffle_buffer >= 0, "shuffle_buffer", "must be >= 0", self.shuffle_buffer)
 
 
 # --------------------------------------------------------------------------- reading

@@ -70,69 +70,21 @@ the same global batch.  Nothing is dropped: missing negatives travel as zero row
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Literal, Mapping
+from typing import Mapping
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hardpos.config import require
 from hardpos.model import unwrap
+from hardpos.train.config import LossConfig
 
 TERMS = ("contrastive", "hard_negative", "hard_positive", "pos_over_neg", "kl")
 LOGIT_SCALE_MAX = math.log(100.0)
 _MASKED = -1e9
 
 
-@dataclasses.dataclass
-class LossConfig:
-    """Weights and switches of the combined loss (see the module docstring).
-
-    w_pos: weight of the hard-positive (analogy) term; the paper fixes 1 (0 = "HN-only").
-    w_neg: weight of the hard-negative 2-way term; the paper sweeps {0, .25, .5, .75, 1}.
-        0 = no hard negatives at all: no 2-way term AND no NegCLIP columns (the paper's
-        "0 HN" row is trained on hard positives only).
-    w_pos_over_neg: weight of the optional positive-over-negative 2-way term (default off;
-        needs hard negatives, so it must stay 0 when w_neg is 0).
-    w_kl: weight of SVLC's optional KL(uniform || softmax[<I,T>, <I,P>]) term (default off).
-    negclip_columns: when w_neg > 0, also add the valid hard negatives as extra text columns
-        of the contrastive image->text term (NegCLIP, unweighted; TSVLC does this only in a
-        single process). False = plain CLIP contrastive whatever w_neg is, which is what the
-        paper ran on 4 GPUs. Ignored when w_neg is 0.
-    analogy_scope: which positives the hard-positive term's rows are scored against:
-        ``global`` (the whole gathered batch) or ``worker`` (only the row's own worker's
-        batch, as TSVLC computes it per GPU). Identical on one worker.
-    """
-
-    w_pos: float = 1.0
-    w_neg: float = 1.0
-    w_pos_over_neg: float = 0.0
-    w_kl: float = 0.0
-    negclip_columns: bool = True
-    analogy_scope: Literal["global", "worker"] = "global"
-
-    def __post_init__(self) -> None:
-        require(self.analogy_scope in ("global", "worker"), "analogy_scope",
-                "must be 'global' (the whole batch) or 'worker' (each worker's own rows, as TSVLC)",
-                self.analogy_scope)
-        for name in ("w_pos", "w_neg", "w_pos_over_neg", "w_kl"):
-            value = getattr(self, name)
-            require(math.isfinite(value) and value >= 0, name, "must be a finite number >= 0", value)
-        require(not (self.w_neg == 0 and self.w_pos_over_neg != 0), "w_pos_over_neg",
-                "must be 0 when w_neg is 0 (it reads the hard negatives, and w_neg=0 means training without "
-                "them; set w_neg > 0 or w_pos_over_neg=0)", self.w_pos_over_neg)
-
-    @property
-    def uses_negatives(self) -> bool:
-        """True when hard negatives reach the loss at all (``w_neg > 0``)."""
-        return self.w_neg > 0
-
-    @property
-    def negative_columns(self) -> bool:
-        """True when the contrastive term gets the NegCLIP columns (negatives in use and switched on)."""
-        return self.negclip_columns and self.uses_negatives
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -21,39 +21,18 @@ A *model batch* is the dict :func:`hardpos.train.data.to_model_batch` returns (o
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 from typing import Any, Callable, ContextManager
 
 import torch
 
 from hardpos.model import encode_image, encode_text
-from hardpos.train.loss import LossConfig, clamp_logit_scale, combined_loss, gather_features
+from hardpos.train.config import LossConfig, OptimConfig
+from hardpos.train.loss import clamp_logit_scale, combined_loss, gather_features
 
 AutocastFactory = Callable[[], ContextManager[Any]]
 
 
-@dataclasses.dataclass
-class OptimConfig:
-    """AdamW + warmup/cosine schedule.
-
-    lr: peak learning rate (the paper: 5e-6 for ViT-B-32 from OpenAI weights).
-    weight_decay: applied to weight matrices only (not gains, biases, logit_scale).
-    beta1, beta2, eps: AdamW parameters.
-    warmup_steps: linear warmup from 0 to ``lr``; then cosine decay to 0 at the last step.
-    grad_clip: max global gradient norm (0 disables clipping).
-    fused: torch's fused AdamW kernel (CPU and CUDA) instead of a per-parameter loop; the
-        same update up to float rounding (see :func:`hardpos.train.step.build_optimizer`).
-    """
-
-    lr: float = 1e-4
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.98
-    eps: float = 1e-6
-    warmup_steps: int = 10
-    grad_clip: float = 1.0
-    fused: bool = True
 
 
 class TripletCLIP(torch.nn.Module):
