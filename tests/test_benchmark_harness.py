@@ -3,9 +3,9 @@ import json
 
 import pytest
 
+from benchmarks import suites
+from benchmarks.harness import compare_alternating, format_table, reference_data_dir
 from hardpos import runtime
-from hardpos.perf import suites
-from hardpos.perf.harness import compare_alternating, format_table, reference_data_dir
 from hardpos.config import load_config
 
 
@@ -22,22 +22,31 @@ def test_format_table():
     assert table.splitlines()[-1] == "| text | c | 10.0 ms | 50.0 ms | 5.00x [4.00, 6.00] |"
 
 
-def test_text_suite_quick_checks_equality_and_writes_summary(tmp_path):
-    module = runtime.stage_module("benchmark")
-    cfg = load_config(module.Config, None, [f"output_dir={tmp_path}", "suite=text", "quick=true", "tracking.enabled=false"])
-    summary = runtime.execute("benchmark", cfg, quiet=True)
+def test_text_suite_quick_checks_equality_and_writes_summary(tmp_path, capsys):
+    args = [f"output_dir={tmp_path}", "suite=text", "quick=true", "tracking.enabled=false"]
+    assert suites.main(args) == 0
+    assert "| text |" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "summary.json").read_text())
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     (row,) = on_disk["rows"]
     assert row["suite"] == "text" and row["max_abs_diff"] < 1e-4
     assert row["ratio_median"] > 0 and summary["machine"]["cpus"] >= 1
 
 
-def test_unknown_suite_is_a_config_error():
+def test_unknown_suite_is_a_config_error(capsys):
     from hardpos.config import ConfigError
 
-    module = runtime.stage_module("benchmark")
     with pytest.raises(ConfigError, match="suite"):
-        load_config(module.Config, None, ["suite=nope"])
+        load_config(suites.Config, None, ["suite=nope"])
+    assert suites.main(["suite=nope"]) == 2
+    assert "config error" in capsys.readouterr().err
+
+
+def test_the_command_line_lists_its_keys_and_is_no_stage(capsys):
+    assert suites.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "python -m benchmarks.suites" in out and "  suite: " in out and "  evaluate_rows: " in out
+    assert "benchmark" not in runtime.STAGES
 
 
 def test_gpu_suite_and_vllm_rows_say_why_they_did_not_run(monkeypatch):
@@ -57,12 +66,6 @@ def test_evaluate_items_row_times_the_evaluator():
     row = suites.evaluate_items_row(cfg, "cpu", image_size=(40, 30))
     assert row["case"].startswith("evaluate: hardpos-tiny REPLACE 8 rows on cpu")
     assert row["value"] == round(8 / row["seconds"], 1) and row["value"] > 0
-
-
-def test_benchmark_stage_is_the_perf_suites():
-    # `hardpos benchmark` resolves through the stage registry to the harness in hardpos.perf
-    module = runtime.stage_module("benchmark")
-    assert module.Config is suites.Config and module.run is suites.run
 
 
 def test_reference_data_dir_explicit_then_env_then_none(monkeypatch, tmp_path):

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
+from benchmarks.calibrate_artefacts import ArtefactConfig, artefact_strength, features
 from hardpos.config import ConfigError
-from hardpos.perf.calibrate_artefacts import ArtefactConfig, artefact_strength, features
 
 COLORS, SHAPES = ["red", "blue", "green", "yellow"], ["circle", "square", "star"]
 

@@ -5,10 +5,10 @@ import random
 import pytest
 import torch
 
+from benchmarks.calibrate_relations import RelationProbeConfig, relation_accuracy, relation_rows, run, training_world
 from hardpos.config import ConfigError, ModelConfig
 from hardpos.data.world import WorldConfig, generate_world, parse, truth
 from hardpos.model import load_model, tokenize
-from hardpos.perf.calibrate_relations import RelationProbeConfig, relation_accuracy, relation_rows, run, training_world
 
 CFG = WorldConfig(min_objects=2, max_objects=3)
 

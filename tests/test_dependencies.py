@@ -1,7 +1,8 @@
-"""Every third-party module the package imports is a declared requirement of its own (not
-left to arrive through another package's requirements): the product's imports in
-``[project.dependencies]`` (``vllm`` in its extra), the measuring tools' and test helpers'
-(``hardpos.perf``, ``hardpos.testing``) in an extra. Pure ``ast`` over the source."""
+"""Every third-party module HardPos imports is a declared requirement of its own (not left
+to arrive through another package's requirements): the installed package's imports in
+``[project.dependencies]`` (``vllm`` in its extra), the repository's tooling -- the measuring
+tools (``benchmarks/``) and the test helpers (``tests/support/``) -- in an extra. Pure
+``ast`` over the source."""
 from __future__ import annotations
 
 import ast
@@ -17,7 +18,9 @@ except ModuleNotFoundError:  # Python 3.10
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "platform" / "hardpos"
-TOOLING = ("perf/", "testing/")
+#: Folders (relative to the repository) of tooling: not installed, run from the repository.
+TOOLING = ("benchmarks/", "tests/support/")
+FIRST_PARTY = ("hardpos", "benchmarks", "tests", "__future__")
 
 
 def _norm(name: str) -> str:
@@ -32,10 +35,15 @@ def _declared() -> tuple[set[str], dict[str, set[str]]]:
     return core, extras
 
 
+def _sources() -> list[Path]:
+    """The product's modules, then the tooling's."""
+    return [*PACKAGE.rglob("*.py"), *(p for folder in TOOLING for p in (REPO / folder).rglob("*.py"))]
+
+
 def _imports() -> dict[str, set[str]]:
-    """top-level module -> the package files (relative) importing it, third-party only."""
+    """top-level module -> the files (relative to the repository) importing it, third-party only."""
     found: dict[str, set[str]] = {}
-    for path in PACKAGE.rglob("*.py"):
+    for path in _sources():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -44,8 +52,8 @@ def _imports() -> dict[str, set[str]]:
             else:
                 continue
             for top in {n.split(".")[0] for n in names}:
-                if top not in sys.stdlib_module_names and top not in ("hardpos", "__future__"):
-                    found.setdefault(top, set()).add(path.relative_to(PACKAGE).as_posix())
+                if top not in sys.stdlib_module_names and top not in FIRST_PARTY:
+                    found.setdefault(top, set()).add(path.relative_to(REPO).as_posix())
     return found
 
 
@@ -65,4 +73,5 @@ def test_every_imported_distribution_is_declared():
 def test_the_check_sees_the_imports_it_must():
     found = _imports()
     assert {"torch", "ray", "mlflow", "aiohttp", "safetensors", "PIL"} <= set(found)
-    assert any(f.startswith("perf/") for f in found.get("httpx", ()))
+    assert any(f.startswith("benchmarks/") for f in found.get("httpx", ()))
+    assert any(f.startswith("platform/hardpos/") for f in found["torch"])

@@ -13,7 +13,7 @@ NOT_YET: set[str] = set()
 
 
 def _files():
-    for base in ("README.md", "docs", "platform/hardpos", "tests", "infra", "jobs", "serve"):
+    for base in ("README.md", "docs", "platform/hardpos", "benchmarks", "tests", "infra", "jobs", "serve"):
         root = REPO / base
         paths = [root] if root.is_file() else root.rglob("*")
         for p in paths:

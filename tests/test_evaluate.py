@@ -257,7 +257,7 @@ def test_shipped_configs_parse():
 
 def test_bench_naive_and_efficient_agree(shared_data):
     """The measurement's two evaluators score identically (timing itself is not asserted)."""
-    from hardpos.perf.eval_bench import run
+    from benchmarks.eval_bench import run
 
     out = run(n_rows=24, arch="hardpos-tiny", data_dir=str(shared_data), image_size=(40, 30), batch_size=16)
     assert out["n_rows"] == 24 and out["n_distinct_images"] < 24
@@ -311,8 +311,8 @@ def test_jobs_evaluate_on_the_generated_synthetic_world(tmp_path):
 
 
 def test_harness_suite_runs_without_shared_data(tmp_path, monkeypatch):
-    """`hardpos benchmark suite=evaluate quick=true` works for users without the reference data."""
-    from hardpos.perf.eval_bench import evaluate_bench
+    """`python -m benchmarks.suites suite=evaluate quick=true` works for users without the reference data."""
+    from benchmarks.eval_bench import evaluate_bench
 
     monkeypatch.delenv("HARDPOS_REFERENCE_DATA", raising=False)
     monkeypatch.setenv("HARDPOS_SHARED_DATA", str(tmp_path / "absent"))

@@ -1,4 +1,4 @@
-"""The Ray-free GPU suite (hardpos.perf.gpu_standalone), run on the CPU with the tiny model.
+"""The Ray-free GPU suite (benchmarks.gpu_standalone), run on the CPU with the tiny model.
 
 The lent GPU machine has torch and open_clip but no Ray or MLflow, so the suite runs in a
 fresh interpreter here and must not import them (nor pandas); its JSON must hold real
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hardpos.perf import gpu_standalone as gs
-from hardpos.perf import suites
+from benchmarks import child_env, suites
+from benchmarks import gpu_standalone as gs
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--arch", "hardpos-tiny", "--batch", "4", "--steps", "1", "--warmup", "0", "--eval-rows", "8",
@@ -25,9 +25,9 @@ TINY = ["--arch", "hardpos-tiny", "--batch", "4", "--steps", "1", "--warmup", "0
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("gpu-suite") / "gpu.json"
-    proc = subprocess.run([sys.executable, "-m", "hardpos.perf.gpu_standalone", *TINY, "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_standalone", *TINY, "--out", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=REPO,
-                          env={**__import__("os").environ, "HARDPOS_COMMIT": "test"})
+                          env=child_env({"HARDPOS_COMMIT": "test"}))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert json.loads(proc.stdout) == result  # printed and written alike

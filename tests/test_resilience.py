@@ -1,4 +1,4 @@
-"""Fault tolerance on a multi-node Ray cluster simulated on one machine (hardpos.perf.resilience).
+"""Fault tolerance on a multi-node Ray cluster simulated on one machine (benchmarks.resilience).
 
 The scenario run starts its own cluster (``ray.cluster_utils.Cluster``), so it runs in a
 subprocess: the test session's own Ray (``ray_session``) stays untouched. The scenarios
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hardpos.perf.resilience import duplicated_steps, exactly_once, failover_stats, missing_steps
+from benchmarks import child_env
+from benchmarks.resilience import duplicated_steps, exactly_once, failover_stats, missing_steps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,14 +50,14 @@ def test_failover_stats_around_a_kill():
 
 
 def test_a_scenario_refuses_to_share_an_existing_ray(ray_session):
-    from hardpos.perf.resilience import SimCluster
+    from benchmarks.resilience import SimCluster
 
     with pytest.raises(RuntimeError, match="process without Ray"):
         SimCluster()
 
 
 def test_scoped_environ_restores_the_callers_environment(monkeypatch):
-    from hardpos.perf.resilience import scoped_environ
+    from benchmarks.resilience import scoped_environ
 
     monkeypatch.setenv("HP_KEEP", "1")
     monkeypatch.setenv("HP_CHANGE", "before")
@@ -74,12 +75,12 @@ def _run_scenarios(tmp_path: Path, *names: str, timeout: int) -> dict:
     # A short private RAY_TMPDIR: unix socket paths must stay short, and the cluster's
     # address file must not replace another local Ray's.
     ray_tmp = tempfile.mkdtemp(prefix="hpres-", dir="/tmp")
-    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    env = child_env({"RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"})
     env.pop("RAY_ADDRESS", None)
     env.pop("MLFLOW_TRACKING_URI", None)
     out = tmp_path / "resilience"
     try:
-        proc = subprocess.run([sys.executable, "-m", "hardpos.perf.resilience", str(out), *names, "--quick"],
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.resilience", str(out), *names, "--quick"],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -1,5 +1,5 @@
-"""The scaling suite (hardpos.perf.scaling): its rows on tiny sizes. The suite itself is its
-own command (python -m hardpos.perf.scaling), never part of the default test run."""
+"""The scaling suite (benchmarks.scaling): its rows on tiny sizes. The suite itself is its
+own command (python -m benchmarks.scaling), never part of the default test run."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,8 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
+from benchmarks import scaling
 from hardpos.config import ConfigError
-from hardpos.perf import scaling
 
 
 def test_rows_on_tiny_sizes_carry_throughput_memory_and_growth(tmp_path):
@@ -50,7 +50,7 @@ def test_sizes_must_grow():
 
 
 def test_inputs_serial_baseline_decodes_every_row_of_the_files_layout(tmp_path):
-    from hardpos.perf import inputs
+    from benchmarks import inputs
 
     layouts = inputs.write_layouts(tmp_path, 5, 32, shard_rows=2)
     result = inputs.time_serial(layouts["files"], str(tmp_path / "files"), batch_size=2)

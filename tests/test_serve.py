@@ -282,7 +282,7 @@ def test_200_concurrent_requests_all_succeed_and_are_batched(app):
 
 
 def test_loadgen_measures_the_running_app(app, monkeypatch):
-    from hardpos.perf.loadgen import LoadgenConfig, measure
+    from benchmarks.loadgen import LoadgenConfig, measure
 
     monkeypatch.setenv("HARDPOS_LOADGEN_TEST_TOKEN", TOKEN)
     cfg = LoadgenConfig(concurrency=[1, 4], requests_per_level=12, warmup_requests=2, images=3, image_size=40,
@@ -303,7 +303,7 @@ def test_the_plain_peer_answers_like_the_app(app, tmp_path):
 
     import requests
 
-    from hardpos.perf.loadgen import LoadgenConfig, measure_level, ray_worker_niceness, start_plain, stop_plain
+    from benchmarks.loadgen import LoadgenConfig, measure_level, ray_worker_niceness, start_plain, stop_plain
 
     niceness = ray_worker_niceness()
     proc, url = start_plain(LoadgenConfig(arch="hardpos-tiny", torch_threads=1), str(app["ckpt"]), tmp_path, niceness)
@@ -358,7 +358,7 @@ def test_colocated_model_answers_like_the_two_deployment_app(app):
 
 
 def test_loadgen_refuses_replicas_the_cluster_cannot_hold(ray_session):
-    from hardpos.perf.loadgen import LoadgenConfig, compare_batching
+    from benchmarks.loadgen import LoadgenConfig, compare_batching
 
     # would deploy one app and wait forever for the second (seen with num_cpus=1 on 2 CPUs)
     with pytest.raises(ValueError, match=r"need 2\.2 CPU \(cluster has 2\); lower num_cpus"):

@@ -72,7 +72,7 @@ def test_stage_times_and_means():
 
 
 def test_level_report_ratios_against_the_peer():
-    from hardpos.perf.serve_compare import level_report
+    from benchmarks.serve_compare import level_report
 
     def r(rps, p50, p99):
         return {"requests_per_s": rps, "p50_ms": p50, "p99_ms": p99}
@@ -86,7 +86,7 @@ def test_level_report_ratios_against_the_peer():
     assert out["vs_plain"]["unbatched"]["throughput_ratio"] == pytest.approx((10 / 15 + 1.0) / 2, abs=1e-3)
     assert out["vs_plain"]["batched"]["p50_ratio"] == pytest.approx(1.5)  # plain p50 / batched p50
     with pytest.raises(ValueError, match="targets must be distinct names"):
-        from hardpos.perf.load_client import LoadgenConfig
-        from hardpos.perf.serve_compare import compare_servers
+        from benchmarks.load_client import LoadgenConfig
+        from benchmarks.serve_compare import compare_servers
 
         compare_servers(LoadgenConfig(targets=["batched", "flask"]))

@@ -330,7 +330,7 @@ def test_serve_config_yaml_is_a_valid_deploy_config():
 
 # --------------------------------------------------------------------------- load generator (pure parts)
 def test_loadgen_is_loopback_only():
-    from hardpos.perf.loadgen import check_loopback, main
+    from benchmarks.loadgen import check_loopback, main
 
     for url in ("http://127.0.0.1:8000", "http://127.8.9.10/x", "http://localhost:1", "http://[::1]:8000"):
         assert check_loopback(url) == url
@@ -341,7 +341,7 @@ def test_loadgen_is_loopback_only():
 
 
 def test_loadgen_percentiles_and_summary():
-    from hardpos.perf.loadgen import percentile, summarize
+    from benchmarks.loadgen import percentile, summarize
 
     assert percentile([], 50) is None
     assert percentile([3.0], 99) == 3.0
@@ -355,7 +355,7 @@ def test_loadgen_percentiles_and_summary():
 
 
 def test_loadgen_payloads_are_valid_requests():
-    from hardpos.perf.loadgen import LoadgenConfig, make_payloads
+    from benchmarks.loadgen import LoadgenConfig, make_payloads
 
     payloads = make_payloads(LoadgenConfig(images=3, image_size=40, captions_per_request=3, caption_pool=10))
     lim = C.ServingLimits()

@@ -131,7 +131,7 @@ def test_fail_once_hook_raises_once_on_the_last_rank(tmp_path):
 
 def test_step_benchmark_times_the_training_step(monkeypatch):
     """The train_step benchmark suite times train_step itself, not a copy of it."""
-    from hardpos.perf.train_bench import bench_train_step
+    from benchmarks.train_bench import bench_train_step
     from hardpos.train import step as step_module
 
     calls = []

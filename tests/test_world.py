@@ -309,7 +309,7 @@ def test_relation_twins_are_mirrored_and_only_the_relation_tells_them_apart(tmp_
 def test_grouped_order_keeps_pairs_adjacent():
     import torch
 
-    from hardpos.perf.calibrate import grouped_order
+    from benchmarks.calibrate import grouped_order
 
     groups = [None, 0, 0, None, 5, 5, None, 9, 9, None]
     order = grouped_order(groups, torch.Generator().manual_seed(0)).tolist()

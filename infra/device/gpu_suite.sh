@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite on the lent GPU machine, in one `run` call: install the carried wheels,
-# run hardpos.perf.gpu_standalone (torch + open_clip only: no Ray, no MLflow), write the
+# run benchmarks.gpu_standalone (torch + open_clip only: no Ray, no MLflow), write the
 # JSON and the log to $OUT.
 #
 #   run(command="bash infra/device/gpu_suite.sh", carry=[".whl"], timeout_s=600)
@@ -31,5 +31,5 @@ export PYTHONPATH="$PWD/platform${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 command -v nvidia-smi > /dev/null && nvidia-smi 2>&1 | tee -a "$LOG" || true
 # shellcheck disable=SC2086  # GPU_SUITE_ARGS is a list of flags
-"$PYTHON" -m hardpos.perf.gpu_standalone --device "${DEVICE:-cuda}" \
+"$PYTHON" -m benchmarks.gpu_standalone --device "${DEVICE:-cuda}" \
   ${GPU_SUITE_ARGS:---arch ViT-B-32 --batch 256 --steps 10} --out "$OUT/gpu_suite.json" 2>&1 | tee -a "$LOG"

@@ -78,7 +78,7 @@ class WorldConfig:
         with the relation reversed or the two objects exchanged): a batch that holds both can
         only tell them apart by the relation, so contrastive pretraining has to learn relations
         (the rows share a ``pair`` id; a sampler that keeps pairs in one batch is needed for
-        the effect, see ``hardpos.calibrate probe``).
+        the effect, see ``python -m benchmarks.calibrate probe``).
     shape_negatives: the rule engine may make a REPLACE hard negative by changing a shape
         ("circle" -> "square"); False leaves finetuning negatives to what needs binding or
         relations (colours, sizes, relations, attribute swaps): a changed shape is named by

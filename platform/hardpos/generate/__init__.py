@@ -13,8 +13,8 @@
   (the triplet join), :mod:`~hardpos.generate.shard_files` (sharded resumable output, the
   streamed merge, webdataset shards).
 
-Its throughput benchmark is :mod:`hardpos.perf.generate_bench`, its scaling table
-:mod:`hardpos.perf.scaling` (measuring tools live apart).
+Its throughput benchmark is ``python -m benchmarks.generate_bench``, its scaling table
+``python -m benchmarks.scaling`` (repository tools, not part of the package).
 
 Nothing is imported eagerly (the CLI imports the stage module to list its config keys).
 """

@@ -10,6 +10,4 @@ Modules (importing this package imports none of them):
 * :mod:`hardpos.serve.deployment` -- the ``ScoringModel`` Serve deployment.
 * :mod:`hardpos.serve.app` -- the ``ScoringAPI`` ingress and ``build_app``, the Serve builder
   (``import_path: hardpos.serve.app:build_app``).
-* :mod:`hardpos.serve.plain` -- the same model and scoring in one FastAPI + uvicorn process:
-  the peer the load generator measures the Serve app against.
 """

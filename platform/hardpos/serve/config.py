@@ -47,7 +47,7 @@ class BatchingConfig:
     batch_wait_timeout_s: how long the first request of a batch waits for others. 0 (the
         default): a batch is whatever queued while the model was busy, so an idle server
         adds no latency and batches grow with load by themselves. Measured with
-        ``python -m hardpos.perf.loadgen`` (hardpos-tiny, 2 CPUs, batched/unbatched throughput
+        ``python -m benchmarks.loadgen`` (hardpos-tiny, 2 CPUs, batched/unbatched throughput
         at concurrency 1/8/32): 1.02x/1.06x/1.16x at 0 vs 0.70x/0.99x/1.23x at 5 ms. Raise
         it (a few ms) for steady high load, where it buys ~6% more throughput.
     """

@@ -243,7 +243,7 @@ class ModelState:
 
 def load_state(cfg: ServeAppConfig, want_cuda: bool) -> ModelState:
     """Load ``cfg``'s model as a :class:`ModelState` on the GPU (``want_cuda``) or the CPU:
-    what a Serve replica and the plain peer server (:mod:`hardpos.serve.plain`) both run."""
+    what a Serve replica and the plain peer server (``benchmarks/plain_server.py``) both run."""
     if want_cuda and not torch.cuda.is_available():
         raise RuntimeError("device=cuda but no CUDA device is visible to this replica")
     device = torch.device("cuda" if want_cuda else "cpu")

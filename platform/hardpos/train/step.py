@@ -2,10 +2,10 @@
 schedule and :func:`train_step`.
 
 Everything that trains or times training calls :func:`train_step`: the Ray Train worker
-(:mod:`hardpos.train.worker`), the Ray-free calibration probe
-(:mod:`hardpos.perf.calibrate`) and the step benchmarks (:mod:`hardpos.perf.train_bench`,
-:mod:`hardpos.perf.tracking_bench`). Before, each held its own copy, and the benchmark's
-had lost gradient clipping, the scheduler and the ``logit_scale`` clamp.
+(:mod:`hardpos.train.worker`), the repository's Ray-free calibration probe
+(``python -m benchmarks.calibrate``) and its step benchmarks (``benchmarks.train_bench``,
+``benchmarks.tracking_bench``), so what is timed is the step that trains, gradient
+clipping, the scheduler and the ``logit_scale`` clamp included.
 
 A step, in order: zero the gradients, one forward through :class:`TripletCLIP` (images +
 captions + valid negatives + valid positives; the text tower runs once on all three),
@@ -79,7 +79,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Ada
     per tensor. The optimiser step was 45% of a hardpos-tiny training step on CPU (the
     49k-token embedding dominates a tiny model); fused, the whole step ran 1.33-1.53x
     faster (hardpos-tiny, batch 32) and 1.08-1.24x (ViT-B-32, batch 16) on 2 CPU cores
-    across runs: ``python jobs/benchmark.py suite=train_step`` reports it as its own row.
+    across runs: ``python -m benchmarks.suites suite=train_step`` reports it as its own row.
     """
     fused = cfg.fused and all(p.device.type in ("cpu", "cuda") for p in model.parameters())
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),

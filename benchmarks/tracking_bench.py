@@ -1,13 +1,13 @@
 """Tracking-outage benchmark: the training loop's step time with the tracking server dead
-vs alive (called by the benchmark harness, ``python jobs/benchmark.py suite=tracking``, or
-``python -m hardpos.perf.tracking_bench``; never timed in tests).
+vs alive (called by the benchmark harness, ``python -m benchmarks.suites suite=tracking``, or
+``python -m benchmarks.tracking_bench``; never timed in tests).
 
 One process, one model, one batch; each timed unit is ``steps`` training steps of the
 combined loss (hardpos-tiny, fused AdamW, one torch thread as in a Ray Train CPU worker,
 whose OMP_NUM_THREADS Ray sets to its CPU share) each followed by the
 rank-0 logging call of ``train/loop.py`` with ``log_every=1`` (``RunLogger.log_metrics``:
 the loss terms, lr and logit scale at the global step), the paths alternated side by side
-(:func:`hardpos.perf.harness.compare_alternating`, median of per-pair ratios):
+(:func:`benchmarks.harness.compare_alternating`, median of per-pair ratios):
 
 * ``dead_vs_live``: logging into a run whose server was killed (SIGKILL, by PID) after
   the run was created, vs logging into a run on a live server. The ratio is
@@ -43,10 +43,10 @@ import torch
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
+from benchmarks.harness import compare_alternating
+from benchmarks.tiny_step import step_setup
 from hardpos import tracking
 from hardpos.config import TrackingConfig
-from hardpos.perf.harness import compare_alternating
-from hardpos.perf.tiny_step import step_setup
 from hardpos.testing.mlflow_server import LocalMlflowServer
 from hardpos.train.config import LossConfig
 from hardpos.train.loss import loss_metrics
@@ -178,10 +178,10 @@ def tracking_bench(quick: bool = False, repeats: int = 5, steps: int = 10, batch
         torch.set_num_threads(threads)
 
 
-if __name__ == "__main__":  # python -m hardpos.perf.tracking_bench [--quick] [repeats] [steps]
+if __name__ == "__main__":  # python -m benchmarks.tracking_bench [--quick] [repeats] [steps]
     import json
 
-    from hardpos.perf.harness import format_table
+    from benchmarks.harness import format_table
 
     args = [a for a in sys.argv[1:] if a != "--quick"]
     out = tracking_bench(quick="--quick" in sys.argv, repeats=int(args[0]) if args else 5,

@@ -5,23 +5,21 @@ Two commands::
     # cheap probe, Ray-free, one process: pretrain + finetune variants with the SAME model,
     # loss and evaluator code as the stages (hardpos.model, hardpos.train.loss,
     # hardpos.eval.evaluator) on tensors decoded once; prints the Table-1-style comparison.
-    python -m hardpos.calibrate probe world_dir=outputs/world triplets=outputs/demo/generate/triplets.parquet \
+    python -m benchmarks.calibrate probe world_dir=outputs/world triplets=outputs/demo/generate/triplets.parquet \
         pretrain_steps=600 finetune_steps=150
 
     # the measurement: the real demo (every stage, Ray, MLflow) once per seed, then mean and
     # spread of every table cell over the seeds (results_seeds.md / .json / .png)
-    python -m hardpos.calibrate seeds seeds=[0,1,2] output_dir=outputs/calibrate [demo.key=value ...]
+    python -m benchmarks.calibrate seeds seeds=[0,1,2] output_dir=outputs/calibrate [demo.key=value ...]
 
     # re-score finished checkpoints on another world's benchmark (e.g. a benchmark-only knob such as
     # binding_partial_captions: the checkpoints do not change, only the items do)
-    python -m hardpos.calibrate rescore world_dir=outputs/bench \
+    python -m benchmarks.calibrate rescore world_dir=outputs/bench \
         'models={"pretrained": "outputs/demo/pretrain/model", "hn-only": "outputs/demo/finetune/hn-only/model"}'
 
 ``probe`` answers "is the world hard enough / does the mechanism show" in minutes; only the
 ``seeds`` numbers (the real pipeline) go into the README.  Every key=value is parsed as YAML;
 ``seeds`` passes ``demo.<key>=<value>`` on to the demo config (e.g. ``demo.finetune.steps=200``).
-
-``python -m hardpos.calibrate`` is an alias of ``python -m hardpos.perf.calibrate``.
 """
 from __future__ import annotations
 

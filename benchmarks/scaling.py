@@ -1,6 +1,6 @@
 """The scaling suite: each stage at three sizes, its throughput and the driver's peak memory.
 
-    python -m hardpos.perf.scaling [output_dir=outputs/scaling] [quick=true] [stages=[generate,train]]
+    python -m benchmarks.scaling [output_dir=outputs/scaling] [quick=true] [stages=[generate,train]]
         [generate_sizes=[20000,200000,2000000]] [evaluate_sizes=[...]] [train_sizes=[...]]
 
 A superlinear cost shows as throughput falling with size; a memory leak, or a driver that
@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 import pyarrow.parquet as pq
 
+from benchmarks import child_env
 from hardpos.config import ConfigError, load_config
 from hardpos.data.world import WorldConfig, generate_world
 from hardpos.runtime import execute, stage_module
@@ -145,8 +146,8 @@ def _small(summary: dict) -> dict:
 
 def run_child(stage: str, overrides: list[str], result_path: Path, env: dict | None = None) -> dict[str, Any]:
     """:func:`run_case` in a fresh Python process (so peak RSS is this case's alone)."""
-    cmd = [sys.executable, "-m", "hardpos.perf.scaling", "--case", stage, str(result_path), *overrides]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    cmd = [sys.executable, "-m", "benchmarks.scaling", "--case", stage, str(result_path), *overrides]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env(env))
     if proc.returncode != 0 or not result_path.is_file():
         raise RuntimeError(f"scaling case {stage} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(result_path.read_text())

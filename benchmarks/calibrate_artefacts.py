@@ -9,7 +9,7 @@ rest (a triplet's caption, negative and positive always fall on the same side). 
 accuracy is the artefact strength (50% = undetectable). It also reports the share of hard
 positives the classifier calls "negative" (how much the positives look like edits)::
 
-    python -m hardpos.perf.calibrate_artefacts triplets=outputs/demo/generate/triplets.parquet
+    python -m benchmarks.calibrate_artefacts triplets=outputs/demo/generate/triplets.parquet
 
 Pure numpy (full-batch gradient descent on the logistic loss); deterministic by seed.
 """

@@ -18,18 +18,16 @@ result:
   after recovery. Failed requests during the failover are counted and reported.
 
 ``run_resilience(output_dir, scenarios, quick)`` returns the figures (the benchmark harness
-calls it); ``python -m hardpos.perf.resilience OUTPUT_DIR [scenario ...] [--quick]`` writes
+calls it); ``python -m benchmarks.resilience OUTPUT_DIR [scenario ...] [--quick]`` writes
 them to ``OUTPUT_DIR/summary.json``. It must run in a process with no Ray initialised (it
 starts its own cluster); use a private ``RAY_TMPDIR`` so the cluster's address file does
 not replace another local Ray's. The cluster runs with ``RAY_AUTH_MODE=disabled``
 (loopback only, torn down at the end).
 
-Measuring tools live in :mod:`hardpos.perf` (``python -m hardpos.resilience`` is an alias).
-The environment variables
-the simulated cluster needs (``RAY_ADDRESS``, ``RAY_AUTH_MODE``, the train scenario's
+The environment variables the simulated cluster needs (``RAY_ADDRESS``, ``RAY_AUTH_MODE``, the train scenario's
 ``MLFLOW_TRACKING_URI``) are set only inside :func:`scoped_environ` and restored on exit, so
 a caller's ``os.environ`` is left as it was. The Serve app is :mod:`hardpos.serve.app`.
-The simulated cluster itself is :mod:`hardpos.perf.simcluster` (its names are re-exported here).
+The simulated cluster itself is :mod:`benchmarks.simcluster` (its names are re-exported here).
 """
 from __future__ import annotations
 
@@ -53,12 +51,12 @@ from PIL import Image
 from ray import serve
 from ray._private import state as ray_state
 
+from benchmarks.simcluster import SimCluster, in_thread, kill_when, scoped_environ, wait_for  # noqa: F401 (re-exported)
 from hardpos import runtime
 from hardpos.config import ModelConfig, load_config
 from hardpos.generate import pipeline
 from hardpos.generate.prompts import load_prompts
 from hardpos.model import load_model, save_checkpoint
-from hardpos.perf.simcluster import SimCluster, in_thread, kill_when, scoped_environ, wait_for  # noqa: F401 (re-exported)
 from hardpos.runtime import stage_module
 from hardpos.serve.app import build_app
 from hardpos.testing import free_port, write_triplets
@@ -379,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     quick = "--quick" in args
     args = [a for a in args if a != "--quick"]
     if not args or args[0] in ("-h", "--help"):
-        print("usage: python -m hardpos.perf.resilience OUTPUT_DIR [train|generate|serve ...] [--quick]")
+        print("usage: python -m benchmarks.resilience OUTPUT_DIR [train|generate|serve ...] [--quick]")
         return 0 if args else 2
     summary = run_resilience(args[0], args[1:] or SCENARIOS, quick=quick)
     print(json.dumps({k: v for k, v in summary.items() if k != "scenarios"}))

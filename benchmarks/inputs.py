@@ -9,7 +9,7 @@ Beside them, the baseline the issue names (``files_serial``): the same files lay
 same :class:`Preprocess` called in this process, one batch after another with one fetch at a
 time (no Ray Data, no fetch threads), and the Ray Data files layout's speed-up over it.
 
-    python -m hardpos.perf.inputs --n 2000 --workdir /tmp/inputs-bench
+    python -m benchmarks.inputs --n 2000 --workdir /tmp/inputs-bench
 """
 from __future__ import annotations
 

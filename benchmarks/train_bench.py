@@ -11,7 +11,7 @@ It times the training loop's own step (clipping, scheduler and clamp included), 
 cheaper copy of it.
 
 :func:`bench_train_step` measures, on one model and one batch, alternating side by side
-(:func:`hardpos.perf.harness.compare_alternating`, median of per-pair ratios):
+(:func:`benchmarks.harness.compare_alternating`, median of per-pair ratios):
 
 * ``combined_vs_clip``: the HardPos training step (batch-length text) against a plain
   open_clip CLIP step (``model(images, 77-token captions)`` + ``ClipLoss``), given the same
@@ -40,10 +40,10 @@ from typing import Any
 import torch
 from open_clip.loss import ClipLoss
 
+from benchmarks.harness import compare_alternating
+from benchmarks.tiny_step import synthetic_batch
 from hardpos.config import ModelConfig
 from hardpos.model import encode_text, load_model
-from hardpos.perf.harness import compare_alternating
-from hardpos.perf.tiny_step import synthetic_batch
 from hardpos.train import step as training_step  # step.train_step looked up per call: tests count the calls
 from hardpos.train.config import LossConfig, OptimConfig
 from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch
@@ -131,7 +131,7 @@ def bench_train_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: 
     return out
 
 
-if __name__ == "__main__":  # python -m hardpos.perf.train_bench [arch] [batch_size]
+if __name__ == "__main__":  # python -m benchmarks.train_bench [arch] [batch_size]
     args = sys.argv[1:]
     result = bench_train_step(args[0] if args else "hardpos-tiny", int(args[1]) if len(args) > 1 else 32)
     print(json.dumps(result, indent=1))

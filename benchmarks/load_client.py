@@ -1,9 +1,9 @@
 """The client side of the load generator: settings, payloads, closed-loop levels, figures.
 
-No Ray and no server code here (:mod:`hardpos.perf.serve_compare` deploys what it measures;
-:mod:`hardpos.perf.loadgen` is the command line):
+No Ray and no server code here (:mod:`benchmarks.serve_compare` deploys what it measures;
+:mod:`benchmarks.loadgen` is the command line):
 
-* :class:`LoadgenConfig` -- every knob of ``python -m hardpos.perf.loadgen key=value ...``.
+* :class:`LoadgenConfig` -- every knob of ``python -m benchmarks.loadgen key=value ...``.
 * :func:`check_loopback` -- only 127.0.0.0/8, ::1 and localhost are ever targeted.
 * :func:`make_payloads` -- ``/v1/score`` bodies (JPEG as base64 + captions).
 * :func:`measure_level`, :func:`measure` -- closed-loop load: ``concurrency`` clients send
@@ -37,14 +37,14 @@ HARD_MAX_SECONDS = 300.0  # per level, whatever the config says
 
 @dataclasses.dataclass
 class LoadgenConfig:
-    """Load generation settings (``python -m hardpos.perf.loadgen key=value ...``).
+    """Load generation settings (``python -m benchmarks.loadgen key=value ...``).
 
     url: a running server to measure (loopback only); None -> deploy ``targets`` side by
-        side on this machine and compare them (:func:`hardpos.perf.serve_compare.compare_servers`).
+        side on this machine and compare them (:func:`benchmarks.serve_compare.compare_servers`).
     targets: what compare mode deploys: ``batched`` / ``unbatched`` (the Ray Serve app with
         ``@serve.batch`` on / max batch size 1), ``colocated`` (batched, model inside the
         ingress replica) and ``plain`` (the same model, validation and
-        scoring in one FastAPI + uvicorn process, :mod:`hardpos.serve.plain`: the peer).
+        scoring in one FastAPI + uvicorn process, :mod:`benchmarks.plain_server`: the peer).
     path: the route to load (``/v1/score``).
     concurrency: closed-loop client counts, one level each.
     requests_per_level: requests sent per level and mode (bounded by 20000).

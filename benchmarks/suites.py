@@ -1,16 +1,16 @@
 """Performance harness: every stage's optimised path vs its naive baseline, side by side.
 
-``python jobs/benchmark.py suite=<name>`` (or ``suite=all``) prints a Markdown table and
-writes summary.json. Each suite alternates the two paths in one process and reports the
-median ratio with min/max (see :mod:`hardpos.perf.harness`). Suites: text, train_step,
-evaluate, serve, generate, gpu (CUDA only), resilience (node loss; figures, not ratios),
-tracking (step time with the MLflow server dead vs alive). ``quick=true`` shrinks every suite to a smoke
-run (used by the test suite to keep the harness working; its numbers mean nothing).
+    python -m benchmarks.suites [--config FILE.yaml] suite=<name>|all [key=value ...] [--help]
 
-The ``benchmark`` stage module only re-exports :class:`Config` and :func:`run`, so ``hardpos benchmark``
-and ``jobs/benchmark.py`` resolve through the stage registry as before. Reference files
-(NegCLIP captions, the REPLACE annotations) come from ``data_dir=`` or
-``$HARDPOS_REFERENCE_DATA``; without either, suites use synthetic stand-ins.
+Prints a Markdown table and writes summary.json under ``output_dir`` (the job contract of
+:func:`hardpos.runtime.execute`: an MLflow run when tracking is on). Each suite alternates
+the two paths in one process and reports the median ratio with min/max (see
+:mod:`benchmarks.harness`). Suites: text, train_step, evaluate, serve, generate, gpu (CUDA
+only), resilience (node loss; figures, not ratios), tracking (step time with the MLflow
+server dead vs alive). ``quick=true`` shrinks every suite to a smoke run (used by the test
+suite to keep the harness working; its numbers mean nothing). Reference files (NegCLIP
+captions, the REPLACE annotations) come from ``data_dir=`` or ``$HARDPOS_REFERENCE_DATA``;
+without either, suites use synthetic stand-ins.
 """
 from __future__ import annotations
 
@@ -28,15 +28,16 @@ from typing import Any, Callable, Literal
 
 import torch
 
-from hardpos.config import JobConfig, ModelConfig
+from benchmarks import child_env, gpu_standalone
+from benchmarks.eval_bench import evaluate_bench
+from benchmarks.generate_bench import caption_file, measure_stage
+from benchmarks.harness import compare_alternating, format_table, reference_data_dir
+from benchmarks.train_bench import bench_train_step
+from hardpos.cli import parse_args
+from hardpos.config import ConfigError, JobConfig, ModelConfig, describe_config, dump_yaml, load_config
 from hardpos.data.captions import read_captions
 from hardpos.model import encode_text, load_model, tokenize
-from hardpos.perf import gpu_standalone
-from hardpos.perf.eval_bench import evaluate_bench
-from hardpos.perf.generate_bench import caption_file, measure_stage
-from hardpos.perf.harness import compare_alternating, format_table, reference_data_dir
-from hardpos.perf.train_bench import bench_train_step
-from hardpos.runtime import JobContext
+from hardpos.runtime import JobContext, execute
 
 Suite = Literal["all", "text", "train_step", "evaluate", "serve", "generate", "gpu", "resilience", "tracking"]
 SUITES = ("text", "train_step", "evaluate", "serve", "generate", "gpu", "resilience", "tracking")
@@ -153,14 +154,14 @@ def train_step_suite(cfg: Config) -> list[dict[str, Any]]:
 
 def evaluate_suite(cfg: Config) -> list[dict[str, Any]]:
     """The evaluator vs the paper-style per-row evaluator on the same REPLACE rows
-    (:func:`hardpos.perf.eval_bench.evaluate_bench`); goal >= 4x, scores equal."""
+    (:func:`benchmarks.eval_bench.evaluate_bench`); goal >= 4x, scores equal."""
     if cfg.quick:
         return evaluate_bench(quick=True, repeats=1, data_dir=cfg.data_dir)
     return evaluate_bench(repeats=cfg.evaluate_repeats, n_rows=cfg.evaluate_rows, data_dir=cfg.data_dir)
 
 
 def gpu_suite(cfg: Config) -> list[dict[str, Any]]:
-    """CUDA only: the Ray-free GPU suite (:mod:`hardpos.perf.gpu_standalone`: ``cfg.text_arch``
+    """CUDA only: the Ray-free GPU suite (:mod:`benchmarks.gpu_standalone`: ``cfg.text_arch``
     bf16 training step at batch 256 vs the plain CLIP step, the evaluator's items/s, a
     replica's batch scoring at batch 1/16/64) as rows, plus vLLM captions/s through the
     generate stage when vllm is installed and ``$HARDPOS_VLLM_MODEL`` names a model that is
@@ -175,7 +176,7 @@ def gpu_suite(cfg: Config) -> list[dict[str, Any]]:
 
 
 def _gpu_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """:func:`hardpos.perf.gpu_standalone.run`'s JSON as table rows."""
+    """:func:`benchmarks.gpu_standalone.run`'s JSON as table rows."""
     arch, batch = result["config"]["arch"], result["config"]["batch"]
     train = result["train"]
     rows = [{"suite": "gpu", "case": f"{arch} b{batch} cuda bf16: combined-loss step vs plain CLIP step (image-samples/s)",
@@ -195,7 +196,7 @@ def evaluate_items_row(cfg: Config, device: str = "cuda", image_size: tuple[int,
                        ) -> dict[str, Any]:
     """The evaluator's fp32 items/s on ``device``: ``cfg.text_arch`` over ``cfg.evaluate_rows``
     stand-in REPLACE rows, median of ``evaluate_repeats`` timed runs after one warm-up run
-    (:func:`hardpos.perf.gpu_standalone.eval_figures`)."""
+    (:func:`benchmarks.gpu_standalone.eval_figures`)."""
     figures = gpu_standalone.eval_figures(gpu_standalone.GpuSuiteConfig(
         arch=cfg.text_arch, eval_rows=cfg.evaluate_rows, eval_repeats=max(1, cfg.evaluate_repeats),
         image_size=image_size, data_dir=cfg.data_dir), device, precisions=("fp32",))
@@ -223,15 +224,15 @@ def vllm_rows(n_captions: int, data_dir: str | None = None) -> list[dict[str, An
 
 
 def resilience_suite(cfg: Config) -> list[dict[str, Any]]:
-    """Node-loss scenarios on a simulated multi-node cluster (see :mod:`hardpos.perf.resilience`).
+    """Node-loss scenarios on a simulated multi-node cluster (see :mod:`benchmarks.resilience`).
 
     Runs in a child process with a private RAY_TMPDIR: it starts and tears down its own
     cluster, which must not meet this process's Ray (if any).
     """
     out = Path(tempfile.mkdtemp(prefix="hardpos-resilience-"))
-    env = {**os.environ, "RAY_TMPDIR": str(out / "ray")}
+    env = child_env({"RAY_TMPDIR": str(out / "ray")})
     env.pop("RAY_ADDRESS", None)
-    args = [sys.executable, "-m", "hardpos.perf.resilience", str(out / "run"), *(["--quick"] if cfg.quick else [])]
+    args = [sys.executable, "-m", "benchmarks.resilience", str(out / "run"), *(["--quick"] if cfg.quick else [])]
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(f"resilience run failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -247,11 +248,11 @@ SUITE_FUNCTIONS: dict[str, Callable[[Config], list[dict[str, Any]]]] = {
     "text": text_suite,
     "train_step": train_step_suite,
     "evaluate": evaluate_suite,
-    "serve": _optional_suite("hardpos.perf.loadgen", "serve_bench"),
-    "generate": _optional_suite("hardpos.perf.generate_bench", "generate_bench", data_dir=True),
+    "serve": _optional_suite("benchmarks.loadgen", "serve_bench"),
+    "generate": _optional_suite("benchmarks.generate_bench", "generate_bench", data_dir=True),
     "gpu": gpu_suite,
     "resilience": resilience_suite,
-    "tracking": _optional_suite("hardpos.perf.tracking_bench", "tracking_bench"),
+    "tracking": _optional_suite("benchmarks.tracking_bench", "tracking_bench"),
 }
 
 
@@ -293,3 +294,26 @@ def run(cfg: Config, ctx: JobContext) -> dict:
 
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)[:60].strip("_")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (module docstring); 0 when the run finished, 2 on a config error."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        config_file, overrides, print_config, want_help = parse_args(argv)
+        cfg = load_config(Config, config_file, overrides)
+    except ConfigError as exc:
+        print(f"benchmarks.suites: config error: {exc}", file=sys.stderr)
+        return 2
+    if want_help:
+        print(f"{__doc__.strip()}\n\nconfig keys:\n" + "\n".join(describe_config(cfg)))
+        return 0
+    if print_config:
+        print(dump_yaml(cfg))
+        return 0
+    summary = execute("benchmark", cfg, run_fn=run)
+    return 0 if summary.get("status") == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,9 +7,9 @@ and :func:`~hardpos.serve.scoring.compute_batch` on one item), so a load test of
 differs only in what Serve adds (its proxy, the ingress-to-model hop, ``@serve.batch``).
 No batching, no auth, no reload: each request is scored alone in a worker thread, the way a
 plain FastAPI app runs blocking work. ``GET /healthz``; ``GET /v1/model`` returns the model
-facts and the same per-stage timings as the Serve app (``timing``).
+facts and the same per-stage timings as the Serve app (``timing``). No ``/docs`` page.
 
-    python -m hardpos.serve.plain model=/path/to/checkpoint arch=hardpos-tiny port=8100
+    python -m benchmarks.plain_server model=/path/to/checkpoint arch=hardpos-tiny port=8100
 
 Binds 127.0.0.1 only (a measuring peer, not a product server). Keys are
 :class:`PlainServerConfig`'s; importing this module loads nothing.
@@ -29,8 +29,13 @@ from fastapi.responses import JSONResponse
 from hardpos.config import ConfigError, load_config
 from hardpos.serve.config import ServeAppConfig, ServingLimits, load_app_config
 from hardpos.serve.errors import ServingError
-from hardpos.serve.requests import (check_image_header, check_token_lengths, parse_json_body, parse_score_payload,
-                                    read_body)
+from hardpos.serve.requests import (
+    check_image_header,
+    check_token_lengths,
+    parse_json_body,
+    parse_score_payload,
+    read_body,
+)
 from hardpos.serve.scoring import ModelState, StageTimes, compute_batch, load_state, softmax
 
 HOST = "127.0.0.1"
@@ -38,7 +43,7 @@ HOST = "127.0.0.1"
 
 @dataclasses.dataclass
 class PlainServerConfig:
-    """The peer server (``python -m hardpos.serve.plain key=value ...``).
+    """The peer server (``python -m benchmarks.plain_server key=value ...``).
 
     model / arch: as in :class:`hardpos.serve.config.ServeAppConfig` (checkpoint, registry
         URI, open_clip tag, or ``random`` with ``arch``).
@@ -68,7 +73,9 @@ class PlainServerConfig:
 
 def build_plain_app(state: ModelState, limits: ServingLimits) -> FastAPI:
     """The FastAPI app over a loaded ``state`` (pure construction; no I/O)."""
-    app = FastAPI(title="HardPos plain peer (FastAPI + uvicorn, no Ray)")
+    # No /docs or /redoc: FastAPI's pages load their scripts from a CDN, and a measuring peer
+    # needs neither.
+    app = FastAPI(title="HardPos plain peer (FastAPI + uvicorn, no Ray)", docs_url=None, redoc_url=None)
     times = StageTimes()
 
     @app.exception_handler(ServingError)

@@ -1,16 +1,16 @@
 """The load generator's command line: a bounded, loopback-only HTTP load test of the scoring service.
 
-    python -m hardpos.perf.loadgen                                  # compare_servers, defaults
-    python -m hardpos.perf.loadgen "concurrency=[1,8,32]" requests_per_level=300
-    python -m hardpos.perf.loadgen arch=ViT-B-32 "targets=[batched,unbatched,plain]" repeats=2
-    python -m hardpos.perf.loadgen url=http://127.0.0.1:8000 token_env=HARDPOS_SERVE_TOKEN
+    python -m benchmarks.loadgen                                  # compare_servers, defaults
+    python -m benchmarks.loadgen "concurrency=[1,8,32]" requests_per_level=300
+    python -m benchmarks.loadgen arch=ViT-B-32 "targets=[batched,unbatched,plain]" repeats=2
+    python -m benchmarks.loadgen url=http://127.0.0.1:8000 token_env=HARDPOS_SERVE_TOKEN
 
 With ``url`` it measures that running server (:func:`measure`); without, it deploys the
 Ray Serve app batched and unbatched and the plain FastAPI + uvicorn peer side by side on
 this machine and compares them (:func:`compare_servers`). Prints a Markdown table, then the
 JSON. The client side (settings, payloads, levels, figures) is
-:mod:`hardpos.perf.load_client`, deploying and comparing is :mod:`hardpos.perf.serve_compare`;
-every public name is re-exported here, so ``from hardpos.perf.loadgen import ...`` keeps working.
+:mod:`benchmarks.load_client`, deploying and comparing is :mod:`benchmarks.serve_compare`;
+their public names are importable from here too.
 
 Safety: only loopback URLs are accepted (127.0.0.0/8, ::1, localhost), every level is
 bounded in requests and seconds, and the whole run in seconds (``max_total_s``).
@@ -20,11 +20,28 @@ from __future__ import annotations
 import json
 import sys
 
+from benchmarks.load_client import (
+    HARD_MAX_REQUESTS,
+    HARD_MAX_SECONDS,
+    LoadgenConfig,
+    check_loopback,
+    make_payloads,
+    measure,
+    measure_level,
+    percentile,
+    summarize,
+)
+from benchmarks.serve_compare import (
+    compare_batching,
+    compare_servers,
+    format_report,
+    level_report,
+    ray_worker_niceness,
+    serve_bench,
+    start_plain,
+    stop_plain,
+)
 from hardpos.config import ConfigError, load_config
-from hardpos.perf.load_client import (HARD_MAX_REQUESTS, HARD_MAX_SECONDS, LoadgenConfig, check_loopback,
-                                      make_payloads, measure, measure_level, percentile, summarize)
-from hardpos.perf.serve_compare import (compare_batching, compare_servers, format_report, level_report,
-                                        ray_worker_niceness, serve_bench, start_plain, stop_plain)
 
 __all__ = ["HARD_MAX_REQUESTS", "HARD_MAX_SECONDS", "LoadgenConfig", "check_loopback", "compare_batching",
            "compare_servers", "format_report", "level_report", "main", "make_payloads", "measure", "measure_level",

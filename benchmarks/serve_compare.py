@@ -3,7 +3,7 @@
 :func:`compare_servers` deploys, on this machine and in one run, every target of
 ``cfg.targets``: ``batched`` and ``unbatched`` (the Serve app with ``@serve.batch`` on, and
 off = max batch size 1, on a local Ray), ``colocated`` (batched, the model inside the
-ingress replica: ``colocate_model``) and ``plain`` (:mod:`hardpos.serve.plain`: the same
+ingress replica: ``colocate_model``) and ``plain`` (:mod:`benchmarks.plain_server`: the same
 model, validation and scoring in one FastAPI + uvicorn process, started as a subprocess). All
 load the same checkpoint and bind 127.0.0.1. Every concurrency level measures every target
 with the same request pool, the order rotating each round (background load on a shared
@@ -37,10 +37,11 @@ import torch
 from ray import serve
 from ray.serve.context import _get_global_client
 
+from benchmarks import child_env
+from benchmarks.load_client import LoadgenConfig, make_payloads, measure_level
 from hardpos import runtime
 from hardpos.config import ModelConfig
 from hardpos.model import load_model, save_checkpoint
-from hardpos.perf.load_client import LoadgenConfig, make_payloads, measure_level
 from hardpos.report import table
 from hardpos.serve.app import build_app
 from hardpos.serve.scoring import stage_means_ms
@@ -126,7 +127,7 @@ def start_plain(cfg: LoadgenConfig, source: str, workdir: Path,
     ``niceness``: run it at that niceness (only ever raised above this process's, through
     ``nice``; None: this process's). Returns (process, base URL); the caller stops it."""
     port = free_port()
-    args = [sys.executable, "-m", "hardpos.serve.plain", f"model={source}", f"arch={cfg.arch}", f"port={port}",
+    args = [sys.executable, "-m", "benchmarks.plain_server", f"model={source}", f"arch={cfg.arch}", f"port={port}",
             f"device={'cuda' if cfg.num_gpus > 0 else 'cpu'}", f"max_captions={max(64, cfg.captions_per_request)}"]
     if cfg.torch_threads:
         args.append(f"torch_threads={cfg.torch_threads}")
@@ -138,7 +139,7 @@ def start_plain(cfg: LoadgenConfig, source: str, workdir: Path,
                                f"{niceness} like Ray's workers, but `nice` is not on PATH; set match_niceness=false")
         args = [nice, "-n", str(delta), *args]
     log = open(workdir / "plain.log", "wb")  # noqa: SIM115 - lives as long as the process
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=child_env())
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + PLAIN_START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -335,7 +336,7 @@ def serve_bench(quick: bool = False, repeats: int = 3) -> list[dict[str, Any]]:
 
 
 def format_report(result: dict[str, Any]) -> str:
-    """A Markdown table of :func:`compare_servers` (or :func:`hardpos.perf.load_client.measure`) output."""
+    """A Markdown table of :func:`compare_servers` (or :func:`benchmarks.load_client.measure`) output."""
     rows = []
     for level in result["levels"]:
         if "skipped" in level:

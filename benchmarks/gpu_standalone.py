@@ -16,7 +16,7 @@ What it measures, each side by side in one run (random weights: the cost is the 
 * ``train``: THE training step (:func:`hardpos.train.step.train_step`: combined loss, bf16
   autocast on CUDA, clipping, fused AdamW, scheduler, clamp) at ``--batch`` images against
   a plain open_clip CLIP step (``ClipLoss`` at 77 tokens) on the same model and batch,
-  alternating (:func:`hardpos.perf.train_bench.bench_train_step`, which also times
+  alternating (:func:`benchmarks.train_bench.bench_train_step`, which also times
   batch-length vs 77-token text, fused vs per-parameter AdamW and the text tower alone).
   Image-samples/s per GPU; the issue's goal is >= 1,500 for ViT-B-32 bf16 on one H100.
 * ``evaluate``: the evaluator's items/s on REPLACE-shaped rows (the paper's file format,
@@ -29,7 +29,7 @@ What it measures, each side by side in one run (random weights: the cost is the 
   with the wrapper under ``torch.compile`` vs eager, alternating, so a GPU session can
   measure the first optimisation the issue lists in the same call.
 
-    python -m hardpos.perf.gpu_standalone --arch ViT-B-32 --batch 256 --device cuda --steps 10 --out gpu.json
+    python -m benchmarks.gpu_standalone --arch ViT-B-32 --batch 256 --device cuda --steps 10 --out gpu.json
 
 Medians over ``--steps`` timed repeats after ``--warmup`` untimed ones; CUDA work is timed
 to ``torch.cuda.synchronize()``.
@@ -54,13 +54,13 @@ import open_clip
 import torch
 from PIL import Image
 
+from benchmarks.eval_bench import stand_in_replace
+from benchmarks.harness import compare_alternating
+from benchmarks.tiny_step import step_setup
+from benchmarks.train_bench import bench_train_step
 from hardpos.config import ModelConfig
 from hardpos.eval.evaluator import evaluate_benchmarks
 from hardpos.model import load_model
-from hardpos.perf.eval_bench import stand_in_replace
-from hardpos.perf.harness import compare_alternating
-from hardpos.perf.tiny_step import step_setup
-from hardpos.perf.train_bench import bench_train_step
 from hardpos.serve.config import ServingLimits
 from hardpos.serve.scoring import LRUCache, ModelState, StageTimes, compute_batch
 from hardpos.train.config import LossConfig
@@ -290,7 +290,7 @@ def run(cfg: GpuSuiteConfig) -> dict[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[GpuSuiteConfig, str | None]:
-    p = argparse.ArgumentParser(prog="python -m hardpos.perf.gpu_standalone", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_standalone", description=__doc__.split("\n")[0])
     d = GpuSuiteConfig()
     p.add_argument("--arch", default=d.arch, help=f"model architecture, random weights (default {d.arch})")
     p.add_argument("--batch", type=int, default=d.batch, help=f"images per training step (default {d.batch})")

@@ -7,7 +7,7 @@ architecture from scratch on relation-only data drawn fresh every step, in which
 what separates rows, and scores REPLACE-relation original accuracy on a world's benchmark every
 ``eval_every`` steps::
 
-    python -m hardpos.perf.calibrate_relations world_dir=outputs/world mode=twins steps=1000
+    python -m benchmarks.calibrate_relations world_dir=outputs/world mode=twins steps=1000
 
 Modes (what a batch holds; every caption is a canonical relation caption, true of its scene):
 

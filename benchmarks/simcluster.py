@@ -1,5 +1,5 @@
 """A multi-node Ray cluster simulated on one machine, and the thread/kill helpers of the
-resilience scenarios (:mod:`hardpos.perf.resilience`).
+resilience scenarios (:mod:`benchmarks.resilience`).
 
 This module
 owns the cluster (start, add a node, SIGKILL a node by the PIDs Ray recorded, tear down)

@@ -12,10 +12,10 @@ with stand-in JPEGs (``image_size``, random noise so decoding is not trivial) ge
 in a temporary folder at the referenced relative paths. Both evaluators must produce the
 same per-item scores (checked: ``max_abs_score_diff``) and the same metrics.
 
-    python -m hardpos.perf.eval_bench n_rows=2000 data_dir=/path/to/reference/data
+    python -m benchmarks.eval_bench n_rows=2000 data_dir=/path/to/reference/data
 
 The reference files come from ``data_dir=`` or ``$HARDPOS_REFERENCE_DATA``
-(:func:`hardpos.perf.harness.reference_data_dir`), never from a path guessed next to the
+(:func:`benchmarks.harness.reference_data_dir`), never from a path guessed next to the
 repository.
 """
 from __future__ import annotations
@@ -31,13 +31,13 @@ import numpy as np
 import torch
 from PIL import Image
 
+from benchmarks.harness import compare_alternating, reference_data_dir
 from hardpos.config import ModelConfig
 from hardpos.data.images import load_image
 from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.evaluator import benchmark_metrics, evaluate_benchmarks
 from hardpos.eval.spec import BenchmarkSpec
 from hardpos.model import load_model
-from hardpos.perf.harness import compare_alternating, reference_data_dir
 
 
 def _stand_in_jpegs(root: Path, rel_paths, size: tuple[int, int], seed: int) -> int:
@@ -160,9 +160,9 @@ def run(*, n_rows: int = 2000, arch: str = "ViT-B-32", data_dir: str | None = No
 
 def evaluate_bench(*, quick: bool = False, repeats: int = 1, n_rows: int | None = None, arch: str | None = None,
                    data_dir: str | None = None, device: str = "cpu") -> list[dict[str, Any]]:
-    """The benchmark harness's ``evaluate`` suite (``hardpos benchmark suite=evaluate``):
+    """The benchmark harness's ``evaluate`` suite (``python -m benchmarks.suites suite=evaluate``):
     naive vs efficient evaluator alternated ``repeats`` times on the same rows
-    (:func:`hardpos.perf.harness.compare_alternating`); ``quick`` = tiny model, 16 rows."""
+    (:func:`benchmarks.harness.compare_alternating`); ``quick`` = tiny model, 16 rows."""
     arch = arch or ("hardpos-tiny" if quick else "ViT-B-32")
     n_rows = n_rows or (16 if quick else 400)
     image_size = (40, 30) if quick else (500, 375)

@@ -1,5 +1,5 @@
-"""The setup both training-step benchmarks share (:mod:`hardpos.perf.train_bench`,
-:mod:`hardpos.perf.tracking_bench`): a model, THE training step's wrapper and optimiser
+"""The setup both training-step benchmarks share (:mod:`benchmarks.train_bench`,
+:mod:`benchmarks.tracking_bench`): a model, THE training step's wrapper and optimiser
 (:mod:`hardpos.train.step`), and one synthetic batch of triplets, built the same way so
 that the two benchmarks time the same step.
 """

@@ -1,6 +1,6 @@
 """Throughput of the generate stage, measured side by side (``benchmark suite=generate``).
 
-Cases (each pair alternates in one process, see :func:`hardpos.perf.harness.compare_alternating`):
+Cases (each pair alternates in one process, see :func:`benchmarks.harness.compare_alternating`):
 
 * rules: the full stage on Ray Data (rule tasks fused with validation and the join's rule
   negatives, sharded parquet, triplet join) vs the same rule work in a plain in-process loop
@@ -27,6 +27,7 @@ from typing import Any
 import requests
 
 import hardpos.stages.generate as generate_stage
+from benchmarks.harness import compare_alternating, reference_data_dir, time_call
 from hardpos.config import load_config
 from hardpos.data.captions import read_captions
 from hardpos.data.perturb import RulePerturber
@@ -34,7 +35,6 @@ from hardpos.data.validate import validate
 from hardpos.generate.engines import SamplingConfig, chat_payload
 from hardpos.generate.pipeline import base_kind, rule_negative
 from hardpos.generate.prompts import load_prompts
-from hardpos.perf.harness import compare_alternating, reference_data_dir, time_call
 from hardpos.runtime import execute
 from hardpos.testing.openai_stub import OpenAIStub
 
@@ -148,7 +148,7 @@ def generate_bench(quick: bool = False, repeats: int = 3, latency_s: float = 0.0
     return rows
 
 
-if __name__ == "__main__":  # python -m hardpos.perf.generate_bench [quick]
+if __name__ == "__main__":  # python -m benchmarks.generate_bench [quick]
     import sys
 
     result = generate_bench(quick="quick" in sys.argv[1:], repeats=3)
