@@ -114,7 +114,7 @@ def _swap_folder(tmp_path, n=4):
 def test_swap_loader_crops_to_the_box(tmp_path, lm):
     from PIL import Image
 
-    from hardpos.eval.evaluator import score_pairs
+    from hardpos.eval.pairs import score_pairs
 
     folder, rows = _swap_folder(tmp_path)
     spec = BenchmarkSpec("swap", "swap", str(folder), image_root=str(folder / "images"))

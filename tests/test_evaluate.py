@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from hardpos.eval import encoding
+
 from eval_util import tiny_model
+from hardpos.eval.pairs import score_pairs
 from hardpos.eval import evaluator as E
 from hardpos.eval.metrics import summarize
 from hardpos.eval.spec import BenchmarkSpec
@@ -76,16 +79,16 @@ def test_restores_training_mode_and_score_pairs_agree(lm, tmp_path):
     res = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("t", "triplets", str(path))]).results[0]
     assert lm.model.training
     img = Image.open(tmp_path / "b" / rows[0]["image"])
-    sims = E.score_pairs(lm.model, lm.preprocess_val, lm.tokenizer, [img, img, img],
+    sims = score_pairs(lm.model, lm.preprocess_val, lm.tokenizer, [img, img, img],
                          [rows[0]["caption"], rows[0]["hard_negative"], rows[0]["hard_positive"]])
     np.testing.assert_allclose(sims, [res.s_c[0], res.s_n[0], res.s_p[0]], atol=1e-6)
     with pytest.raises(ValueError, match="as many images"):
-        E.score_pairs(lm.model, lm.preprocess_val, lm.tokenizer, [img], [])
+        score_pairs(lm.model, lm.preprocess_val, lm.tokenizer, [img], [])
 
 
 def test_caption_batches_in_length_order_equal_one_by_one(lm):
     caps = ["a", "a much longer caption about a red square above a blue circle", "two words", "a"]
-    batched = E.encode_captions(lm.model.eval(), lm.tokenizer, caps, batch_size=2)
+    batched = encoding.encode_captions(lm.model.eval(), lm.tokenizer, caps, batch_size=2)
     with torch.no_grad():
         single = torch.cat([lm.model.encode_text(lm.tokenizer([c]), normalize=True) for c in caps])
     torch.testing.assert_close(batched, single, atol=1e-5, rtol=0)
@@ -109,27 +112,27 @@ def test_fp32_is_the_default_and_bf16_autocast_is_opt_in(lm, tmp_path):
     model = lm.model.eval()
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         ref = model.encode_text(lm.tokenizer(caps), normalize=True).float()
-    torch.testing.assert_close(E.encode_captions(model, lm.tokenizer, caps, precision="bf16"), ref, atol=1e-2, rtol=0)
-    assert not torch.equal(E.encode_captions(model, lm.tokenizer, caps, precision="bf16"),
-                           E.encode_captions(model, lm.tokenizer, caps))
+    torch.testing.assert_close(encoding.encode_captions(model, lm.tokenizer, caps, precision="bf16"), ref, atol=1e-2, rtol=0)
+    assert not torch.equal(encoding.encode_captions(model, lm.tokenizer, caps, precision="bf16"),
+                           encoding.encode_captions(model, lm.tokenizer, caps))
     with pytest.raises(ValueError, match="precision must be one of fp32, bf16, fp16"):
         E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, precision="half")
 
 
 def test_precision_context_dtypes_and_no_tf32_for_fp32_on_cuda():
-    with E.precision_context("cpu", "bf16"):
+    with encoding.precision_context("cpu", "bf16"):
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
-    with E.precision_context("cpu", "fp16"):
+    with encoding.precision_context("cpu", "fp16"):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float16
-    with E.precision_context("cpu"):
+    with encoding.precision_context("cpu"):
         assert not torch.is_autocast_enabled("cpu")
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
     # fp32 on CUDA turns TF32 off for cuBLAS and cuDNN while scoring and restores it after
     # (the flags are process-wide and settable without a GPU)
     flags = [torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn]
     before = [f.fp32_precision for f in flags]
-    with E.precision_context("cuda", "fp32"):
+    with encoding.precision_context("cuda", "fp32"):
         assert [f.fp32_precision for f in flags] == ["ieee"] * 3
     assert [f.fp32_precision for f in flags] == before
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hardpos.eval import metrics as M
-from hardpos.eval.evaluator import benchmark_metrics
+from hardpos.eval.metrics import benchmark_metrics
 
 # (s_c, s_n, s_p) -> (orig correct, aug correct, brittle)
 CASES = [

@@ -172,8 +172,9 @@ def test_retrieval_recalls_and_missing_images(tmp_path, lm):
         assert 0.0 <= out[f"retrieval/toy/i2t_r{k}"] <= 1.0 and 0.0 <= out[f"retrieval/toy/t2i_r{k}"] <= 1.0
     assert out["retrieval/toy/t2i_r5"] == 1.0 and out["retrieval/toy/i2t_r10"] == 1.0  # 4 images / 8 captions
     # i2t R@1 by hand: the image's best own caption beats every other image's caption
-    from hardpos.eval.evaluator import score_pairs
     from PIL import Image
+
+    from hardpos.eval.pairs import score_pairs
 
     imgs = [Image.open(folder / "img" / f"{c}.png") for c in PALETTE]
     caps = [r["caption"] for r in rows[:-1]]

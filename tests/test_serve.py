@@ -84,7 +84,7 @@ def _local_scores(ckpt, images: list[bytes], captions: list[str]) -> np.ndarray:
     from PIL import Image
 
     from hardpos.config import ModelConfig
-    from hardpos.eval.evaluator import similarity_matrix
+    from hardpos.eval.pairs import similarity_matrix
     from hardpos.model import load_model
 
     loaded = load_model(ModelConfig(pretrained=str(ckpt)))

@@ -254,7 +254,7 @@ def test_compute_batch_matches_the_evaluator_and_rejects_a_bad_item_alone():
     from PIL import Image
 
     from hardpos.config import ModelConfig
-    from hardpos.eval.evaluator import similarity_matrix
+    from hardpos.eval.pairs import similarity_matrix
     from hardpos.model import load_model
 
     torch.manual_seed(0)

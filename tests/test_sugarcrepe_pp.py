@@ -10,9 +10,11 @@ import pytest
 
 from eval_util import stand_in_images, tiny_model
 from hardpos.eval.benchmarks import BenchmarkError, load_benchmark
-from hardpos.eval.evaluator import benchmark_metrics, encode_captions, evaluate_benchmarks
+from hardpos.eval.encoding import encode_captions
+from hardpos.eval.evaluator import evaluate_benchmarks
+from hardpos.eval.metrics import benchmark_metrics, text_only_correct, text_only_metrics
 from hardpos.eval.spec import BenchmarkSpec
-from hardpos.eval.sugarcrepe_pp import CATEGORIES, text_only_correct, text_only_metrics, text_similarities
+from hardpos.eval.sugarcrepe_pp import CATEGORIES, text_similarities
 from hardpos.sweep import objective
 
 COUNTS = {"replace_att": 788, "replace_obj": 1652, "replace_rel": 1406, "swap_att": 666, "swap_obj": 245}

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from hardpos import storage
 from hardpos.config import ModelConfig, TrackingConfig
 from hardpos.data.world import BENCHMARKS, WorldConfig, load_world
-from hardpos.eval.retention import RetrievalSpec
+from hardpos.eval.spec import RetrievalSpec
 from hardpos.runtime import JobContext, execute
 from hardpos.stages import evaluate as ev
 from hardpos.stages import generate as gen

@@ -47,12 +47,11 @@ import pyarrow.parquet as pq
 
 from hardpos import storage
 from hardpos.config import require
-from hardpos.eval.benchmarks import Item
 from hardpos.eval import metrics as M
-from hardpos.eval.metrics import verdicts
+from hardpos.eval.benchmarks import Item
+from hardpos.eval.metrics import TEXT_COLUMNS, text_only_correct, verdicts
 from hardpos.eval.report import SCORES_FILE
 from hardpos.eval.spec import BenchmarkSpec
-from hardpos.eval.sugarcrepe_pp import TEXT_COLUMNS, text_only_correct
 from hardpos.explorer_page import IMAGES_DIR, render_html, thumbnail_name, write_thumbnails  # noqa: F401 (re-exported)
 
 INDEX_FILE = "index.html"

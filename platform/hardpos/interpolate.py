@@ -22,12 +22,14 @@ for bit (and therefore their scores).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
-
-import torch
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from hardpos.config import ModelConfig
-from hardpos.model import LoadedModel, load_model, unwrap
+
+if TYPE_CHECKING:  # tensors are only handled through their methods here: torch loads with the models
+    import torch
+
+    from hardpos.model import LoadedModel
 
 
 class ArchitectureMismatch(ValueError):
@@ -121,6 +123,9 @@ def interpolate_state(base: Mapping[str, torch.Tensor], ft: Mapping[str, torch.T
 
 def state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A detached copy of ``model``'s state dict (so later in-place loads leave it intact)."""
+    # lazy: the interpolate stage's Config validates with this module (check_alphas) at config load
+    from hardpos.model import unwrap
+
     return {k: v.detach().clone() for k, v in unwrap(model).state_dict().items()}
 
 
@@ -129,6 +134,8 @@ def load_pair(base: ModelConfig, ft: ModelConfig, *, device: str = "cpu",
     """Load both endpoints (any :func:`hardpos.model.load_model` source; MLflow URIs looked up
     in ``tracking_uri``) and check that they can be mixed (:func:`check_compatible`, with
     their architecture names and model configs). Returns (base, finetuned)."""
+    from hardpos.model import load_model, unwrap  # lazy: see state_of
+
     lb = load_model(base, device=device, tracking_uri=tracking_uri)
     lf = load_model(ft, device=device, tracking_uri=tracking_uri)
     check_compatible(unwrap(lb.model).state_dict(), unwrap(lf.model).state_dict(), base_arch=lb.arch, ft_arch=lf.arch,

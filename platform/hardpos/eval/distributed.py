@@ -17,7 +17,7 @@ import ray.data
 import torch
 
 from hardpos.config import ModelConfig
-from hardpos.eval.evaluator import check_precision, encode_image_keys
+from hardpos.eval.encoding import check_precision, encode_image_keys
 from hardpos.eval.spec import RayDataConfig
 from hardpos.model import load_model, unwrap
 

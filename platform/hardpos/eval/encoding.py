@@ -12,17 +12,16 @@ import concurrent.futures as cf
 import contextlib
 import logging
 import time
-from typing import Callable, Literal, Sequence, get_args
+from typing import Callable, Sequence
 
 import torch
 
 from hardpos.data.images import load_image
 from hardpos.eval.benchmarks import Crop
+from hardpos.eval.spec import PRECISIONS, Precision
 from hardpos.model import encode_image, encode_text, trim_tokens
 
 ImageKey = tuple[str, "Crop | None"]
-Precision = Literal["fp32", "bf16", "fp16"]
-PRECISIONS: tuple[str, ...] = get_args(Precision)
 PROGRESS_EVERY_S = 10.0  # a progress line at most this often while encoding images
 
 progress = logging.getLogger("hardpos.eval")

@@ -43,16 +43,11 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from hardpos.eval import metrics as M
 from hardpos.eval import sugarcrepe_pp as SCPP
 from hardpos.eval.benchmarks import Benchmark, load_benchmark
-from hardpos.eval.spec import BenchmarkSpec
-# Re-exported: the encoding and pair-scoring parts live in their own modules; importers
-# (training, retention, Serve, the Ray Data engine, tests) keep importing them from here.
-from hardpos.eval.encoding import (PRECISIONS, ImageKey, Precision, _ieee_fp32_on_cuda,  # noqa: F401
-                                   _load_preprocessed, check_precision, encode_captions, encode_image_keys,
-                                   eval_mode, precision_context)
-from hardpos.eval.pairs import score_pairs, similarity_matrix  # noqa: F401
+from hardpos.eval.encoding import ImageKey, check_precision, encode_captions, encode_image_keys, eval_mode
+from hardpos.eval.metrics import TEXT_COLUMNS, benchmark_metrics
+from hardpos.eval.spec import BenchmarkSpec, Precision
 
 log = logging.getLogger(__name__)
 progress = logging.getLogger("hardpos.eval")  # one throughput line per benchmark (INFO)
@@ -115,7 +110,7 @@ class EvalReport:
         fields = [("item_id", pa.string()), ("benchmark", pa.string()), ("subset", pa.string()),
                   ("s_c", pa.float64()), ("s_n", pa.float64()), ("s_p", pa.float64())]
         if any(r.text_sims for r in self.results):  # only then: other files keep their six columns
-            for k in SCPP.TEXT_COLUMNS:
+            for k in TEXT_COLUMNS:
                 cols[k] = [v for r in self.results
                            for v in (r.text_sims[k].tolist() if r.text_sims else [None] * len(r.item_ids))]
                 fields.append((k, pa.float64()))
@@ -124,31 +119,6 @@ class EvalReport:
                                      b"hardpos.precision": self.precision.encode()})
         return pa.table(cols, schema=schema)
 
-
-def benchmark_metrics(name: str, subsets: Sequence[str], s_c, s_n, s_p, aggregate: str,
-                      text_sims: dict[str, Any] | None = None) -> dict[str, float]:
-    """Flat metrics for one benchmark from its per-item scores (pure; the per-item file
-    recomputes to the summary through this function).
-
-    Per subset ``<name>/<subset>/<metric>`` (when there is more than one subset, or the
-    benchmark averages subsets); overall ``<name>/<metric>``: the unweighted mean of the
-    subsets for ``mean_of_subsets`` (REPLACE, SugarCrepe), all items pooled otherwise.
-    ``text_sims`` (per-item ``t_cp, t_cn, t_pn``; SugarCrepe++) adds ``text_only_acc`` by
-    the same rule (:func:`hardpos.eval.sugarcrepe_pp.text_only_metrics`).
-    """
-    subsets_arr = np.asarray(list(subsets), dtype=object)
-    s_c, s_n, s_p = (np.asarray(x, dtype=np.float64) for x in (s_c, s_n, s_p))
-    names = list(dict.fromkeys(subsets_arr.tolist()))
-    per_subset = {sub: M.summarize(s_c[subsets_arr == sub], s_n[subsets_arr == sub], s_p[subsets_arr == sub]) for sub in names}
-    out: dict[str, float] = {}
-    if len(names) > 1 or aggregate == "mean_of_subsets":
-        for sub, figs in per_subset.items():
-            out.update({f"{name}/{sub}/{k}": v for k, v in figs.items()})
-    overall = M.mean_of(per_subset.values()) if aggregate == "mean_of_subsets" else M.summarize(s_c, s_n, s_p)
-    out.update({f"{name}/{k}": v for k, v in overall.items()})
-    if text_sims:
-        out.update(SCPP.text_only_metrics(name, subsets_arr.tolist(), text_sims, aggregate))
-    return out
 
 
 # --------------------------------------------------------------------------- benchmarks

@@ -24,7 +24,7 @@ the same items, so ``aug_drop`` is always a like-for-like difference.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -132,4 +132,67 @@ def mean_over(metrics: Mapping[str, float], prefixes: Iterable[str]) -> dict[str
     out = mean_of([s if counted else {**s, "n_items": 1} for s in subsets])
     if not counted:
         out.pop("n_items", None)
+    return out
+
+
+def benchmark_metrics(name: str, subsets: Sequence[str], s_c, s_n, s_p, aggregate: str,
+                      text_sims: dict[str, Any] | None = None) -> dict[str, float]:
+    """Flat metrics for one benchmark from its per-item scores (pure; the per-item file
+    recomputes to the summary through this function).
+
+    Per subset ``<name>/<subset>/<metric>`` (when there is more than one subset, or the
+    benchmark averages subsets); overall ``<name>/<metric>``: the unweighted mean of the
+    subsets for ``mean_of_subsets`` (REPLACE, SugarCrepe), all items pooled otherwise.
+    ``text_sims`` (per-item ``t_cp, t_cn, t_pn``; SugarCrepe++) adds ``text_only_acc`` by
+    the same rule (:func:`text_only_metrics`).
+    """
+    subsets_arr = np.asarray(list(subsets), dtype=object)
+    s_c, s_n, s_p = (np.asarray(x, dtype=np.float64) for x in (s_c, s_n, s_p))
+    names = list(dict.fromkeys(subsets_arr.tolist()))
+    per_subset = {sub: summarize(s_c[subsets_arr == sub], s_n[subsets_arr == sub], s_p[subsets_arr == sub]) for sub in names}
+    out: dict[str, float] = {}
+    if len(names) > 1 or aggregate == "mean_of_subsets":
+        for sub, figs in per_subset.items():
+            out.update({f"{name}/{sub}/{k}": v for k, v in figs.items()})
+    overall = mean_of(per_subset.values()) if aggregate == "mean_of_subsets" else summarize(s_c, s_n, s_p)
+    out.update({f"{name}/{k}": v for k, v in overall.items()})
+    if text_sims:
+        out.update(text_only_metrics(name, subsets_arr.tolist(), text_sims, aggregate))
+    return out
+
+
+# --------------------------------------------------------------------------- SugarCrepe++'s text-only task
+# Per-item text-only cosines (EvalReport.scores_table columns when a benchmark has them).
+TEXT_COLUMNS = ("t_cp", "t_cn", "t_pn")
+TEXT_ONLY_METRIC = "text_only_acc"
+
+
+def text_only_correct(t_cp, t_cn, t_pn) -> np.ndarray:
+    """Per item: the two positives are strictly closer to each other than either is to the
+    negative (SugarCrepe++'s TOT; a tie is not correct)."""
+    cp, cn, pn = (np.asarray(x, dtype=np.float64) for x in (t_cp, t_cn, t_pn))
+    return (cp > cn) & (cp > pn)
+
+
+def text_only_metrics(name: str, subsets: Sequence[str], text_sims: Mapping[str, Any], aggregate: str) -> dict[str, float]:
+    """``<name>/<subset>/text_only_acc`` per subset (when there is more than one, or the
+    benchmark averages subsets) and ``<name>/text_only_acc`` overall: the unweighted mean of
+    the subsets for ``mean_of_subsets``, all items pooled otherwise (the same rule as the
+    image figures in :func:`benchmark_metrics`). Empty subsets give
+    no figure (no accuracy is invented for no data)."""
+    sub = np.asarray(list(subsets), dtype=object)
+    arrays = [np.asarray(text_sims[k], dtype=np.float64).reshape(-1) for k in TEXT_COLUMNS]
+    if not all(len(a) == len(sub) for a in arrays):
+        raise ValueError(f"text-only scores and subsets differ in length: {[len(a) for a in arrays]} vs {len(sub)}")
+    if any(np.isnan(a).any() for a in arrays):
+        raise ValueError("text-only scores must be finite for every item")
+    correct = text_only_correct(*arrays)
+    names = list(dict.fromkeys(sub.tolist()))
+    per = {s: float(correct[sub == s].mean()) for s in names if (sub == s).any()}
+    out: dict[str, float] = {}
+    if len(names) > 1 or aggregate == "mean_of_subsets":
+        out.update({f"{name}/{s}/{TEXT_ONLY_METRIC}": v for s, v in per.items()})
+    if per:
+        overall = float(np.mean(list(per.values()))) if aggregate == "mean_of_subsets" else float(correct.mean())
+        out[f"{name}/{TEXT_ONLY_METRIC}"] = overall
     return out

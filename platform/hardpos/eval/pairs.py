@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from hardpos.eval.encoding import Precision, check_precision, encode_captions, eval_mode, precision_context
+from hardpos.eval.encoding import check_precision, encode_captions, eval_mode, precision_context
+from hardpos.eval.spec import Precision
 from hardpos.model import encode_image
 
 

@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from hardpos import storage
+from hardpos.eval.metrics import TEXT_COLUMNS, benchmark_metrics
+from hardpos.eval.sugarcrepe_pp import markdown_section as text_only_section
 from hardpos.report import num, pct, table
-from hardpos.eval.evaluator import EvalReport, benchmark_metrics
-from hardpos.eval.sugarcrepe_pp import TEXT_COLUMNS, markdown_section as text_only_section
+
+if TYPE_CHECKING:
+    from hardpos.eval.evaluator import EvalReport
 
 SCORES_FILE = "scores.parquet"
 REPORT_FILE = "report.md"

@@ -18,7 +18,6 @@ candidate counts against the model, like the benchmarks.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import PurePosixPath
@@ -31,7 +30,8 @@ from open_clip import zero_shot_metadata  # names read at call time (tests short
 
 from hardpos import storage
 from hardpos.data.triplets import resolve_image
-from hardpos.eval.evaluator import check_precision, encode_captions, encode_image_keys, eval_mode, precision_context
+from hardpos.eval.encoding import check_precision, encode_captions, encode_image_keys, eval_mode, precision_context
+from hardpos.eval.spec import RetrievalSpec, ZeroShotSpec
 from hardpos.model import encode_text, trim_tokens
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
@@ -44,52 +44,8 @@ class RetentionError(ValueError):
     """A retention dataset is missing or malformed."""
 
 
-@dataclasses.dataclass
-class ZeroShotSpec:
-    """One zero-shot classification dataset.
-
-    name: metric prefix (``zeroshot/<name>/top1``).
-    root: ImageFolder directory (local or s3://): one sub-folder per class.
-    classnames: the classifier's classes, in class-index order:
-        ``"imagenet"`` (default) open_clip's 1000 ImageNet-1k names
-            (``open_clip.IMAGENET_CLASSNAMES``);
-        ``"folders"``  the folder names themselves, sorted, ``_`` -> space;
-        a list of names, or a file (local or s3://): one name per line, or a ``.json`` list.
-    templates: prompt templates, each with one ``{}`` for the class name:
-        ``"openai"`` (default) the 80 OpenAI ImageNet templates, ``"simple"`` open_clip's 7
-        (``open_clip.zero_shot_metadata``); a list, or a file as for classnames.
-    limit: use only the first N images (sorted by path; None: all).
-
-    How folders map to classes (named or listed classnames): folders named by integers
-    (``0`` .. ``999``) are that class index, so a subset of the classes may be present;
-    any other names are taken in sorted order and there must be exactly one folder per
-    class. The standard ImageFolder layout of ImageNet val (1000 ``n01440764``-style wnid
-    folders) is the second case: sorted wnids are the class-index order of open_clip's
-    names, and ``classnames: imagenet`` insists on exactly those 1000 wnid folders.
-    """
-
-    name: str
-    root: str
-    classnames: str | list[str] = "imagenet"
-    templates: str | list[str] = "openai"
-    limit: int | None = None
 
 
-@dataclasses.dataclass
-class RetrievalSpec:
-    """One image-text retrieval dataset.
-
-    name: metric prefix (``retrieval/<name>/i2t_r1``).
-    captions: a jsonl file of ``{"image": path, "caption": text}`` rows (several rows per
-        image allowed) or a COCO captions json (``images[]`` + ``annotations[]``).
-    image_root: folder image paths are relative to (None: the captions file's folder).
-    limit: use only the first N images (None: all).
-    """
-
-    name: str
-    captions: str
-    image_root: str | None = None
-    limit: int | None = None
 
 
 def _read_name_list(uri: str, what: str) -> list[str]:

@@ -1,10 +1,16 @@
-"""What to evaluate: one benchmark, as a config section (shared by evaluate, train, sweep)."""
+"""What an evaluation is configured by: benchmarks, retention datasets, the arithmetic, the
+Ray Data engine (config sections shared by evaluate, train, sweep and the demo).
+
+Pure dataclasses: the CLI loads them without importing torch, open_clip or Ray."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Literal, get_args
 
 BenchmarkKind = Literal["replace", "swap", "sugarcrepe", "sugarcrepe_pp", "triplets"]
+#: The encoders' arithmetic (hardpos.eval.encoding.precision_context).
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 @dataclasses.dataclass
@@ -53,3 +59,51 @@ class RayDataConfig:
     batch_size: int = 64
     num_cpus: float = 1.0
     num_gpus: float = 0.0
+
+
+@dataclasses.dataclass
+class ZeroShotSpec:
+    """One zero-shot classification dataset.
+
+    name: metric prefix (``zeroshot/<name>/top1``).
+    root: ImageFolder directory (local or s3://): one sub-folder per class.
+    classnames: the classifier's classes, in class-index order:
+        ``"imagenet"`` (default) open_clip's 1000 ImageNet-1k names
+            (``open_clip.IMAGENET_CLASSNAMES``);
+        ``"folders"``  the folder names themselves, sorted, ``_`` -> space;
+        a list of names, or a file (local or s3://): one name per line, or a ``.json`` list.
+    templates: prompt templates, each with one ``{}`` for the class name:
+        ``"openai"`` (default) the 80 OpenAI ImageNet templates, ``"simple"`` open_clip's 7
+        (``open_clip.zero_shot_metadata``); a list, or a file as for classnames.
+    limit: use only the first N images (sorted by path; None: all).
+
+    How folders map to classes (named or listed classnames): folders named by integers
+    (``0`` .. ``999``) are that class index, so a subset of the classes may be present;
+    any other names are taken in sorted order and there must be exactly one folder per
+    class. The standard ImageFolder layout of ImageNet val (1000 ``n01440764``-style wnid
+    folders) is the second case: sorted wnids are the class-index order of open_clip's
+    names, and ``classnames: imagenet`` insists on exactly those 1000 wnid folders.
+    """
+
+    name: str
+    root: str
+    classnames: str | list[str] = "imagenet"
+    templates: str | list[str] = "openai"
+    limit: int | None = None
+
+
+@dataclasses.dataclass
+class RetrievalSpec:
+    """One image-text retrieval dataset.
+
+    name: metric prefix (``retrieval/<name>/i2t_r1``).
+    captions: a jsonl file of ``{"image": path, "caption": text}`` rows (several rows per
+        image allowed) or a COCO captions json (``images[]`` + ``annotations[]``).
+    image_root: folder image paths are relative to (None: the captions file's folder).
+    limit: use only the first N images (None: all).
+    """
+
+    name: str
+    captions: str
+    image_root: str | None = None
+    limit: int | None = None

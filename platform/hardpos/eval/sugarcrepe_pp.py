@@ -50,15 +50,13 @@ import numpy as np
 from hardpos import storage
 from hardpos.data.triplets import resolve_image
 from hardpos.eval.benchmarks import Benchmark, BenchmarkError, Item, _read_json, _root
+from hardpos.eval.metrics import TEXT_ONLY_METRIC
 from hardpos.eval.spec import BenchmarkSpec
 from hardpos.report import pct, table
 
 KIND = "sugarcrepe_pp"
 CATEGORIES = ("replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
 TEXT_FIELDS = ("filename", "caption", "caption2", "negative_caption")
-# Per-item text-only cosines (EvalReport.scores_table columns when a benchmark has them).
-TEXT_COLUMNS = ("t_cp", "t_cn", "t_pn")
-TEXT_ONLY_METRIC = "text_only_acc"
 
 
 # --------------------------------------------------------------------------- loader
@@ -121,35 +119,8 @@ def text_similarities(text_feats: Any, c_idx: Sequence[int], p_idx: Sequence[int
     return {"t_cp": cos(c, p), "t_cn": cos(c, n), "t_pn": cos(p, n)}
 
 
-def text_only_correct(t_cp, t_cn, t_pn) -> np.ndarray:
-    """Per item: the two positives are strictly closer to each other than either is to the
-    negative (SugarCrepe++'s TOT; a tie is not correct)."""
-    cp, cn, pn = (np.asarray(x, dtype=np.float64) for x in (t_cp, t_cn, t_pn))
-    return (cp > cn) & (cp > pn)
 
 
-def text_only_metrics(name: str, subsets: Sequence[str], text_sims: Mapping[str, Any], aggregate: str) -> dict[str, float]:
-    """``<name>/<subset>/text_only_acc`` per subset (when there is more than one, or the
-    benchmark averages subsets) and ``<name>/text_only_acc`` overall: the unweighted mean of
-    the subsets for ``mean_of_subsets``, all items pooled otherwise (the same rule as the
-    image figures in :func:`hardpos.eval.evaluator.benchmark_metrics`). Empty subsets give
-    no figure (no accuracy is invented for no data)."""
-    sub = np.asarray(list(subsets), dtype=object)
-    arrays = [np.asarray(text_sims[k], dtype=np.float64).reshape(-1) for k in TEXT_COLUMNS]
-    if not all(len(a) == len(sub) for a in arrays):
-        raise ValueError(f"text-only scores and subsets differ in length: {[len(a) for a in arrays]} vs {len(sub)}")
-    if any(np.isnan(a).any() for a in arrays):
-        raise ValueError("text-only scores must be finite for every item")
-    correct = text_only_correct(*arrays)
-    names = list(dict.fromkeys(sub.tolist()))
-    per = {s: float(correct[sub == s].mean()) for s in names if (sub == s).any()}
-    out: dict[str, float] = {}
-    if len(names) > 1 or aggregate == "mean_of_subsets":
-        out.update({f"{name}/{s}/{TEXT_ONLY_METRIC}": v for s, v in per.items()})
-    if per:
-        overall = float(np.mean(list(per.values()))) if aggregate == "mean_of_subsets" else float(correct.mean())
-        out[f"{name}/{TEXT_ONLY_METRIC}"] = overall
-    return out
 
 
 def markdown_section(results: Sequence[Any], metrics: Mapping[str, float]) -> list[str]:

@@ -17,32 +17,24 @@ import logging
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Sequence
 
-import torch
-
-from hardpos import storage
+from hardpos import storage, tracking
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig, require
 from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
-from hardpos.eval import report as R
 from hardpos.eval.benchmarks import BenchmarkError
-from hardpos.eval.distributed import ray_image_encoder
-from hardpos.eval.evaluator import EvalReport, Precision, evaluate_benchmarks
-from hardpos.eval.inline import is_inline_source
-from hardpos.eval.retention import (
-    RetentionError,
-    RetrievalSpec,
-    ZeroShotSpec,
-    resolve_classnames,
-    resolve_templates,
-    retrieval,
-    zero_shot,
-)
-from hardpos.eval.spec import BenchmarkSpec, RayDataConfig
-from hardpos.model import LoadedModel, load_model
+from hardpos.eval.spec import BenchmarkSpec, Precision, RayDataConfig, RetrievalSpec, ZeroShotSpec
 from hardpos.model_uri import source_run_tags
 from hardpos.runtime import JobContext, init_ray
-from hardpos.tracking import resolve_tracking_uri
+
+if TYPE_CHECKING:
+    import torch
+
+    from hardpos.eval.evaluator import EvalReport
+    from hardpos.model import LoadedModel
+
+# The CLI imports this module for its Config (--help, the checks before a job starts): torch,
+# open_clip and Ray load inside the functions that use them (`# lazy:` below), once a job runs.
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +139,11 @@ def check_retention(cfg: RetentionConfig) -> None:
         names = [s.name for s in specs]
         if len(set(names)) != len(names) or any(not n or "/" in n for n in names):
             raise ConfigError(f"retention.{kind}: names must be unique, non-empty and free of '/': {names}")
+    if not cfg.zeroshot:
+        return
+    # lazy: open_clip's class-name lists (seconds to import); only zero-shot retention needs them
+    from hardpos.eval.retention import RetentionError, resolve_classnames, resolve_templates
+
     for zs in cfg.zeroshot:
         try:
             resolve_classnames(zs.classnames)
@@ -157,6 +154,8 @@ def check_retention(cfg: RetentionConfig) -> None:
 
 def needs_ray_reader(specs: list[BenchmarkSpec]) -> bool:
     """True when a benchmark is read by Ray Data (webdataset shards, inline-image parquet)."""
+    from hardpos.eval.inline import is_inline_source  # lazy: imports Ray (see the module's imports)
+
     try:
         return any(s.kind == "triplets" and is_inline_source(s.path) for s in specs)
     except BenchmarkError as exc:
@@ -164,6 +163,8 @@ def needs_ray_reader(specs: list[BenchmarkSpec]) -> bool:
 
 
 def resolve_device(device: str) -> str:
+    import torch  # lazy: see the module's imports
+
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
@@ -175,6 +176,10 @@ def evaluate_model(model: torch.nn.Module, lm: LoadedModel, specs: Sequence[Benc
     tokenizer and ``cfg``'s batch size, threads, precision and retention datasets: the one
     scoring path of this stage and of ``interpolate`` (which scores mixed weights the same way).
     A benchmark that cannot be read raises :class:`ConfigError` naming it."""
+    # lazy: see the module's imports
+    from hardpos.eval.evaluator import evaluate_benchmarks
+    from hardpos.eval.retention import retrieval, zero_shot
+
     kw = dict(device=device, batch_size=cfg.batch_size, num_threads=cfg.num_threads, precision=cfg.precision)
     try:
         report = evaluate_benchmarks(model, lm.preprocess_val, lm.tokenizer, specs, image_encoder=image_encoder, **kw)
@@ -189,13 +194,20 @@ def evaluate_model(model: torch.nn.Module, lm: LoadedModel, specs: Sequence[Benc
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:
+    # lazy: see the module's imports
+    import torch
+
+    from hardpos.eval import report as R
+    from hardpos.eval.distributed import ray_image_encoder
+    from hardpos.model import load_model
+
     specs = resolve_specs(cfg)
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)  # random-weight models are reproducible from the seed
     lm = load_model(cfg.model, device=device, tracking_uri=cfg.tracking.tracking_uri)  # MLflow sources: this job's store
     model_name = cfg.model_name or (cfg.model.pretrained or f"random {lm.arch}")
     # a model trained on REPLACE's own substitutions: its REPLACE numbers are contaminated
-    seen = source_run_tags(cfg.model.pretrained or "", resolve_tracking_uri(cfg.tracking.tracking_uri)).get(
+    seen = source_run_tags(cfg.model.pretrained or "", tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)).get(
         SEEN_SUBSTITUTIONS_TAG)
     if seen:
         model_name += " [seen substitutions: REPLACE numbers contaminated]"

@@ -31,20 +31,23 @@ import dataclasses
 import math
 import tempfile
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 from hardpos import registry, storage, tracking
 from hardpos import report as R
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig, require
-from hardpos.eval import report as eval_report
-from hardpos.eval.evaluator import Precision
-from hardpos.eval.spec import BenchmarkSpec
+from hardpos.eval.spec import BenchmarkSpec, Precision
 from hardpos.interpolate import check_alphas, interpolate_state, load_pair, state_of
-from hardpos.model import LoadedModel, save_checkpoint, unwrap
 from hardpos.runtime import JobContext, execute
 from hardpos.stages import evaluate as ev
+
+if TYPE_CHECKING:
+    import torch
+
+    from hardpos.model import LoadedModel
+
+# The CLI imports this module for its Config: torch and open_clip load inside the functions
+# that use them (`# lazy:` below), once a job runs.
 
 #: retention figures shown in the curve (the per-alpha report.md has every figure)
 RETENTION_FIGURES = ("top1", "i2t_r1", "t2i_r1")
@@ -140,6 +143,8 @@ def curve_markdown(points: Sequence[Mapping[str, Any]], columns: Sequence[tuple[
 def _save_mix(model: torch.nn.Module, lm: LoadedModel, out_dir: str, meta: dict[str, Any], tmp: str) -> tuple[Path, str]:
     """Write the mixed checkpoint to a local folder and to ``<out_dir>/model`` (local or
     s3://); returns (local folder, its output URI)."""
+    from hardpos.model import save_checkpoint  # lazy: see the module's imports
+
     local = save_checkpoint(model, lm.model_cfg, Path(tmp) / "model", meta=meta)
     target = storage.join(out_dir, "model")
     if storage.is_s3(target) or Path(target).resolve() != local.resolve():
@@ -150,6 +155,9 @@ def _save_mix(model: torch.nn.Module, lm: LoadedModel, out_dir: str, meta: dict[
 def _one_alpha(alpha: float, model: torch.nn.Module, lf: LoadedModel, states: tuple[dict, dict],
                specs: Sequence[BenchmarkSpec], device: str, provenance: dict[str, str]):
     """The child run of one alpha (a ``run_fn`` for :func:`hardpos.runtime.execute`)."""
+    # lazy: see the module's imports
+    from hardpos.eval import report as eval_report
+    from hardpos.model import unwrap
 
     def run_child(cfg: Config, ctx: JobContext) -> dict:
         unwrap(model).load_state_dict(interpolate_state(*states, alpha))
@@ -180,6 +188,8 @@ def _one_alpha(alpha: float, model: torch.nn.Module, lf: LoadedModel, states: tu
 def run(cfg: Config, ctx: JobContext) -> dict:
     specs = ev.resolve_specs(ev.Config(benchmarks=cfg.benchmarks, world=cfg.world, retention=cfg.retention))
     device = ev.resolve_device(cfg.device)
+    import torch  # lazy: see the module's imports
+
     torch.manual_seed(cfg.seed)  # random-weight endpoints are reproducible from the seed
     lb, lf = load_pair(cfg.base, cfg.finetuned, device=device, tracking_uri=cfg.tracking.tracking_uri)
     states = (state_of(lb.model), state_of(lf.model))

@@ -14,23 +14,22 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from hardpos import storage, tracking
 from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.runtime import JobContext
-from hardpos.tracking import numeric_metrics
-from hardpos.train.checkpoint import MODEL_DIR
 from hardpos.train.config import TrainConfig
-from hardpos.train.trainer import build_trainer
-from hardpos.train.worker import StepHook
+
+if TYPE_CHECKING:
+    from hardpos.train.worker import StepHook
 
 Config = TrainConfig
 log = logging.getLogger(__name__)
 
 
 def _numeric(metrics: dict[str, Any] | None) -> dict[str, float]:
-    return numeric_metrics(metrics or {})
+    return tracking.numeric_metrics(metrics or {})
 
 
 def _checkpoint_uri(checkpoint) -> str:
@@ -92,6 +91,11 @@ def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = (), step_hook: 
     ``step_hook``: called on every worker after every step (tests inject faults with it;
     see :func:`hardpos.train.trainer.build_trainer`).
     """
+    # lazy: the CLI imports this module for its Config (--help, checks) before anything runs;
+    # torch and Ray Train load here, once the job starts
+    from hardpos.train.checkpoint import MODEL_DIR
+    from hardpos.train.trainer import build_trainer
+
     trainer, plan, cfg = build_trainer(cfg, callbacks=callbacks, run_logger=ctx.run, step_hook=step_hook)
     seen = seen_substitutions(cfg.data.train_path)
     if ctx.run is not None:
