@@ -5,7 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hardpos import compare, registry, report, sweep
+from hardpos import registry, report
+from hardpos.stages import compare, sweep
 from hardpos.config import ConfigError
 
 PAPER_SPACE = {"loss.w_neg": {"grid_search": [0.0, 0.25, 0.5, 0.75, 1.0]}, "loss.w_pos": 1.0}

@@ -26,12 +26,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import load_file, save_file
-
 from hardpos.config import ConfigError
 from hardpos.data.world import WorldConfig
-from hardpos.model import CONFIG_NAME, META_NAME, WEIGHTS_NAME
 
 #: where the bases that ship with the package live
 BASES_DIR = Path(__file__).resolve().parent / "resources" / "bases"
@@ -74,6 +70,13 @@ def write_base(checkpoint_dir: str | Path, dest: str | Path, name: str, manifest
     completed with the name, the weights' file name, size, dtype and sha256, and written to
     ``<dest>/<name>.json``. Returns the completed manifest. Overwrites an earlier base of that name.
     """
+    # lazy: the demo's Config checks a base's manifest at config load (manifest_for,
+    # check_world), which must not wait for torch
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from hardpos.model import CONFIG_NAME, META_NAME, WEIGHTS_NAME
+
     src = Path(checkpoint_dir)
     if not (src / CONFIG_NAME).is_file() or not (src / WEIGHTS_NAME).is_file():
         raise FileNotFoundError(f"{src}: not a HardPos checkpoint directory (needs {CONFIG_NAME} and {WEIGHTS_NAME})")

@@ -28,7 +28,6 @@ from hardpos.stages import evaluate as ev
 from hardpos.stages import generate as gen
 from hardpos.stages import interpolate as wise
 from hardpos.stages import world as world_stage
-from hardpos.train.checkpoint import find_resume_checkpoint
 from hardpos.train.config import CheckpointSection, DataConfig, LossConfig, OptimConfig, ScalingSection, TrainConfig
 
 if TYPE_CHECKING:  # annotations only: the demo's config module imports this one
@@ -149,7 +148,7 @@ class Pipeline:
                          extra_trials=[], register=False, max_concurrent_trials=1)
         summary = self.execute("sweep", scfg, "4/7 full: the paper's w_neg grid (sweep stage)")
         trials = []
-        for row in summary.get("rows", []):  # finished trial runs (hardpos.compare.collect_runs rows)
+        for row in summary.get("rows", []):  # finished trial runs (hardpos.stages.compare.collect_runs rows)
             out_dir = row.get("param:output_dir")
             if not out_dir:
                 continue
@@ -224,6 +223,9 @@ def latest_checkpoint(run_dir: str) -> str | None:
     stopped before its first checkpoint)."""
     if not storage.exists(run_dir):
         return None
+    # lazy: the demo's modules load with its Config (the CLI's checks); torch with the job
+    from hardpos.train.checkpoint import find_resume_checkpoint
+
     try:
         return find_resume_checkpoint(run_dir)
     except FileNotFoundError:

@@ -58,7 +58,7 @@ def rank(items: Sequence[T], metric: str, mode: str = "max", *, metrics_of: Call
     Items are MLflow runs or rows (mappings); ``metrics_of`` maps an item to what holds its
     metrics when it is neither (e.g. a model name -> its table row).
     Ties keep the given order: the earlier item wins. Callers list candidates oldest first
-    (:func:`candidate_runs`, :func:`hardpos.compare.collect_runs`) or in configuration order
+    (:func:`candidate_runs`, :func:`hardpos.stages.compare.collect_runs`) or in configuration order
     (the demo's variants), so a later run that only equals the champion never replaces it.
     Items with a missing, NaN or infinite metric are left out, never ranked last.
     """

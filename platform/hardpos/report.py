@@ -265,7 +265,7 @@ def _comparison_cell(key: str, value: Any) -> str:
 
 def comparison_table(rows: list[dict[str, Any]], pareto: list[int] | None = None,
                      columns: list[tuple[str, str]] | None = None) -> str:
-    """Runs (:func:`hardpos.compare.collect_runs` rows) in the paper's Table-3 layout;
+    """Runs (:func:`hardpos.stages.compare.collect_runs` rows) in the paper's Table-3 layout;
     ``pareto``: indices of the rows on the Pareto front (a "Pareto" column marks them);
     ``columns``: [(header, key)] (default: :func:`comparison_columns`)."""
     cols = list(columns) if columns is not None else comparison_columns(rows)

@@ -45,8 +45,8 @@ import random
 from hardpos.data.lexicon import Lexicon, Sense, load_lexicon
 from hardpos.data.perturb_replace import ReplaceRulesMixin
 from hardpos.data.perturb_swap import SwapRulesMixin
-# re-exported (importers use hardpos.data.perturb; stages.perturb reads _stable_seed): noqa F401 on purpose
-from hardpos.data.perturb_text import (_TOKEN, KINDS, POLARITIES, _Match, _Tok, _dedupe, _stable_seed,  # noqa: F401
+# re-exported (importers use hardpos.data.perturb; stages.perturb reads stable_seed from perturb_text): noqa F401 on purpose
+from hardpos.data.perturb_text import (_TOKEN, KINDS, POLARITIES, _Match, _Tok, _dedupe, stable_seed,  # noqa: F401
                                        Perturbation)
 
 
@@ -104,7 +104,7 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
         families: dict[str, list[Perturbation]] = {}
         for p in options:
             families.setdefault(p.slot.split(" ", 1)[0].split(":", 1)[0] + "/" + p.kind, []).append(p)
-        rng = random.Random(_stable_seed(self.seed, polarity, kind, caption))
+        rng = random.Random(stable_seed(self.seed, polarity, kind, caption))
         family = rng.choice(sorted(families))
         return rng.choice(families[family])
 

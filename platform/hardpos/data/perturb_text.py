@@ -67,7 +67,7 @@ class _Match:
     senses: tuple[Sense, ...]
 
 
-def _stable_seed(*parts: object) -> int:
+def stable_seed(*parts: object) -> int:
     digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big")
 

@@ -7,14 +7,23 @@ output_dir, or ``runs:/<run_id>`` of an evaluate run tracked in this store), it 
 ``<output_dir>/explorer/index.html`` with its thumbnails, logged to the run as the
 ``explorer`` artifact folder; ``explorer.enabled=false`` turns it off. With evaluations
 given, the stage runs even when the experiment has no finished runs to tabulate.
+
+Rows come from MLflow's ``search_runs`` (:func:`collect_runs`: children of a sweep's
+parent run, or any runs of an experiment), so the comparison reflects what is tracked, not
+what a process happened to hold in memory; when the tracking server cannot answer, a
+sweep's rows come from its trials' ``summary.json`` files instead (:func:`summary_rows`).
+The compare stage and the sweep stage (:mod:`hardpos.stages.sweep`) both end in :func:`compare_rows` and
+:func:`write_comparison`; the table and the plot are :mod:`hardpos.report`'s.
 """
 from __future__ import annotations
 
 import dataclasses
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from hardpos import compare, explorer, storage, tracking
+from hardpos import explorer, registry, report, storage, tracking
+from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.config import ConfigError, JobConfig
 from hardpos.eval.benchmarks import BenchmarkError, load_benchmark
 from hardpos.eval.report import SCORES_FILE
@@ -43,7 +52,7 @@ class Config(JobConfig):
 def run(cfg: Config, ctx: JobContext) -> dict:
     experiment = cfg.experiment or cfg.tracking.experiment
     tracking_uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
-    rows = compare.collect_runs(tracking_uri, experiment, cfg.parent_run_id)
+    rows = collect_runs(tracking_uri, experiment, cfg.parent_run_id)
     rows = [r for r in rows if r["status"] == "FINISHED" and any(k.endswith("/aug_acc") for k in r)]
     if not rows and not cfg.explorer.active:
         raise ConfigError(f"no finished runs with benchmark metrics in experiment {experiment!r}"
@@ -52,13 +61,113 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     if cfg.explorer.active:  # first: its config errors surface before anything is written
         out["explorer"] = write_explorer(cfg.explorer, ctx, tracking_uri)
     if rows:
-        table, front = compare.compare_rows(rows, cfg.pareto)
+        table, front = compare_rows(rows, cfg.pareto)
         print(table)
         out.update(table=table, pareto_front=[rows[i]["run_name"] for i in front],
-                   artifacts=compare.write_comparison(rows, table, ctx))
+                   artifacts=write_comparison(rows, table, ctx))
     return out
 
 
+# --------------------------------------------------------------------------- the runs compared
+def collect_runs(tracking_uri: str, experiment: str, parent_run_id: str | None = None) -> list[dict[str, Any]]:
+    """One flat dict per finished or failed run, oldest first: ``run_id``, ``run_name``,
+    ``status``, ``param:<key>`` for params and the metric names as they are."""
+    client = registry.mlflow_client(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    filt = f"tags.mlflow.parentRunId = '{parent_run_id}'" if parent_run_id else ""
+    rows = []
+    for run in client.search_runs([exp.experiment_id], filter_string=filt, max_results=5000, order_by=["attributes.start_time ASC"]):
+        row: dict[str, Any] = {
+            "run_id": run.info.run_id,
+            "run_name": run.info.run_name,
+            "status": run.info.status,
+        }
+        for key, value in run.data.params.items():
+            row[f"param:{key}"] = _number_or_text(value)
+        row.update(run.data.metrics)
+        if run.data.tags.get(SEEN_SUBSTITUTIONS_TAG):
+            row["seen_substitutions"] = run.data.tags[SEEN_SUBSTITUTIONS_TAG]
+        rows.append(row)
+    return rows
+
+
+def _number_or_text(value: str) -> Any:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def summary_rows(output_dir: str) -> list[dict[str, Any]]:
+    """Rows like :func:`collect_runs` gives, from a sweep's ``trials/<name>/summary.json``
+    (the finished trials only; ``param:<key>`` from the trial's overrides)."""
+    trials = storage.join(output_dir, "trials")
+    rows = []
+    for uri in storage.list_files(trials, suffix="/summary.json"):
+        if uri[len(trials):].strip("/").count("/") != 1:  # trials/<name>/summary.json only
+            continue
+        s = storage.read_json(uri)
+        if s.get("status") != "ok":
+            continue
+        row: dict[str, Any] = {"run_id": s.get("mlflow_run_id"), "run_name": uri.rstrip("/").split("/")[-2],
+                               "status": "FINISHED"}
+        row.update({f"param:{k}": v for k, v in (s.get("overrides") or {}).items()})
+        row.update(tracking.numeric_metrics(s.get("final_metrics") or {}))
+        if isinstance(s.get("objective"), (int, float)):
+            row["objective"] = float(s["objective"])
+        if s.get("seen_substitutions"):
+            row["seen_substitutions"] = s["seen_substitutions"]
+        rows.append(row)
+    return rows
+
+
+def pareto_front(rows: list[dict[str, Any]], criteria: dict[str, str]) -> list[int]:
+    """Indices of rows no other row dominates. ``criteria``: metric -> "max" | "min".
+
+    Rows missing a criterion are left out. Row a dominates b when a is at least as good on
+    every criterion and strictly better on one (so equal rows are both on the front).
+    """
+    usable = [i for i, r in enumerate(rows) if all(isinstance(r.get(m), (int, float)) for m in criteria)]
+
+    def better_or_equal(a, b, m, mode):
+        return a[m] >= b[m] if mode == "max" else a[m] <= b[m]
+
+    def strictly_better(a, b, m, mode):
+        return a[m] > b[m] if mode == "max" else a[m] < b[m]
+
+    front = []
+    for i in usable:
+        dominated = any(
+            all(better_or_equal(rows[j], rows[i], m, mode) for m, mode in criteria.items())
+            and any(strictly_better(rows[j], rows[i], m, mode) for m, mode in criteria.items())
+            for j in usable if j != i
+        )
+        if not dominated:
+            front.append(i)
+    return front
+
+
+def compare_rows(rows: list[dict[str, Any]], criteria: dict[str, str]) -> tuple[str, list[int]]:
+    """(the Table-3-style Markdown with a Pareto column, the Pareto front's row indices)."""
+    front = pareto_front(rows, criteria)
+    return report.comparison_table(rows, pareto=front), front
+
+
+def write_comparison(rows: list[dict[str, Any]], table: str, ctx) -> list[str]:
+    """``comparison.md`` + ``tradeoff.png``: drawn locally, copied to ``ctx.output_dir``
+    (local or s3://) and logged to the job's MLflow run. Returns the written URIs."""
+    local = Path(tempfile.mkdtemp(prefix="hardpos-compare-"))
+    (local / "comparison.md").write_text(table + "\n")
+    report.tradeoff_plot(rows, local / "tradeoff.png")
+    written = storage.upload_dir(local, ctx.output_dir)
+    for path in sorted(local.iterdir()):
+        ctx.log_artifact(path)
+    return written
+
+
+# --------------------------------------------------------------------------- the explorer
 def explorer_items(cfg: ExplorerConfig) -> dict[str, list]:
     """benchmark name -> its loaded items, for the configured benchmarks and world (resolved
     and validated exactly as the evaluate stage does)."""

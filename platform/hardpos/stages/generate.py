@@ -19,10 +19,12 @@ from hardpos.data.captions import CaptionSourceError
 from hardpos.data.lexicon import benchmark_substitution, seen_substitutions_tag
 from hardpos.data.validate import KINDS
 from hardpos.data.world import world_dir_of
-from hardpos.generate import engines, pipeline, source
-from hardpos.generate.engines import EngineConfig, build_http_processor_config, build_vllm_processor_config
+from hardpos.generate.engine_config import EngineConfig
 from hardpos.generate.prompts import fingerprint, load_prompts
 from hardpos.runtime import JobContext, init_ray
+
+# The CLI imports this module for its Config: Ray and the engines load inside the functions
+# that use them (`# lazy:` below), once a job runs.
 
 
 @dataclasses.dataclass
@@ -121,6 +123,10 @@ def check_config(cfg: Config, templates) -> None:
     unknown = [t.kind for t in templates if t.kind not in KINDS]
     if unknown:
         raise ConfigError(f"prompt kinds {unknown} have no validator; kinds must be one of {sorted(KINDS)}")
+    # lazy: see the module's imports
+    from hardpos.generate.http_engine import build_http_processor_config
+    from hardpos.generate.vllm_engine import build_vllm_processor_config
+
     if cfg.engine.kind == "http":
         build_http_processor_config(cfg.engine.http)
     elif cfg.engine.kind == "vllm":
@@ -157,6 +163,8 @@ def _histogram(counts: dict[str, int]) -> dict[str, int]:
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:
+    from hardpos.generate import engines, pipeline, source  # lazy: see the module's imports
+
     templates = load_prompts(cfg.prompts, cfg.kinds or None)
     check_config(cfg, templates)
     source_uri, world_dir = resolve_input(cfg)

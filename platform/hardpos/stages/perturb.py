@@ -33,17 +33,16 @@ import random
 import time
 from typing import Literal
 
-import ray
 
 from hardpos import storage
 from hardpos.config import ConfigError, JobConfig
 from hardpos.data.captions import CaptionSourceError, read_captions
-from hardpos.data.perturb import _stable_seed
+from hardpos.data.perturb_text import stable_seed
 from hardpos.data.triplets import TripletFileError, make_triplet, read_triplets, resolve_image, write_triplets
 from hardpos.data.lexicon import benchmark_substitution, seen_substitutions_tag
 from hardpos.data.validate import validate
 from hardpos.data.world import world_dir_of
-from hardpos.generate.engines import cached_perturber
+from hardpos.generate.rules_engine import cached_perturber
 from hardpos.runtime import JobContext, init_ray
 
 
@@ -146,7 +145,7 @@ def _perturb_chunk(captions: list[str], seed: int, kinds: list[str], want_neg: b
         kind = None
         neg = pos = None
         if pool:
-            kind = random.Random(_stable_seed(seed, "kind", caption)).choice(pool)
+            kind = random.Random(stable_seed(seed, "kind", caption)).choice(pool)
             neg = rules.pick(caption, "negative", kind) if want_neg and cov.get(f"neg_{kind}") else None
             pos = rules.pick(caption, "positive", kind) if want_pos and cov.get(f"pos_{kind}") else None
             # defence in depth: a picked rule output the shared validator rejects is never written
@@ -182,6 +181,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     captions = [r["caption"] for r in keep]
     args = (cfg.seed, list(cfg.kinds), cfg.negatives, cfg.positives, world_dir, cfg.include_benchmark_pairs)
     if cfg.num_workers > 0 and captions:
+        import ray  # lazy: the CLI imports this module for its Config; Ray loads once a job fans out
+
         init_ray(cfg.ray)
         task = ray.remote(num_cpus=1)(_perturb_chunk)
         size = -(-len(captions) // cfg.num_workers)

@@ -3,10 +3,25 @@ with w_pos = 1, plus an HN-only control). Every trial is a full run of the train
 nested MLflow run; the sweep ends with a Table-3-style comparison, a trade-off plot, the
 Pareto front, and the best model registered as ``champion``.
 
-This stage is Ray Tune at the edge; what a trial is comes from :mod:`hardpos.sweep`, the
-comparison from :mod:`hardpos.compare` (shared with the compare stage), and "best" and its
-registration from :func:`hardpos.registry.rank` / :func:`hardpos.registry.register_ranked`
-(shared with the register stage and the demo: ties go to the earlier trial).
+What a trial is (the search space, its overrides, the objective) is plain Python here; Ray
+Tune runs the trials; the comparison is the compare stage's (:mod:`hardpos.stages.compare`),
+and "best" and its registration are :func:`hardpos.registry.rank` /
+:func:`hardpos.registry.register_ranked` (shared with the register stage and the demo: ties
+go to the earlier trial).
+
+Search space (YAML, any train config key, dotted)::
+
+    search_space:
+      loss.w_neg: {grid_search: [0.0, 0.25, 0.5, 0.75, 1.0]}
+      loss.w_pos: 1.0                       # a constant
+      optim.lr: {loguniform: [1.0e-6, 1.0e-4]}
+      data.batch_size: {choice: [64, 128]}
+    extra_trials:                           # appended to the grid, e.g. the HN-only control
+      - {loss.w_pos: 0.0, loss.w_neg: 1.0}
+
+Every grid point and every extra trial becomes one entry of a single Tune ``grid_search``
+over override dicts, so controls sit beside the grid; sampled keys (choice/uniform/
+loguniform/randint) are drawn per trial, ``num_samples`` times per grid entry.
 
 Resume: the same command run again on the same ``output_dir`` after an interruption (Ctrl-C,
 a lost driver, failed trials) restores the Tune experiment (``Tuner.restore``): finished
@@ -19,21 +34,23 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import itertools
 import json
+import math
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import ray
-from ray import tune
-from ray.tune.integration.ray_train import TuneReportCallback
-from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-from ray.tune.search import BasicVariantGenerator
-
-from hardpos import compare, logs, registry, runtime, storage, sweep, tracking
+from hardpos import logs, registry, runtime, storage, tracking
 from hardpos.config import ConfigError, JobConfig, from_dict, load_config, set_dotted, to_dict
 from hardpos.runtime import JobContext
-from hardpos.train.trainer import decode_task_cpus
+from hardpos.stages import compare
+
+if TYPE_CHECKING:
+    from ray import tune
+
+# The CLI imports this module for its Config: Ray Tune loads inside the functions that run
+# the sweep (`# lazy:` below), once a job starts.
 
 
 def _paper_grid() -> dict[str, Any]:
@@ -87,6 +104,69 @@ class Config(JobConfig):
     resume: bool = True
 
 
+# --------------------------------------------------------------------------- the search space (no Ray)
+SAMPLERS = ("choice", "uniform", "loguniform", "randint", "quniform")
+
+
+def split_search_space(space: dict[str, Any]) -> tuple[dict[str, list], dict[str, tuple[str, Any]], dict[str, Any]]:
+    """-> (grid keys -> values, sampled keys -> (sampler, args), constant keys -> value)."""
+    grid, sampled, constant = {}, {}, {}
+    for key, spec in space.items():
+        if isinstance(spec, dict) and len(spec) == 1:
+            (kind, args), = spec.items()
+            if kind == "grid_search":
+                if not isinstance(args, list) or not args:
+                    raise ConfigError(f"search_space.{key}: grid_search needs a non-empty list")
+                grid[key] = args
+                continue
+            if kind in SAMPLERS:
+                if kind == "choice" and (not isinstance(args, list) or not args):
+                    raise ConfigError(f"search_space.{key}: choice needs a non-empty list")
+                if kind != "choice" and (not isinstance(args, list) or len(args) not in (2, 3)):
+                    raise ConfigError(f"search_space.{key}: {kind} needs [low, high]")
+                if kind == "loguniform" and min(args[:2]) <= 0:
+                    raise ConfigError(f"search_space.{key}: loguniform bounds must be > 0")
+                sampled[key] = (kind, args)
+                continue
+            raise ConfigError(f"search_space.{key}: unknown search kind {kind!r}; use grid_search or one of {', '.join(SAMPLERS)}")
+        constant[key] = spec
+    return grid, sampled, constant
+
+
+def grid_points(grid: dict[str, list], constant: dict[str, Any], extra_trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The cartesian product of the grid (with constants), then the extra trials."""
+    keys = list(grid)
+    points = [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))] if keys else [{}]
+    points = [{**constant, **p} for p in points]
+    return points + [{**constant, **extra} for extra in extra_trials]
+
+
+def to_tune_space(space: dict[str, Any], extra_trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """Ray Tune param_space: ``{"overrides": grid_search([...]), "<sampled key>": sampler}``."""
+    from ray import tune  # lazy: see the module's imports
+
+    grid, sampled, constant = split_search_space(space)
+    out: dict[str, Any] = {"overrides": tune.grid_search(grid_points(grid, constant, extra_trials))}
+    for key, (kind, args) in sampled.items():
+        out[key] = getattr(tune, kind)(args) if kind == "choice" else getattr(tune, kind)(*args)
+    return out
+
+
+def trial_overrides(tune_config: dict[str, Any]) -> dict[str, Any]:
+    """Flatten one trial's Tune config back into dotted train-config overrides."""
+    overrides = dict(tune_config.get("overrides", {}))
+    overrides.update({k: v for k, v in tune_config.items() if k != "overrides"})
+    return overrides
+
+
+def objective(metrics: dict[str, Any], terms: list[str]) -> float | None:
+    """Mean of the named metrics (None unless all are present and finite)."""
+    values = [metrics.get(t) for t in terms]
+    if not values or any(not isinstance(v, (int, float)) or not math.isfinite(v) for v in values):
+        return None
+    return sum(values) / len(values)
+
+
 STATE_FILE = "sweep_state.json"  # {"run_id": the sweep's MLflow run, "config": the sweep's config}
 
 
@@ -103,6 +183,8 @@ def resumable(cfg: Config) -> bool:
     sweeps in one comparison)."""
     if not cfg.resume:
         return False
+    from ray import tune  # lazy: see the module's imports
+
     fs, path = _tune_location(cfg.output_dir)
     if not tune.Tuner.can_restore(path, storage_filesystem=fs):
         return False
@@ -184,8 +266,8 @@ def trial_train_config(base: dict[str, Any], overrides: dict[str, Any]):
 
 def validate_space(cfg: Config, base: dict[str, Any]) -> int:
     """Every grid entry must make a valid train config: typos fail before any trial runs."""
-    grid, sampled, constant = sweep.split_search_space(cfg.search_space)
-    points = sweep.grid_points(grid, constant, cfg.extra_trials)
+    grid, sampled, constant = split_search_space(cfg.search_space)
+    points = grid_points(grid, constant, cfg.extra_trials)
     for point in points:
         trial_train_config(base, point)
     for key, (kind, args) in sampled.items():
@@ -196,10 +278,12 @@ def validate_space(cfg: Config, base: dict[str, Any]) -> int:
 # --------------------------------------------------------------------------- the trial
 def _objective_callback(terms: list[str]):
     """TuneReportCallback that adds ``objective`` (mean of ``terms``) to every report."""
+    from ray.tune.integration.ray_train import TuneReportCallback  # lazy: see the module's imports
+
     class ObjectiveReportCallback(TuneReportCallback):
         def after_report(self, run_context, metrics, checkpoint):
             metrics = [dict(m) for m in metrics]
-            value = sweep.objective(metrics[0], terms)
+            value = objective(metrics[0], terms)
             if value is not None:
                 metrics[0]["objective"] = value
             super().after_report(run_context, metrics, checkpoint)
@@ -215,8 +299,14 @@ def run_trial(tune_config: dict[str, Any], *, base: dict[str, Any], output_dir: 
     driver_cpus / concurrent_trials: what this trial's driver holds and how many trials
     share the cluster, so its data decode tasks ask for no more CPU than its share leaves.
     """
+    # lazy: see the module's imports (this runs in a Tune trial's process)
+    import ray
+    from ray import tune
+
+    from hardpos.train.trainer import decode_task_cpus
+
     ctx = tune.get_context()
-    overrides = sweep.trial_overrides(tune_config)
+    overrides = trial_overrides(tune_config)
     train_cfg = trial_train_config(base, overrides)
     name = ctx.get_trial_name()
     share = ray.cluster_resources().get("CPU", 0.0) / max(1, concurrent_trials)
@@ -232,7 +322,7 @@ def run_trial(tune_config: dict[str, Any], *, base: dict[str, Any], output_dir: 
 
     def run_fn(cfg, run_ctx):
         summary = module.run(cfg, run_ctx, callbacks=[callback])
-        value = sweep.objective(summary.get("final_metrics", {}), objective_terms)
+        value = objective(summary.get("final_metrics", {}), objective_terms)
         summary["overrides"] = overrides  # the sweep's comparison reads it when MLflow is unreachable
         if value is not None:
             run_ctx.log_metrics({"objective": value})
@@ -247,6 +337,8 @@ def run_trial(tune_config: dict[str, Any], *, base: dict[str, Any], output_dir: 
 
 # --------------------------------------------------------------------------- the stage
 def run(cfg: Config, ctx: JobContext) -> dict:
+    from ray import tune  # lazy: see the module's imports
+
     base = trial_base(cfg)
     n_trials = validate_space(cfg, base)
     runtime.init_ray(cfg.ray)
@@ -267,7 +359,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         {"CPU": cfg.trial_driver_cpus},
     )
     fs, tune_path = _tune_location(ctx.output_dir)
-    param_space = sweep.to_tune_space(cfg.search_space, cfg.extra_trials)
+    param_space = to_tune_space(cfg.search_space, cfg.extra_trials)
     resuming = resumable(cfg)
     storage.write_json(storage.join(ctx.output_dir, STATE_FILE), {"run_id": ctx.run_id, "config": _comparable(cfg)})
     if resuming:
@@ -284,6 +376,11 @@ def run(cfg: Config, ctx: JobContext) -> dict:
 
 
 def _new_tuner(cfg: Config, trainable: Any, param_space: dict[str, Any], fs: Any, tune_path: str) -> tune.Tuner:
+    # lazy: see the module's imports
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.search import BasicVariantGenerator
+
     scheduler = (
         ASHAScheduler(time_attr="training_iteration", grace_period=cfg.asha_grace_period, max_t=cfg.asha_max_t)
         if cfg.scheduler == "asha" else FIFOScheduler()
@@ -308,7 +405,7 @@ def _new_tuner(cfg: Config, trainable: Any, param_space: dict[str, Any], fs: Any
 
 def _report(cfg: Config, ctx: JobContext, grid: Any, n_trials: int, tracking_cfg: dict[str, Any]) -> dict[str, Any]:
     """The trials compared (table, plot, Pareto front) and the best registered -> the summary."""
-    failed = [{"trial": r.path.rsplit("/", 1)[-1] if r.path else None, "config": sweep.trial_overrides(r.config or {}),
+    failed = [{"trial": r.path.rsplit("/", 1)[-1] if r.path else None, "config": trial_overrides(r.config or {}),
                "error": f"{type(r.error).__name__}: {r.error}"[:2000]} for r in grid if r.error is not None]
     rows, tracking_down = trial_rows(cfg, ctx, tracking_cfg["tracking_uri"])
     finished = [r for r in rows if r["status"] == "FINISHED"]
