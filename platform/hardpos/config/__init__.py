@@ -40,6 +40,17 @@ Layout: this module holds the shared sections and loading (:func:`load_config`,
 :func:`from_dict`); ``errors`` the :class:`ConfigError` and :func:`require`; ``overrides``
 the ``key=value`` parsing and setting; ``help`` the ``--help`` text; ``fields`` what they
 share about a dataclass's fields.  Import everything from ``hardpos.config``.
+
+Why not OmegaConf or jsonargparse: both were tried on these dataclasses. OmegaConf's
+structured configs build every stage's Config, but its dot-list overrides do not address
+list items by index (``variants.1.w_neg=0.5`` needs one ``OmegaConf.update`` call per key),
+it does not run the dataclasses' ``__post_init__`` checks (``data.val_fraction=2`` would
+load), and it has no ``--help`` with the fields' docs and no ``--print-config``: only the type
+checks here would go, while the override and help code stayed. jsonargparse (litgpt's
+choice) brings ``--help`` and ``--print_config``, but its command line is
+``--data.val_fraction 0.1``, not ``key=value``, which would change every documented command.
+So the dataclasses stay the schema, ``__post_init__`` the validation, and this package the
+one place that maps YAML files and ``key=value`` onto them.
 """
 from __future__ import annotations
 
