@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from eval_util import stand_in_images, tiny_model
-from hardpos.eval.benchmarks import BenchmarkError, load_benchmark
+
+from hardpos.eval.benchmarks import load_benchmark
+from hardpos.eval.items import BenchmarkError
 from hardpos.eval.encoding import encode_captions
 from hardpos.eval.evaluator import evaluate_benchmarks
 from hardpos.eval.metrics import benchmark_metrics, text_only_correct, text_only_metrics

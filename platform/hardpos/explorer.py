@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 from hardpos import storage
 from hardpos.config import require
 from hardpos.eval import metrics as M
-from hardpos.eval.benchmarks import Item
+from hardpos.eval.items import Item
 from hardpos.eval.metrics import TEXT_COLUMNS, text_only_correct, verdicts
 from hardpos.eval.report import SCORES_FILE
 from hardpos.eval.spec import BenchmarkSpec

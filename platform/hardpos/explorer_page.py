@@ -18,8 +18,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from hardpos.eval.benchmarks import Item
 from hardpos.data.images import load_image
+from hardpos.eval.items import Item
 
 if TYPE_CHECKING:  # types only: hardpos.explorer imports this module
     from hardpos.explorer import BenchmarkRows, Row

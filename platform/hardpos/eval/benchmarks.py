@@ -43,73 +43,19 @@ first N items overall for SWAP and triplet files.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Literal
+from typing import Any
 
 from hardpos import storage
 from hardpos.data.triplets import TripletFileError, read_triplets, resolve_image
+from hardpos.eval import sugarcrepe_pp
+from hardpos.eval.items import Benchmark, BenchmarkError, Item, image_root_of, read_json
 from hardpos.eval.spec import BenchmarkSpec
 
 REPLACE_SUBSETS = ("attributes", "relations")
 SUGARCREPE_CATEGORIES = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
 SWAP_FILE = "visual_genome_attribution.json"
 
-Crop = tuple[float, float, float, float]  # x, y, w, h (pixels)
-
-
-class BenchmarkError(ValueError):
-    """A benchmark file is missing, malformed, or its paired files disagree."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Item:
-    """One scored unit. ``image`` is a resolved local path or s3:// URI."""
-
-    item_id: str
-    subset: str
-    image: str
-    caption: str
-    negative: str
-    positive: str | None = None
-    crop: Crop | None = None
-
-    @property
-    def image_key(self) -> tuple[str, Crop | None]:
-        """What makes two items share one image encoding: the file and the crop."""
-        return (self.image, self.crop)
-
-
-@dataclasses.dataclass
-class Benchmark:
-    """Items of one benchmark plus how its figures combine.
-
-    aggregate: ``"mean_of_subsets"`` (REPLACE, SugarCrepe: the paper averages subsets
-        unweighted) or ``"pooled"`` (all items together).
-    rejected: annotation rows that could not become items, ``{"row", "reason", ...}``.
-    """
-
-    name: str
-    kind: str
-    items: list[Item]
-    aggregate: Literal["mean_of_subsets", "pooled"] = "pooled"
-    has_positives: bool = True
-    rejected: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-
-    @property
-    def subsets(self) -> list[str]:
-        return list(dict.fromkeys(it.subset for it in self.items))
-
-
 # --------------------------------------------------------------------------- helpers
-def _read_json(uri: str) -> Any:
-    if not storage.exists(uri):
-        raise BenchmarkError(f"benchmark file not found: {uri}")
-    try:
-        return storage.read_json(uri)
-    except storage.StorageError as exc:  # not JSON / not UTF-8: say which file
-        raise BenchmarkError(str(exc)) from exc
-
-
 def _require(row: Any, fields: tuple[str, ...], uri: str, index: int) -> None:
     if not isinstance(row, dict):
         raise BenchmarkError(f"{uri} row {index}: expected an object, got {type(row).__name__}")
@@ -120,10 +66,6 @@ def _require(row: Any, fields: tuple[str, ...], uri: str, index: int) -> None:
 
 def _limit(items: list[Item], limit: int | None) -> list[Item]:
     return items if limit is None else items[:limit]
-
-
-def _root(spec: BenchmarkSpec, default: str) -> str:
-    return spec.image_root if spec.image_root is not None else default
 
 
 # --------------------------------------------------------------------------- REPLACE / SWAP
@@ -145,11 +87,11 @@ def pair_rows(orig: list, swapped: list, *, keys: tuple[str, ...], orig_uri: str
 
 def load_replace(spec: BenchmarkSpec) -> Benchmark:
     items: list[Item] = []
-    root = _root(spec, spec.path)
+    root = image_root_of(spec, spec.path)
     for subset in REPLACE_SUBSETS:
         o_uri = storage.join(spec.path, "data", f"vl_checklist_{subset}.json")
         s_uri = storage.join(spec.path, "swapped_data", f"vl_checklist_{subset}.json")
-        orig, swapped = _read_json(o_uri), _read_json(s_uri)
+        orig, swapped = read_json(o_uri), read_json(s_uri)
         pair_rows(orig, swapped, keys=("image_id", "false_caption", "image_path"), orig_uri=o_uri, swapped_uri=s_uri)
         rows = orig if spec.limit is None else orig[: spec.limit]
         for i, (a, b) in enumerate(zip(rows, swapped)):
@@ -161,10 +103,10 @@ def load_replace(spec: BenchmarkSpec) -> Benchmark:
 def load_swap(spec: BenchmarkSpec) -> Benchmark:
     o_uri = storage.join(spec.path, "data", SWAP_FILE)
     s_uri = storage.join(spec.path, "swapped_data", SWAP_FILE)
-    orig, swapped = _read_json(o_uri), _read_json(s_uri)
+    orig, swapped = read_json(o_uri), read_json(s_uri)
     box = ("bbox_x", "bbox_y", "bbox_w", "bbox_h")
     pair_rows(orig, swapped, keys=("image_path", "false_caption") + box, orig_uri=o_uri, swapped_uri=s_uri)
-    root = _root(spec, spec.path)
+    root = image_root_of(spec, spec.path)
     items = []
     for i, (a, b) in enumerate(zip(orig, swapped)):
         crop = tuple(float(a[k]) for k in box)
@@ -178,10 +120,10 @@ def load_swap(spec: BenchmarkSpec) -> Benchmark:
 # --------------------------------------------------------------------------- SugarCrepe
 def load_sugarcrepe(spec: BenchmarkSpec) -> Benchmark:
     items: list[Item] = []
-    root = _root(spec, spec.path)
+    root = image_root_of(spec, spec.path)
     for cat in SUGARCREPE_CATEGORIES:
         uri = storage.join(spec.path, f"{cat}.json")
-        data = _read_json(uri)
+        data = read_json(uri)
         if not isinstance(data, dict):
             raise BenchmarkError(f"{uri}: expected {{index: {{filename, caption, negative_caption}}}}")
         rows = list(data.items()) if spec.limit is None else list(data.items())[: spec.limit]
@@ -203,7 +145,8 @@ def read_triplet_rows(uri: str) -> list[dict[str, Any]]:
 
 
 def load_triplets(spec: BenchmarkSpec) -> Benchmark:
-    # lazy: import cycle (hardpos.eval.inline imports Item, Benchmark and BenchmarkError from this module)
+    # lazy: hardpos.eval.inline reads through Ray Data (seconds to import), which only webdataset
+    # shards and inline-image parquet need
     from hardpos.eval.inline import is_inline_source, load_inline_triplets
 
     if is_inline_source(spec.path):  # webdataset shards / parquet with image bytes
@@ -230,16 +173,7 @@ def load_triplets(spec: BenchmarkSpec) -> Benchmark:
     return Benchmark(spec.name, "triplets", _limit(items, spec.limit), has_positives=has_pos, rejected=rejected)
 
 
-def load_sugarcrepe_pp(spec: BenchmarkSpec) -> Benchmark:
-    """SugarCrepe++ (its own module holds the loader and the text-only metric; imported
-    lazily because that module builds on this one's Item and helpers)."""
-    # lazy: import cycle (hardpos.eval.sugarcrepe_pp imports Item and helpers from this module at its top)
-    from hardpos.eval.sugarcrepe_pp import load
-
-    return load(spec)
-
-
-LOADERS = {"replace": load_replace, "swap": load_swap, "sugarcrepe": load_sugarcrepe, "sugarcrepe_pp": load_sugarcrepe_pp,
+LOADERS = {"replace": load_replace, "swap": load_swap, "sugarcrepe": load_sugarcrepe, "sugarcrepe_pp": sugarcrepe_pp.load,
            "triplets": load_triplets}
 
 

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import torch
 
 from hardpos.data.images import load_image
-from hardpos.eval.benchmarks import Crop
+from hardpos.eval.items import Crop
 from hardpos.eval.spec import PRECISIONS, Precision
 from hardpos.model import encode_image, encode_text, trim_tokens
 

@@ -44,8 +44,9 @@ import pyarrow as pa
 import torch
 
 from hardpos.eval import sugarcrepe_pp as SCPP
-from hardpos.eval.benchmarks import Benchmark, load_benchmark
+from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.encoding import ImageKey, check_precision, encode_captions, encode_image_keys, eval_mode
+from hardpos.eval.items import Benchmark
 from hardpos.eval.metrics import TEXT_COLUMNS, benchmark_metrics
 from hardpos.eval.spec import BenchmarkSpec, Precision
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from hardpos import storage
 from hardpos.data.sources import SourceError, inline_column, layout_of, parquet_schema, read_rows, resolve_files
-from hardpos.eval.benchmarks import Benchmark, BenchmarkError, Item
+from hardpos.eval.items import Benchmark, BenchmarkError, Item
 from hardpos.eval.spec import BenchmarkSpec
 
 

@@ -49,7 +49,7 @@ import numpy as np
 
 from hardpos import storage
 from hardpos.data.triplets import resolve_image
-from hardpos.eval.benchmarks import Benchmark, BenchmarkError, Item, _read_json, _root
+from hardpos.eval.items import Benchmark, BenchmarkError, Item, image_root_of, read_json
 from hardpos.eval.metrics import TEXT_ONLY_METRIC
 from hardpos.eval.spec import BenchmarkSpec
 from hardpos.report import pct, table
@@ -82,10 +82,10 @@ def load(spec: BenchmarkSpec) -> Benchmark:
     :class:`BenchmarkError` for a missing or unparsable file, a file that is not a list, a
     malformed item (file, item index and field named) or an id repeated within a file."""
     items: list[Item] = []
-    root = _root(spec, spec.path)
+    root = image_root_of(spec, spec.path)
     for cat in CATEGORIES:
         uri = str(storage.join(spec.path, f"{cat}.json"))
-        data = _read_json(uri)
+        data = read_json(uri)
         if not isinstance(data, list):
             raise BenchmarkError(f"{uri}: expected a JSON list of {{id, {', '.join(TEXT_FIELDS)}}}, "
                                  f"got {type(data).__name__}")

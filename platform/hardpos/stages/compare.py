@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from hardpos import explorer, registry, report, storage, tracking
-from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.config import ConfigError, JobConfig
-from hardpos.eval.benchmarks import BenchmarkError, load_benchmark
+from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
+from hardpos.eval.benchmarks import load_benchmark
+from hardpos.eval.items import BenchmarkError
 from hardpos.eval.report import SCORES_FILE
 from hardpos.explorer import ExplorerConfig, ExplorerError
 from hardpos.model_uri import mlflow_client

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Sequence
 from hardpos import storage, tracking
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig, require
 from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
-from hardpos.eval.benchmarks import BenchmarkError
+from hardpos.eval.items import BenchmarkError
 from hardpos.eval.spec import BenchmarkSpec, Precision, RayDataConfig, RetrievalSpec, ZeroShotSpec
 from hardpos.model_uri import source_run_tags
 from hardpos.runtime import JobContext, init_ray
