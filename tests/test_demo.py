@@ -73,11 +73,11 @@ def test_every_demo_invocation_trains_under_ray_train_names_of_its_own(tmp_path)
     pq.write_table(pa.table({"image": ["a.png"] * 4, "caption": ["a red cube"] * 4}), tmp_path / "t.parquet")
     names = []
     for _ in range(2):
-        pipeline = demo._Pipeline(demo.Config(output_dir=str(tmp_path)), ctx=None)
+        pipeline = demo.Pipeline(demo.Config(output_dir=str(tmp_path)), ctx=None)
         pipeline.execute = lambda stage, cfg, label: names.append(cfg.run_name) or {}
         pipeline.train("hp+hn", "finetune", str(tmp_path / "t.parquet"), demo.PhaseConfig(steps=1, batch_size=1),
                        pretrained=None, w_pos=1.0, w_neg=1.0, negclip_columns=False, output_dir=str(tmp_path / "ft"))
-    assert len(set(names)) == 2 and all(n.startswith(demo._slug("hp+hn") + "-") for n in names)
+    assert len(set(names)) == 2 and all(n.startswith(demo.slug("hp+hn") + "-") for n in names)
 
 
 # Seven stages with five Ray Train runs: ~3-4 min on an idle 2-core machine, but over 600 s
@@ -137,9 +137,9 @@ def test_demo_runs_the_whole_pipeline_small(ray_session, tracking_uri, tmp_path)
     assert {r.info.run_name for r in children if r.data.tags["hardpos.stage"] == "train"} == set(MODELS)
 
     # a second demo reuses the world (same config) and regenerates it when the config changes
-    assert demo._world_matches(summary["world_dir"], cfg.world)
-    assert not demo._world_matches(summary["world_dir"], dataclasses.replace(cfg.world, seed=cfg.world.seed + 1))
-    assert not demo._world_matches(str(tmp_path / "absent"), cfg.world)
+    assert demo.world_matches(summary["world_dir"], cfg.world)
+    assert not demo.world_matches(summary["world_dir"], dataclasses.replace(cfg.world, seed=cfg.world.seed + 1))
+    assert not demo.world_matches(str(tmp_path / "absent"), cfg.world)
 
 
 def test_epochs_for_reads_the_row_count_on_every_supported_python(tmp_path):
@@ -148,15 +148,15 @@ def test_epochs_for_reads_the_row_count_on_every_supported_python(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from hardpos.stages.demo import PhaseConfig, _epochs_for
+    from hardpos.stages.demo import PhaseConfig, epochs_for
 
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"caption": [f"c{i}" for i in range(1000)]}), path)
     phase = PhaseConfig(steps=100, batch_size=25, num_workers=2, val_fraction=0.0)
     # 1000 rows * 0.95 slack = 950 -> 950 // 2 // 25 = 19 steps per epoch -> ceil(100 / 19) = 6
-    assert _epochs_for(str(path), phase) == 6
+    assert epochs_for(str(path), phase) == 6
     with pytest.raises(FileNotFoundError):
-        _epochs_for(str(tmp_path / "missing.parquet"), phase)
+        epochs_for(str(tmp_path / "missing.parquet"), phase)
 
 
 def test_full_mode_draws_a_wise_curve_from_the_base_with_pretraining_retrieval(tmp_path):
@@ -175,7 +175,7 @@ def test_full_mode_draws_a_wise_curve_from_the_base_with_pretraining_retrieval(t
     pq.write_table(pa.table({"image": [f"images/pretrain/{i}.png" for i in range(5)],
                              "caption": [f"caption {i}" for i in range(5)]}), world / "pretrain.parquet")
     cfg = demo.Config(output_dir=str(tmp_path / "demo"), full=True, wise_retrieval_pairs=3, wise_alphas=[0, 0.5, 1])
-    pipeline = demo._Pipeline(cfg, JobContext("demo", str(tmp_path / "demo"), None))
+    pipeline = demo.Pipeline(cfg, JobContext("demo", str(tmp_path / "demo"), None))
     calls = []
     pipeline.execute = lambda stage, c, label: calls.append((stage, c)) or {}
     pipeline.wise_curve("hp+hn", "base/model", "ft/model", str(world))
@@ -260,7 +260,7 @@ def test_phase_shuffle_buffer_reaches_the_train_and_sweep_configs(tmp_path):
         seen[stage] = stage_cfg
         return {}
 
-    pipeline = demo._Pipeline(cfg, JobContext("demo", str(tmp_path / "demo"), None))
+    pipeline = demo.Pipeline(cfg, JobContext("demo", str(tmp_path / "demo"), None))
     pipeline.execute = execute
     pipeline.train("base", "pretrain", str(tmp_path / "t.parquet"), cfg.pretrain, pretrained=None,
                    w_pos=0.0, w_neg=0.0, negclip_columns=False, output_dir=str(tmp_path / "pt"))
