@@ -188,6 +188,8 @@ BAD_INPUTS = [
     ("softmax not a bool", {"image_b64": GOOD, "captions": ["a"], "softmax": "maybe"}, 400, "softmax must be a boolean"),
     ("body not an object", [1, 2], 400, "request must be a JSON object"),
     ("invalid JSON", b"{\"image_b64\": ", 400, "not valid JSON"),
+    ("JSON nested too deeply", b"[" * 100_000, 400, "the request body is not usable JSON: it is nested too deeply"),
+    ("image not a string", {"image_b64": 5, "captions": ["a"]}, 400, "image_b64 must be a base64 string, got int"),
     ("image over the byte limit", {"image_b64": b64(b"\x89PNG" + bytes(250_000)), "captions": ["a"]}, 413, "the limit is 200000 bytes"),
     ("image over the pixel limit", {"image_b64": b64(bomb_png(1100, 1000, rows=1000)), "captions": ["a"]}, 413, "1100x1000 = 1100000 pixels; the limit is 1000000 pixels"),
     ("decompression bomb (header)", {"image_b64": b64(bomb_png(100_000, 100_000)), "captions": ["a"]}, 413, "pixels"),
@@ -209,6 +211,15 @@ def test_bad_compare_and_batch_envelopes(app):
     assert resp.status_code == 400 and "items is empty" in resp.json()["detail"]
     resp = _post(app, "/v1/score/batch", {"items": [{"image_b64": GOOD, "captions": ["a"]}] * 9})
     assert resp.status_code == 400 and "too many items: 9" in resp.json()["detail"]
+    resp = _post(app, "/v1/score/batch", {"items": [{"image_b64": GOOD, "captions": ["a"]}, {"image_b64": GOOD, "captions": "a"}]})
+    assert resp.status_code == 200 and resp.json()["n_ok"] == 1, resp.text
+    assert resp.json()["results"][1]["error"] == {"status": 400, "detail": "items[1].captions must be a list of strings, got str"}
+    resp = _post(app, "/v1/compare", None, files={"image": ("x.png", png_bytes(3), "image/png")},
+                 data={"caption": "a", "hard_negative": "b", "hard_postive": "c"})
+    assert resp.status_code == 400 and resp.json()["detail"] == (
+        "multipart form: unknown field(s) 'hard_postive'; allowed: caption, hard_negative, hard_positive")
+    resp = _post(app, "/v1/reload?force=perhaps")
+    assert resp.status_code == 400 and resp.json()["detail"] == "force must be a boolean, got 'perhaps'"
 
 
 def test_bearer_auth(app):

@@ -87,3 +87,43 @@ def test_docs_page_renders_the_operation_list_in_headless_chromium(base_url):
             browser.close()
     assert any("/score" in p.replace("\u200b", "") for p in paths), paths
     assert not outside, outside
+
+
+def test_the_page_shows_the_models_that_validate_the_bodies():
+    """/docs draws each request body from the pydantic model that parses it (no second
+    description that could drift), and the page's promises are what validation enforces."""
+    import base64
+
+    from serve_util import png_bytes
+
+    from hardpos.serve import requests as R
+    from hardpos.serve import schemas as S
+    from hardpos.serve.config import ServingLimits
+    from hardpos.serve.errors import ServingError
+
+    paths = api.openapi()["paths"]
+    for path, model, form in (("/v1/score", S.ScoreRequest, S.ScoreForm), ("/v1/score/batch", S.BatchRequest, None),
+                              ("/v1/compare", S.CompareRequest, S.CompareForm)):
+        content = paths[path]["post"]["requestBody"]["content"]
+        assert content["application/json"]["schema"] == _without_nulls(S.inline_schema(model)), path
+        if form is not None:
+            multipart = content["multipart/form-data"]["schema"]
+            assert set(multipart["properties"]) == {"image", *form.model_fields} and "image_b64" not in multipart["properties"]
+            assert multipart["required"] == ["image", *S.inline_schema(form).get("required", [])]
+    score = paths["/v1/score"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert list(score["properties"]) == ["image_b64", "captions", "softmax"] and score["required"] == ["image_b64", "captions"]
+    assert score["additionalProperties"] is False and score["properties"]["captions"]["minItems"] == 1
+    image = base64.b64encode(png_bytes(0)).decode()
+    for body, message in (({"captions": ["a"]}, "image_b64 is missing: expected " + score["properties"]["image_b64"]["description"]),
+                          ({"image_b64": image, "captions": []}, "captions is empty: give 1..64 captions"),
+                          ({"image_b64": image, "captions": ["a"], "x": 1}, "request: unknown field(s) 'x'; allowed: captions, image_b64, softmax")):
+        with pytest.raises(ServingError) as info:
+            R.parse_score_payload(body, ServingLimits())
+        assert info.value.status == 400 and info.value.message == message
+
+
+def _without_nulls(node):
+    """As the OpenAPI page has it (FastAPI leaves out null values: ``"default": null``)."""
+    if isinstance(node, dict):
+        return {k: _without_nulls(v) for k, v in node.items() if v is not None}
+    return [_without_nulls(v) for v in node] if isinstance(node, list) else node

@@ -40,8 +40,6 @@ def test_decode_base64_variants():
 
 
 @pytest.mark.parametrize("value,status,message", [
-    (None, 400, "image_b64 is missing"),
-    (123, 400, "must be a base64 string, got int"),
     ("", 400, "image_b64 is empty"),
     ("!!!!", 400, "not valid base64"),
     ("abc", 400, "not valid base64"),  # bad padding
@@ -97,28 +95,32 @@ def test_format_allowlist():
 
 
 # --------------------------------------------------------------------------- captions
+IMG = base64.b64encode(png_bytes(0)).decode()
+
+
 @pytest.mark.parametrize("captions,message", [
-    (None, "captions is missing"),
-    ("a dog", "must be a list of strings, got str"),
-    ({"a": 1}, "must be a list of strings, got dict"),
-    ([], "captions is empty"),
+    (None, "captions is missing: expected 1..4 captions to score against the image"),
+    ("a dog", "captions must be a list of strings, got str"),
+    ({"a": 1}, "captions must be a list of strings, got dict"),
+    ([], "captions is empty: give 1..4 captions"),
     (["a", 3], "captions[1] must be a string, got int"),
     (["a", None], "captions[1] is missing"),
     (["a", ""], "captions[1] is an empty caption"),
+    (["a", " \t"], "captions[1] is an empty caption"),
     (["a"] * 5, "too many captions: 5 in captions; the limit is 4"),
     (["x" * 51], "captions[0] is too long: 51 characters; the limit is 50"),
 ])
-def test_validate_captions_errors(captions, message):
-    status, got = _status(R.validate_captions, captions, LIM)
-    assert status == 400 and message in got
+def test_caption_errors_name_the_field(captions, message):
+    status, got = _status(R.parse_score_payload, {"image_b64": IMG, "captions": captions}, LIM)
+    assert status == 400 and got == message
 
 
-def test_validate_captions_ok_and_token_lengths():
+def test_captions_ok_and_token_lengths():
     import open_clip
 
     from hardpos.model import register_model_configs
 
-    assert R.validate_captions(("a", "b c"), LIM) == ["a", "b c"]
+    assert R.parse_score_payload({"image_b64": IMG, "captions": ["a", "b c"]}, LIM)[1] == ["a", "b c"]
     register_model_configs()
     tok = open_clip.get_tokenizer("hardpos-tiny")
     assert R.token_count(tok, "a red circle") == 5  # 3 BPE tokens + start + end
@@ -140,10 +142,73 @@ def test_parse_payloads():
     items, soft = R.parse_batch_payload({"items": [{"image_b64": img, "captions": ["a"]}, {"image_b64": img}]}, LIM)
     assert items[0] == (png_bytes(0), ["a"]) and soft is False
     assert isinstance(items[1], E.ServingError) and items[1].message.startswith("items[1].captions is missing")
-    assert _status(R.parse_json_body, b"{oops")[1].startswith("the request body is not valid JSON")
-    assert _status(R.parse_json_body, b"  ")[1].startswith("the request body is empty")
-    assert _status(R.parse_flag, "perhaps", "softmax")[1] == "softmax must be a boolean, got 'perhaps'"
-    assert R.parse_flag("true", "x") is True and R.parse_flag("0", "x") is False and R.parse_flag(None, "x") is False
+    score = {"image_b64": img, "captions": ["a"]}
+    assert _status(R.parse_score_payload, {**score, "softmax": "perhaps"}, LIM)[1] == "softmax must be a boolean, got 'perhaps'"
+    assert [R.parse_score_payload({**score, "softmax": v}, LIM)[2] for v in ("true", "0", None)] == [True, False, False]
+
+
+@pytest.mark.parametrize("payload,message", [
+    ({"captions": ["a"]},
+     "image_b64 is missing: expected the image bytes (PNG/JPEG/WEBP/GIF/BMP/TIFF) as base64, or a data: URL"),
+    ({"image_b64": None, "captions": ["a"]},
+     "image_b64 is missing: expected the image bytes (PNG/JPEG/WEBP/GIF/BMP/TIFF) as base64, or a data: URL"),
+    ({"image_b64": 123, "captions": ["a"]}, "image_b64 must be a base64 string, got int"),
+    ([1, 2], "request must be a JSON object, got list"),
+    (None, "request must be a JSON object, got null"),
+    ({"image_b64": IMG, "captions": ["a"], "zeta": 1, "caption": "x"},
+     "request: unknown field(s) 'zeta', 'caption'; allowed: captions, image_b64, softmax"),
+    ({"captions": ["a", 7], "softmax": [1]},  # every mistake at once, each naming its field
+     "image_b64 is missing: expected the image bytes (PNG/JPEG/WEBP/GIF/BMP/TIFF) as base64, or a data: URL"
+     " | captions[1] must be a string, got int | softmax must be a boolean, got [1]"),
+    ({"image_b64": IMG, "captions": [f"{i}" for i in range(99)]},  # the limit is checked before the entries
+     "too many captions: 99 in captions; the limit is 4"),
+])
+def test_score_payload_errors_name_the_field(payload, message):
+    status, got = _status(R.parse_score_payload, payload, LIM)
+    assert status == 400 and got == message
+
+
+def test_compare_and_batch_payload_errors():
+    status, message = _status(R.parse_compare_payload, {"image_b64": IMG, "caption": "c", "hard_positive": ""}, LIM)
+    assert status == 400 and message == ("hard_negative is missing: expected a minimal edit of the caption that no "
+                                         "longer describes the image | hard_positive is an empty caption")
+    lim = C.ServingLimits(max_batch_items=4, max_captions=2)
+    assert _status(R.parse_batch_payload, {"items": [{}] * 5}, lim)[1] == "too many items: 5 in items; the limit is 4"
+    assert _status(R.parse_batch_payload, {"items": {}}, lim)[1] == "items must be a list of objects, got dict"
+    assert _status(R.parse_batch_payload, {"items": []}, lim)[1] == "items is empty: give 1..4 items"
+    assert _status(R.parse_batch_payload, {}, lim)[1] == "items is missing: expected 1..4 {image_b64, captions} objects"
+    assert _status(R.parse_batch_payload, {"items": [{"image_b64": IMG, "captions": ["a"]}], "softmax": "x"},
+                   lim)[1] == "softmax must be a boolean, got 'x'"  # the envelope fails the whole request
+    items, soft = R.parse_batch_payload({"items": [
+        {"image_b64": IMG, "captions": ["a"]}, [1], {"image_b64": IMG, "captions": ["a", ""], "q": 1},
+        {"image_b64": "!!", "captions": ["a"]}], "softmax": "yes"}, lim)
+    assert soft is True and items[0] == (png_bytes(0), ["a"])
+    assert [(e.status, e.message) for e in items[1:]] == [
+        (400, "items[1] must be a JSON object, got list"),
+        (400, "items[2]: unknown field(s) 'q'; allowed: captions, image_b64 | items[2].captions[1] is an empty caption"),
+        (400, "items[3].image_b64 is not valid base64: Only base64 data is allowed")]
+
+
+def test_multipart_fields_are_validated_by_the_form_models():
+    """A multipart upload's text fields go through ScoreForm / CompareForm (the image is the file)."""
+    assert R.parse_score_payload({"captions": ["a", "b"], "softmax": "1"}, LIM, image=b"raw") == (b"raw", ["a", "b"], True)
+    assert _status(R.parse_score_payload, {"captions": ["a"], "image_b64": "x"}, LIM, image=b"raw")[1] == (
+        "multipart form: unknown field(s) 'image_b64'; allowed: captions, softmax")
+    assert R.parse_compare_payload({"caption": "c", "hard_negative": "n"}, LIM, image=b"raw") == (b"raw", ["c", "n"])
+    assert _status(R.parse_compare_payload, {"caption": ["c", "d"], "hard_negative": "n"}, LIM, image=b"raw")[1] == (
+        "caption must be a string, got list")  # a scalar field sent twice
+
+
+@pytest.mark.parametrize("body,message", [
+    (b"{oops", "the request body is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
+    (b"  ", "the request body is empty: send a JSON object"),
+    (b"\xff\xfe{}", "the request body is not valid JSON: Expecting value at line 1 column 1"),
+    (b"[" * 100_000, "the request body is not usable JSON: it is nested too deeply"),
+    (b'{"softmax": ' + b"1" * 5000 + b"}", "the request body is not usable JSON: Exceeds the limit (4300 digits)"),
+])
+def test_json_body_errors_are_400s(body, message):
+    status, got = _status(R.parse_json_body, body)
+    assert status == 400 and got.startswith(message)
 
 
 # --------------------------------------------------------------------------- cache / stats

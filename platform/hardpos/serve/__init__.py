@@ -4,9 +4,9 @@ Modules (importing this package imports none of them):
 
 * :mod:`hardpos.serve.config` -- the typed app configuration (``serve/config.yaml``'s ``args``).
 * :mod:`hardpos.serve.errors` -- :class:`ServingError` (status + message), bearer auth, load errors.
-* :mod:`hardpos.serve.requests` -- request validation: bodies, payloads, images, captions.
+* :mod:`hardpos.serve.requests` -- request parsing: bodies, payloads (through the schemas), images.
 * :mod:`hardpos.serve.scoring` -- what a replica does without Ray: load, cache, score, verdicts.
-* :mod:`hardpos.serve.schemas` -- the documented request/response schemas (OpenAPI).
+* :mod:`hardpos.serve.schemas` -- the request models (the validation and ``/docs``), response shapes.
 * :mod:`hardpos.serve.deployment` -- the ``ScoringModel`` Serve deployment.
 * :mod:`hardpos.serve.app` -- the ``ScoringAPI`` ingress and ``build_app``, the Serve builder
   (``import_path: hardpos.serve.app:build_app``).

@@ -8,7 +8,8 @@
 
 Two deployments: ``ScoringModel`` (:mod:`hardpos.serve.deployment`: loads the model, batches,
 reloads without downtime) behind ``ScoringAPI``, the FastAPI ingress defined here: input
-validation (400/413 with specific messages, :mod:`hardpos.serve.requests`), optional bearer
+validation (the request models of :mod:`hardpos.serve.schemas`, which also draw ``/docs``;
+400/413 with messages naming the field, :mod:`hardpos.serve.requests`), optional bearer
 auth, a request timeout (503, never a hang; when the model deployment failed to deploy
 because no model could be loaded, the answer is at once, 503/404 with Serve's reason), and fan-out of ``/v1/score/batch`` items so they
 batch on the model deployment.
@@ -42,10 +43,9 @@ from hardpos.serve.deployment import ScoringModel
 from hardpos.serve.docs import add_offline_docs
 from hardpos.serve.errors import ServingError, check_bearer, token_digest
 from hardpos.serve.requests import (check_image_header, is_multipart, parse_batch_payload, parse_compare_payload,
-                                    parse_flag, parse_json_body, parse_score_payload, read_body, read_multipart,
-                                    validate_caption, validate_captions)
-from hardpos.serve.schemas import (BatchRequest, BatchResponse, CompareRequest, CompareResponse, ScoreRequest,
-                                   ScoreResponse, json_body, json_or_multipart)
+                                    parse_json_body, parse_score_payload, read_body, read_multipart)
+from hardpos.serve.schemas import (BatchRequest, BatchResponse, CompareForm, CompareRequest, CompareResponse, ScoreForm,
+                                   ScoreRequest, ScoreResponse, json_body, json_or_multipart, validation_message)
 from hardpos.serve.scoring import StageTimes, softmax as softmax_probs, verdicts
 
 __all__ = ["ScoringAPI", "ScoringModel", "api", "build_app"]
@@ -80,9 +80,10 @@ async def _serving_error(_: Request, exc: ServingError) -> JSONResponse:
 
 @api.exception_handler(RequestValidationError)
 async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    # Only routes with declared parameters reach this; the body routes parse by hand.
-    parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
-    return JSONResponse({"detail": "; ".join(parts) or "invalid request"}, status_code=400)
+    # Only declared parameters (/v1/reload's query) reach this: the body routes validate their
+    # bodies themselves (hardpos.serve.requests), with the same messages.
+    errors = [{**e, "loc": tuple(e.get("loc", ()))[1:]} for e in exc.errors()]  # ("query", "force") -> force
+    return JSONResponse({"detail": validation_message(errors)}, status_code=400)
 
 
 async def _await(response: Any) -> Any:
@@ -192,7 +193,7 @@ class ScoringAPI:
             raise ServingError(result["error"]["status"], result["error"]["detail"])
 
     @api.post("/v1/score", response_model=ScoreResponse,
-              openapi_extra=json_or_multipart(ScoreRequest), summary="Score one image against 1..N captions")
+              openapi_extra=json_or_multipart(ScoreRequest, ScoreForm), summary="Score one image against 1..N captions")
     async def score(self, request: Request) -> dict[str, Any]:
         with self.times.time("ingress"):
             return await self._score_request(request)
@@ -200,9 +201,8 @@ class ScoringAPI:
     async def _score_request(self, request: Request) -> dict[str, Any]:
         self._auth(request)
         if is_multipart(request):
-            form = await read_multipart(request, self.limits, ("captions", "softmax"))
-            captions = validate_captions(form["captions"], self.limits)
-            image, want_probs = form["image"], parse_flag(form["softmax"], "softmax")
+            upload, fields = await read_multipart(request, self.limits, ScoreForm)
+            image, captions, want_probs = parse_score_payload(fields, self.limits, image=upload)
         else:
             with self.times.time("ingress_parse"):
                 body = await read_body(request, self.limits.max_body_bytes)
@@ -246,18 +246,13 @@ class ScoringAPI:
         return {"model": model_ref, "results": out, "n_ok": n_ok, "n_rejected": len(out) - n_ok}
 
     @api.post("/v1/compare", response_model=CompareResponse,
-              openapi_extra=json_or_multipart(CompareRequest),
+              openapi_extra=json_or_multipart(CompareRequest, CompareForm),
               summary="caption vs hard negative (vs hard positive): scores and the paper's per-item verdicts")
     async def compare(self, request: Request) -> dict[str, Any]:
         self._auth(request)
         if is_multipart(request):
-            form = await read_multipart(request, self.limits, ("caption", "hard_negative", "hard_positive"))
-            payload = {k: v for k, v in form.items() if k != "image"}
-            image = form["image"]
-            texts = [validate_caption(payload.get("caption"), self.limits, "caption"),
-                     validate_caption(payload.get("hard_negative"), self.limits, "hard_negative")]
-            if payload.get("hard_positive"):
-                texts.append(validate_caption(payload["hard_positive"], self.limits, "hard_positive"))
+            upload, fields = await read_multipart(request, self.limits, CompareForm)
+            image, texts = parse_compare_payload(fields, self.limits, image=upload)
         else:
             body = await read_body(request, self.limits.max_body_bytes)
             image, texts = parse_compare_payload(parse_json_body(body), self.limits)

@@ -1,4 +1,4 @@
-"""Request validation for the scoring service: HTTP bodies, JSON payloads, images, captions.
+"""Request parsing for the scoring service: HTTP bodies, JSON payloads, images, captions.
 
 Every function either returns clean values or raises :class:`~hardpos.serve.errors.ServingError`
 with the status and a message naming the offending field (400 bad input, 413 over a limit,
@@ -6,13 +6,15 @@ with the status and a message naming the offending field (400 bad input, 413 ove
 without Ray; the async body readers take any Starlette-like ``Request``.
 
 * :func:`read_body`, :func:`read_multipart` -- the raw body under ``max_body_bytes``.
-* :func:`parse_json_body`, :func:`parse_score_payload`, :func:`parse_compare_payload`,
-  :func:`parse_batch_payload`, :func:`parse_flag` -- JSON payloads (the HTTP layer parses
-  them itself instead of FastAPI's generic 422, so each mistake names its field).
+* :func:`parse_json_body` -- bytes -> JSON (400 naming the JSON mistake).
+* :func:`parse_score_payload`, :func:`parse_compare_payload`, :func:`parse_batch_payload` --
+  a JSON body (or a multipart form's fields) validated by the request models of
+  :mod:`hardpos.serve.schemas`, the same models ``/docs`` shows; a pydantic error becomes a
+  400 naming the field path (:func:`validate`). The image is then decoded here.
 * :func:`decode_base64_image`, :func:`check_image_header`, :func:`open_image` -- byte and
   pixel limits checked *before* pixels are decoded (decompression bombs: a 100-byte PNG
   claiming 50k x 50k pixels is refused from its header).
-* :func:`validate_caption`, :func:`validate_captions`, :func:`check_token_lengths`.
+* :func:`check_token_lengths` -- captions the model would truncate.
 """
 from __future__ import annotations
 
@@ -25,23 +27,24 @@ from typing import Any, Sequence
 
 from PIL import Image, UnidentifiedImageError
 
+from pydantic import BaseModel, ValidationError
+
 from hardpos.serve.config import ServingLimits
 from hardpos.serve.errors import ServingError, bad_request
+from hardpos.serve.schemas import (BatchItem, BatchRequest, CompareForm, CompareRequest, RejectedItem, ScoreForm,
+                                   ScoreRequest, list_fields, validation_message)
 
 # --------------------------------------------------------------------------- images
 
 
-def decode_base64_image(data: Any, limits: ServingLimits, field: str = "image_b64") -> bytes:
+def decode_base64_image(data: str, limits: ServingLimits, field: str = "image_b64") -> bytes:
     """Base64 text (optionally a ``data:image/...;base64,`` URL) -> image bytes.
 
-    The decoded size is estimated from the text length first, so a huge payload is refused
-    (413) without allocating it twice. Only inline data is accepted: a URL is refused (400),
-    the service never fetches anything on a client's behalf.
+    ``data`` is a string already (the request model checked that). The decoded size is
+    estimated from the text length first, so a huge payload is refused (413) without
+    allocating it twice. Only inline data is accepted: a URL is refused (400), the service
+    never fetches anything on a client's behalf.
     """
-    if data is None:
-        raise bad_request(f"{field} is missing: send the image as base64 text (or as a multipart file)")
-    if not isinstance(data, str):
-        raise bad_request(f"{field} must be a base64 string, got {type(data).__name__}")
     text = data.strip()
     if text.startswith("data:"):
         head, sep, rest = text.partition(",")
@@ -125,32 +128,6 @@ def _open_checked(raw: bytes, limits: ServingLimits, field: str, decode: bool = 
 # --------------------------------------------------------------------------- captions
 
 
-def validate_caption(value: Any, limits: ServingLimits, field: str) -> str:
-    """One caption: a non-empty string of at most ``max_caption_chars`` characters."""
-    if value is None:
-        raise bad_request(f"{field} is missing")
-    if not isinstance(value, str):
-        raise bad_request(f"{field} must be a string, got {type(value).__name__}")
-    if not value.strip():
-        raise bad_request(f"{field} is an empty caption")
-    if len(value) > limits.max_caption_chars:
-        raise bad_request(f"{field} is too long: {len(value)} characters; the limit is {limits.max_caption_chars}")
-    return value
-
-
-def validate_captions(captions: Any, limits: ServingLimits, field: str = "captions") -> list[str]:
-    """A caption list: present, a list, 1..``max_captions`` strings, each valid."""
-    if captions is None:
-        raise bad_request(f"{field} is missing: give a list of 1..{limits.max_captions} caption strings")
-    if isinstance(captions, str) or not isinstance(captions, (list, tuple)):
-        raise bad_request(f"{field} must be a list of strings, got {type(captions).__name__}")
-    if len(captions) == 0:
-        raise bad_request(f"{field} is empty: give 1..{limits.max_captions} captions")
-    if len(captions) > limits.max_captions:
-        raise bad_request(f"too many captions: {len(captions)} in {field}; the limit is {limits.max_captions}")
-    return [validate_caption(c, limits, f"{field}[{i}]") for i, c in enumerate(captions)]
-
-
 def token_count(tokenizer: Any, text: str) -> int | None:
     """Tokens ``text`` needs including start/end tokens, or None if the tokenizer cannot say."""
     encode = getattr(tokenizer, "encode", None)
@@ -174,33 +151,6 @@ def check_token_lengths(tokenizer: Any, captions: Sequence[str], context_length:
 
 
 # --------------------------------------------------------------------------- request payloads
-# The HTTP layer parses JSON itself (instead of letting FastAPI answer 422 with a generic
-# schema dump) so each listed mistake gets 400 and a message naming the exact field.
-
-SCORE_FIELDS = {"image_b64", "captions", "softmax"}
-COMPARE_FIELDS = {"image_b64", "caption", "hard_negative", "hard_positive"}
-BATCH_FIELDS = {"items", "softmax"}
-BATCH_ITEM_FIELDS = {"image_b64", "captions"}
-
-
-def _check_object(payload: Any, allowed: set[str], where: str) -> dict[str, Any]:
-    if not isinstance(payload, dict):
-        raise bad_request(f"{where} must be a JSON object, got {type(payload).__name__}")
-    unknown = sorted(set(payload) - allowed)
-    if unknown:
-        raise bad_request(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}")
-    return payload
-
-
-def parse_flag(value: Any, field: str) -> bool:
-    """A boolean field (JSON true/false; multipart 'true'/'false'/'1'/'0')."""
-    if value is None:
-        return False
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "false", "0", "no", ""):
-        return value.strip().lower() in ("true", "1", "yes")
-    raise bad_request(f"{field} must be a boolean, got {value!r}"[:300])
 
 
 def parse_json_body(body: bytes) -> Any:
@@ -213,52 +163,64 @@ def parse_json_body(body: bytes) -> Any:
         raise bad_request("the request body is not UTF-8 JSON") from None
     except json.JSONDecodeError as exc:
         raise bad_request(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise bad_request("the request body is not usable JSON: it is nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise bad_request(f"the request body is not usable JSON: {exc}"[:300]) from None
 
 
-def parse_score_payload(payload: Any, limits: ServingLimits) -> tuple[bytes, list[str], bool]:
-    """``{"image_b64", "captions", "softmax"?}`` -> (image bytes, captions, softmax)."""
-    payload = _check_object(payload, SCORE_FIELDS, "request")
-    captions = validate_captions(payload.get("captions"), limits)
-    image = decode_base64_image(payload.get("image_b64"), limits)
-    return image, captions, parse_flag(payload.get("softmax"), "softmax")
+def validate(model: type[BaseModel], payload: Any, limits: ServingLimits, root: str = "request") -> Any:
+    """``payload`` as a ``model`` instance, checked against ``limits``; else a 400 naming each
+    mistake's field path (``root`` names the body itself)."""
+    try:
+        return model.model_validate(payload, context={"limits": limits})
+    except ValidationError as exc:
+        raise bad_request(validation_message(exc.errors(), model, root, limits=limits)) from None
 
 
-def parse_compare_payload(payload: Any, limits: ServingLimits) -> tuple[bytes, list[str]]:
-    """``{"image_b64", "caption", "hard_negative", "hard_positive"?}`` -> (image, [c, n(, p)])."""
-    payload = _check_object(payload, COMPARE_FIELDS, "request")
-    texts = [validate_caption(payload.get("caption"), limits, "caption"),
-             validate_caption(payload.get("hard_negative"), limits, "hard_negative")]
-    if payload.get("hard_positive") is not None:
-        texts.append(validate_caption(payload["hard_positive"], limits, "hard_positive"))
-    return decode_base64_image(payload.get("image_b64"), limits), texts
+def parse_score_payload(payload: Any, limits: ServingLimits, image: bytes | None = None) -> tuple[bytes, list[str], bool]:
+    """:class:`~hardpos.serve.schemas.ScoreRequest` ``{"image_b64", "captions", "softmax"?}`` ->
+    (image bytes, captions, softmax). With ``image`` (a multipart upload's file), ``payload``
+    is the form's other fields (:class:`~hardpos.serve.schemas.ScoreForm`)."""
+    if image is not None:
+        form = validate(ScoreForm, payload, limits, "multipart form")
+        return image, form.captions, form.softmax
+    request = validate(ScoreRequest, payload, limits)
+    return decode_base64_image(request.image_b64, limits), request.captions, request.softmax
+
+
+def parse_compare_payload(payload: Any, limits: ServingLimits, image: bytes | None = None) -> tuple[bytes, list[str]]:
+    """:class:`~hardpos.serve.schemas.CompareRequest` ``{"image_b64", "caption", "hard_negative",
+    "hard_positive"?}`` -> (image, [c, n(, p)]); with ``image``, ``payload`` is a multipart
+    form's other fields (:class:`~hardpos.serve.schemas.CompareForm`)."""
+    if image is None:
+        request = validate(CompareRequest, payload, limits)
+        image = decode_base64_image(request.image_b64, limits)
+    else:
+        request = validate(CompareForm, payload, limits, "multipart form")
+    texts = [request.caption, request.hard_negative]
+    return image, texts + ([request.hard_positive] if request.hard_positive is not None else [])
 
 
 def parse_batch_payload(payload: Any, limits: ServingLimits) -> tuple[list[tuple[bytes, list[str]] | ServingError], bool]:
-    """``{"items": [{"image_b64", "captions"}, ...], "softmax"?}``.
+    """:class:`~hardpos.serve.schemas.BatchRequest` ``{"items": [{"image_b64", "captions"}, ...],
+    "softmax"?}``.
 
-    The envelope must be valid (400 otherwise); each item is parsed on its own and a bad
-    item becomes a :class:`ServingError` in its slot (a per-row reject), so one bad row
+    The envelope must be valid (400 otherwise); each item is checked on its own and a bad
+    item becomes a :class:`ServingError` in its slot (a per-item reject), so one bad item
     neither fails nor silently drops the others.
     """
-    payload = _check_object(payload, BATCH_FIELDS, "request")
-    items = payload.get("items")
-    if items is None:
-        raise bad_request(f"items is missing: give a list of 1..{limits.max_batch_items} {{image_b64, captions}} objects")
-    if not isinstance(items, list):
-        raise bad_request(f"items must be a list, got {type(items).__name__}")
-    if not items:
-        raise bad_request("items is empty")
-    if len(items) > limits.max_batch_items:
-        raise bad_request(f"too many items: {len(items)}; the limit is {limits.max_batch_items}")
+    request = validate(BatchRequest, payload, limits)
     parsed: list[tuple[bytes, list[str]] | ServingError] = []
-    for i, item in enumerate(items):
+    for i, item in enumerate(request.items):
+        if isinstance(item, RejectedItem):
+            parsed.append(bad_request(validation_message(item.errors, BatchItem, prefix=("items", i), limits=limits)))
+            continue
         try:
-            item = _check_object(item, BATCH_ITEM_FIELDS, f"items[{i}]")
-            caps = validate_captions(item.get("captions"), limits, f"items[{i}].captions")
-            parsed.append((decode_base64_image(item.get("image_b64"), limits, f"items[{i}].image_b64"), caps))
+            parsed.append((decode_base64_image(item.image_b64, limits, f"items[{i}].image_b64"), item.captions))
         except ServingError as exc:
             parsed.append(exc)
-    return parsed, parse_flag(payload.get("softmax"), "softmax")
+    return parsed, request.softmax
 
 
 # --------------------------------------------------------------------------- HTTP bodies
@@ -288,12 +250,14 @@ async def read_body(request: Any, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def read_multipart(request: Any, limits: ServingLimits, text_fields: tuple[str, ...]) -> dict[str, Any]:
-    """A multipart form -> ``{"image": bytes, <each of text_fields>: str | list | None}``.
+async def read_multipart(request: Any, limits: ServingLimits, form_model: type[BaseModel]) -> tuple[bytes, dict[str, Any]]:
+    """A multipart upload -> (the file field ``image``'s bytes, the other fields).
 
-    The image is the file field ``image`` (413 over ``max_image_bytes``, 400 when missing or
-    empty); ``captions`` may be repeated fields or one JSON list; any other field is a 400.
-    415 when the server cannot parse multipart at all (python-multipart missing).
+    The image: 413 over ``max_image_bytes``, 400 when missing or empty. The other fields are
+    text, returned for ``form_model`` to validate (unknown ones included, so it names them):
+    a list field (``captions``) may be repeated or sent once as a JSON list, an empty field
+    counts as not sent. 415 when the server cannot parse multipart at all (python-multipart
+    missing).
     """
     _check_declared_length(request, limits.max_body_bytes)
     try:
@@ -311,23 +275,20 @@ async def read_multipart(request: Any, limits: ServingLimits, text_fields: tuple
             raise ServingError(413, f"image is over the limit of {limits.max_image_bytes} bytes")
         if not raw:
             raise bad_request("multipart: the image file is empty")
-        out: dict[str, Any] = {"image": raw}
-        for field in text_fields:
-            values = form.getlist(field)
+        lists, fields = list_fields(form_model), {}
+        for name in dict.fromkeys(k for k in form.keys() if k != "image"):
+            values = form.getlist(name)
             if any(not isinstance(v, str) for v in values):
-                raise bad_request(f"multipart: {field} must be text fields, not files")
-            if field == "captions":
+                raise bad_request(f"multipart: {name} must be text fields, not files")
+            if name in lists:
                 if len(values) == 1 and values[0].lstrip().startswith("["):
                     try:
                         values = json.loads(values[0])
-                    except json.JSONDecodeError as exc:
-                        raise bad_request(f"multipart: captions is not a valid JSON list: {exc.msg}") from None
-                out[field] = values if values else None
-            else:
-                out[field] = values[0] if values else None
-        unknown = sorted(set(form.keys()) - {"image", *text_fields})
-        if unknown:
-            raise bad_request(f"multipart: unknown field(s) {', '.join(map(repr, unknown))}")
-        return out
+                    except (ValueError, RecursionError) as exc:
+                        raise bad_request(f"multipart: {name} is not a valid JSON list: {getattr(exc, 'msg', exc)}") from None
+                fields[name] = values
+            elif values != [""]:
+                fields[name] = values[0] if len(values) == 1 else values
+        return raw, fields
     finally:
         await form.close()

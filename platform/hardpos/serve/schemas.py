@@ -1,21 +1,155 @@
-"""The HTTP API's documented request/response schemas (OpenAPI at ``/docs``).
+"""The HTTP API's request contract and response shapes, as pydantic models.
 
-Bodies are NOT parsed through these models: :mod:`hardpos.serve.requests` parses them so
-every listed mistake is a 400 naming its field rather than FastAPI's generic 422. These
-models document the routes (``openapi_extra``) and shape the responses (``response_model``).
+The request models are both the validation and the documentation: :mod:`hardpos.serve.requests`
+parses every request body with them, and the routes draw their OpenAPI request bodies
+(``/docs``) from the same models, so the page and the checks cannot disagree. Response
+models shape the answers (``response_model``).
+
+Limits from the app config (``max_captions``, ``max_caption_chars``, ``max_batch_items``)
+are read from the validation context: ``Model.model_validate(body, context={"limits":
+ServingLimits})`` (the defaults without one). :func:`validation_message` turns pydantic's
+errors into the 400 message, one phrase per mistake naming its field path
+(``items[2].captions[0] is an empty caption``). What pydantic cannot check (base64, the image
+bytes, token counts) is explicit code in :mod:`hardpos.serve.requests`.
 """
 # No `from __future__ import annotations`: FastAPI/pydantic read these annotations at runtime.
 
-from typing import Any
+import dataclasses
+import functools
+import re
+import reprlib
+from typing import Annotated, Any, Iterable
 
-from pydantic import BaseModel, Field
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
+                      WrapValidator)
+from pydantic_core import PydanticCustomError
+
+from hardpos.serve.config import ServingLimits
+
+_DEFAULT_LIMITS = ServingLimits()
+MAX_MESSAGES = 10  # mistakes named in one 400; the rest are counted
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 60
 
 
+def _limits(info: ValidationInfo) -> ServingLimits:
+    return (info.context or {}).get("limits") or _DEFAULT_LIMITS
 
-class ScoreRequest(BaseModel):
-    image_b64: str = Field(description="the image bytes (PNG/JPEG/WEBP/GIF/BMP/TIFF) as base64, or a data: URL")
-    captions: list[str] = Field(min_length=1, description="1..max_captions captions to score against the image")
-    softmax: bool = Field(False, description="also return softmax(logit_scale * cosine) over the captions")
+
+# --------------------------------------------------------------------------- field types
+# Messages of the custom errors are written with a {path} placeholder; validation_message
+# puts the field path there.
+
+
+def _check_caption(value: str, info: ValidationInfo) -> str:
+    if not value.strip():
+        raise PydanticCustomError("empty_caption", "{path} is an empty caption")
+    limit = _limits(info).max_caption_chars
+    if len(value) > limit:
+        raise PydanticCustomError("caption_too_long", "{path} is too long: {n} characters; the limit is {limit}",
+                                  {"n": len(value), "limit": limit})
+    return value
+
+
+def _count(limit_name: str, what: str) -> BeforeValidator:
+    """A list of 1..``limits.<limit_name>`` entries, counted before its entries are validated
+    (the messages carry the configured limit; the field's ``min_length=1`` shows on the page)."""
+
+    def check(value: Any, info: ValidationInfo) -> Any:
+        limit = getattr(_limits(info), limit_name)
+        if isinstance(value, list) and not value:
+            raise PydanticCustomError("empty", "{path} is empty: give 1..{limit} {what}", {"what": what, "limit": limit})
+        if isinstance(value, list) and len(value) > limit:
+            raise PydanticCustomError("too_many", "too many {what}: {n} in {path}; the limit is {limit}",
+                                      {"what": what, "n": len(value), "limit": limit})
+        return value
+
+    return BeforeValidator(check)
+
+
+def _flag(value: Any) -> Any:
+    """JSON null and an empty form field mean the default (false); form text is trimmed."""
+    if isinstance(value, str):
+        value = value.strip()
+    return False if value is None or value == "" else value
+
+
+# A caption: a non-blank string of at most limits.max_caption_chars characters. (Captions
+# longer than the model's context length in tokens are refused by the model replica.)
+Caption = Annotated[str, AfterValidator(_check_caption)]
+Captions = Annotated[list[Caption], Field(min_length=1), _count("max_captions", "captions")]
+# true/false (also "true"/"false", "1"/"0", "yes"/"no" as text: multipart form fields are text)
+Flag = Annotated[bool, BeforeValidator(_flag)]
+ImageB64 = Annotated[str, Field(
+    description="the image bytes (PNG/JPEG/WEBP/GIF/BMP/TIFF) as base64, or a data: URL",
+    json_schema_extra={"contentEncoding": "base64"})]
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # an unknown (e.g. misspelled) field is a 400
+
+
+class _Image(_Body):
+    image_b64: ImageB64
+
+
+class ScoreForm(_Body):
+    """/v1/score's fields besides the image: a multipart upload sends these as form fields."""
+
+    captions: Captions = Field(description="1..max_captions captions to score against the image")
+    softmax: Flag = Field(False, description="also return softmax(logit_scale * cosine) over the captions")
+
+
+class ScoreRequest(ScoreForm, _Image):  # fields: image_b64, captions, softmax
+    """Score one image against 1..max_captions captions."""
+
+
+class CompareForm(_Body):
+    """/v1/compare's fields besides the image: a multipart upload sends these as form fields."""
+
+    caption: Caption = Field(description="the caption that describes the image")
+    hard_negative: Caption = Field(description="a minimal edit of the caption that no longer describes the image")
+    hard_positive: Caption | None = Field(
+        None, description="optional: a rewording that keeps the meaning (adds correct_augmented and brittle)")
+
+
+class CompareRequest(CompareForm, _Image):  # fields: image_b64, caption, hard_negative, hard_positive
+    """Scores of a caption, its hard negative and (optionally) its hard positive for one image."""
+
+
+class BatchItem(_Image):
+    captions: Captions = Field(description="1..max_captions captions to score against this image")
+
+
+@dataclasses.dataclass
+class RejectedItem:
+    """A batch item that failed validation: its pydantic errors (locations relative to the item)."""
+
+    errors: list[dict[str, Any]]
+
+
+def _item_or_rejected(value: Any, handler: Any) -> Any:
+    try:
+        return handler(value)
+    except ValidationError as exc:
+        return RejectedItem(exc.errors())
+
+
+class BatchRequest(_Body):
+    """Many (image, captions) items; each is scored or rejected on its own."""
+
+    # An item that fails validation stays in its slot as a RejectedItem (a per-item 400):
+    # one bad item neither fails nor silently drops the others.
+    items: Annotated[list[Annotated[BatchItem, WrapValidator(_item_or_rejected)]],
+                     Field(min_length=1), _count("max_batch_items", "items")] = Field(
+        description="1..max_batch_items {image_b64, captions} objects")
+    softmax: Flag = Field(False, description="also return softmax(logit_scale * cosine) over each item's captions")
+
+
+# --------------------------------------------------------------------------- responses
 
 
 class ModelRef(BaseModel):
@@ -30,16 +164,6 @@ class ScoreResponse(BaseModel):
     scores: list[float] = Field(description="cosine similarity of the image with each caption, in order")
     probs: list[float] | None = Field(None, description="softmax over the captions (when requested)")
     logit_scale: float
-
-
-class BatchItem(BaseModel):
-    image_b64: str
-    captions: list[str] = Field(min_length=1)
-
-
-class BatchRequest(BaseModel):
-    items: list[BatchItem] = Field(min_length=1)
-    softmax: bool = False
 
 
 class ItemError(BaseModel):
@@ -61,19 +185,97 @@ class BatchResponse(BaseModel):
     n_rejected: int
 
 
-class CompareRequest(BaseModel):
-    image_b64: str
-    caption: str
-    hard_negative: str
-    hard_positive: str | None = None
-
-
 class CompareResponse(BaseModel):
     model: ModelRef
     scores: dict[str, float] = Field(description="cosine of caption, hard_negative (and hard_positive)")
     correct_original: bool = Field(description="s_caption > s_hard_negative")
     correct_augmented: bool | None = Field(None, description="s_c > s_n and s_p > s_n (needs hard_positive)")
     brittle: bool | None = Field(None, description="(s_c > s_n > s_p) or (s_p > s_n > s_c) (needs hard_positive)")
+
+
+# --------------------------------------------------------------------------- error messages
+
+
+def field_path(loc: Iterable[Any], root: str = "request") -> str:
+    """``("items", 2, "captions", 0)`` -> ``items[2].captions[0]``; ``()`` -> ``root``."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or root
+
+
+def _schema_at(schema: dict[str, Any], loc: Iterable[Any]) -> dict[str, Any]:
+    """The (inlined) JSON schema node that describes the value at ``loc`` ({} if none)."""
+    node = schema
+    for part in loc:
+        node = _non_null(node)
+        node = node.get("items", {}) if isinstance(part, int) else node.get("properties", {}).get(part, {})
+    return _non_null(node)
+
+
+def _non_null(node: dict[str, Any]) -> dict[str, Any]:
+    for branch in node.get("anyOf", ()):  # Optional[X]: describe X
+        if branch.get("type") != "null":
+            return branch
+    return node
+
+
+def _phrase(err: dict[str, Any], schema: dict[str, Any], root: str, prefix: tuple[Any, ...],
+            limits: ServingLimits | None) -> str:
+    kind, loc, value = err["type"], tuple(err["loc"]), err.get("input")
+    path, node = field_path(prefix + loc, root), _schema_at(schema, loc)
+    got = "null" if value is None else type(value).__name__
+    if "{path}" in err["msg"]:  # ours (the field types above)
+        return err["msg"].replace("{path}", path)
+    if kind == "missing" or (loc and value is None and kind.endswith("_type")):  # a field's null counts as absent
+        hint = node.get("description") if loc and isinstance(loc[-1], str) else None  # a field's, not a model's
+        if hint and limits is not None:  # "1..max_captions captions" -> "1..64 captions"
+            hint = re.sub(r"\bmax_\w+", lambda m: str(getattr(limits, m[0], m[0])), hint)
+        return f"{path} is missing" + (f": expected {hint}" if hint else "")
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return f"{path} must be a JSON object, got {got}"
+    if kind == "list_type":
+        item = _schema_at(schema, loc + (0,)).get("type")
+        return f"{path} must be a list{f' of {item}s' if item else ''}, got {got}"
+    if kind == "string_type":
+        return f"{path} must be a {'base64 ' if node.get('contentEncoding') == 'base64' else ''}string, got {got}"
+    if kind in ("bool_type", "bool_parsing"):
+        return f"{path} must be a boolean, got {_repr.repr(value)}"
+    return f"{path}: {err['msg']}"
+
+
+@functools.cache
+def _inline_schema_cached(model: type[BaseModel]) -> dict[str, Any]:
+    return inline_schema(model)
+
+
+def validation_message(errors: list[dict[str, Any]], model: type[BaseModel] | None = None, root: str = "request",
+                       prefix: tuple[Any, ...] = (), limits: ServingLimits | None = None) -> str:
+    """One 400 message for pydantic ``errors`` (``ValidationError.errors()``) of ``model``:
+    each mistake as a phrase naming its field path (``prefix`` + its location; ``root`` for
+    the body itself), unknown fields of one object together with the allowed ones, a missing
+    field with its description (``limits`` fill in the configured limits), joined by `` | ``."""
+    schema = _inline_schema_cached(model) if model is not None else {}
+    unknown: dict[tuple[Any, ...], list[str]] = {}
+    phrases: list[str] = []
+    for err in errors:
+        if err["type"] == "extra_forbidden":
+            unknown.setdefault(tuple(err["loc"][:-1]), []).append(_repr.repr(err["loc"][-1]))
+        else:
+            phrases.append(_phrase(err, schema, root, prefix, limits))
+    for where, names in reversed(unknown.items()):
+        allowed = ", ".join(sorted(_schema_at(schema, where).get("properties", {})))
+        phrases.insert(0, f"{field_path(prefix + where, root)}: unknown field(s) {', '.join(names[:MAX_MESSAGES])}"
+                          + (f" (and {len(names) - MAX_MESSAGES} more)" if len(names) > MAX_MESSAGES else "")
+                          + (f"; allowed: {allowed}" if allowed else ""))
+    phrases = list(dict.fromkeys(phrases))  # one phrase per distinct mistake
+    if not phrases:
+        return f"{root} is invalid"
+    more = len(phrases) - MAX_MESSAGES
+    return " | ".join(phrases[:MAX_MESSAGES]) + (f" | and {more} more" if more > 0 else "")
+
+
+# --------------------------------------------------------------------------- OpenAPI
 
 
 def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -95,18 +297,24 @@ def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
     return resolve(schema)
 
 
+def list_fields(model: type[BaseModel]) -> set[str]:
+    """The model's list-valued fields (a multipart form may repeat them)."""
+    return {name for name, prop in _inline_schema_cached(model).get("properties", {}).items()
+            if _non_null(prop).get("type") == "array"}
+
+
 def json_body(model: type[BaseModel]) -> dict[str, Any]:
-    """openapi_extra for a route whose JSON body is parsed by hand."""
+    """openapi_extra for a route whose JSON body is ``model``."""
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline_schema(model)}}}}
 
 
-def json_or_multipart(model: type[BaseModel], file_field: str = "image") -> dict[str, Any]:
-    """openapi_extra for a route that takes JSON or a multipart upload (file field ``image``)."""
-    schema = inline_schema(model)
-    form_props = {k: v for k, v in schema.get("properties", {}).items() if k != "image_b64"}
+def json_or_multipart(model: type[BaseModel], form: type[BaseModel], file_field: str = "image") -> dict[str, Any]:
+    """openapi_extra for a route that takes ``model`` as JSON, or a multipart upload: the
+    image as the file field ``image`` and ``form``'s fields as form fields."""
+    form_schema = inline_schema(form)
     return {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": schema},
-        "multipart/form-data": {"schema": {"type": "object", "required": [file_field],
-                                           "properties": {file_field: {"type": "string", "format": "binary"}, **form_props}}},
+        "application/json": {"schema": inline_schema(model)},
+        "multipart/form-data": {"schema": {
+            "type": "object", "required": [file_field, *form_schema.get("required", [])],
+            "properties": {file_field: {"type": "string", "format": "binary"}, **form_schema.get("properties", {})}}},
     }}}
-
