@@ -30,9 +30,10 @@ import hardpos.stages.generate as generate_stage
 from benchmarks.harness import compare_alternating, reference_data_dir, time_call
 from hardpos.config import load_config
 from hardpos.data.captions import read_captions
-from hardpos.data.perturb import RulePerturber
-from hardpos.data.validate import validate
-from hardpos.generate.engines import SamplingConfig, chat_payload
+from hardpos.data.rules.perturber import RulePerturber
+from hardpos.data.rules.validate import validate
+from hardpos.generate.engine_config import SamplingConfig
+from hardpos.generate.http_engine import chat_payload
 from hardpos.generate.pipeline import base_kind, rule_negative
 from hardpos.generate.prompts import load_prompts
 from hardpos.runtime import execute

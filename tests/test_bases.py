@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 
 from hardpos import bases
 from hardpos.config import ConfigError, ModelConfig
-from hardpos.data.world import WorldConfig, generate_world
+from hardpos.data.world import generate_world
+from hardpos.data.scene import WorldConfig
 from hardpos.stages.demo import latest_checkpoint, phase_key
 from hardpos.model import WEIGHTS_NAME, load_model, save_checkpoint
 from hardpos.stages import demo

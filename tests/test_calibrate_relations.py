@@ -7,7 +7,9 @@ import torch
 
 from benchmarks.calibrate_relations import RelationProbeConfig, relation_accuracy, relation_rows, run, training_world
 from hardpos.config import ConfigError, ModelConfig
-from hardpos.data.world import WorldConfig, generate_world, parse, truth
+from hardpos.data.world import generate_world
+from hardpos.data.scene import WorldConfig
+from hardpos.data.grammar import parse, truth
 from hardpos.model import load_model, tokenize
 
 CFG = WorldConfig(min_objects=2, max_objects=3)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hardpos.config import ConfigError, load_config
-from hardpos.generate import engines, pipeline
+from hardpos.generate import engine_config, http_engine, pipeline, vllm_engine
 from hardpos.generate.prompts import load_prompts
 from hardpos.testing import free_port
 from hardpos.testing.openai_stub import OpenAIStub, behaviour, canned
@@ -86,9 +86,9 @@ def test_prompt_files_include_filter_and_errors(tmp_path):
 
 # --------------------------------------------------------------------------- engine configs
 def test_vllm_processor_config_is_built_from_config():
-    cfg = engines.VLLMEngineConfig(model_source="/models/tiny", tensor_parallel_size=2, concurrency=3, batch_size=48,
+    cfg = engine_config.VLLMEngineConfig(model_source="/models/tiny", tensor_parallel_size=2, concurrency=3, batch_size=48,
                                    chat_template=False, engine_kwargs={"max_num_seqs": 128})
-    pc = engines.build_vllm_processor_config(cfg)
+    pc = vllm_engine.build_vllm_processor_config(cfg)
     assert type(pc).__name__ == "vLLMEngineProcessorConfig"
     assert pc.model_source == "/models/tiny"
     assert pc.concurrency == 3 and pc.batch_size == 48
@@ -98,53 +98,53 @@ def test_vllm_processor_config_is_built_from_config():
     assert kw["tensor_parallel_size"] == 2 and kw["pipeline_parallel_size"] == 1
     assert kw["distributed_executor_backend"] == "ray" and kw["max_num_seqs"] == 128
     assert kw["enable_prefix_caching"] is True
-    single = engines.build_vllm_processor_config(engines.VLLMEngineConfig())
+    single = vllm_engine.build_vllm_processor_config(engine_config.VLLMEngineConfig())
     assert "distributed_executor_backend" not in single.engine_kwargs and single.chat_template_stage is True
     with pytest.raises(ConfigError, match="concurrency"):
-        engines.build_vllm_processor_config(engines.VLLMEngineConfig(concurrency=0))
-    pre = engines.VLLMPre({t.kind: t for t in load_prompts("chat")}, engines.SamplingConfig(max_tokens=20), True)
+        vllm_engine.build_vllm_processor_config(engine_config.VLLMEngineConfig(concurrency=0))
+    pre = vllm_engine.VLLMPre({t.kind: t for t in load_prompts("chat")}, engine_config.SamplingConfig(max_tokens=20), True)
     row = pre({"kind": "replace", "caption": "A dog."})
     assert row["sampling_params"] == {"max_tokens": 20, "temperature": 0.0, "top_p": 1.0}
     assert row["messages"][-1]["content"].endswith("Sentence: A dog.")
-    post = engines._normalise_vllm_row("llm:m", {"request_id": "0:replace", "__inference_error__": "boom"})
+    post = vllm_engine._normalise_vllm_row("llm:m", {"request_id": "0:replace", "__inference_error__": "boom"})
     assert post["engine_error"] == "inference_error" and post["raw_output"] is None
 
 
 def test_http_processor_config_headers_retries_and_fractional_cpus():
-    cfg = engines.HttpEngineConfig(url="http://127.0.0.1:9/v1/chat/completions", api_key_env="MY_KEY",
+    cfg = engine_config.HttpEngineConfig(url="http://127.0.0.1:9/v1/chat/completions", api_key_env="MY_KEY",
                                    headers={"X-Team": "hardpos"}, qps=20, max_retries=5, concurrency=3, num_cpus=0.5)
-    pc = engines.build_http_processor_config(cfg, environ={"MY_KEY": "sk-test"})
+    pc = http_engine.build_http_processor_config(cfg, environ={"MY_KEY": "sk-test"})
     assert pc.url == cfg.url and pc.qps == 20 and pc.concurrency == 3
     assert pc.headers == {"X-Team": "hardpos", "Authorization": "Bearer sk-test"}
     assert pc.max_retries == 0  # retries live in ResilientSession (Ray's would raise when exhausted)
     assert pc.http_request_stage == {"num_cpus": 0.5, "concurrency": (3, 3)}  # a fixed pool of 3 actors
     session = pc.session_factory()
-    assert isinstance(session, engines.ResilientSession) and session.max_retries == 5
-    assert "Authorization" not in engines.build_http_processor_config(cfg, environ={}).headers
+    assert isinstance(session, http_engine.ResilientSession) and session.max_retries == 5
+    assert "Authorization" not in http_engine.build_http_processor_config(cfg, environ={}).headers
     with pytest.raises(ConfigError, match="url"):
-        engines.build_http_processor_config(engines.HttpEngineConfig(url="localhost:8000"))
+        http_engine.build_http_processor_config(engine_config.HttpEngineConfig(url="localhost:8000"))
     with pytest.raises(ConfigError, match="num_cpus"):
-        engines.build_http_processor_config(engines.HttpEngineConfig(num_cpus=0))
+        http_engine.build_http_processor_config(engine_config.HttpEngineConfig(num_cpus=0))
 
 
 def test_parse_chat_response_covers_every_outcome():
     ok = {"choices": [{"message": {"content": "A big dog."}}], "usage": {"prompt_tokens": 9, "completion_tokens": 3}}
-    out = engines.parse_chat_response({"status": 200, "body": json.dumps(ok)})
+    out = http_engine.parse_chat_response({"status": 200, "body": json.dumps(ok)})
     assert out == {"raw_output": "A big dog.", "engine_error": None, "engine_detail": None, "prompt_tokens": 9,
                    "completion_tokens": 3}
-    err = engines.parse_chat_response({"status": 500, "body": json.dumps({"error": {"message": "overloaded"}})})
+    err = http_engine.parse_chat_response({"status": 500, "body": json.dumps({"error": {"message": "overloaded"}})})
     assert err["engine_error"] == "http_error" and err["engine_detail"] == "HTTP 500: overloaded"
-    down = engines.parse_chat_response({"status": 0, "body": "", "error": "ClientConnectorError", "attempts": 4})
+    down = http_engine.parse_chat_response({"status": 0, "body": "", "error": "ClientConnectorError", "attempts": 4})
     assert down["engine_error"] == "request_failed" and "4 attempt" in down["engine_detail"]
-    assert engines.parse_chat_response({"status": 200, "body": "<html>"})["engine_error"] == "bad_response"
-    assert engines.parse_chat_response({"status": 200, "body": "{}"})["engine_error"] == "bad_response"
-    null = engines.parse_chat_response({"status": 200, "body": json.dumps({"choices": [{"message": {"content": None}}]})})
+    assert http_engine.parse_chat_response({"status": 200, "body": "<html>"})["engine_error"] == "bad_response"
+    assert http_engine.parse_chat_response({"status": 200, "body": "{}"})["engine_error"] == "bad_response"
+    null = http_engine.parse_chat_response({"status": 200, "body": json.dumps({"choices": [{"message": {"content": None}}]})})
     assert null["engine_error"] is None and null["raw_output"] is None  # the validator calls it "empty"
 
 
 def test_resilient_session_retries_then_reports_instead_of_raising():
     async def post(url, body, retries=2):
-        async with engines.ResilientSession(max_retries=retries, retry_wait_s=0.001, timeout_s=5) as session:
+        async with http_engine.ResilientSession(max_retries=retries, retry_wait_s=0.001, timeout_s=5) as session:
             async with await session.post(url, data=json.dumps(body), headers={"Content-Type": "application/json"}) as r:
                 return await r.json()
 
@@ -165,17 +165,17 @@ def test_resilient_session_retries_then_reports_instead_of_raising():
 
 def test_http_preflight_fails_fast_on_an_unusable_endpoint(tmp_path):
     payload = {"model": "m", "messages": [{"role": "user", "content": "Replace one word.\nSentence: A red bus."}]}
-    dead = engines.HttpEngineConfig(url=f"http://127.0.0.1:{free_port()}/v1/chat/completions", timeout_s=5)
+    dead = engine_config.HttpEngineConfig(url=f"http://127.0.0.1:{free_port()}/v1/chat/completions", timeout_s=5)
     with pytest.raises(ConfigError, match="unreachable"):
-        engines.preflight(dead, payload)
+        http_engine.preflight(dead, payload)
     with OpenAIStub() as stub:
-        assert engines.preflight(engines.HttpEngineConfig(url=stub.url), payload)["status"] == 200
+        assert http_engine.preflight(engine_config.HttpEngineConfig(url=stub.url), payload)["status"] == 200
         with pytest.raises(ConfigError, match="no chat/completions route"):
-            engines.preflight(engines.HttpEngineConfig(url=f"{stub.base_url}/chat"), payload)
+            http_engine.preflight(engine_config.HttpEngineConfig(url=f"{stub.base_url}/chat"), payload)
         raw = {"model": "m", "prompt": "Replace one word.\nInput: A red bus.\nOutput:"}
         with pytest.raises(ConfigError, match="no completions route.*completions_url"):
-            engines.preflight(engines.HttpEngineConfig(url=stub.url), raw, url=f"{stub.base_url}/complete")
-        assert engines.preflight(engines.HttpEngineConfig(url=stub.url), raw, url=stub.completions_url)["status"] == 200
+            http_engine.preflight(engine_config.HttpEngineConfig(url=stub.url), raw, url=f"{stub.base_url}/complete")
+        assert http_engine.preflight(engine_config.HttpEngineConfig(url=stub.url), raw, url=stub.completions_url)["status"] == 200
     # through the stage: the job stops before writing anything
     src = tmp_path / "caps.jsonl"
     src.write_text(json.dumps({"caption": "A red bus."}) + "\n")
@@ -246,7 +246,7 @@ def test_join_takes_negatives_from_dataset_then_llm_then_rules():
 # --------------------------------------------------------------------------- Ray: http end to end
 def expected_outcome(caption: str, kind: str) -> str:
     """What the validator must say about the stub's canned answer (the stub's contract)."""
-    from hardpos.data.validate import validate
+    from hardpos.data.rules.validate import validate
 
     b = behaviour(caption.strip(), kind)  # the stub sees the caption as the prompt's stripped last line
     if b == "error500":
@@ -346,7 +346,7 @@ def test_http_engine_end_to_end_on_real_negclip_captions(ray_session, shared_dat
 
 def test_rules_engine_over_all_negclip_captions_conserves_rows(ray_session, shared_data, tmp_path):
     from hardpos.data.captions import read_captions
-    from hardpos.data.perturb import RulePerturber
+    from hardpos.data.rules.perturber import RulePerturber
     from hardpos.data.triplets import read_triplets
 
     source = str(shared_data / NEGCLIP)
@@ -382,7 +382,8 @@ def test_rules_engine_over_all_negclip_captions_conserves_rows(ray_session, shar
 
 def test_rules_engine_on_a_synthetic_world_uses_its_lexicon_and_rule_negatives(ray_session, tmp_path):
     from hardpos.data.triplets import read_triplets, resolve_image
-    from hardpos.data.world import WorldConfig, generate_world
+    from hardpos.data.world import generate_world
+    from hardpos.data.scene import WorldConfig
 
     world = tmp_path / "world"
     generate_world(WorldConfig(n_pretrain=10, n_finetune=40, n_benchmark=10, image_size=16), str(world))
@@ -394,8 +395,8 @@ def test_rules_engine_on_a_synthetic_world_uses_its_lexicon_and_rule_negatives(r
     assert with_neg and all(t["negative_source"] == "rule" for t in with_neg)
     # the rule negatives computed on the workers (fused with the rule engine) are exactly
     # what the driver-side join computes for the same (caption, kind)
-    from hardpos.data.perturb import RulePerturber
-    from hardpos.generate.engines import rule_lexicon
+    from hardpos.data.rules.perturber import RulePerturber
+    from hardpos.generate.rules_engine import rule_lexicon
 
     rules = RulePerturber(seed=0, lexicon=rule_lexicon(str(world)))
     for t in triplets:

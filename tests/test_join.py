@@ -11,7 +11,7 @@ import random
 import pytest
 
 from hardpos.config import load_config
-from hardpos.data.perturb import RulePerturber
+from hardpos.data.rules.perturber import RulePerturber
 from hardpos.generate import pipeline
 
 CAPTION = "A black dog and a white cat."

@@ -5,7 +5,7 @@ import pytest
 
 from hardpos.data.audit import audit_rates, read_audit, sample_rule_positives, write_audit
 from hardpos.data.lexicon import LEXICON_FILE, _read, load_lexicon
-from hardpos.data.perturb import RulePerturber
+from hardpos.data.rules.perturber import RulePerturber
 
 AUDITS = Path(__file__).resolve().parent.parent / "docs" / "audits"
 
@@ -218,7 +218,8 @@ def test_structural_rules(rules):
 
 
 def test_world_lexicon_keeps_its_synonyms():
-    from hardpos.data.world import SYNONYMS, world_lexicon
+    from hardpos.data.world import world_lexicon
+    from hardpos.data.scene import SYNONYMS
 
     rules = RulePerturber(seed=0, lexicon=world_lexicon())
     got = rewrites(rules, "a large yellow circle to the left of a small red square")

@@ -5,8 +5,9 @@ import json
 import pytest
 
 from hardpos.data.lexicon import benchmark_pairs, benchmark_substitution, load_lexicon
-from hardpos.data.perturb import Perturbation, RulePerturber
-from hardpos.data.validate import validate
+from hardpos.data.rules.perturber import RulePerturber
+from hardpos.data.rules.text import Perturbation
+from hardpos.data.rules.validate import validate
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +263,9 @@ def test_perturb_job_on_a_world_with_ray_workers(tmp_path, ray_session):
     from hardpos import runtime
     from hardpos.config import TrackingConfig
     from hardpos.data.triplets import read_triplets
-    from hardpos.data.world import Scene, WorldConfig, generate_world, truth
+    from hardpos.data.world import generate_world
+    from hardpos.data.scene import Scene, WorldConfig
+    from hardpos.data.grammar import truth
     from hardpos.stages.perturb import Config
 
     wcfg = WorldConfig(seed=1, n_pretrain=10, n_finetune=80, n_benchmark=0)
@@ -361,8 +364,9 @@ def test_perturb_stage_and_generate_rules_use_the_input_worlds_lexicon_and_seed(
     from hardpos import runtime
     from hardpos.config import TrackingConfig
     from hardpos.data.triplets import read_triplets
-    from hardpos.data.world import SYNONYMS, WorldConfig, generate_world
-    from hardpos.generate.engines import rules_batch
+    from hardpos.data.world import generate_world
+    from hardpos.data.scene import SYNONYMS, WorldConfig
+    from hardpos.generate.rules_engine import rules_batch
     from hardpos.stages.perturb import Config
 
     colors = ["orange", "pink", "brown", "gray"]

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from hardpos.config import ConfigError, load_config
-from hardpos.generate import engines
+from hardpos.generate import engine_config, http_engine, vllm_engine
 from hardpos.generate.prompts import fingerprint, load_prompts, postprocess
 from hardpos.testing.openai_stub import OpenAIStub
 
@@ -146,25 +146,25 @@ def test_postprocess_keeps_what_the_template_says():
 
 
 def test_template_sampling_overrides_the_engine_defaults_field_by_field():
-    defaults = engines.SamplingConfig(max_tokens=64, temperature=0.0, top_p=1.0, stop=["\n\n"])
-    assert engines.sampling_params(defaults, paper()["swap"]) == {**PAPER_SAMPLING["swap"], "stop": ["\n\n"]}
+    defaults = engine_config.SamplingConfig(max_tokens=64, temperature=0.0, top_p=1.0, stop=["\n\n"])
+    assert engine_config.sampling_params(defaults, paper()["swap"]) == {**PAPER_SAMPLING["swap"], "stop": ["\n\n"]}
     chat = load_prompts("chat")[0]
-    assert engines.sampling_params(defaults, chat) == {"max_tokens": 64, "temperature": 0.0, "top_p": 1.0,
+    assert engine_config.sampling_params(defaults, chat) == {"max_tokens": 64, "temperature": 0.0, "top_p": 1.0,
                                                        "stop": ["\n\n"]}
-    assert engines.sampling_params(engines.SamplingConfig()) == {"max_tokens": 64, "temperature": 0.0, "top_p": 1.0}
+    assert engine_config.sampling_params(engine_config.SamplingConfig()) == {"max_tokens": 64, "temperature": 0.0, "top_p": 1.0}
 
 
 # --------------------------------------------------------------------------- vLLM rows
 def test_vllm_gets_raw_prompt_rows_and_no_chat_template_for_the_paper_preset():
     templates = paper()
-    assert engines.vllm_chat_stage(templates, chat_template=True) is False
-    pc = engines.build_vllm_processor_config(engines.VLLMEngineConfig(), engines.vllm_chat_stage(templates, True))
+    assert vllm_engine.vllm_chat_stage(templates, chat_template=True) is False
+    pc = vllm_engine.build_vllm_processor_config(engine_config.VLLMEngineConfig(), vllm_engine.vllm_chat_stage(templates, True))
     assert pc.chat_template_stage is False and pc.tokenize_stage is True
-    pre = engines.VLLMPre(templates, engines.SamplingConfig(), chat_template=True)
+    pre = vllm_engine.VLLMPre(templates, engine_config.SamplingConfig(), chat_template=True)
     for kind, release in (("replace", RELEASE_REPLACE), ("swap", RELEASE_SWAP)):
         row = pre({"kind": kind, "caption": CAPTIONS[0]})
         assert row == {"prompt": release.format(example=CAPTIONS[0]).strip(), "sampling_params": PAPER_SAMPLING[kind]}
-    post = engines.VLLMPost("llm:m", engines.postprocess_modes(templates))
+    post = vllm_engine.VLLMPost("llm:m", vllm_engine.postprocess_modes(templates))
     out = post({"request_id": "0:swap", "kind": "swap", "generated_text": " a b\nInput:", "num_input_tokens": 9,
                 "num_generated_tokens": 4})
     assert out["raw_output"] == " a b\nInput:" and out["prompt_tokens"] == 9  # postprocess none: as generated
@@ -176,47 +176,47 @@ def test_vllm_refuses_a_raw_and_chat_mix_that_needs_two_chat_template_settings(t
                           "    user: 'Break it: {caption}'\n    postprocess: first_line\n")
     mixed = {t.kind: t for t in load_prompts(str(mixed_file))}
     with pytest.raises(ConfigError, match=r"raw kinds \['replace', 'swap'\] and chat kinds \['replace_negative'\]"):
-        engines.vllm_chat_stage(mixed, chat_template=True)
+        vllm_engine.vllm_chat_stage(mixed, chat_template=True)
     # chat template off: every row is a plain prompt, one processor; keys stay uniform
-    assert engines.vllm_chat_stage(mixed, chat_template=False) is False
-    pre = engines.VLLMPre(mixed, engines.SamplingConfig(), chat_template=False)
+    assert vllm_engine.vllm_chat_stage(mixed, chat_template=False) is False
+    pre = vllm_engine.VLLMPre(mixed, engine_config.SamplingConfig(), chat_template=False)
     neg = pre({"kind": "replace_negative", "caption": "A dog."})
     assert neg == {"prompt": "Break it: A dog.\n", "sampling_params": {
         "max_tokens": 64, "temperature": 0.0, "top_p": 1.0, "top_k": -1}}  # -1: vLLM's "no top-k"
     assert "messages" not in pre({"kind": "swap", "caption": "A cat and a dog."})
-    post = engines.VLLMPost("llm:m", engines.postprocess_modes(mixed))
+    post = vllm_engine.VLLMPost("llm:m", vllm_engine.postprocess_modes(mixed))
     assert post({"kind": "replace_negative", "generated_text": "A cat.\nNote: x"})["raw_output"] == "A cat."
 
 
 # --------------------------------------------------------------------------- HTTP payloads
 def test_http_raw_template_posts_a_completions_payload():
-    pre = engines.HttpPre(paper(), "llama", engines.SamplingConfig())
+    pre = http_engine.HttpPre(paper(), "llama", engine_config.SamplingConfig())
     body = pre({"kind": "replace", "caption": CAPTIONS[1]})["payload"]
     assert body == {"model": "llama", "prompt": RELEASE_REPLACE.format(example=CAPTIONS[1]).strip(),
                     **PAPER_SAMPLING["replace"]}
-    chat = engines.HttpPre({t.kind: t for t in load_prompts("chat")}, "llama", engines.SamplingConfig())
+    chat = http_engine.HttpPre({t.kind: t for t in load_prompts("chat")}, "llama", engine_config.SamplingConfig())
     assert set(chat({"kind": "replace", "caption": "A dog."})["payload"]) == {
         "model", "messages", "max_tokens", "temperature", "top_p"}
 
 
 def test_http_url_per_prompt_mode():
-    cfg = engines.HttpEngineConfig(url="http://h:8000/v1/chat/completions")
-    assert engines.http_url(cfg, raw=False) == "http://h:8000/v1/chat/completions"
-    assert engines.http_url(cfg, raw=True) == "http://h:8000/v1/completions"
-    completions = engines.HttpEngineConfig(url="http://h/v1/completions")
-    assert engines.http_url(completions, raw=True) == "http://h/v1/completions"
-    own = engines.HttpEngineConfig(url="http://h/chat", completions_url="http://h/complete")
-    assert engines.http_url(own, raw=True) == "http://h/complete"
+    cfg = engine_config.HttpEngineConfig(url="http://h:8000/v1/chat/completions")
+    assert http_engine.http_url(cfg, raw=False) == "http://h:8000/v1/chat/completions"
+    assert http_engine.http_url(cfg, raw=True) == "http://h:8000/v1/completions"
+    completions = engine_config.HttpEngineConfig(url="http://h/v1/completions")
+    assert http_engine.http_url(completions, raw=True) == "http://h/v1/completions"
+    own = engine_config.HttpEngineConfig(url="http://h/chat", completions_url="http://h/complete")
+    assert http_engine.http_url(own, raw=True) == "http://h/complete"
     with pytest.raises(ConfigError, match="completions_url"):
-        engines.http_url(engines.HttpEngineConfig(url="http://h/chat"), raw=True)
-    pc = engines.build_http_processor_config(cfg, environ={}, url=engines.http_url(cfg, raw=True))
+        http_engine.http_url(engine_config.HttpEngineConfig(url="http://h/chat"), raw=True)
+    pc = http_engine.build_http_processor_config(cfg, environ={}, url=http_engine.http_url(cfg, raw=True))
     assert pc.url == "http://h:8000/v1/completions"
 
 
 def test_parse_completions_reply_reads_choice_text():
     body = {"object": "text_completion", "choices": [{"text": " a dog and a cat"}],
             "usage": {"prompt_tokens": 40, "completion_tokens": 5}}
-    out = engines.parse_chat_response({"status": 200, "body": json.dumps(body)})
+    out = http_engine.parse_chat_response({"status": 200, "body": json.dumps(body)})
     assert out["raw_output"] == " a dog and a cat" and out["prompt_tokens"] == 40 and out["engine_error"] is None
 
 

@@ -154,7 +154,7 @@ def test_multipart_upload(app):
 
 
 def test_compare_verdicts(app):
-    from hardpos.serve.scoring import verdicts
+    from hardpos.eval.metrics import verdicts
 
     raw = png_bytes(11)
     c, n, p = "a red circle and a blue square", "a blue circle and a red square", "a blue square and a red circle"

@@ -14,6 +14,7 @@ import yaml
 from serve_util import bomb_png, png_bytes
 
 from hardpos.config import ConfigError
+from hardpos.eval.metrics import verdicts
 from hardpos.serve import config as C
 from hardpos.serve import errors as E
 from hardpos.serve import requests as R
@@ -284,12 +285,12 @@ def test_softmax_matches_numpy():
     (0.5, 0.5, 0.9, False, False, False),   # a tie counts against the model
     (0.9, 0.5, 0.5, True, False, False),    # s_p == s_n: not augmented-correct, not brittle (strict)
 ])
-def test_verdicts_follow_design_section_5(s_c, s_n, s_p, orig, aug, brittle):
-    assert SC.verdicts(s_c, s_n, s_p) == {"correct_original": orig, "correct_augmented": aug, "brittle": brittle}
+def test_verdicts_follow_the_papers_strict_comparisons(s_c, s_n, s_p, orig, aug, brittle):
+    assert verdicts(s_c, s_n, s_p) == {"correct_original": orig, "correct_augmented": aug, "brittle": brittle}
 
 
 def test_verdicts_without_positive():
-    assert SC.verdicts(0.2, 0.1) == {"correct_original": True, "correct_augmented": None, "brittle": None}
+    assert verdicts(0.2, 0.1) == {"correct_original": True, "correct_augmented": None, "brittle": None}
 
 
 def test_verdicts_are_the_benchmark_metrics_per_item():
@@ -302,13 +303,15 @@ def test_verdicts_are_the_benchmark_metrics_per_item():
     rng = np.random.default_rng(0)
     scores = rng.integers(0, 4, size=(2000, 3)) / 4.0  # coarse values: many ties
     s_c, s_n, s_p = scores.T
-    got = [SC.verdicts(float(c), float(n), float(p)) for c, n, p in scores]
+    got = [verdicts(float(c), float(n), float(p)) for c, n, p in scores]
     assert [v["correct_original"] for v in got] == metrics.orig_correct(s_c, s_n).tolist()
     assert [v["correct_augmented"] for v in got] == metrics.aug_correct(s_c, s_n, s_p).tolist()
     assert [v["brittle"] for v in got] == metrics.brittle(s_c, s_n, s_p).tolist()
     assert all(type(v) is bool for row in got for v in row.values())  # JSON booleans, not numpy
     assert 0 < sum(v["brittle"] for v in got) < len(got)
-    assert SC.verdicts is metrics.verdicts  # not a second implementation that could drift
+    from hardpos.serve import app
+
+    assert app.verdicts is metrics.verdicts  # the endpoint's verdicts: not a second implementation that could drift
 
 
 def test_compute_batch_matches_the_evaluator_and_rejects_a_bad_item_alone():

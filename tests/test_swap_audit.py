@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from hardpos.data.audit import audit_rates, read_audit
-from hardpos.data.perturb import RulePerturber
-from hardpos.data.validate import validate
+from hardpos.data.rules.perturber import RulePerturber
+from hardpos.data.rules.validate import validate
 
 AUDITS = Path(__file__).resolve().parent.parent / "docs" / "audits"
 

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 from hardpos.data.triplets import TRIPLET_COLUMNS, read_triplets, resolve_image
-from hardpos.data.world import (BENCHMARKS, Obj, Scene, WorldConfig, canonical_caption, generate_world, parse,
-                                sample_scene, truth, world_lexicon)
+from hardpos.data.world import generate_world, world_lexicon
+from hardpos.data.scene import BENCHMARKS, Obj, Scene, WorldConfig, sample_scene
+from hardpos.data.grammar import canonical_caption, parse, truth
 
 CFG = WorldConfig()
 
@@ -99,7 +100,7 @@ def test_every_benchmark_item_is_true_to_its_scene(world):
 
 def test_benchmark_subsets_have_their_shape(world):
     cfg, out, _ = world
-    from hardpos.data.validate import validate
+    from hardpos.data.rules.validate import validate
 
     for b in BENCHMARKS:
         for r in read_triplets(str(out / "benchmark" / f"{b}.parquet")):
@@ -140,7 +141,7 @@ def test_deterministic_by_seed(tmp_path):
 
 def test_rule_engine_on_world_captions_agrees_with_ground_truth(world):
     """The demo makes finetune negatives/positives with the rules: check them against the scenes."""
-    from hardpos.data.perturb import RulePerturber
+    from hardpos.data.rules.perturber import RulePerturber
 
     cfg, out, _ = world
     rules = RulePerturber(seed=0, lexicon=world_lexicon(cfg))
@@ -215,7 +216,7 @@ def test_binding_negatives_take_another_objects_value():
 
 
 def test_world_lexicon_without_shape_negatives():
-    from hardpos.data.perturb import RulePerturber
+    from hardpos.data.rules.perturber import RulePerturber
 
     assert any(k[0] == "circle" for k in world_lexicon(WorldConfig()).negatives)  # the default keeps them
     lex = world_lexicon(WorldConfig(shape_negatives=False))
@@ -278,7 +279,7 @@ def test_binding_partial_captions_leave_out_the_donor():
 def test_relation_twins_are_mirrored_and_only_the_relation_tells_them_apart(tmp_path):
     import pyarrow.parquet as pq
 
-    from hardpos.data.world import relation_twin
+    from hardpos.data.grammar import relation_twin
 
     cfg = WorldConfig(seed=4, n_pretrain=300, n_finetune=20, n_benchmark=0, vague_caption_rate=0.5,
                       relation_pair_rate=1.0, write_images=False)

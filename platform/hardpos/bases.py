@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hardpos.config import ConfigError
-from hardpos.data.world import WorldConfig
+from hardpos.data.scene import WorldConfig
 
 #: where the bases that ship with the package live
 BASES_DIR = Path(__file__).resolve().parent / "resources" / "bases"

@@ -27,7 +27,7 @@ Contract (every stage):
   ``int`` is accepted where ``float`` is declared, and so is scientific notation that YAML
   1.1 leaves as text (``1e-3``); nothing else is coerced silently (``"3"`` is not an int).
 * "world", for a user: ``world.<key>`` is always a setting of the synthetic world's
-  generation (:class:`hardpos.data.world.WorldConfig`: ``world.seed``, ``world.n_pretrain``
+  generation (:class:`hardpos.data.scene.WorldConfig`: ``world.seed``, ``world.n_pretrain``
   ...) and ``world_dir`` is always the folder of a generated world.  The demo has both as
   fields; the world stage also takes ``world.<key>`` (its old top-level keys such as
   ``n_pretrain=`` stay valid) and ``world_dir`` (= its ``output_dir``); evaluate takes

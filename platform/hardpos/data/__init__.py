@@ -5,12 +5,12 @@ Modules (import the one you need; nothing here is imported eagerly so the CLI st
 
 * :mod:`hardpos.data.captions`  -- ``read_captions(uri)`` for every supported caption format.
 * :mod:`hardpos.data.triplets`  -- the triplet row contract: make/read/write.
-* :mod:`hardpos.data.validate`  -- accept/reject a generated hard positive/negative with a reason.
-  Its parts: :mod:`hardpos.data.textnorm` (normalisation), :mod:`hardpos.data.wordclasses`
-  (word classes for SWAP checks), :mod:`hardpos.data.conjuncts` (``is_conjunct_swap``).
-* :mod:`hardpos.data.perturb`   -- ``RulePerturber``: rule-based hard negatives and positives.
-  Its parts: :mod:`hardpos.data.perturb_text` (tokens, records, text edits),
-  :mod:`hardpos.data.perturb_replace` (REPLACE rules), :mod:`hardpos.data.perturb_swap` (SWAP rules).
+* :mod:`hardpos.data.rules.validate`  -- accept/reject a generated hard positive/negative with a reason.
+  Its parts: :mod:`hardpos.data.textnorm` (normalisation), :mod:`hardpos.data.rules.wordclasses`
+  (word classes for SWAP checks), :mod:`hardpos.data.rules.conjuncts` (``is_conjunct_swap``).
+* :mod:`hardpos.data.rules.perturber`   -- ``RulePerturber``: rule-based hard negatives and positives.
+  Its parts: :mod:`hardpos.data.rules.text` (tokens, records, text edits),
+  :mod:`hardpos.data.rules.replace` (REPLACE rules), :mod:`hardpos.data.rules.swap` (SWAP rules).
 * :mod:`hardpos.data.lexicon`   -- the curated word classes and synonym tables the rules use.
 * :mod:`hardpos.data.world`     -- the procedural synthetic world with exact ground truth.
   Its parts: :mod:`hardpos.data.scene` (config, vocabulary, scenes, rendering),

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from hardpos.data.perturb import RulePerturber
+from hardpos.data.rules.perturber import RulePerturber
 
 LABELS = ("ok", "wrong", "doubtful")
 COLUMNS = ("caption", "positive", "label", "why", "slot", "sample")

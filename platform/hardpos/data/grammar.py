@@ -167,7 +167,7 @@ def canonical_caption(rng: random.Random, scene: Scene, cfg: WorldConfig, templa
     return Caption(f"{np_text(objs[i])} {rel} {np_text(objs[j])}", "relation", [i, j], rel)
 
 
-def _render_caption(scene: Scene, cap: Caption, words: dict[tuple[int, str], str] | None = None,
+def render_caption(scene: Scene, cap: Caption, words: dict[tuple[int, str], str] | None = None,
                     order: list[int] | None = None, relation: str | None = None) -> str:
     """Re-render ``cap`` with per-object word overrides, a new order, or a new relation word."""
     words = words or {}
@@ -195,12 +195,12 @@ def noncanonical(rng: random.Random, scene: Scene, cap: Caption) -> tuple[str, s
         order = list(cap.objects)
         while order == cap.objects:
             rng.shuffle(order)
-        return _render_caption(scene, cap, order=order), "order"
+        return render_caption(scene, cap, order=order), "order"
     if what == "relation":
-        return _render_caption(scene, cap, relation=SYNONYMS[cap.relation]), "relation_synonym"
+        return render_caption(scene, cap, relation=SYNONYMS[cap.relation]), "relation_synonym"
     i = rng.choice(cap.objects)
     value = getattr(scene.objects[i], what)
-    return _render_caption(scene, cap, words={(i, what): SYNONYMS[value]}), f"{what}_synonym"
+    return render_caption(scene, cap, words={(i, what): SYNONYMS[value]}), f"{what}_synonym"
 
 
 def relation_negative(rng: random.Random, scene: Scene, cap: Caption, cfg: WorldConfig) -> tuple[str, str] | None:
@@ -210,7 +210,7 @@ def relation_negative(rng: random.Random, scene: Scene, cap: Caption, cfg: World
     pool = [r for r in RELATIONS if r != cap.relation]
     rng.shuffle(pool)
     for new in pool:
-        neg = _render_caption(scene, cap, relation=new)
+        neg = render_caption(scene, cap, relation=new)
         if truth(neg, scene, cfg) is False:
             return new, neg
     return None
@@ -245,7 +245,7 @@ def relation_twin(rng: random.Random, scene: Scene, cap: Caption, text: str, cfg
     twin_cap = (Caption("", "relation", [i, j], OPPOSITE[cap.relation]) if how == "relation"
                 else Caption("", "relation", [j, i], cap.relation))
     is_vague = text == vague(scene, cap)
-    twin_text = vague(twin, twin_cap) if is_vague else _render_caption(twin, twin_cap)
+    twin_text = vague(twin, twin_cap) if is_vague else render_caption(twin, twin_cap)
     try:
         ok = (truth(twin_text, twin, cfg) is True and truth(twin_text, scene, cfg) is False
               and truth(text, twin, cfg) is False)

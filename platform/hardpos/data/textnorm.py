@@ -2,7 +2,7 @@
 
 Contract: pure functions over ``str``; comparison forms only (lower case, whitespace
 collapsed, one trailing period dropped). The accepted text a caller keeps is never
-produced here. Re-exported by :mod:`hardpos.data.validate`.
+produced here. Re-exported by :mod:`hardpos.data.rules.validate`.
 """
 from __future__ import annotations
 

@@ -62,14 +62,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hardpos import storage
-# re-exported public names (importers use hardpos.data.world): noqa F401 on purpose
-from hardpos.data.grammar import (AXIS, OPPOSITE, Caption, ParsedNP, _render_caption, canonical_caption,  # noqa: F401
-                                  list_text, noncanonical, np_text, parse, relation_negative, relation_twin,
-                                  relation_value, truth,
+from hardpos.data.grammar import (Caption, render_caption, canonical_caption,
+                                  list_text, noncanonical, np_text, relation_negative, relation_twin,
+                                  truth,
                                   vague)
 from hardpos.data.lexicon import load_lexicon
-from hardpos.data.scene import (BENCHMARKS, COLOR_RGB, RELATIONS, SHAPES_ALL, SIZE_SCALE, SPLITS, SYNONYMS,  # noqa: F401
-                                Obj, Scene, WorldConfig, mirror, render, sample_scene)
+from hardpos.data.scene import (BENCHMARKS, RELATIONS, SPLITS, SYNONYMS,
+                                Scene, WorldConfig, render, sample_scene)
 from hardpos.data.triplets import make_triplet, write_triplets
 
 
@@ -103,9 +102,9 @@ def benchmark_item(rng: random.Random, scene: Scene, cfg: WorldConfig, subset: s
                 tries.append((Caption(list_text([np_text(objs[k]) for k in keep]), "list", keep), new))
         tries += [(cap, new) for new in pool]  # the full caption (the fallback when partial ones fail)
         for item_cap, new in tries:
-            neg = _render_caption(scene, item_cap, words={(i, attr): new})
+            neg = render_caption(scene, item_cap, words={(i, attr): new})
             if truth(neg, scene, cfg) is False:
-                pos = _render_caption(scene, item_cap, words={(i, attr): SYNONYMS[value]})
+                pos = render_caption(scene, item_cap, words={(i, attr): SYNONYMS[value]})
                 return _verified(scene, cfg, item_cap.text, neg, pos, f"attribute:{attr} {value}->{new}",
                                  f"attribute:{attr} {value}->{SYNONYMS[value]}", item_cap.template)
         return None
@@ -117,7 +116,7 @@ def benchmark_item(rng: random.Random, scene: Scene, cfg: WorldConfig, subset: s
         if found is None:
             return None
         new, neg = found
-        pos = _render_caption(scene, cap, relation=SYNONYMS[cap.relation])
+        pos = render_caption(scene, cap, relation=SYNONYMS[cap.relation])
         return _verified(scene, cfg, cap.text, neg, pos, f"relation:{cap.relation}->{new}",
                          f"relation:{cap.relation}->{SYNONYMS[cap.relation]}", cap.template)
     if subset == "swap":
@@ -133,13 +132,13 @@ def benchmark_item(rng: random.Random, scene: Scene, cfg: WorldConfig, subset: s
             vi, vj = getattr(objs[i], attr), getattr(objs[j], attr)
             if vi == vj:
                 continue
-            neg = _render_caption(scene, cap, words={(i, attr): vj, (j, attr): vi})
+            neg = render_caption(scene, cap, words={(i, attr): vj, (j, attr): vi})
             if truth(neg, scene, cfg) is not False:
                 continue
             order = list(cap.objects)
             x, y = rng.sample(range(len(order)), 2)
             order[x], order[y] = order[y], order[x]
-            pos = _render_caption(scene, cap, order=order)
+            pos = render_caption(scene, cap, order=order)
             return _verified(scene, cfg, cap.text, neg, pos, f"attributes:{attr} {vi}<->{vj}", "conjuncts", "list")
         return None
     raise ValueError(f"unknown benchmark subset {subset!r}")

@@ -21,7 +21,7 @@ from hardpos.eval.items import Crop
 from hardpos.eval.spec import PRECISIONS, Precision
 from hardpos.model import encode_image, encode_text, trim_tokens
 
-ImageKey = tuple[str, "Crop | None"]
+ImageKey = tuple[str, Crop | None]
 PROGRESS_EVERY_S = 10.0  # a progress line at most this often while encoding images
 
 progress = logging.getLogger("hardpos.eval")

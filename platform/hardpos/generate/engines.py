@@ -25,15 +25,14 @@ Engines:
   stage raises (killing the job) when retries run out or a body is empty/non-JSON, and
   hands 500s back as normal replies; :class:`ResilientSession` owns retries instead and
   always returns a ``{"status", "body"}`` envelope so every row gets an answer.
-* ``rules`` -- :class:`hardpos.data.perturb.RulePerturber` in CPU ``map_batches`` tasks.
+* ``rules`` -- :class:`hardpos.data.rules.perturber.RulePerturber` in CPU ``map_batches`` tasks.
 
 The LLM engines send each template as it says (:class:`hardpos.generate.prompts.PromptTemplate`):
 a chat template as messages, a raw template as one prompt string with no chat template;
 with its own ``sampling`` settings over ``engine.sampling`` (:func:`sampling_params`); and
 ``raw_output`` is its completion after the template's ``postprocess`` ("none": as generated).
 
-Layout (one module per job; this module keeps the entry point :func:`apply_engine` and
-re-exports every name below, so importers and tests keep using ``engines.X``):
+Layout (one module per job; this module is the entry point :func:`apply_engine`):
 
 * :mod:`hardpos.generate.engine_config` -- the column contract, the ``engine`` config
   sections, provenance and :func:`sampling_params` (pure)
@@ -44,22 +43,10 @@ re-exports every name below, so importers and tests keep using ``engines.X``):
 from __future__ import annotations
 
 from hardpos.config import ConfigError
-from hardpos.generate.engine_config import (  # noqa: F401 - re-exported
-    ENGINE_COLUMNS, ENGINE_REASONS, REQUEST_COLUMNS, EngineConfig, HttpEngineConfig, RulesEngineConfig,
-    SamplingConfig, VLLMEngineConfig, model_name, sampling_params, source_of,
-)
-from hardpos.generate.http_engine import (  # noqa: F401 - re-exported
-    RETRYABLE, HttpPost, HttpPre, ResilientSession, _Envelope, _kind_in, _rows_of_kinds, apply_http,
-    build_http_processor_config, chat_payload, completion_payload, http_headers, http_url, parse_chat_response,
-    preflight, preflight_requests, request_payload, resilient_session_factory,
-)
-from hardpos.generate.rules_engine import (  # noqa: F401 - re-exported
-    _PERTURBERS, _rule_kind, apply_rules, cached_perturber, engine_schema, row_seed, rule_lexicon, rules_batch,
-)
-from hardpos.generate.vllm_engine import (  # noqa: F401 - re-exported
-    VLLM_UNSET, VLLMPost, VLLMPre, _normalise_vllm_row, apply_vllm, build_vllm_processor_config,
-    postprocess_modes, vllm_chat_stage, vllm_engine_kwargs,
-)
+from hardpos.generate.engine_config import EngineConfig
+from hardpos.generate.http_engine import apply_http
+from hardpos.generate.rules_engine import apply_rules
+from hardpos.generate.vllm_engine import apply_vllm
 
 
 def apply_engine(ds, cfg: EngineConfig, templates: dict, seed: int = 0, world_dir: str | None = None):

@@ -12,10 +12,10 @@ from __future__ import annotations
 import collections
 from typing import Any, Iterable, Mapping
 
-from hardpos.data.perturb import RulePerturber
+from hardpos.data.rules.perturber import RulePerturber
+from hardpos.data.rules.validate import is_conjunct_swap, validate
 from hardpos.data.triplets import make_triplet
-from hardpos.data.validate import is_conjunct_swap, validate
-from hardpos.generate import engines
+from hardpos.generate import rules_engine
 
 
 def base_kind(kind: str) -> str:
@@ -82,7 +82,7 @@ class NegativePicker:
         if key in known:
             return known[key]
         if self._rules is None:
-            self._rules = RulePerturber(seed=self.seed, lexicon=engines.rule_lexicon(self.world_dir))
+            self._rules = RulePerturber(seed=self.seed, lexicon=rules_engine.rule_lexicon(self.world_dir))
         return rule_negative(self._rules, cap["caption"], kind)
 
     def pick(self, cap: dict, kind: str, llm_negatives: dict[str, str],
@@ -97,7 +97,7 @@ class NegativePicker:
         base = kind.split("_")[0]
         usable = dataset_negatives(cap) if self.mode in ("auto", "dataset") else []
         if usable:
-            i = engines.row_seed(self.seed, cap["caption_id"], "negative") % len(usable)
+            i = rules_engine.row_seed(self.seed, cap["caption_id"], "negative") % len(usable)
             return usable[i], f"dataset:{self.dataset}"
         if self.mode in ("auto", "llm"):
             others = [v for k, v in llm_negatives.items() if not k.startswith("__")]
@@ -118,14 +118,14 @@ def positive_choice(seed: int, caption_id: str, n: int) -> int:
     """Index of the hard positive a caption trains with under ``positives="one"``.
 
     The rule: ``sha256(f"{seed}\\x00{caption_id}\\x00positive")`` (its first 4 bytes,
-    little-endian; :func:`hardpos.generate.engines.row_seed`) modulo ``n``, over the
+    little-endian; :func:`hardpos.generate.rules_engine.row_seed`) modulo ``n``, over the
     caption's accepted positives sorted by kind ("replace" < "swap"). It depends only on
     the seed and the caption id, never on the order the engine answered in, so reruns,
     resumes and any sharding give the same row; another seed may pick another positive.
     """
     if n < 1:
         raise ValueError(f"positive_choice needs at least one positive, got n={n}")
-    return engines.row_seed(seed, caption_id, "positive") % n
+    return rules_engine.row_seed(seed, caption_id, "positive") % n
 
 
 def join_caption(cap: dict, rows: list[dict], picker: NegativePicker, positives: str = "one",

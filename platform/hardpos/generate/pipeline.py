@@ -45,10 +45,7 @@ import pyarrow as pa
 import ray
 
 from hardpos import storage
-from hardpos.generate import engines
-from hardpos.generate.prompts import PromptTemplate
-from hardpos.generate.source import CaptionBlocks, caption_rows
-
+from hardpos.generate import engine_config, rules_engine
 from hardpos.generate.join import (
     POSITIVES_MODES,
     NegativePicker,
@@ -76,6 +73,7 @@ from hardpos.generate.planning import (
     reject_row,
     result_schema,
 )
+from hardpos.generate.prompts import PromptTemplate
 from hardpos.generate.shard_files import (
     ACCEPTED_COLUMNS,
     MANIFEST_KEYS,
@@ -95,6 +93,7 @@ from hardpos.generate.shard_files import (
     write_shard,
     write_webdataset,
 )
+from hardpos.generate.source import CaptionBlocks, caption_rows
 
 __all__ = [
     "ACCEPTED_COLUMNS", "INPUT_KIND", "MANIFEST_KEYS", "MERGED", "POSITIVES_MODES", "REJECT_COLUMNS",
@@ -243,8 +242,8 @@ def rules_shard(job: ShardJob, index: int, start: int, pieces: list[tuple[int, i
     shard = plan_shard(caption_rows(tables, pieces, start), list(job.templates), index, job.source)
     results = list(shard.input_rejects)
     if shard.requests:
-        requests = pa.Table.from_pylist([{c: r[c] for c in engines.REQUEST_COLUMNS} for r in shard.requests])
-        rows = engines.rules_batch(requests, seed=job.seed, world_dir=job.world_dir,
+        requests = pa.Table.from_pylist([{c: r[c] for c in engine_config.REQUEST_COLUMNS} for r in shard.requests])
+        rows = rules_engine.rules_batch(requests, seed=job.seed, world_dir=job.world_dir,
                                    include_benchmark_pairs=job.include_benchmark_pairs)
         results.extend(judge_batch(rows, job.rule_negatives).to_pylist())
     return commit_shard(job, shard, results)
@@ -289,14 +288,14 @@ def run_driver_shards(job: ShardJob, blocks: CaptionBlocks, pending: Iterable[in
     picker = job.picker() if job.join is not None else None
     expected: dict[int, int] = {}
     refs = []
-    schema = engines.engine_schema()
-    request_schema = pa.schema([schema.field(c) for c in engines.REQUEST_COLUMNS])
+    schema = rules_engine.engine_schema()
+    request_schema = pa.schema([schema.field(c) for c in engine_config.REQUEST_COLUMNS])
     for index in pending:
         shard = _fetch_shard(job, blocks, index)
         expected[index] = len(shard.requests)
         if shard.requests:
             refs.append(ray.put(pa.Table.from_pylist(
-                [{c: r[c] for c in engines.REQUEST_COLUMNS} for r in shard.requests], schema=request_schema)))
+                [{c: r[c] for c in engine_config.REQUEST_COLUMNS} for r in shard.requests], schema=request_schema)))
 
     def commit(index: int, rows: list[dict]) -> None:
         t0 = time.time()

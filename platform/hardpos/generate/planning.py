@@ -19,9 +19,9 @@ import pyarrow as pa
 from hardpos import storage
 from hardpos.config import ConfigError
 from hardpos.data.captions import read_captions
+from hardpos.data.rules.validate import validate
 from hardpos.data.triplets import resolve_image
-from hardpos.data.validate import validate
-from hardpos.generate import engines
+from hardpos.generate import engine_config, rules_engine
 from hardpos.generate.join import base_kind, rule_negative
 from hardpos.generate.prompts import PromptTemplate
 
@@ -145,7 +145,7 @@ def judge(row: dict, mode: str = "strict") -> dict:
 
 
 def result_schema():
-    schema = engines.engine_schema()
+    schema = rules_engine.engine_schema()
     for name in ("status", "reason", "detail", "text", "rule_negative"):
         schema = schema.append(pa.field(name, pa.string()))
     return schema
@@ -161,10 +161,10 @@ def judge_batch(batch, rule_negatives: dict | None = None, validation: dict[str,
     validation: kind -> validator mode (the templates' ``validation``); kinds not in it, and
     the rule engine's own rows, are validated strictly.
     """
-    rules = engines.cached_perturber(rule_negatives["seed"], rule_negatives["world_dir"]) if rule_negatives else None
+    rules = rules_engine.cached_perturber(rule_negatives["seed"], rule_negatives["world_dir"]) if rule_negatives else None
     rows = []
     for r in batch.to_pylist():
-        row = judge({c: r.get(c) for c in engines.REQUEST_COLUMNS + engines.ENGINE_COLUMNS},
+        row = judge({c: r.get(c) for c in engine_config.REQUEST_COLUMNS + engine_config.ENGINE_COLUMNS},
                     (validation or {}).get(r.get("kind"), "strict"))
         row["rule_negative"] = rule_negative(rules, row["caption"], base_kind(row["kind"])) if rules else None
         rows.append(row)

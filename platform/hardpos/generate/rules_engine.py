@@ -1,4 +1,4 @@
-"""The rule engine: :class:`hardpos.data.perturb.RulePerturber` in CPU ``map_batches`` tasks.
+"""The rule engine: :class:`hardpos.data.rules.perturber.RulePerturber` in CPU ``map_batches`` tasks.
 
 :func:`apply_rules` fills the engine columns (contract in :mod:`hardpos.generate.engines`)
 with rule edits, ``no_rule`` where none applies. Rows are seeded per (seed, caption, kind)
@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from hardpos.data.lexicon import load_lexicon
-from hardpos.data.perturb import RulePerturber
+from hardpos.data.rules.perturber import RulePerturber
 from hardpos.data.world import config_from_world, world_lexicon
 from hardpos.generate.engine_config import REQUEST_COLUMNS, EngineConfig
 

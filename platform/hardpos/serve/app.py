@@ -46,7 +46,8 @@ from hardpos.serve.requests import (check_image_header, is_multipart, parse_batc
                                     parse_json_body, parse_score_payload, read_body, read_multipart)
 from hardpos.serve.schemas import (BatchRequest, BatchResponse, CompareForm, CompareRequest, CompareResponse, ScoreForm,
                                    ScoreRequest, ScoreResponse, json_body, json_or_multipart, validation_message)
-from hardpos.serve.scoring import StageTimes, softmax as softmax_probs, verdicts
+from hardpos.eval.metrics import verdicts
+from hardpos.serve.scoring import StageTimes, softmax as softmax_probs
 
 __all__ = ["ScoringAPI", "ScoringModel", "api", "build_app"]
 

@@ -10,8 +10,8 @@ embeddings, score a batch, and turn scores into the paper's per-item verdicts.
 * :class:`BatchStats` -- what batch sizes the deployment actually ran.
 * :class:`StageTimes` -- cumulative seconds per stage (parse, model call, decode, forward):
   where a request's time goes, read from ``/v1/model`` by the load generator.
-* :func:`softmax`; :func:`verdicts` is :func:`hardpos.eval.metrics.verdicts`, re-exported
-  here for the app: per-item verdicts have one definition, the benchmark's.
+* :func:`softmax`; the app's per-item verdicts are :func:`hardpos.eval.metrics.verdicts`:
+  one definition, the benchmark's.
 """
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ import torch
 
 from hardpos import registry, tracking
 from hardpos.config import ModelConfig
-from hardpos.eval.metrics import verdicts  # noqa: F401 - re-exported for the app (one definition)
 from hardpos.model import encode_image, encode_text, trim_tokens
 from hardpos.model import load_model as _load_model  # this module's load_model wraps it
 from hardpos.serve.config import ServeAppConfig, ServingLimits

@@ -48,7 +48,8 @@ import pyarrow.parquet as pq
 from hardpos import bases, registry, storage, tracking
 from hardpos import report as R
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig
-from hardpos.data.world import BENCHMARKS, WorldConfig, load_world
+from hardpos.data.world import load_world
+from hardpos.data.scene import BENCHMARKS, WorldConfig
 from hardpos.eval.spec import RetrievalSpec
 from hardpos.interpolate import check_alphas
 from hardpos.runtime import JobContext, execute, init_ray

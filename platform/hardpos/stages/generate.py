@@ -17,7 +17,7 @@ from hardpos import storage
 from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
 from hardpos.data.captions import CaptionSourceError
 from hardpos.data.lexicon import benchmark_substitution, seen_substitutions_tag
-from hardpos.data.validate import KINDS
+from hardpos.data.rules.validate import KINDS
 from hardpos.data.world import world_dir_of
 from hardpos.generate.engine_config import EngineConfig
 from hardpos.generate.prompts import fingerprint, load_prompts
@@ -163,7 +163,7 @@ def _histogram(counts: dict[str, int]) -> dict[str, int]:
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:
-    from hardpos.generate import engines, pipeline, source  # lazy: see the module's imports
+    from hardpos.generate import engine_config, engines, http_engine, pipeline, source  # lazy: see the module's imports
 
     templates = load_prompts(cfg.prompts, cfg.kinds or None)
     check_config(cfg, templates)
@@ -177,15 +177,15 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     preflight = None
     if cfg.engine.kind == "http" and cfg.engine.http.preflight:
         probe = [{"kind": t.kind, "caption": PREFLIGHT_CAPTION} for t in templates]
-        preflight = engines.preflight_requests(cfg.engine.http, {t.kind: t for t in templates}, probe,
+        preflight = http_engine.preflight_requests(cfg.engine.http, {t.kind: t for t in templates}, probe,
                                                cfg.engine.sampling)
     try:
         init_ray(cfg.ray)
         blocks = source.read_source(files, limit=cfg.limit, image_root=cfg.image_root)
     except CaptionSourceError as exc:
         raise ConfigError(str(exc)) from exc
-    src_name = engines.source_of(cfg.engine)
-    model = engines.model_name(cfg.engine)
+    src_name = engine_config.source_of(cfg.engine)
+    model = engine_config.model_name(cfg.engine)
     num_shards = pipeline.shard_count(blocks.num_captions, cfg.shard_size)
     picker = pipeline.NegativePicker(cfg.join.negatives, cfg.seed, pipeline.dataset_name(source_uri), world_dir)
     # The join's rule negatives are computed on the workers, beside validation, when the join

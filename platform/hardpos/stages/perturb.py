@@ -5,7 +5,7 @@ Input (``input=``): any caption source :func:`hardpos.data.captions.read_caption
 or a synthetic world folder (its ``<split>.parquet``; the world's lexicon is then used so
 negatives stay in the world's vocabulary). Which world an input belongs to, its lexicon and
 the rule engine's seed are decided exactly as the generate stage's rule engine decides them
-(:func:`hardpos.data.world.world_dir_of`, :func:`hardpos.generate.engines.cached_perturber`),
+(:func:`hardpos.data.world.world_dir_of`, :func:`hardpos.generate.rules_engine.cached_perturber`),
 so both stages perturb a caption of the same world alike.
 
 Output (``output_dir``):
@@ -33,14 +33,13 @@ import random
 import time
 from typing import Literal
 
-
 from hardpos import storage
 from hardpos.config import ConfigError, JobConfig
 from hardpos.data.captions import CaptionSourceError, read_captions
-from hardpos.data.perturb_text import stable_seed
-from hardpos.data.triplets import TripletFileError, make_triplet, read_triplets, resolve_image, write_triplets
 from hardpos.data.lexicon import benchmark_substitution, seen_substitutions_tag
-from hardpos.data.validate import validate
+from hardpos.data.rules.text import stable_seed
+from hardpos.data.rules.validate import validate
+from hardpos.data.triplets import TripletFileError, make_triplet, read_triplets, resolve_image, write_triplets
 from hardpos.data.world import world_dir_of
 from hardpos.generate.rules_engine import cached_perturber
 from hardpos.runtime import JobContext, init_ray

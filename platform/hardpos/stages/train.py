@@ -19,12 +19,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 from hardpos import storage, tracking
 from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.runtime import JobContext
-from hardpos.train.config import TrainConfig
+from hardpos.train.config import TrainConfig as Config
 
 if TYPE_CHECKING:
     from hardpos.train.worker import StepHook
 
-Config = TrainConfig
 log = logging.getLogger(__name__)
 
 

@@ -11,7 +11,8 @@ import dataclasses
 from typing import ClassVar
 
 from hardpos.config import JobConfig
-from hardpos.data.world import WorldConfig, generate_world
+from hardpos.data.world import generate_world
+from hardpos.data.scene import WorldConfig
 from hardpos.runtime import JobContext
 
 

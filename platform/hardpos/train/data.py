@@ -45,7 +45,6 @@ import pyarrow.fs as pafs
 import torch
 
 from hardpos import storage
-from hardpos.data.images import load_image  # noqa: F401 (re-exported: hardpos.train.data.load_image)
 from hardpos.data.sources import SourceError, fetch_all, read_rows
 from hardpos.data.triplets import resolve_image
 from hardpos.model import trim_tokens

@@ -1,8 +1,8 @@
-"""REPLACE rules of the rule perturber (split out of :mod:`hardpos.data.perturb`).
+"""REPLACE rules of the rule perturber (split out of :mod:`hardpos.data.rules.perturber`).
 
 Contract: :class:`ReplaceRulesMixin` holds the REPLACE rule (negatives: another group of
 the same lexicon class; positives: a synonym allowed by the sense rules in this context)
-and its context checks.  A mixin of :class:`hardpos.data.perturb.RulePerturber`: it reads
+and its context checks.  A mixin of :class:`hardpos.data.rules.perturber.RulePerturber`: it reads
 the state ``RulePerturber.__init__`` sets (``lexicon``, ``_determiners``, ``_linkers``,
 ``_attr_adjs``) and its shared helpers (``_is_content``, ``_reading`` ...); methods moved
 verbatim, so behaviour is unchanged.
@@ -12,15 +12,23 @@ from __future__ import annotations
 from typing import Iterable
 
 from hardpos.data.lexicon import Context
-from hardpos.data.perturb_text import (_OBJECT_PRONOUNS, _SURFACE_PREPS, _apply, _capitalised, _case_like, _Match, _Tok,
-                                       Perturbation)
+from hardpos.data.rules.text import (
+    OBJECT_PRONOUNS,
+    SURFACE_PREPS,
+    Match,
+    Perturbation,
+    Token,
+    apply_edits,
+    capitalised,
+    case_like,
+)
 
 
 class ReplaceRulesMixin:
-    """REPLACE rules; mixed into :class:`hardpos.data.perturb.RulePerturber` (not usable alone)."""
+    """REPLACE rules; mixed into :class:`hardpos.data.rules.perturber.RulePerturber` (not usable alone)."""
 
     # -------------------------------------------------------------- REPLACE
-    def _replace(self, caption: str, toks: list[_Tok], matches: list[_Match], polarity: str) -> Iterable[Perturbation]:
+    def _replace(self, caption: str, toks: list[Token], matches: list[Match], polarity: str) -> Iterable[Perturbation]:
         lex = self.lexicon
         present = " " + " ".join(t.low for t in toks) + " "
         shouting = caption.isupper()  # "A FULL PLATE OF FOOD": capitals carry no name information
@@ -35,7 +43,7 @@ class ReplaceRulesMixin:
                         # a noun modifying another noun ("street signs", "baby shower"): its synonyms
                         # often do not fit the compound ("road signs" are traffic signs)
                         targets = []
-                    if m.i > 0 and _capitalised(toks[m.i].text) and not shouting:
+                    if m.i > 0 and capitalised(toks[m.i].text) and not shouting:
                         targets = []  # a name inside the caption ("the Blue Angels", "Green Lake Drive")
                 for target, _src in targets:
                     if polarity == "negative" and f" {target} " in present:
@@ -45,17 +53,17 @@ class ReplaceRulesMixin:
                         continue  # "laptop computer" -> "notebook computer computer"
                     if polarity == "positive" and not self._sense_allows(toks, m, target):
                         continue  # the synonym belongs to another sense here ("flying a kite" -> "soaring")
-                    text = _apply(caption, [(toks[m.i].start, toks[m.j - 1].end, _case_like(target, old))])
+                    text = apply_edits(caption, [(toks[m.i].start, toks[m.j - 1].end, case_like(target, old))])
                     yield Perturbation(text, "replace", f"{s.slot}:{s.cls} {m.form}->{target}")
 
-    def _sense_allows(self, toks: list[_Tok], m: _Match, target: str) -> bool:
+    def _sense_allows(self, toks: list[Token], m: Match, target: str) -> bool:
         """The lexicon's sense rules for ``m.form -> target``: every "only" context holds, no "block" one does."""
         for rule in self.lexicon.rules_for(m.form, target):
             if self._context_holds(rule.when, toks, m) != (rule.mode == "only"):
                 return False
         return True
 
-    def _context_holds(self, ctx: Context, toks: list[_Tok], m: _Match) -> bool:
+    def _context_holds(self, ctx: Context, toks: list[Token], m: Match) -> bool:
         """Whether every non-empty field of ``ctx`` matches around match ``m`` (see lexicon.Context)."""
         if ctx.next and not self._token_in(ctx.next, toks, m.j):
             return False
@@ -83,7 +91,7 @@ class ReplaceRulesMixin:
                 return False
         return True
 
-    def _token_in(self, wanted: frozenset[str], toks: list[_Tok], k: int) -> bool:
+    def _token_in(self, wanted: frozenset[str], toks: list[Token], k: int) -> bool:
         """Token ``k`` is one of the ``wanted`` words or token classes (see lexicon.Context)."""
         tok = toks[k] if 0 <= k < len(toks) else None
         if tok is None or not (tok.alpha or tok.text[:1].isdigit()):
@@ -99,24 +107,24 @@ class ReplaceRulesMixin:
         if "<known-noun>" in wanted and self.lexicon.is_noun(tok.low):
             return True
         if "<np>" in wanted:
-            if tok.low in self._determiners or tok.text[:1].isdigit() or tok.low in _OBJECT_PRONOUNS:
+            if tok.low in self._determiners or tok.text[:1].isdigit() or tok.low in OBJECT_PRONOUNS:
                 return True
             while k < len(toks) and toks[k].low in self.lexicon.adjectives and not self.lexicon.is_noun(toks[k].low):
                 k += 1  # "flying colorful kites"
             return k < len(toks) and self._nounish(toks[k])
         return False
 
-    def _nounish(self, tok: _Tok) -> bool:
+    def _nounish(self, tok: Token) -> bool:
         """A lexicon noun, or an unknown content word that is not an -ing form, adjective or adverb."""
         if self.lexicon.is_noun(tok.low):
             return True
         return (self._is_content(tok) and not self._is_ing_verb(tok) and tok.low not in self.lexicon.adverbs
                 and tok.low not in self.lexicon.adjectives)
 
-    def _head_noun(self, toks: list[_Tok], j: int) -> int | None:
+    def _head_noun(self, toks: list[Token], j: int) -> int | None:
         """The first noun from ``j`` on, past determiners, numbers and adjectives ("a bright yellow bus" -> bus),
         and past a leading "on"-like preposition ("sitting on the side" -> side)."""
-        k = j + 1 if j < len(toks) and toks[j].low in _SURFACE_PREPS else j
+        k = j + 1 if j < len(toks) and toks[j].low in SURFACE_PREPS else j
         while k < len(toks):
             t = toks[k]
             if t.low in self._determiners or t.text[:1].isdigit() or (

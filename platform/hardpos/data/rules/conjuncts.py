@@ -1,34 +1,34 @@
 """Is a candidate caption the original with two whole coordinated phrases exchanged?
 
 Contract: :func:`is_conjunct_swap` (pure, deterministic; re-exported by
-:mod:`hardpos.data.validate`, which uses it for SWAP positives and to refuse
+:mod:`hardpos.data.rules.validate`, which uses it for SWAP positives and to refuse
 meaning-keeping SWAP negatives). It searches every split ``P + X + S + Y + Q`` and accepts
 only when X and Y pass the rules of :func:`_whole_conjuncts`; doubtful splits are rejected.
-Token predicates and word classes come from :mod:`hardpos.data.wordclasses`.
+Token predicates and word classes come from :mod:`hardpos.data.rules.wordclasses`.
 """
 from __future__ import annotations
 
-from hardpos.data.textnorm import fold_counted_plurals, tokens
-from hardpos.data.wordclasses import (
-    _AFTER_COORDINATION,
-    _ANAPHORS,
-    _POSSESSIVES,
-    _BINDS_RIGHT,
-    _BINDS_RIGHT_ANIMATE,
-    _CLAUSE_PUNCT,
-    _COORDINATORS,
-    _DETERMINERS,
-    _FINITE,
-    _LOCATIVE,
-    _NUMERALS,
-    _OF_COLLECTIONS,
-    _PREP_NOUNS,
-    _PREPOSITIONS,
-    _SEPARATORS,
-    _Classify,
-    _plural,
-    _word_classes,
+from hardpos.data.rules.wordclasses import (
+    AFTER_COORDINATION,
+    ANAPHORS,
+    BINDS_RIGHT,
+    BINDS_RIGHT_ANIMATE,
+    CLAUSE_PUNCT,
+    COORDINATORS,
+    DETERMINERS,
+    FINITE,
+    LOCATIVE,
+    NUMERALS,
+    OF_COLLECTIONS,
+    POSSESSIVES,
+    PREP_NOUNS,
+    PREPOSITIONS,
+    SEPARATORS,
+    Classify,
+    is_plural,
+    word_classes,
 )
+from hardpos.data.textnorm import fold_counted_plurals, tokens
 
 
 def _swap_tokens(text: str) -> list[str]:
@@ -37,7 +37,7 @@ def _swap_tokens(text: str) -> list[str]:
 
 def _separator_at(toks: list[str], k: int) -> int:
     """Length of the separator starting at ``k`` (0 when none)."""
-    for sep in _SEPARATORS:
+    for sep in SEPARATORS:
         if tuple(toks[k:k + len(sep)]) == sep:
             return len(sep)
     return 0
@@ -57,13 +57,13 @@ def _runs_after(toks: list[str], a: int) -> list[tuple[int, list[tuple[int, int]
         n = _separator_at(toks, t)
         if not n:
             return out
-        crossed = crossed or any(x in _COORDINATORS for x in toks[t:t + n])
+        crossed = crossed or any(x in COORDINATORS for x in toks[t:t + n])
         t += n
         if t >= len(toks):
             return out
         out.append((t, list(middles), crossed))
         m = t
-        while m < len(toks) and not _separator_at(toks, m) and toks[m] not in _CLAUSE_PUNCT:
+        while m < len(toks) and not _separator_at(toks, m) and toks[m] not in CLAUSE_PUNCT:
             m += 1
         if m == t:
             return out
@@ -71,14 +71,14 @@ def _runs_after(toks: list[str], a: int) -> list[tuple[int, list[tuple[int, int]
         t = m
 
 
-def _comma_list_before(toks: list[str], i: int, cls: _Classify) -> tuple[int, list[list[str]]]:
+def _comma_list_before(toks: list[str], i: int, cls: Classify) -> tuple[int, list[list[str]]]:
     """Walk back over the comma-list the conjunct starting at ``i`` ends: (the index of the
     token before the whole list, -1 at the caption's start; the members before ``i``, in order)."""
     members: list[list[str]] = []
     t = i - 1
     while t >= 0 and toks[t] == ",":
         m = t - 1
-        while m >= 0 and toks[m] not in _CLAUSE_PUNCT and toks[m] not in _COORDINATORS and not cls.linker(toks[m]):
+        while m >= 0 and toks[m] not in CLAUSE_PUNCT and toks[m] not in COORDINATORS and not cls.linker(toks[m]):
             m -= 1
         if m == t - 1:
             break
@@ -87,14 +87,14 @@ def _comma_list_before(toks: list[str], i: int, cls: _Classify) -> tuple[int, li
     return t, members
 
 
-def _list_opener(toks: list[str], i: int, cls: _Classify) -> int:
+def _list_opener(toks: list[str], i: int, cls: Classify) -> int:
     """Index of the token before the whole list the conjunct starting at ``i`` belongs to
     (-1 at the caption's start): "with a hat, a scarf and a dog" -> the index of "with"."""
     return _comma_list_before(toks, i, cls)[0]
 
 
 def _whole_conjuncts(toks: list[str], i: int, a: int, y0: int, j: int, middles: list[tuple[int, int]],
-                     crossed: bool, cls: _Classify) -> bool:
+                     crossed: bool, cls: Classify) -> bool:
     """Are X = toks[i:a] and Y = toks[y0:j] whole, parallel conjuncts of one coordination?
 
     Each rule guards against one way a swap of *parts* moves a modifier to another thing (the
@@ -148,25 +148,25 @@ def _whole_conjuncts(toks: list[str], i: int, a: int, y0: int, j: int, middles: 
     """
     common = cls.shapes(toks[i:a]) & cls.shapes(toks[y0:j]) - _points_back(toks[y0:j], cls)
     if middles:
-        seps = [t for t in toks[a:y0] if t in _COORDINATORS or t == ","]
+        seps = [t for t in toks[a:y0] if t in COORDINATORS or t == ","]
         if any(t != "," for t in seps[:-1]) or any(cls.linker(t) for s, e in middles for t in toks[s:e]):
             return False
     for s, e in middles:
         common &= cls.shapes(toks[s:e])
     if not crossed:  # "A, B and C" swapping A and B: the list must carry on to its "and"
         rest = toks[j:]
-        if not rest or rest[0] not in (",", "and", "or", "&") or not (_COORDINATORS & set(rest)):
+        if not rest or rest[0] not in (",", "and", "or", "&") or not (COORDINATORS & set(rest)):
             return False
-    if i > 0 and toks[i - 1] in _COORDINATORS:
+    if i > 0 and toks[i - 1] in COORDINATORS:
         return False
     if i > 0 and toks[i - 1] == ",":  # X continues a list: its previous member has X's shape
         m = i - 2
-        while m >= 0 and toks[m] not in _CLAUSE_PUNCT and toks[m] not in _COORDINATORS and not cls.linker(toks[m]):
+        while m >= 0 and toks[m] not in CLAUSE_PUNCT and toks[m] not in COORDINATORS and not cls.linker(toks[m]):
             m -= 1
         if m == i - 2:
             return False
         prev = toks[m + 1:i - 1]
-        bare = [t for t in prev if t not in _DETERMINERS] or prev  # "a blue, [white] and red": "a" is shared
+        bare = [t for t in prev if t not in DETERMINERS] or prev  # "a blue, [white] and red": "a" is shared
         common &= cls.shapes(prev) | cls.shapes(bare)  # "a snowy, icy, [empty city street]" lists adjectives
     if "noun" in common:
         earlier = _earlier_members(toks, i, cls)
@@ -177,25 +177,25 @@ def _whole_conjuncts(toks: list[str], i: int, a: int, y0: int, j: int, middles: 
     return any(_EDGE_RULES[shape](toks, i, a, y0, j, cls) for shape in sorted(common))
 
 
-def _points_back(y: list[str], cls: _Classify) -> frozenset[str]:
+def _points_back(y: list[str], cls: Classify) -> frozenset[str]:
     """The shapes in which Y's pronouns may point back to X, so that Y cannot move in front of
     it: any pronoun in a noun phrase ("a woman and [her child]"); in a verb phrase an object
     pronoun ("sitting on a skateboard and [riding it]"), not a possessive of the subject
     ("kneeling by his skateboard and [holding up his arm]")."""
-    if not any(t in _ANAPHORS for t in y):
+    if not any(t in ANAPHORS for t in y):
         return frozenset()
     nxt = [*y[1:], None]
-    in_vp = any(t in _ANAPHORS - _POSSESSIVES and not (t == "her" and cls.content(n)) for t, n in zip(y, nxt))
+    in_vp = any(t in ANAPHORS - POSSESSIVES and not (t == "her" and cls.content(n)) for t, n in zip(y, nxt))
     return frozenset({"noun", "adj", "vp"} if in_vp else {"noun", "adj"})
 
 
-def _earlier_members(toks: list[str], i: int, cls: _Classify) -> list[list[str]]:
+def _earlier_members(toks: list[str], i: int, cls: Classify) -> list[list[str]]:
     """The comma-list members before the conjunct starting at ``i``, in order ("a bathroom with
     [a sink], toilet and shower" -> [["a", "sink"]]); empty when no comma comes right before it."""
     return _comma_list_before(toks, i, cls)[1]
 
 
-def _noun_list_ok(members: list[list[str]], right: str | None, cls: _Classify) -> bool:
+def _noun_list_ok(members: list[list[str]], right: str | None, cls: Classify) -> bool:
     """May these comma-list members ("A, B and C") be read as whole noun phrases of one list?
 
     * No adjective taken for a member. A word the lexicon does not know counts as a noun, so
@@ -209,65 +209,65 @@ def _noun_list_ok(members: list[list[str]], right: str | None, cls: _Classify) -
       "in", ...); any other preposition right after it may belong to the last member alone
       ("bed, mirror and window [to patio]"), so the swap would move it to another thing.
     """
-    if right in _PREPOSITIONS and right not in _LOCATIVE:
+    if right in PREPOSITIONS and right not in LOCATIVE:
         return False
     nouns = cls.wc.nouns
     for m, nxt in zip(members, members[1:]):
-        head = [t for t in m if t not in _DETERMINERS]
-        if (len(head) == 1 and head[0] not in nouns and not _plural(head[0]) and len(nxt) > 1
-                and nxt[0] not in _DETERMINERS):
+        head = [t for t in m if t not in DETERMINERS]
+        if (len(head) == 1 and head[0] not in nouns and not is_plural(head[0]) and len(nxt) > 1
+                and nxt[0] not in DETERMINERS):
             return False
     return True
 
 
-def _adjectives_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: _Classify) -> bool:
+def _adjectives_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: Classify) -> bool:
     left = toks[i - 1] if i > 0 else None
     right = toks[j] if j < len(toks) else None
     if left in cls.wc.nouns and left not in cls.wc.adjectives:
         return False  # "some toilet [paper] and [brown] tiles": X may end a compound noun
     if cls.content(right):
         return True  # a shared head noun ("a brown and gold fire hydrant")
-    if (left in _DETERMINERS or cls.content(left)) and cls.ing_verb(right or "") and cls.content(
+    if (left in DETERMINERS or cls.content(left)) and cls.ing_verb(right or "") and cls.content(
             toks[j + 1] if j + 1 < len(toks) else None):
         return True  # "a black and white sitting room": prenominal, the head comes later
-    return (cls.boundary(right) or right in _COORDINATORS or cls.linker(right)) and cls.opens_at(toks, i)
+    return (cls.boundary(right) or right in COORDINATORS or cls.linker(right)) and cls.opens_at(toks, i)
 
 
-def _verb_phrases_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: _Classify) -> bool:
+def _verb_phrases_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: Classify) -> bool:
     left = toks[i - 1] if i > 0 else None
     right = toks[j] if j < len(toks) else None
-    if left in _DETERMINERS:
+    if left in DETERMINERS:
         return False
     if a - i == 1 and j - y0 == 1:
-        return cls.boundary(right) or right in _COORDINATORS or right in _LOCATIVE
-    if a - i == 1 and any(t in _PREPOSITIONS for t in toks[y0:j]):
+        return cls.boundary(right) or right in COORDINATORS or right in LOCATIVE
+    if a - i == 1 and any(t in PREPOSITIONS for t in toks[y0:j]):
         return False  # "grazing and [eating in the pasture]": the place may cover both
-    return cls.boundary(right) or right in _COORDINATORS
+    return cls.boundary(right) or right in COORDINATORS
 
 
-def _noun_phrases_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: _Classify) -> bool:
+def _noun_phrases_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: Classify) -> bool:
     wc = cls.wc
     x, y = toks[i:a], toks[y0:j]
     left = toks[i - 1] if i > 0 else None
     right = toks[j] if j < len(toks) else None
-    x_det, y_det = x[0] in _DETERMINERS, y[0] in _DETERMINERS
+    x_det, y_det = x[0] in DETERMINERS, y[0] in DETERMINERS
     if not cls.opens_at(toks, i):  # X starts after an article it shares with Y
-        if x_det or y_det or left in _NUMERALS or left not in _DETERMINERS:
+        if x_det or y_det or left in NUMERALS or left not in DETERMINERS:
             return False
         if x[-1] not in wc.nouns or y[-1] not in wc.nouns:
             return False  # "stand in a [field] and [graze]"
-        if left == "a" and (_plural(x[-1]) or _plural(y[-1])):
+        if left == "a" and (is_plural(x[-1]) or is_plural(y[-1])):
             return False  # "a [bright window] and [house plants]": no article shared with a plural
     if x_det and len(x) == 2 and x[1] not in wc.nouns and not y_det and y[0] in wc.pure_adjectives:
         return False  # "a [grown] and [white dog]": two adjectives sharing "dog"
-    if not (cls.boundary(right) or right in _COORDINATORS or cls.linker(right) or right in _AFTER_COORDINATION):
+    if not (cls.boundary(right) or right in COORDINATORS or cls.linker(right) or right in AFTER_COORDINATION):
         return False
     y_animate = y[-1] in wc.animate
     in_front = right == "in" and j + 1 < len(toks) and toks[j + 1] == "front"
-    if right in _BINDS_RIGHT or (right in _BINDS_RIGHT_ANIMATE and y_animate and not in_front) or (
-            cls.participle(right or "") and j + 1 < len(toks) and toks[j + 1] in _PREPOSITIONS):
+    if right in BINDS_RIGHT or (right in BINDS_RIGHT_ANIMATE and y_animate and not in_front) or (
+            cls.participle(right or "") and j + 1 < len(toks) and toks[j + 1] in PREPOSITIONS):
         return False
-    if (right in _PREPOSITIONS or cls.ing_verb(right or "")) and any(cls.linker(t) for t in x[1:]):
+    if (right in PREPOSITIONS or cls.ing_verb(right or "")) and any(cls.linker(t) for t in x[1:]):
         return False  # "[a man with a hat] and [a woman] on a bench": Y may go on
     if not _post_modifiers_ok(x, y, cls):
         return False
@@ -280,31 +280,31 @@ def _noun_phrases_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: _Cla
             return False
         if y_animate and (link != "of" or any(t in wc.animate for t in toks[:opener])):
             return False
-        if link == "of" and toks[opener - 1] not in _OF_COLLECTIONS:
+        if link == "of" and toks[opener - 1] not in OF_COLLECTIONS:
             return False
-        if link in _LOCATIVE and link not in _TAKES_PAIR and x_det and y_det and cls.boundary(right):
+        if link in LOCATIVE and link not in _TAKES_PAIR and x_det and y_det and cls.boundary(right):
             return False  # "a truck on [a street] and [a traffic light]": the light may be the truck's partner
-        if link in _PREPOSITIONS and _nested_in_prepositional_phrase(toks, opener, cls):
+        if link in PREPOSITIONS and _nested_in_prepositional_phrase(toks, opener, cls):
             return False  # "with a coat on [his shoulder] and [a suitcase] by his foot"
         if x_det != y_det:
             bare = y if x_det else x
-            if link == "of" or (link not in _FINITE and (bare[-1] not in wc.nouns or bare[-1] in wc.animate)):
+            if link == "of" or (link not in FINITE and (bare[-1] not in wc.nouns or bare[-1] in wc.animate)):
                 return False  # "a bowl of [soup] and [a sandwich]", "in [a black dress] and [fans]"
     return True
 
 
-def _nested_in_prepositional_phrase(toks: list[str], opener: int, cls: _Classify) -> bool:
+def _nested_in_prepositional_phrase(toks: list[str], opener: int, cls: Classify) -> bool:
     """The noun before the preposition at ``opener`` is itself a preposition's object ("a bathroom
     with [a frame] on ..."): Y may then be that noun's partner ("with [a frame on wall] and [sink]")."""
     q = opener - 1
-    while q >= 0 and (toks[q] in _DETERMINERS or (cls.content(toks[q]) and toks[q] not in _PREP_NOUNS)):
+    while q >= 0 and (toks[q] in DETERMINERS or (cls.content(toks[q]) and toks[q] not in PREP_NOUNS)):
         q -= 1
-    if q == opener - 1 or q < 1 or toks[q] not in _PREPOSITIONS or toks[q] == "of":
+    if q == opener - 1 or q < 1 or toks[q] not in PREPOSITIONS or toks[q] == "of":
         return False
     return any(cls.content(t) for t in toks[:q])
 
 
-def _post_modifiers_ok(x: list[str], y: list[str], cls: _Classify) -> bool:
+def _post_modifiers_ok(x: list[str], y: list[str], cls: Classify) -> bool:
     """Conjuncts with a modifier after their head ("a man [with a hat]").
 
     * Only Y has one: it may cover both ("a man and a woman [on a motorcycle]"); an "of"
@@ -330,16 +330,16 @@ def _post_modifiers_ok(x: list[str], y: list[str], cls: _Classify) -> bool:
     return [x[k] for k in x_links] == [y[k] for k in y_links] and x_head in animate and y_head in animate
 
 
-def _may_share_modifiers(first: list[str], second: list[str], cls: _Classify) -> bool:
+def _may_share_modifiers(first: list[str], second: list[str], cls: Classify) -> bool:
     """In "first and second", may first's prenominal modifiers also cover a bare second?
 
     "a white [hat] and [uniform]", "a tennis [racket] and [ball]", "a brown [couch] and [foot
     stool]"; and, with the conjuncts the other way round, "[noodle] and [vegetable dish]".
     Either order of such a pair changes which things the modifiers describe.
     """
-    if second[0] in _DETERMINERS or any(cls.linker(t) for t in first):
+    if second[0] in DETERMINERS or any(cls.linker(t) for t in first):
         return False
-    mods = [t for t in first[:-1] if t not in _DETERMINERS]
+    mods = [t for t in first[:-1] if t not in DETERMINERS]
     if not mods:
         return False
     pure = cls.wc.pure_adjectives
@@ -389,16 +389,16 @@ def _is_swap_of(o: list[str], c: list[str]) -> bool:
         return False
     first = next(k for k in range(n) if o[k] != c[k])
     last = max(k for k in range(n) if o[k] != c[k]) + 1
-    cls = _Classify(_word_classes())
+    cls = Classify(word_classes())
     for a in range(1, n):
         if not _separator_at(o, a):
             continue
         for i in range(min(first, a - 1), -1, -1):  # X = o[i:a], longest last
-            if o[i] in _COORDINATORS or o[i] in _CLAUSE_PUNCT:
+            if o[i] in COORDINATORS or o[i] in CLAUSE_PUNCT:
                 break
             for y0, middles, crossed in _runs_after(o, a):
                 for j in range(max(last, y0 + 1), n + 1):
-                    if o[j - 1] in _COORDINATORS or o[j - 1] in _CLAUSE_PUNCT:
+                    if o[j - 1] in COORDINATORS or o[j - 1] in CLAUSE_PUNCT:
                         break
                     if c[i:j] == o[y0:j] + o[a:y0] + o[i:a] and _whole_conjuncts(
                             o, i, a, y0, j, middles, crossed, cls):

@@ -53,10 +53,10 @@ The SWAP-positive check takes its word classes (nouns, people and animals, adjec
 function words) from the shipped lexicon, loaded on first use and cached.
 
 Layout (one job per module): :mod:`hardpos.data.textnorm` (normalisation: :func:`normalise`,
-:func:`tokens`, :func:`words`), :mod:`hardpos.data.wordclasses` (the lexicon's word classes
-and token predicates) and :mod:`hardpos.data.conjuncts` (:func:`is_conjunct_swap`); this
+:func:`tokens`, :func:`words`), :mod:`hardpos.data.rules.wordclasses` (the lexicon's word classes
+and token predicates) and :mod:`hardpos.data.rules.conjuncts` (:func:`is_conjunct_swap`); this
 module holds the checks in order and re-exports those public names, so
-``from hardpos.data.validate import ...`` keeps working for all of them.
+``from hardpos.data.rules.validate import ...`` keeps working for all of them.
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 
-from hardpos.data.conjuncts import is_conjunct_swap
+from hardpos.data.rules.conjuncts import is_conjunct_swap
 from hardpos.data.textnorm import fold_counted_plurals, normalise, tokens, words
 
 __all__ = ["KINDS", "LENGTH_SLACK_WORDS", "MAX_LENGTH_RATIO", "MAX_REPLACE_SPAN", "MIN_LENGTH_RATIO", "MODES", "REASONS",

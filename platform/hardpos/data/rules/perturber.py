@@ -34,20 +34,20 @@ skipped rather than emitting nonsense.  Articles a/an are fixed after an edit, a
 sentence-initial capitals move with the edit.
 
 Layout: this module holds :class:`RulePerturber` (construction, the public API and the
-shared token helpers); its REPLACE rules live in :mod:`hardpos.data.perturb_replace`, its
-SWAP rules in :mod:`hardpos.data.perturb_swap` (mixins), and tokens, records and text
-edits in :mod:`hardpos.data.perturb_text`.  Public names of those are re-exported here.
+shared token helpers); its REPLACE rules live in :mod:`hardpos.data.rules.replace`, its
+SWAP rules in :mod:`hardpos.data.rules.swap` (mixins), and tokens, records and text
+edits in :mod:`hardpos.data.rules.text`.  Public names of those are re-exported here.
 """
 from __future__ import annotations
 
 import random
 
 from hardpos.data.lexicon import Lexicon, Sense, load_lexicon
-from hardpos.data.perturb_replace import ReplaceRulesMixin
-from hardpos.data.perturb_swap import SwapRulesMixin
-# re-exported (importers use hardpos.data.perturb; stages.perturb reads stable_seed from perturb_text): noqa F401 on purpose
-from hardpos.data.perturb_text import (_TOKEN, KINDS, POLARITIES, _Match, _Tok, _dedupe, stable_seed,  # noqa: F401
-                                       Perturbation)
+from hardpos.data.rules.replace import ReplaceRulesMixin
+from hardpos.data.rules.swap import SwapRulesMixin
+
+# re-exported (importers use hardpos.data.rules.perturber; stages.perturb reads stable_seed from perturb_text): noqa F401 on purpose
+from hardpos.data.rules.text import KINDS, POLARITIES, TOKEN, Match, Perturbation, Token, dedupe, stable_seed  # noqa: F401
 
 
 class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
@@ -115,22 +115,22 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
         hit = self._cache.get(caption)
         if hit is not None:
             return hit
-        toks = [_Tok(m.group(0), m.group(0).lower(), m.start(), m.end()) for m in _TOKEN.finditer(caption)]
+        toks = [Token(m.group(0), m.group(0).lower(), m.start(), m.end()) for m in TOKEN.finditer(caption)]
         matches = self._matches(toks)
-        neg = _dedupe(caption, [*self._replace(caption, toks, matches, "negative"),
+        neg = dedupe(caption, [*self._replace(caption, toks, matches, "negative"),
                                 *self._swap_attributes(caption, toks, matches),
                                 *self._swap_objects(caption, toks, matches)])
-        pos = _dedupe(caption, [*self._replace(caption, toks, matches, "positive"),
+        pos = dedupe(caption, [*self._replace(caption, toks, matches, "positive"),
                                 *self._swap_conjuncts(caption, toks, matches)])
         if len(self._cache) > 4096:
             self._cache.clear()
         self._cache[caption] = (neg, pos)
         return neg, pos
 
-    def _matches(self, toks: list[_Tok]) -> list[_Match]:
+    def _matches(self, toks: list[Token]) -> list[Match]:
         """Longest-first, non-overlapping lexicon matches, with the reading decided from context."""
         lex = self.lexicon
-        out: list[_Match] = []
+        out: list[Match] = []
         i = 0
         while i < len(toks):
             found = None
@@ -149,21 +149,21 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
             n, form, senses = found
             senses = self._reading(toks, i, i + n, senses)
             if senses:
-                out.append(_Match(i, i + n, form, senses))
+                out.append(Match(i, i + n, form, senses))
             i += n
         return out
 
-    def _is_content(self, tok: _Tok | None) -> bool:
+    def _is_content(self, tok: Token | None) -> bool:
         return tok is not None and tok.alpha and tok.low not in self.lexicon.function_words and tok.low not in self._determiners
 
-    def _is_ing_verb(self, tok: _Tok | None) -> bool:
+    def _is_ing_verb(self, tok: Token | None) -> bool:
         if tok is None or not tok.alpha or len(tok.low) < 5 or not tok.low.endswith("ing"):
             return False
         if tok.low in self.lexicon.ing_not_verbs:
             return False
         return not any(s.pos == "noun" for s in self.lexicon.lookup(tok.low))
 
-    def _reading(self, toks: list[_Tok], i: int, j: int, senses: tuple[Sense, ...]) -> tuple[Sense, ...]:
+    def _reading(self, toks: list[Token], i: int, j: int, senses: tuple[Sense, ...]) -> tuple[Sense, ...]:
         nxt = toks[j] if j < len(toks) else None
         has_adj = any(s.pos == "adj" for s in senses)
         has_noun = any(s.pos == "noun" for s in senses)
@@ -187,7 +187,7 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
             kept.append(s)
         return tuple(kept)
 
-    def _object_ok(self, toks: list[_Tok], j: int) -> bool:
+    def _object_ok(self, toks: list[Token], j: int) -> bool:
         """For "on"->"under": there is an object and it is not a surface/medium ("on the beach")."""
         k = j
         while k < len(toks) and (toks[k].low in self._determiners or toks[k].low in self.lexicon.adjectives):

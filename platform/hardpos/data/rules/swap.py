@@ -1,25 +1,25 @@
-"""SWAP rules of the rule perturber (split out of :mod:`hardpos.data.perturb`).
+"""SWAP rules of the rule perturber (split out of :mod:`hardpos.data.rules.perturber`).
 
 Contract: :class:`SwapRulesMixin` holds the SWAP negatives (attributes or nouns exchanged
 between two nouns) and SWAP positives (conjuncts around "and" exchanged with their
-modifiers; every candidate must pass :func:`hardpos.data.validate.is_conjunct_swap`), plus
+modifiers; every candidate must pass :func:`hardpos.data.rules.validate.is_conjunct_swap`), plus
 the whole-clause fallback :func:`_clause_candidates`.  A mixin of
-:class:`hardpos.data.perturb.RulePerturber`: it reads the state ``RulePerturber.__init__``
+:class:`hardpos.data.rules.perturber.RulePerturber`: it reads the state ``RulePerturber.__init__``
 sets and its shared helpers; methods moved verbatim, so behaviour is unchanged.
 """
 from __future__ import annotations
 
 from typing import Iterable
 
-from hardpos.data.perturb_text import _BOUNDARY_PUNCT, _COORD, _VISUAL, _Match, _swap, _Tok, Perturbation
-from hardpos.data.validate import is_conjunct_swap
+from hardpos.data.rules.text import BOUNDARY_PUNCT, COORD, VISUAL, Match, Perturbation, Token, swap_spans
+from hardpos.data.rules.validate import is_conjunct_swap
 
 
 class SwapRulesMixin:
-    """SWAP rules; mixed into :class:`hardpos.data.perturb.RulePerturber` (not usable alone)."""
+    """SWAP rules; mixed into :class:`hardpos.data.rules.perturber.RulePerturber` (not usable alone)."""
 
     # -------------------------------------------------------------- SWAP negatives
-    def _head_after(self, toks: list[_Tok], j: int) -> int | None:
+    def _head_after(self, toks: list[Token], j: int) -> int | None:
         """Index of the noun an adjective ending at ``j`` modifies (skipping further adjectives)."""
         k = j
         while k < len(toks) and toks[k].low in self.lexicon.adjectives and not self.lexicon.is_noun(toks[k].low):
@@ -28,7 +28,7 @@ class SwapRulesMixin:
             return k
         return None
 
-    def _swap_attributes(self, caption: str, toks: list[_Tok], matches: list[_Match]) -> Iterable[Perturbation]:
+    def _swap_attributes(self, caption: str, toks: list[Token], matches: list[Match]) -> Iterable[Perturbation]:
         adjs = []
         for m in matches:
             for s in m.senses:
@@ -45,30 +45,30 @@ class SwapRulesMixin:
                 if sa.cls == sb.cls:
                     if sa.group == sb.group:
                         continue  # synonyms
-                elif not (sa.cls in _VISUAL and sb.cls in _VISUAL and self._sole_adjective(toks, ma, ha)
+                elif not (sa.cls in VISUAL and sb.cls in VISUAL and self._sole_adjective(toks, ma, ha)
                           and self._sole_adjective(toks, mb, hb)):
                     # "a large red circle": swapping size with another NP's colour gives "a blue red circle";
                     # state words fit only their nouns ("a young girl on a wooden floor" -> "a wooden girl")
                     continue
                 ta = caption[toks[ma.i].start:toks[ma.j - 1].end]
                 tb = caption[toks[mb.i].start:toks[mb.j - 1].end]
-                text = _swap(caption, (toks[ma.i].start, toks[ma.j - 1].end), (toks[mb.i].start, toks[mb.j - 1].end), ta, tb)
+                text = swap_spans(caption, (toks[ma.i].start, toks[ma.j - 1].end), (toks[mb.i].start, toks[mb.j - 1].end), ta, tb)
                 yield Perturbation(text, "swap", f"attributes:{sa.cls if sa.cls == sb.cls else sa.cls + '/' + sb.cls} {ma.form}<->{mb.form}")
 
-    def _sole_adjective(self, toks: list[_Tok], m: _Match, head: int) -> bool:
+    def _sole_adjective(self, toks: list[Token], m: Match, head: int) -> bool:
         """The adjective sits right before its noun and no other adjective modifies that noun."""
         before = toks[m.i - 1] if m.i > 0 else None
         return head == m.j and not (before is not None and (before.low in self.lexicon.adjectives
-                                                            or before.low in _COORD))
+                                                            or before.low in COORD))
 
-    def _coordinated(self, toks: list[_Tok], i: int, j: int) -> bool:
+    def _coordinated(self, toks: list[Token], i: int, j: int) -> bool:
         """True when tokens strictly between i and j only join conjuncts ("a dog and a cat")."""
         between = toks[i + 1:j]
-        if not any(t.low in _COORD for t in between):
+        if not any(t.low in COORD for t in between):
             return False
         return not any(t.low in self._linkers or self._is_ing_verb(t) for t in between)
 
-    def _swap_objects(self, caption: str, toks: list[_Tok], matches: list[_Match]) -> Iterable[Perturbation]:
+    def _swap_objects(self, caption: str, toks: list[Token], matches: list[Match]) -> Iterable[Perturbation]:
         nouns = []
         for m in matches:
             before = toks[m.i - 1] if m.i > 0 else None
@@ -99,23 +99,23 @@ class SwapRulesMixin:
                     continue
                 ta = caption[toks[ma.i].start:toks[ma.j - 1].end]
                 tb = caption[toks[mb.i].start:toks[mb.j - 1].end]
-                text = _swap(caption, (toks[ma.i].start, toks[ma.j - 1].end), (toks[mb.i].start, toks[mb.j - 1].end), ta, tb)
+                text = swap_spans(caption, (toks[ma.i].start, toks[ma.j - 1].end), (toks[mb.i].start, toks[mb.j - 1].end), ta, tb)
                 yield Perturbation(text, "swap", f"objects:{sa.kind} {ma.form}<->{mb.form}")
 
     # -------------------------------------------------------------- SWAP positives
-    def _modifier(self, tok: _Tok) -> bool:
+    def _modifier(self, tok: Token) -> bool:
         return tok.alpha and (tok.low in self.lexicon.adjectives or self.lexicon.is_noun(tok.low)) \
             and tok.low not in self.lexicon.function_words
 
-    def _boundary(self, tok: _Tok | None) -> bool:
+    def _boundary(self, tok: Token | None) -> bool:
         """A token that may end a conjunct: end of caption, punctuation, a linker/"and", an -ing verb."""
         if tok is None:
             return True
         if not tok.alpha:
-            return tok.text in _BOUNDARY_PUNCT
+            return tok.text in BOUNDARY_PUNCT
         return tok.low in self.lexicon.function_words or self._is_ing_verb(tok)
 
-    def _left_np(self, toks: list[_Tok], k: int) -> tuple[int, int] | None:
+    def _left_np(self, toks: list[Token], k: int) -> tuple[int, int] | None:
         j = k - 1
         if j < 0 or not self._is_content(toks[j]) or self._is_ing_verb(toks[j]):
             return None
@@ -137,7 +137,7 @@ class SwapRulesMixin:
             return None
         return i, k
 
-    def _right_np(self, toks: list[_Tok], k: int) -> tuple[int, int] | None:
+    def _right_np(self, toks: list[Token], k: int) -> tuple[int, int] | None:
         i = k + 1
         j = i
         if j < len(toks) and toks[j].low in self._determiners:
@@ -161,9 +161,9 @@ class SwapRulesMixin:
             return None  # "sink side by side": the conjunct must end in a noun
         return i, j
 
-    def _swap_conjuncts(self, caption: str, toks: list[_Tok], matches: list[_Match]) -> Iterable[Perturbation]:
+    def _swap_conjuncts(self, caption: str, toks: list[Token], matches: list[Match]) -> Iterable[Perturbation]:
         """Conjunct-swap hard positives: for each "and", the first candidate of :meth:`_conjunct_candidates`
-        that :func:`~hardpos.data.validate.is_conjunct_swap` accepts.
+        that :func:`~hardpos.data.rules.validate.is_conjunct_swap` accepts.
 
         The candidates come from local heuristics that cannot see a whole coordination; the validator's
         check is the contract, so a swap of parts ("a man with a hat and a woman" -> "a man with a woman
@@ -175,7 +175,7 @@ class SwapRulesMixin:
                 done.add(k)
                 yield p
 
-    def _conjunct_candidates(self, caption: str, toks: list[_Tok]) -> Iterable[tuple[int, Perturbation]]:
+    def _conjunct_candidates(self, caption: str, toks: list[Token]) -> Iterable[tuple[int, Perturbation]]:
         """(index of the "and", candidate swap) pairs, the preferred candidate for one "and" first."""
         for k, tok in enumerate(toks):
             if tok.low != "and" or k == 0 or k == len(toks) - 1:
@@ -188,7 +188,7 @@ class SwapRulesMixin:
                 after = toks[k + 2] if k + 2 < len(toks) else None
                 if self._is_content(after) and (pure or not self.lexicon.is_noun(nxt.low)):
                     # "an orange and white fish": colour words before a noun, even when one is also a noun
-                    yield k, Perturbation(_swap(caption, (prev.start, prev.end), (nxt.start, nxt.end), prev.text,
+                    yield k, Perturbation(swap_spans(caption, (prev.start, prev.end), (nxt.start, nxt.end), prev.text,
                                                 nxt.text), "swap", "conjuncts:adjectives")
                     continue
                 if pure:
@@ -213,7 +213,7 @@ class SwapRulesMixin:
                 b = (toks[k + 1].start, toks[end - 1].end)
                 if caption[a[0]:a[1]].lower() == caption[b[0]:b[1]].lower():
                     continue
-                yield k, Perturbation(_swap(caption, a, b, caption[a[0]:a[1]], caption[b[0]:b[1]]), "swap",
+                yield k, Perturbation(swap_spans(caption, a, b, caption[a[0]:a[1]], caption[b[0]:b[1]]), "swap",
                                       "conjuncts:verb_phrases")
                 continue
             # noun phrases: "a sink, toilet and shower", "a red circle and a blue square"
@@ -234,17 +234,17 @@ class SwapRulesMixin:
                     and toks[right[0]].low not in self._determiners:
                 # "a keyboard and monitor": the article is shared, so it stays ("a monitor and keyboard")
                 a_head = (toks[left[0] + 1].start, a[1])
-                yield k, Perturbation(_swap(caption, a_head, b, caption[a_head[0]:a_head[1]], tb), "swap",
+                yield k, Perturbation(swap_spans(caption, a_head, b, caption[a_head[0]:a_head[1]], tb), "swap",
                                       "conjuncts:noun_phrases")
-            yield k, Perturbation(_swap(caption, a, b, ta, tb), "swap", "conjuncts:noun_phrases")
+            yield k, Perturbation(swap_spans(caption, a, b, ta, tb), "swap", "conjuncts:noun_phrases")
 
 
 
-def _clause_candidates(caption: str, toks: list[_Tok]) -> Iterable[tuple[int, Perturbation]]:
+def _clause_candidates(caption: str, toks: list[Token]) -> Iterable[tuple[int, Perturbation]]:
     """Whole-clause conjuncts: everything from the clause's start to "and", and from "and" to the
     clause's end ("A man with a hat and a woman with a dog" -> "A woman with a dog and a man with a
     hat").  A fallback behind the phrase rules; the validator decides whether the split is sound."""
-    ends = [i for i, t in enumerate(toks) if t.text in _BOUNDARY_PUNCT]
+    ends = [i for i, t in enumerate(toks) if t.text in BOUNDARY_PUNCT]
     for k, tok in enumerate(toks):
         if tok.low != "and":
             continue
@@ -257,4 +257,4 @@ def _clause_candidates(caption: str, toks: list[_Tok]) -> Iterable[tuple[int, Pe
         ta, tb = caption[a[0]:a[1]], caption[b[0]:b[1]]
         if ta.lower() != tb.lower():
             slot = "conjuncts:verb_phrases" if toks[k + 1].low.endswith("ing") else "conjuncts:noun_phrases"
-            yield k, Perturbation(_swap(caption, a, b, ta, tb), "swap", slot)
+            yield k, Perturbation(swap_spans(caption, a, b, ta, tb), "swap", slot)

@@ -1,9 +1,9 @@
-"""Tokens, records and text edits shared by the rule perturber (split out of :mod:`hardpos.data.perturb`).
+"""Tokens, records and text edits shared by the rule perturber (split out of :mod:`hardpos.data.rules.perturber`).
 
 Contract: the :class:`Perturbation` record (text, kind, slot), the tokenizer's regex and
 word sets, the internal token / lexicon-match records, the stable seed hash, and pure
 string edits (article fixing, span replacement, span swap, dedupe by normalised text).
-No state; :mod:`hardpos.data.perturb` re-exports the public names.
+No state; :mod:`hardpos.data.rules.perturber` re-exports the public names.
 """
 from __future__ import annotations
 
@@ -13,18 +13,18 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from hardpos.data.lexicon import Sense
-from hardpos.data.validate import normalise
+from hardpos.data.rules.validate import normalise
 
-_TOKEN = re.compile(r"[A-Za-z]+(?:['\-][A-Za-z]+)*|\d+(?:\.\d+)?|[^\sA-Za-z\d]")
-_BOUNDARY_PUNCT = {",", ".", ";", ":", "!", "?", "(", ")", '"'}
-_COORD = {"and", "or", ","}
+TOKEN = re.compile(r"[A-Za-z]+(?:['\-][A-Za-z]+)*|\d+(?:\.\d+)?|[^\sA-Za-z\d]")
+BOUNDARY_PUNCT = {",", ".", ";", ":", "!", "?", "(", ")", '"'}
+COORD = {"and", "or", ","}
 #: pronouns that stand for a whole noun phrase after a verb or preposition ("next to it")
-_OBJECT_PRONOUNS = frozenset({"it", "them", "him", "her", "me", "us", "you", "each", "one", "something", "someone",
+OBJECT_PRONOUNS = frozenset({"it", "them", "him", "her", "me", "us", "you", "each", "one", "something", "someone",
                               "other", "others"})
 #: prepositions a head-noun search steps over ("resting on the side of a road" -> side)
-_SURFACE_PREPS = frozenset({"on", "atop", "upon", "onto"})
+SURFACE_PREPS = frozenset({"on", "atop", "upon", "onto"})
 #: attribute classes any visible thing can have (cross-class attribute swaps stay within these)
-_VISUAL = frozenset({"color", "material", "size", "pattern"})
+VISUAL = frozenset({"color", "material", "size", "pattern"})
 KINDS = ("replace", "swap")
 POLARITIES = ("negative", "positive")
 
@@ -48,7 +48,7 @@ class Perturbation:
 
 
 @dataclass(frozen=True)
-class _Tok:
+class Token:
     text: str
     low: str
     start: int
@@ -60,7 +60,7 @@ class _Tok:
 
 
 @dataclass(frozen=True)
-class _Match:
+class Match:
     i: int  # first token
     j: int  # one past the last token
     form: str
@@ -81,7 +81,7 @@ def _wants_an(word: str) -> bool:
     return w[:1] in "aeiou" and w[:1] != ""
 
 
-def _case_like(new: str, old: str) -> str:
+def case_like(new: str, old: str) -> str:
     """Give ``new`` the casing pattern of ``old`` (ALL CAPS, Capitalised, lower)."""
     if len(old) > 2 and old.isupper():
         return new.upper()  # "letters ON hanging sign" (VL-checklist style emphasis)
@@ -90,7 +90,7 @@ def _case_like(new: str, old: str) -> str:
     return new  # lower case, or an acronym like "TV" that the replacement does not inherit
 
 
-def _capitalised(word: str) -> bool:
+def capitalised(word: str) -> bool:
     """"Blue", not "blue" or the acronym "TV"."""
     return len(word) > 1 and word[0].isupper() and word[1:].islower()
 
@@ -117,11 +117,11 @@ def _fix_article(text: str, pos: int) -> str:
     want = "an" if _wants_an(word_m.group(0)) else "a"
     if art.lower() == want:
         return text
-    new = _case_like(want, art) if art != "A" else want.capitalize()
+    new = case_like(want, art) if art != "A" else want.capitalize()
     return text[:m.start(1)] + new + text[m.end(1):]
 
 
-def _apply(text: str, edits: list[tuple[int, int, str]]) -> str:
+def apply_edits(text: str, edits: list[tuple[int, int, str]]) -> str:
     """Apply non-overlapping (start, end, replacement) edits right to left, fixing articles."""
     for start, end, new in sorted(edits, reverse=True):
         if start == 0 and text[:1].isupper():
@@ -131,14 +131,14 @@ def _apply(text: str, edits: list[tuple[int, int, str]]) -> str:
     return text
 
 
-def _swap(text: str, a: tuple[int, int], b: tuple[int, int], ta: str, tb: str) -> str:
+def swap_spans(text: str, a: tuple[int, int], b: tuple[int, int], ta: str, tb: str) -> str:
     """Exchange spans a < b (non-overlapping); the caption's first capital stays first."""
     if a[0] == 0 and ta[:1].isupper():
         ta, tb = _decapitalise(ta), tb[:1].upper() + tb[1:]
-    return _apply(text, [(a[0], a[1], tb), (b[0], b[1], ta)])
+    return apply_edits(text, [(a[0], a[1], tb), (b[0], b[1], ta)])
 
 
-def _dedupe(caption: str, items: Iterable[Perturbation]) -> list[Perturbation]:
+def dedupe(caption: str, items: Iterable[Perturbation]) -> list[Perturbation]:
     seen = {normalise(caption)}
     out = []
     for p in items:
