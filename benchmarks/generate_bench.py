@@ -7,7 +7,7 @@ Cases (each pair alternates in one process, see :func:`benchmarks.harness.compar
   (``RulePerturber.pick`` + ``validate`` + ``rule_negative``, nothing written), on a warm
   local cluster; the first run, which also starts Ray, is reported beside it.
 * http: the full stage with ``engine.http.concurrency`` actors against the OpenAI-compatible
-  stub (:mod:`hardpos.testing.openai_stub`) with a fixed per-request latency vs a sequential client
+  stub (:mod:`tests.support.openai_stub`) with a fixed per-request latency vs a sequential client
   (one ``requests.post`` at a time, the paper's "plain pipeline" shape).
 
 :func:`generate_bench` returns rows for the harness; :func:`measure_stage` runs the stage
@@ -26,8 +26,8 @@ from typing import Any
 
 import requests
 
-import hardpos.stages.generate as generate_stage
 from benchmarks.harness import compare_alternating, reference_data_dir, time_call
+import hardpos.stages.generate as generate_stage
 from hardpos.config import load_config
 from hardpos.data.captions import read_captions
 from hardpos.data.rules.perturber import RulePerturber
@@ -37,7 +37,7 @@ from hardpos.generate.http_engine import chat_payload
 from hardpos.generate.pipeline import base_kind, rule_negative
 from hardpos.generate.prompts import load_prompts
 from hardpos.runtime import execute
-from hardpos.testing.openai_stub import OpenAIStub
+from tests.support.openai_stub import OpenAIStub
 
 NEGCLIP = "negclip/valid_neg_clip.tsv"  # under the reference data folder
 

@@ -59,7 +59,7 @@ from hardpos.generate.prompts import load_prompts
 from hardpos.model import load_model, save_checkpoint
 from hardpos.runtime import stage_module
 from hardpos.serve.app import build_app
-from hardpos.testing import free_port, write_triplets
+from tests.support import free_port, write_triplets
 
 SCENARIOS = ("train", "generate", "serve")
 

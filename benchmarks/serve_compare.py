@@ -45,7 +45,7 @@ from hardpos.model import load_model, save_checkpoint
 from hardpos.report import table
 from hardpos.serve.app import build_app
 from hardpos.serve.scoring import stage_means_ms
-from hardpos.testing import free_port
+from tests.support import free_port
 
 SERVE_TARGETS = ("batched", "unbatched", "colocated")
 ALL_TARGETS = (*SERVE_TARGETS, "plain")

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 import ray
 from ray.cluster_utils import Cluster
 
-from hardpos.testing import free_port
+from tests.support import free_port
 
 
 @contextlib.contextmanager

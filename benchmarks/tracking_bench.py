@@ -47,10 +47,10 @@ from benchmarks.harness import compare_alternating
 from benchmarks.tiny_step import step_setup
 from hardpos import tracking
 from hardpos.config import TrackingConfig
-from hardpos.testing.mlflow_server import LocalMlflowServer
 from hardpos.train.config import LossConfig
 from hardpos.train.loss import loss_metrics
 from hardpos.train.step import model_batch, train_step
+from tests.support.mlflow_server import LocalMlflowServer
 
 
 def _step_fn(batch_size: int):

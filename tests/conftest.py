@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hardpos.testing import free_port  # noqa: F401  (re-exported: `from conftest import free_port`)
-from hardpos.testing.mlflow_server import LocalMlflowServer
+from tests.support import free_port  # noqa: F401  (re-exported: `from conftest import free_port`)
+from tests.support.mlflow_server import LocalMlflowServer
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("HARDPOS_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -1,7 +1,7 @@
 """Helpers for the evaluation tests: stand-in images, a tiny model, REPLACE/SWAP folders.
 
-Triplet rows, their images and the colour palette live in :mod:`hardpos.testing` (one copy
-shared with the other tests and the perf tools)."""
+Triplet rows, their images and the colour palette live in :mod:`tests.support` (one copy
+shared with the other tests and the measuring tools in benchmarks/)."""
 from __future__ import annotations
 
 import json

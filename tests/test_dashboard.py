@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from hardpos.testing import free_port
+from tests.support import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from hardpos.eval.pairs import score_pairs
 from hardpos.eval import evaluator as E
 from hardpos.eval.metrics import summarize
 from hardpos.eval.spec import BenchmarkSpec
-from hardpos.testing import triplet_rows, write_image, write_rows
+from tests.support import triplet_rows, write_image, write_rows
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 from hardpos import explorer as X
 from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.spec import BenchmarkSpec
-from hardpos.testing.fixtures import PALETTE, draw_shape, write_rows
+from tests.support.fixtures import PALETTE, draw_shape, write_rows
 
 REPO = Path(__file__).resolve().parent.parent
 EVIL = '<script>alert("x")</script> & <b>bold</b>'
@@ -248,7 +248,7 @@ def test_missing_benchmark_and_missing_image_are_said_not_fatal(tmp_path):
 def test_real_sugarcrepe_pp_items_with_stand_in_images(shared_data, tmp_path):
     """The real SugarCrepe++ files (5 categories) with stand-in images: its items and
     paraphrases (the hard positives) reach the page, category by category."""
-    from hardpos.testing.fixtures import write_image
+    from tests.support.fixtures import write_image
 
     spec = BenchmarkSpec(name="sugarcrepe_pp", kind="sugarcrepe_pp", path=str(shared_data / "sugarcrepe_pp"),
                          image_root=str(tmp_path / "coco"), limit=6)

@@ -14,8 +14,8 @@ import pytest
 from hardpos.config import ConfigError, load_config
 from hardpos.generate import engine_config, http_engine, pipeline, vllm_engine
 from hardpos.generate.prompts import load_prompts
-from hardpos.testing import free_port
-from hardpos.testing.openai_stub import OpenAIStub, behaviour, canned
+from tests.support import free_port
+from tests.support.openai_stub import OpenAIStub, behaviour, canned
 
 NEGCLIP = "negclip/valid_neg_clip.tsv"
 

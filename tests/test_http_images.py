@@ -17,8 +17,8 @@ from hardpos.config import load_config
 from hardpos.data.images import load_image
 from hardpos.data.triplets import resolve_image, write_triplets
 from hardpos.stages import evaluate
-from hardpos.testing import free_port
 from hardpos.train.config import TrainConfig
+from tests.support import free_port
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 20)}
 

@@ -21,7 +21,7 @@ from hardpos.interpolate import (
     state_of,
 )
 from hardpos.model import load_model, save_checkpoint
-from hardpos.testing import triplet_rows, write_image, write_rows
+from tests.support import triplet_rows, write_image, write_rows
 
 
 # --------------------------------------------------------------------------- the mix

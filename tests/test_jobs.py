@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from hardpos.testing import free_port
+from tests.support import free_port
 
 pytestmark = pytest.mark.integration  # a Ray cluster and its job server in a subprocess
 

@@ -159,7 +159,7 @@ def test_evaluate_stage_loads_the_registered_model_from_its_tracking_uri(store, 
     from hardpos.config import load_config
     from hardpos.runtime import execute
     from hardpos.stages import evaluate as stage
-    from hardpos.testing import triplet_rows, write_rows
+    from tests.support import triplet_rows, write_rows
 
     bench = write_rows(tmp_path / "bench", triplet_rows(6, seed=2))
     common = ["device=cpu", "batch_size=4", f"benchmarks=[{{name: colours, kind: triplets, path: {bench}}}]",
@@ -228,7 +228,7 @@ def test_train_stage_finetunes_the_registered_model_on_ray_train_workers(store, 
     registered ones, which proves the worker started from them (not random weights)."""
     from hardpos.config import load_config
     from hardpos.runtime import execute
-    from hardpos.testing import write_triplets as write_train_triplets
+    from tests.support import write_triplets as write_train_triplets
     from hardpos.train.config import TrainConfig
 
     data, _ = write_train_triplets(tmp_path / "data", n=16)

@@ -159,7 +159,7 @@ def test_the_generate_stage_judges_the_paper_preset_as_the_paper(ray_session, sh
     caption is rejected."""
     from hardpos.config import load_config
     from hardpos.runtime import execute
-    from hardpos.testing.openai_stub import OpenAIStub, behaviour
+    from tests.support.openai_stub import OpenAIStub, behaviour
     import hardpos.stages.generate as g
 
     source = str(shared_data / "negclip" / "valid_neg_clip.tsv")

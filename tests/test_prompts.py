@@ -11,7 +11,7 @@ import pytest
 from hardpos.config import ConfigError, load_config
 from hardpos.generate import engine_config, http_engine, vllm_engine
 from hardpos.generate.prompts import fingerprint, load_prompts, postprocess
-from hardpos.testing.openai_stub import OpenAIStub
+from tests.support.openai_stub import OpenAIStub
 
 # The two templates of generate_hard_positives.py in github.com/amitakamath/hard_positives,
 # character for character (the script renders them with .format(example=caption).strip()).

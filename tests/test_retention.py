@@ -10,7 +10,7 @@ import torch
 
 from eval_util import tiny_model
 from hardpos.eval import retention as RT
-from hardpos.testing import PALETTE, write_image
+from tests.support import PALETTE, write_image
 
 
 @pytest.fixture(scope="module")

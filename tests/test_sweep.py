@@ -9,8 +9,8 @@ import pytest
 
 from hardpos import runtime
 from hardpos.config import ConfigError, load_config
-from hardpos.testing import write_triplets
-from hardpos.testing.mlflow_server import LocalMlflowServer
+from tests.support import write_triplets
+from tests.support.mlflow_server import LocalMlflowServer
 
 
 def _sweep_cfg(tmp_path: Path, triplets: Path, tracking_uri: str, extra: list[str] = ()):

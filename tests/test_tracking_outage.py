@@ -14,8 +14,8 @@ import pytest
 
 from hardpos import runtime, tracking
 from hardpos.config import ConfigError, JobConfig, TrackingConfig, load_config
-from hardpos.testing import free_port, write_triplets
-from hardpos.testing.mlflow_server import LocalMlflowServer  # noqa: F401  (annotations)
+from tests.support import free_port, write_triplets
+from tests.support.mlflow_server import LocalMlflowServer  # noqa: F401  (annotations)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from hardpos.config import ConfigError, load_config
-from hardpos.testing import write_triplets
 from hardpos.train.config import OptimConfig, TrainConfig
 from hardpos.train.data import DataError, Preprocess, read_triplets_dataset, split_of, to_model_batch
 from hardpos.train.step import build_optimizer, lr_factor, param_groups
 from hardpos.train.trainer import decode_task_cpus, plan_steps
+from tests.support import write_triplets
 
 BASE = ["batch_size=8", "optim.lr=0.001", "optim.warmup_steps=2", "log_every=1", "data.shuffle_buffer=0",
         "fault.max_failures=0"]
@@ -116,7 +116,7 @@ def test_train_step_clips_schedules_and_clamps():
 
 
 def test_fail_once_hook_raises_once_on_the_last_rank(tmp_path):
-    from hardpos.testing.faults import FailOnce
+    from tests.support.faults import FailOnce
 
     hook = FailOnce(at_step=3, marker=str(tmp_path / "m"))
     hook(2, 1, 2)
@@ -359,7 +359,7 @@ def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_e
 
     from hardpos import runtime, storage
     from hardpos.stages import train as train_stage
-    from hardpos.testing.faults import FailOnce
+    from tests.support.faults import FailOnce
 
     bucket = s3_env
     path, rows = write_triplets(tmp_path / "data", n=40)

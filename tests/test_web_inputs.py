@@ -23,8 +23,8 @@ from PIL import Image
 from hardpos.config import ModelConfig
 from hardpos.data.sources import SourceError, read_rows, resolve_files
 from hardpos.model import load_model
-from hardpos.testing import free_port
 from hardpos.train.data import DataError, Preprocess, read_triplets_dataset, row_seed
+from tests.support import free_port
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 20)}
 

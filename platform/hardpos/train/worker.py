@@ -23,7 +23,7 @@ Contracts:
   (:class:`Progress`); ``perf/samples_per_s`` (all workers, per epoch) goes to MLflow.
 * ``step_hook`` (loop config key, default None): a picklable callable called after every
   step as ``hook(step, rank, world_size)`` with the global step just trained. Tests use it
-  to inject a worker failure (:class:`hardpos.testing.faults.FailOnce`); production
+  to inject a worker failure (``tests.support.faults.FailOnce``, a test helper); production
   configs carry no fault injector.
 """
 from __future__ import annotations

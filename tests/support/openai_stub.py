@@ -1,7 +1,5 @@
-"""A small OpenAI-compatible chat/completions + completions server for tests and benchmarks.
-
-Moved here from the test folder so the generate benchmark (:mod:`hardpos.perf`) can
-import it like any module instead of loading a file out of the test folder.
+"""A small OpenAI-compatible chat/completions + completions server for tests and benchmarks
+(the generate benchmark, :mod:`benchmarks.generate_bench`, measures against it).
 
 Stdlib only (``http.server`` in a daemon thread), bound to 127.0.0.1 on a free port.
 ``POST /v1/chat/completions`` (``messages``) and ``POST /v1/completions`` (a raw
@@ -309,7 +307,7 @@ class OpenAIStub:
         }
 
 
-if __name__ == "__main__":  # python -m hardpos.testing.openai_stub [latency_s]: serve until Ctrl-C
+if __name__ == "__main__":  # python -m tests.support.openai_stub [latency_s]: serve until Ctrl-C
     import sys
 
     with OpenAIStub(latency_s=float(sys.argv[1]) if len(sys.argv) > 1 else 0.0) as s:

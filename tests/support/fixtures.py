@@ -1,4 +1,4 @@
-"""One copy of the small-data helpers the tests and the perf tools share.
+"""One copy of the small-data helpers the tests and the measuring tools share.
 
 Colour triplets ("a red circle" / hard negative "a blue circle" / hard positive "a crimson
 circle") over tiny Pillow-drawn images: cheap enough for a CPU test, structured enough that

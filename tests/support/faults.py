@@ -26,4 +26,4 @@ class FailOnce:
         if step != self.at_step or rank != world - 1 or storage.exists(self.marker):
             return
         storage.write_text(self.marker, f"failed once at step {step}\n")
-        raise RuntimeError(f"injected fault at step {step} (hardpos.testing.faults.FailOnce)")
+        raise RuntimeError(f"injected fault at step {step} (tests.support.faults.FailOnce)")
