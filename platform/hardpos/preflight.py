@@ -49,17 +49,15 @@ def input_files(key: str, value: str, *, suffixes: Sequence[str], what: str) -> 
     if not value:
         fail(key, repr(value), f"no {what} given", f"set {key}=<path>")
     path = str(value)
-    if any(ch in path for ch in "*?["):
-        if storage.is_s3(path):
-            head = path[:min(i for i, ch in enumerate(path) if ch in "*?[")].rsplit("/", 1)[0]
-            files = sorted(u for u in storage.list_files(head) if Path(u).match(path.rsplit("/", 1)[-1]))
-        else:
-            # lazy: only globs need it
-            import glob
-            files = sorted(p for p in glob.glob(path) if os.path.isfile(p))
-        if not files:
-            fail(key, value, "the glob matches no files", f"check the pattern, or point {key} at a file")
-        return files
+    try:
+        files = storage.expand(path, tuple(suffixes))
+    except FileNotFoundError:
+        fail(key, value, f"{what} not found", "check the path, or create it first")
+    if storage.has_glob(path) and not files:
+        fail(key, value, "the glob matches no files", f"check the pattern, or point {key} at a file")
+    if not files:
+        fail(key, value, f"folder holds no {'/'.join(suffixes)} files", f"point {key} at a {what}")
+    return files
     if not storage.exists(path):
         fail(key, value, f"{what} not found", f"check the path, or create it first")
     if storage.is_s3(path) or os.path.isfile(path):

@@ -2,7 +2,10 @@
 
 * Objects go through boto3 (credentials from the standard AWS chain; retries in
   "standard" mode for throttling and transient errors).
-* Ray Data / Ray Train get a pyarrow filesystem from :func:`arrow_filesystem`.
+* Ray Data / Ray Train get a pyarrow filesystem from :func:`arrow_filesystem`
+  (``for_workers=True`` when it travels to processes that do not share the driver's
+  environment).
+* :func:`expand` is the one reading of "a file, a folder of files, or a glob" for every input.
 * The S3 endpoint (MinIO, moto, ...) comes from ``$HARDPOS_S3_ENDPOINT_URL``, else the
   standard ``$AWS_ENDPOINT_URL_S3`` / ``$AWS_ENDPOINT_URL``; region from
   ``$AWS_REGION`` / ``$AWS_DEFAULT_REGION`` (default us-east-1).
@@ -17,6 +20,7 @@ Nothing here touches the network at import time.
 from __future__ import annotations
 
 import functools
+import glob
 import hashlib
 import json
 import os
@@ -133,8 +137,14 @@ def _raise_for(exc: Exception, uri: str) -> None:
     raise StorageError(f"S3 error on {uri}: {exc}") from exc
 
 
-def arrow_filesystem(uri: str) -> tuple[Any, str]:
-    """(pyarrow filesystem, path inside it) for Ray Data / Ray Train ``storage_filesystem``."""
+def arrow_filesystem(uri: str, *, for_workers: bool = False) -> tuple[Any, str]:
+    """(pyarrow filesystem, path inside it) for Ray Data / Ray Train ``storage_filesystem``.
+
+    for_workers: the filesystem is pickled into Ray tasks and actors, which run in processes
+        that did not inherit the driver's environment. With an S3 endpoint override
+        (MinIO/moto-style setups) and credentials in the driver's environment it then carries
+        them; on AWS proper nothing is embedded and each node's own credential chain is used.
+    """
     import pyarrow.fs as pafs  # lazy: see _client
 
     if is_s3(uri):
@@ -145,8 +155,76 @@ def arrow_filesystem(uri: str) -> tuple[Any, str]:
             parsed = urlparse(endpoint)
             kwargs["endpoint_override"] = parsed.netloc or endpoint
             kwargs["scheme"] = parsed.scheme or "https"
+            if for_workers and os.environ.get("AWS_ACCESS_KEY_ID"):
+                kwargs.update(access_key=os.environ["AWS_ACCESS_KEY_ID"],
+                              secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
+                              session_token=os.environ.get("AWS_SESSION_TOKEN"))
         return pafs.S3FileSystem(**kwargs), f"{bucket}/{key}".rstrip("/")
     return pafs.LocalFileSystem(), str(Path(uri).resolve())
+
+
+def has_glob(uri: str) -> bool:
+    """True when ``uri`` holds a glob character (``*``, ``?``, ``[``)."""
+    return any(ch in uri for ch in "*?[")
+
+
+def _glob_pattern(glob_uri: str) -> re.Pattern:
+    """``glob_uri`` as a regex with the local glob's meaning: ``*`` and ``?`` stay inside one
+    path segment, ``**`` spans segments (``**/`` also matches none), ``[...]`` is a class."""
+    out, i = [], 0
+    while i < len(glob_uri):
+        if glob_uri.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif glob_uri.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif glob_uri[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif glob_uri[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif glob_uri[i] == "[" and "]" in glob_uri[i + 2:]:
+            end = glob_uri.index("]", i + 2)
+            body = glob_uri[i + 1:end]
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(glob_uri[i]))
+            i += 1
+    return re.compile("".join(out))
+
+
+def expand(uri: str | os.PathLike, suffixes: tuple[str, ...] = ()) -> list[str]:
+    """The files ``uri`` names, sorted: the file itself; every file below a folder or prefix
+    whose name ends in one of ``suffixes`` (case-insensitive; all files when empty); or a
+    glob's matching files (``*`` within one folder, ``**`` across folders; the same on s3).
+
+    Raises FileNotFoundError when ``uri`` (not a glob) does not exist. An empty result (a glob
+    matching nothing, a folder without such files) is the caller's to name.
+    """
+    uri = str(uri)
+    if has_glob(uri):
+        if is_s3(uri):
+            prefix = uri[:min(uri.index(ch) for ch in "*?[" if ch in uri)].rsplit("/", 1)[0]
+            pattern = _glob_pattern(uri)
+            return sorted(f for f in list_files(prefix) if pattern.fullmatch(f))
+        return sorted(f for f in glob.glob(uri, recursive=True) if os.path.isfile(f))
+    if is_s3(uri):
+        below = list(list_files(uri.rstrip("/") + "/"))
+        if not below:
+            if not exists(uri):
+                raise FileNotFoundError(f"not found: {uri}")
+            return [uri]
+    elif os.path.isfile(uri):
+        return [uri]
+    elif not os.path.isdir(uri):
+        raise FileNotFoundError(f"not found: {uri}")
+    else:
+        below = list(list_files(uri))
+    wanted = tuple(s.lower() for s in suffixes)
+    return [f for f in below if not wanted or f.lower().endswith(wanted)]
 
 
 # --------------------------------------------------------------------------- read / write

@@ -31,10 +31,7 @@ inside the Ray Data task that decodes them (:func:`fetch_all`), so a batch's GET
 from __future__ import annotations
 
 import concurrent.futures as cf
-import fnmatch
-import glob
 import json
-import os
 import tarfile
 import zlib
 from typing import Any, Sequence
@@ -60,10 +57,6 @@ class SourceError(ValueError):
 
 
 # --------------------------------------------------------------------------- resolving files
-def _has_glob(path: str) -> bool:
-    return any(ch in path for ch in "*?[")
-
-
 def _layout(path: str) -> str | None:
     low = path.lower()
     for suffix, layout in LAYOUT_OF_SUFFIX.items():
@@ -73,25 +66,21 @@ def _layout(path: str) -> str | None:
 
 
 def resolve_files(path: str) -> list[str]:
-    """The files ``path`` names (a file, a folder, or a glob; local or s3://), sorted.
+    """The files ``path`` names (a file, a folder, or a glob; local or s3://), sorted
+    (:func:`hardpos.storage.expand`).
 
     Raises :class:`SourceError` when nothing matches or the path does not exist."""
     path = str(path)
-    if _has_glob(path):
-        if storage.is_s3(path):
-            head = path[:min(i for i, ch in enumerate(path) if ch in "*?[")]
-            prefix = head.rsplit("/", 1)[0]
-            files = [u for u in storage.list_files(prefix) if fnmatch.fnmatchcase(u, path)]
-        else:
-            files = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+    try:
+        files = storage.expand(path, tuple(LAYOUT_OF_SUFFIX))
+    except FileNotFoundError:
+        raise SourceError(f"training data not found: {path}") from None
+    if storage.has_glob(path):
         if not files:
             raise SourceError(f"{path}: the glob matches no files")
-        return sorted(files)
-    if not storage.exists(path):
-        raise SourceError(f"training data not found: {path}")
-    if _layout(path) is not None and (storage.is_s3(path) or os.path.isfile(path)):
-        return [path]
-    files = [u for u in storage.list_files(path) if _layout(u) is not None]
+        return files
+    if files == [path] and _layout(path) is None:
+        raise SourceError(f"{path}: not a .parquet, .jsonl or .tar file")
     if not files:
         raise SourceError(f"{path}: folder holds no .parquet, .jsonl or .tar files")
     return files

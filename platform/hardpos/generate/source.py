@@ -26,8 +26,6 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
-import glob as globlib
 import hashlib
 import io
 import json
@@ -72,37 +70,19 @@ def base_dir(path: str) -> str:
     return path.rsplit("/", 1)[0] if storage.is_s3(path) else os.path.dirname(os.path.abspath(path))
 
 
-def _is_glob(uri: str) -> bool:
-    return any(ch in uri for ch in "*?[")
-
-
 def expand(uri: str) -> list[str]:
     """The files of ``uri``: itself, every caption file below a folder / prefix, or a glob's
-    matches (sorted). Raises :class:`CaptionSourceError` when nothing matches."""
+    matches (sorted; :func:`hardpos.storage.expand`). Raises :class:`CaptionSourceError`
+    when nothing matches."""
     uri = str(uri)
     known = (*STREAM_FORMATS, *FILE_FORMATS)
-    if _is_glob(uri):
-        if storage.is_s3(uri):
-            cut = min(uri.index(ch) for ch in "*?[" if ch in uri)
-            prefix = uri[:cut].rsplit("/", 1)[0]
-            files = [f for f in storage.list_files(prefix) if fnmatch.fnmatchcase(f, uri)]
-        else:
-            files = sorted(f for f in globlib.glob(uri, recursive=True) if os.path.isfile(f))
-        if not files:
-            raise CaptionSourceError(f"caption source glob {uri} matches no file")
-        return sorted(files)
-    if storage.is_s3(uri):
-        if storage.exists(uri) and not any(True for _ in storage.list_files(uri.rstrip("/") + "/")):
-            return [uri]
-        files = [f for f in storage.list_files(uri) if f.lower().endswith(known)]
-    elif os.path.isdir(uri):
-        files = [f for f in storage.list_files(uri) if f.lower().endswith(known)]
-    elif os.path.isfile(uri):
-        return [uri]
-    else:
-        raise CaptionSourceError(f"caption source not found: {uri}")
+    try:
+        files = storage.expand(uri, known)
+    except FileNotFoundError:
+        raise CaptionSourceError(f"caption source not found: {uri}") from None
     if not files:
-        raise CaptionSourceError(f"caption source folder {uri} holds no caption file ({', '.join(known)})")
+        raise CaptionSourceError(f"caption source glob {uri} matches no file" if storage.has_glob(uri) else
+                                 f"caption source folder {uri} holds no caption file ({', '.join(known)})")
     return files
 
 

@@ -33,15 +33,14 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import os
 import random
 import zlib
 from typing import Any, Callable, Iterator
-from urllib.parse import urlparse
 
 import numpy as np
-import pyarrow.fs as pafs
 import torch
 
 from hardpos import storage
@@ -66,24 +65,6 @@ def _base_dir(path: str) -> str:
     return p if storage.is_s3(p) else os.path.abspath(p)
 
 
-def worker_filesystem(uri: str) -> tuple[Any, str]:
-    """``storage.arrow_filesystem`` for use inside Ray tasks/actors.
-
-    With an S3 endpoint override (MinIO/moto-style dev setups) and credentials in the
-    driver's environment, the filesystem carries them explicitly: Ray Data read tasks and
-    Ray Train's controller run in processes that did not inherit the driver's environment.
-    On AWS proper, nothing is embedded and each node's own credential chain is used.
-    """
-    fs, path = storage.arrow_filesystem(uri)
-    key = os.environ.get("AWS_ACCESS_KEY_ID")
-    if storage.is_s3(uri) and storage.endpoint_url() and key:
-        endpoint = urlparse(storage.endpoint_url() or "")
-        fs = pafs.S3FileSystem(access_key=key, secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
-                               session_token=os.environ.get("AWS_SESSION_TOKEN"), region=storage.region(),
-                               endpoint_override=endpoint.netloc or None, scheme=endpoint.scheme or "https")
-    return fs, path
-
-
 def read_triplets_dataset(path: str, *, limit: int | None = None):
     """A Ray Dataset of training rows (:data:`hardpos.data.sources.ROW_COLUMNS`: ``key``,
     ``image``, ``image_bytes``, the three texts, ``kind``, ``error``) from any supported
@@ -93,7 +74,7 @@ def read_triplets_dataset(path: str, *, limit: int | None = None):
 
 def _read(path: str, *, limit: int | None = None) -> tuple[Any, str]:
     try:
-        return read_rows(path, limit=limit, filesystem_for=worker_filesystem)
+        return read_rows(path, limit=limit, filesystem_for=functools.partial(storage.arrow_filesystem, for_workers=True))
     except SourceError as exc:
         hint = " (for the embedded default, run `hardpos world` first)" if "not found" in str(exc) else ""
         raise DataError(f"{exc}{hint}") from exc

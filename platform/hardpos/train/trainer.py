@@ -33,7 +33,7 @@ from hardpos.model import load_model
 from hardpos.runtime import init_ray, resolve_output_dir
 from hardpos.train.checkpoint import find_resume_checkpoint
 from hardpos.train.config import TrainConfig
-from hardpos.train.data import build_datasets, worker_filesystem
+from hardpos.train.data import build_datasets
 from hardpos.train.worker import StepHook, train_loop_per_worker
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def storage_location(cfg: TrainConfig) -> tuple[str, Any]:
     uri = cfg.checkpoint.storage_path or storage.join(cfg.output_dir, "ray_train")
     if storage.is_s3(uri):
         # Ray Train's controller actor does not get the workers' runtime_env.
-        fs, path = worker_filesystem(uri)
+        fs, path = storage.arrow_filesystem(uri, for_workers=True)
         return path, fs
     Path(uri).mkdir(parents=True, exist_ok=True)
     return str(Path(uri).resolve()), None

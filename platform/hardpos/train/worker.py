@@ -41,12 +41,12 @@ import ray.train.torch
 import torch
 import torch.distributed as dist
 
-from hardpos import logs, tracking
+from hardpos import logs, storage, tracking
 from hardpos.eval.evaluator import run_benchmarks
 from hardpos.model import load_model, unwrap
 from hardpos.train.checkpoint import load_remote_train_state, save_train_checkpoint
 from hardpos.train.config import TrainConfig
-from hardpos.train.data import to_model_batch, worker_filesystem
+from hardpos.train.data import to_model_batch
 from hardpos.train.loss import loss_metrics
 from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, forward_loss, train_step
 
@@ -155,7 +155,7 @@ def _close_tracking(config: dict[str, Any], rank: int, timeout: float) -> None:
 
 
 def _ray_checkpoint(uri: str) -> ray.train.Checkpoint:
-    fs, path = worker_filesystem(uri)
+    fs, path = storage.arrow_filesystem(uri, for_workers=True)
     return ray.train.Checkpoint(path=path, filesystem=fs)
 
 
