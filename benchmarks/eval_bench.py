@@ -35,7 +35,8 @@ from benchmarks.harness import compare_alternating, reference_data_dir
 from hardpos.config import ModelConfig
 from hardpos.data.images import load_image
 from hardpos.eval.benchmarks import load_benchmark
-from hardpos.eval.evaluator import benchmark_metrics, evaluate_benchmarks
+from hardpos.eval.evaluator import evaluate_benchmarks
+from hardpos.eval.metrics import benchmark_metrics
 from hardpos.eval.spec import BenchmarkSpec
 from hardpos.model import load_model
 

@@ -113,7 +113,7 @@ def build_plain_app(state: ModelState, limits: ServingLimits) -> FastAPI:
     return app
 
 
-def serve_plain(cfg: PlainServerConfig) -> None:
+def run_plain_server(cfg: PlainServerConfig) -> None:
     """Load the model and serve it on 127.0.0.1:``cfg.port`` until interrupted."""
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    serve_plain(cfg)
+    run_plain_server(cfg)
     return 0
 
 

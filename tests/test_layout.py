@@ -2,9 +2,13 @@
 
 * (a) every import inside a function body carries a ``# lazy: <why>`` comment, except the
   genuinely heavy optional dependencies in :data:`HEAVY_OPTIONAL` (see :func:`lazy_imports`
-  for exactly where the comment may stand);
+  for exactly where the comment may stand); the same holds for the repository's tooling
+  (:data:`TOOLING`);
 * (b) nothing in the package reaches outside it: no ``sys.path`` in code, no string literal
-  naming the ``tests/`` folder, and no ``../shared`` anywhere (code, docstrings, data files).
+  naming the ``tests/`` folder, and no ``../shared`` anywhere (code, docstrings, data files);
+* (c) the installed package is the product: it imports none of the tooling that lives beside
+  it in the repository (the measuring tools ``benchmarks``, the test helpers ``tests.support``),
+  and no measuring tool or test helper lives inside it.
 
 Each test lists every offender in its assertion message, so one run says what to fix.
 Pure ``ast``/text reads: no HardPos module is imported.
@@ -18,7 +22,10 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "hardpos"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "platform" / "hardpos"
+#: The repository's tooling: run from the repository, never installed (top-level modules).
+TOOLING = {"benchmarks": REPO / "benchmarks", "tests": REPO / "tests" / "support"}
 #: Modules (and their submodules) that may be imported inside a function without a
 #: ``# lazy:`` comment: optional and heavy (seconds to import, often not installed).
 HEAVY_OPTIONAL = ("vllm", "matplotlib", "ray.data.llm")
@@ -33,7 +40,8 @@ def modules() -> list[Path]:
 
 
 def rel(path: Path) -> str:
-    return path.relative_to(PACKAGE.parent).as_posix()
+    """``hardpos/...`` for the package's files, ``benchmarks/...`` / ``tests/...`` for the tooling's."""
+    return path.relative_to(PACKAGE.parent if path.is_relative_to(PACKAGE.parent) else REPO).as_posix()
 
 
 def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
@@ -121,11 +129,32 @@ def outside_references(path: Path) -> list[str]:
     return out
 
 
+def tooling_imports(path: Path) -> list[str]:
+    """Imports of the repository's tooling (:data:`TOOLING`) anywhere in ``path`` (module
+    level or inside a function), as ``file:line: module``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out += [f"{rel(path)}:{node.lineno}: {name}" for name in _imported(node)
+                    if name.split(".")[0] in TOOLING]
+    return out
+
+
 # --------------------------------------------------------------------------- the rules
 def test_in_function_imports_say_why_they_are_lazy():
-    bad = [line for p in modules() for line in lazy_imports(p)]
+    tooling = sorted(p for folder in TOOLING.values() for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
+    assert len(tooling) > 20, f"expected the measuring tools and test helpers in {list(TOOLING.values())}"
+    bad = [line for p in modules() + tooling for line in lazy_imports(p)]
     assert not bad, ("imports inside functions without a '# lazy: <why>' comment (move them to the module top, "
                      f"or say why they must wait; exempt: {', '.join(HEAVY_OPTIONAL)}):\n" + "\n".join(bad))
+
+
+def test_the_product_imports_no_tooling():
+    bad = [line for p in modules() for line in tooling_imports(p)]
+    assert not bad, ("the installed package imports the repository's tooling (benchmarks/, tests/support/), which "
+                     "is not installed; a helper the product needs belongs in the product:\n" + "\n".join(bad))
+    inside = [rel(p) for p in PACKAGE.iterdir() if p.name in ("perf", "testing", "benchmarks")]
+    assert not inside, f"tooling inside the package: {inside} (measuring tools go in benchmarks/, test helpers in tests/support/)"
 
 
 def test_the_package_does_not_reach_outside_itself():
@@ -170,3 +199,16 @@ def test_outside_reference_rule(tmp_path, monkeypatch, code, hits):
     path = tmp_path / "m.py"
     path.write_text(code)
     assert len(outside_references(path)) == hits, outside_references(path)
+
+
+@pytest.mark.parametrize("code, offenders", [
+    ("from benchmarks.harness import compare_alternating\n", ["benchmarks.harness"]),
+    ("def f():\n    import benchmarks  # lazy: no\n", ["benchmarks"]),
+    ("from tests.support import free_port\n", ["tests.support"]),
+    ("from hardpos.eval import benchmarks\nimport testsuite\n", []),
+])
+def test_tooling_import_rule(tmp_path, monkeypatch, code, offenders):
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
+    path = tmp_path / "m.py"
+    path.write_text(code)
+    assert [line.split(": ", 1)[1] for line in tooling_imports(path)] == offenders

@@ -109,9 +109,10 @@ class HardPosModel(mlflow.pyfunc.PythonModel):
         return pd.DataFrame({"score": scores, "error": errors})
 
 
-#: Parts of the package a logged model does not carry: measuring tools, test helpers and
-#: byte-code caches (the model imports none of them).
-NOT_SHIPPED = ("perf", "testing", "__pycache__", "*.pyc")
+#: Parts of the package a logged model does not carry: byte-code caches. (The measuring tools
+#: and test helpers are not in the package: they live in the repository's benchmarks/ and
+#: tests/support/.)
+NOT_SHIPPED = ("__pycache__", "*.pyc")
 
 
 def product_code(dest: Path) -> Path:

@@ -1,7 +1,7 @@
 """Every table and plot HardPos writes, in one module.
 
 * :func:`table` -- THE Markdown table writer (the evaluation report, the demo's results,
-  the sweep/compare comparison and the perf tools' tables all go through it);
+  the sweep/compare comparison and the measuring tools' tables all go through it);
 * the demo's results (the paper's Table-1 layout): :func:`table_row` from the evaluate
   stage's metrics, :func:`markdown_table` (+ the paper's signs, :mod:`hardpos.signs`),
   :func:`aggregate` over seeds, :func:`write_chart`;

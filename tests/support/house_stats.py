@@ -5,8 +5,8 @@
 Pure ``ast`` over the files (nothing is imported), so it measures any checkout, e.g. an old
 commit exported with ``git archive``. It prints:
 
-* modules and lines of the installed product and of the tooling that still lives inside the
-  package (measuring tools ``perf/``, test helpers ``testing/``, the plain FastAPI peer);
+* modules and lines of the installed product (``platform/hardpos``) and of the repository's
+  tooling beside it (measuring tools ``benchmarks/``, test helpers ``tests/support/``);
 * cross-module private imports: ``from hardpos.x import _name`` (goal 0): a private name
   used by another module is a public surface that pretends not to be one;
 * import cycles among module-level imports (goal 0), as strongly connected components, and
@@ -30,8 +30,8 @@ from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "platform" / "hardpos"
-#: Paths under the package (relative, posix) that are tooling rather than product.
-TOOLING = ("perf/", "testing/", "serve/plain.py")
+#: Folders of the repository (relative to its root, posix) that are tooling, not installed.
+TOOLING = ("benchmarks", "tests/support")
 LONG_FUNCTION = 80
 
 
@@ -47,9 +47,11 @@ def package_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def is_tooling(path: Path, root: Path) -> bool:
-    rel = path.relative_to(root).as_posix()
-    return any(rel == t or rel.startswith(t) for t in TOOLING)
+def tooling_files(root: Path) -> list[Path]:
+    """The tooling's modules in the checkout whose package folder is ``root``
+    (``<checkout>/platform/hardpos``)."""
+    checkout = root.parent.parent
+    return sorted(p for t in TOOLING if (checkout / t).is_dir() for p in package_files(checkout / t))
 
 
 def absolute(module: str, node: ast.ImportFrom, is_package: bool) -> str:
@@ -228,14 +230,13 @@ def functions(root: Path, mods: dict[str, tuple[Path, ast.Module]] | None = None
 
 def stats(root: Path = PACKAGE) -> dict:
     mods = parse(root)
-    files = package_files(root)
-    product = [p for p in files if not is_tooling(p, root)]
-    tooling = [p for p in files if is_tooling(p, root)]
+    product = package_files(root)
+    tooling = tooling_files(root)
     lines = lambda ps: sum(len(p.read_text(encoding="utf-8").splitlines()) for p in ps)  # noqa: E731
     funcs = functions(root, mods)
     return {
         "product_modules": len(product), "product_lines": lines(product),
-        "tooling_modules_in_package": len(tooling), "tooling_lines_in_package": lines(tooling),
+        "tooling_modules": len(tooling), "tooling_lines": lines(tooling),
         "private_imports": private_imports(root, mods),
         "cycles": cycles(import_graph(root, mods)),
         "cycles_with_lazy_imports": cycles(import_graph(root, mods, lazy=True)),
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(s, indent=1))
         return 0
     print(f"product (installed):      {s['product_modules']} modules, {s['product_lines']} lines")
-    print(f"tooling inside package:   {s['tooling_modules_in_package']} modules, {s['tooling_lines_in_package']} lines")
+    print(f"tooling ({', '.join(t + '/' for t in TOOLING)}): {s['tooling_modules']} modules, {s['tooling_lines']} lines")
     print(f"cross-module private imports: {len(s['private_imports'])}")
     print(f"import cycles:            {len(s['cycles'])}" + "".join(f"\n  {' <-> '.join(c)}" for c in s["cycles"]))
     print(f"cycles through in-function imports too: {len(s['cycles_with_lazy_imports'])}"
