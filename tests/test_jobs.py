@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -55,32 +55,36 @@ def _submit(address: str, working_dir: Path, entrypoint: list[str], env: dict, r
 
 @pytest.fixture
 def job_cluster(tmp_path):
-    """A local Ray with the dashboard (the job server) on 127.0.0.1, in its own process;
-    stopped by ``ray.shutdown()`` in that process (never ``ray stop``)."""
-    port = free_port()
+    """A local Ray head (``ray start --head --block``) with its job server on 127.0.0.1,
+    stopped by SIGTERM to that one process, which stops what it started (never ``ray stop``).
+
+    Every port is a free one: the suite's own Ray runs beside it, and a second Ray on a default
+    port (the dashboard agent's 52365 above all) has no agent, so every submission would be
+    answered "No available agent to submit job"."""
+    port, gcs_port, agent_port, client_port = free_port(), free_port(), free_port(), free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("RAY_ADDRESS", None)
     temp = Path(env.get("RAY_TMPDIR", "/tmp")) / f"hp-jobs-{port}"  # short: Unix socket paths
-    script = textwrap.dedent(f"""
-        import sys, ray
-        ray.init(num_cpus=1, include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port={port},
-                 _temp_dir={str(temp)!r}, configure_logging=False)
-        print("ready", flush=True)
-        sys.stdin.readline()   # the test closes stdin to stop the cluster
-        ray.shutdown()
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    cmd = [str(RAY), "start", "--head", "--block", f"--port={gcs_port}", "--num-cpus=1", "--include-dashboard=true",
+           "--dashboard-host=127.0.0.1", f"--dashboard-port={port}", f"--dashboard-agent-listen-port={agent_port}",
+           f"--ray-client-server-port={client_port}", f"--temp-dir={temp}", "--disable-usage-stats"]
+    log = tmp_path / "ray-start.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for(f"http://127.0.0.1:{port}/api/version", 90)
+        try:
+            _wait_for(f"http://127.0.0.1:{port}/api/version", 90)
+        except TimeoutError:
+            raise RuntimeError(f"ray start did not bring up the job server:\n{log.read_text()[-3000:]}") from None
         yield f"http://127.0.0.1:{port}", env
     finally:
-        proc.stdin.close()
+        proc.terminate()  # SIGTERM: `ray start --block` stops the processes it started
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: only what this fixture started
+            proc.wait(timeout=30)
         shutil.rmtree(temp, ignore_errors=True)
 
 
