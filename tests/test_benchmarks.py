@@ -6,12 +6,11 @@ import json
 
 import numpy as np
 import pytest
-
 from eval_util import stand_in_images, tiny_model, write_replace_folder
 
 from hardpos.eval.benchmarks import load_benchmark
-from hardpos.eval.items import BenchmarkError
 from hardpos.eval.evaluator import evaluate_benchmarks, run_benchmarks
+from hardpos.eval.items import BenchmarkError
 from hardpos.eval.spec import BenchmarkSpec
 
 

@@ -2,17 +2,15 @@
 image/caption is encoded once, missing/corrupt images are excluded and listed."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
+from eval_util import tiny_model
 
 from hardpos.eval import encoding
-
-from eval_util import tiny_model
-from hardpos.eval.pairs import score_pairs
 from hardpos.eval import evaluator as E
 from hardpos.eval.metrics import summarize
+from hardpos.eval.pairs import score_pairs
 from hardpos.eval.spec import BenchmarkSpec
 from tests.support import triplet_rows, write_image, write_rows
 

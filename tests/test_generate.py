@@ -262,7 +262,6 @@ def test_http_engine_end_to_end_on_real_negclip_captions(ray_session, shared_dat
     from hardpos import tracking
     from hardpos.data.captions import read_captions
     from hardpos.data.triplets import read_triplets
-
     from hardpos.generate.prompts import PROMPTS_DIR
 
     n = 200

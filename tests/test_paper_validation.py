@@ -157,10 +157,10 @@ def test_the_generate_stage_judges_the_paper_preset_as_the_paper(ray_session, sh
     """The http engine against the OpenAI-compatible stub on 127.0.0.1 with prompts=paper: the
     stub's chatter and multi-edit answers are accepted as generated; only what cannot be a
     caption is rejected."""
+    import hardpos.stages.generate as g
     from hardpos.config import load_config
     from hardpos.runtime import execute
     from tests.support.openai_stub import OpenAIStub, behaviour
-    import hardpos.stages.generate as g
 
     source = str(shared_data / "negclip" / "valid_neg_clip.tsv")
     with OpenAIStub() as stub:

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from eval_util import tiny_model
+
 from hardpos.eval import retention as RT
 from tests.support import PALETTE, write_image
 

@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import pytest
-
 from eval_util import stand_in_images, tiny_model
 
 from hardpos.eval.benchmarks import load_benchmark

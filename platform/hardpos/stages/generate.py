@@ -162,6 +162,72 @@ def _histogram(counts: dict[str, int]) -> dict[str, int]:
     return {k: counts[k] for k in sorted(counts, key=int)}
 
 
+def _summary(cfg: Config, *, model: str, src_name: str, source_uri: str, world_dir: str | None, templates: list,
+             num_shards: int, done: set, done_before: set, n_input_files: int, num_captions: int, stats,
+             total: dict, run_counts: dict, outputs: dict, complete: bool) -> dict:
+    """summary.json: the totals over every finished shard (``total``), this run's share
+    (``stats``, ``run_counts``), where the outputs are, and how the outputs were judged."""
+    wall = max(stats.wall_s, 1e-9)
+    summary = {
+        "engine": cfg.engine.kind,
+        "model": model,
+        "source": src_name,
+        "input": source_uri,
+        "lexicon": "world" if world_dir else "default",
+        "prompts": cfg.prompts,
+        "kinds": [t.kind for t in templates],
+        "complete": complete,
+        "shards_total": num_shards,
+        "shards_done": len(done),
+        "shards_this_run": stats.shards_written,
+        "shards_skipped": len(done_before),
+        "captions": num_captions,
+        "input_files": n_input_files,
+        "captions_done": total.get("captions", 0),
+        "inputs": total.get("inputs", 0),
+        "accepted": total.get("accepted", 0),
+        "rejected": total.get("rejected", 0),
+        "accepted_by_kind": total.get("accepted_by_kind", {}),
+        "rejected_by_kind": total.get("rejected_by_kind", {}),
+        "rejected_by_reason": total.get("rejected_by_reason", {}),
+        "rejected_by_kind_reason": total.get("rejected_by_kind_reason", {}),
+        "triplets": total.get("triplets", 0),
+        "triplets_with_positive": total.get("triplets_with_positive", 0),
+        "triplets_with_negative": total.get("triplets_with_negative", 0),
+        "join_positives": cfg.join.positives if cfg.join.enabled else None,
+        "triplets_per_caption": _histogram(total.get("triplets_per_caption", {})),
+        "positives_per_caption": _histogram(total.get("positives_per_caption", {})),
+        "captions_with_positive": total.get("captions_with_positive", 0),
+        "captions_with_several_positives": total.get("captions_with_several_positives", 0),
+        "positives_unused": total.get("positives_unused", 0),
+        # a dataset's "negatives" that are whole-conjunct swaps keep the meaning: never used as negatives
+        "dataset_negatives_meaning_kept": total.get("dataset_negatives_meaning_kept", 0),
+        "this_run": {
+            "captions": stats.captions,
+            "inputs": run_counts.get("inputs", 0),
+            "wall_s": round(stats.wall_s, 3),
+            "join_and_write_s": round(stats.commit_s, 3),
+            "captions_per_s": round(stats.captions / wall, 2) if stats.captions else 0.0,
+            "requests_per_s": round(run_counts.get("inputs", 0) / wall, 2) if stats.captions else 0.0,
+            "completion_tokens": run_counts.get("completion_tokens", 0),
+            "prompt_tokens": run_counts.get("prompt_tokens", 0),
+            "tokens_per_s": (round(run_counts.get("completion_tokens", 0) / wall, 2)
+                             if run_counts.get("completion_tokens") else None),
+        },
+        "outputs": outputs,
+    }
+    # Test-set hygiene: positives that are the REPLACE benchmark's own substitutions (0 unless
+    # engine.rules.include_benchmark_pairs is on, or an LLM wrote them itself).
+    summary["include_benchmark_pairs"] = cfg.engine.rules.include_benchmark_pairs
+    # how each kind's outputs were judged ("paper": as the paper's release, "strict": every check;
+    # the rule engine's own rows are always strict)
+    summary["validation"] = {t.kind: "strict" if cfg.engine.kind == "rules" else t.validation for t in templates}
+    if "accepted" in outputs:
+        summary["positives_with_benchmark_substitutions"] = benchmark_substitution_count(outputs["accepted"])
+    summary["accept_rate"] = round(summary["accepted"] / summary["inputs"], 4) if summary["inputs"] else 0.0
+    return summary
+
+
 def run(cfg: Config, ctx: JobContext) -> dict:
     from hardpos.generate import engine_config, engines, http_engine, pipeline, source  # lazy: see the module's imports
 
@@ -256,66 +322,12 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         outputs.update(pipeline.merge_outputs(out, num_shards, cfg.join.enabled, cfg.join.output))
         if cfg.join.enabled and cfg.join.webdataset:
             outputs["webdataset"] = storage.join(out, pipeline.WEBDATASET_DIR)
-    wall = max(stats.wall_s, 1e-9)
-    summary = {
-        "engine": cfg.engine.kind,
-        "model": model,
-        "source": src_name,
-        "input": source_uri,
-        "lexicon": "world" if world_dir else "default",
-        "prompts": cfg.prompts,
-        "kinds": [t.kind for t in templates],
-        "complete": complete,
-        "shards_total": num_shards,
-        "shards_done": len(done),
-        "shards_this_run": stats.shards_written,
-        "shards_skipped": len(done_before),
-        "captions": blocks.num_captions,
-        "input_files": len(files.files),
-        "captions_done": total.get("captions", 0),
-        "inputs": total.get("inputs", 0),
-        "accepted": total.get("accepted", 0),
-        "rejected": total.get("rejected", 0),
-        "accepted_by_kind": total.get("accepted_by_kind", {}),
-        "rejected_by_kind": total.get("rejected_by_kind", {}),
-        "rejected_by_reason": total.get("rejected_by_reason", {}),
-        "rejected_by_kind_reason": total.get("rejected_by_kind_reason", {}),
-        "triplets": total.get("triplets", 0),
-        "triplets_with_positive": total.get("triplets_with_positive", 0),
-        "triplets_with_negative": total.get("triplets_with_negative", 0),
-        "join_positives": cfg.join.positives if cfg.join.enabled else None,
-        "triplets_per_caption": _histogram(total.get("triplets_per_caption", {})),
-        "positives_per_caption": _histogram(total.get("positives_per_caption", {})),
-        "captions_with_positive": total.get("captions_with_positive", 0),
-        "captions_with_several_positives": total.get("captions_with_several_positives", 0),
-        "positives_unused": total.get("positives_unused", 0),
-        # a dataset's "negatives" that are whole-conjunct swaps keep the meaning: never used as negatives
-        "dataset_negatives_meaning_kept": total.get("dataset_negatives_meaning_kept", 0),
-        "this_run": {
-            "captions": stats.captions,
-            "inputs": run_counts.get("inputs", 0),
-            "wall_s": round(stats.wall_s, 3),
-            "join_and_write_s": round(stats.commit_s, 3),
-            "captions_per_s": round(stats.captions / wall, 2) if stats.captions else 0.0,
-            "requests_per_s": round(run_counts.get("inputs", 0) / wall, 2) if stats.captions else 0.0,
-            "completion_tokens": run_counts.get("completion_tokens", 0),
-            "prompt_tokens": run_counts.get("prompt_tokens", 0),
-            "tokens_per_s": (round(run_counts.get("completion_tokens", 0) / wall, 2)
-                             if run_counts.get("completion_tokens") else None),
-        },
-        "outputs": outputs,
-    }
-    # Test-set hygiene: positives that are the REPLACE benchmark's own substitutions (0 unless
-    # engine.rules.include_benchmark_pairs is on, or an LLM wrote them itself).
-    summary["include_benchmark_pairs"] = cfg.engine.rules.include_benchmark_pairs
-    # how each kind's outputs were judged ("paper": as the paper's release, "strict": every check;
-    # the rule engine's own rows are always strict)
-    summary["validation"] = {t.kind: "strict" if cfg.engine.kind == "rules" else t.validation for t in templates}
-    if "accepted" in outputs:
-        summary["positives_with_benchmark_substitutions"] = benchmark_substitution_count(outputs["accepted"])
+    summary = _summary(cfg, model=model, src_name=src_name, source_uri=source_uri, world_dir=world_dir,
+                       templates=templates, num_shards=num_shards, done=done, done_before=done_before,
+                       n_input_files=len(files.files), num_captions=blocks.num_captions, stats=stats,
+                       total=total, run_counts=run_counts, outputs=outputs, complete=complete)
     if preflight is not None:
         summary["http_preflight"] = preflight
-    summary["accept_rate"] = round(summary["accepted"] / summary["inputs"], 4) if summary["inputs"] else 0.0
     ctx.log_metrics({
         "inputs": summary["inputs"], "accepted": summary["accepted"], "rejected": summary["rejected"],
         "accept_rate": summary["accept_rate"], "captions_per_s": summary["this_run"]["captions_per_s"],
