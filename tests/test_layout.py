@@ -8,7 +8,10 @@
   naming the ``tests/`` folder, and no ``../shared`` anywhere (code, docstrings, data files);
 * (c) the installed package is the product: it imports none of the tooling that lives beside
   it in the repository (the measuring tools ``benchmarks``, the test helpers ``tests.support``),
-  and no measuring tool or test helper lives inside it.
+  and no measuring tool or test helper lives inside it;
+* (d) a module is one idea with a public surface: no module imports another's private
+  (``_name``) names, no module exists only to re-export another's, and no two modules import
+  each other at import time (:mod:`tests.support.house_stats` counts all three).
 
 Each test lists every offender in its assertion message, so one run says what to fix.
 Pure ``ast``/text reads: no HardPos module is imported.
@@ -212,3 +215,16 @@ def test_tooling_import_rule(tmp_path, monkeypatch, code, offenders):
     path = tmp_path / "m.py"
     path.write_text(code)
     assert [line.split(": ", 1)[1] for line in tooling_imports(path)] == offenders
+
+
+def test_modules_are_ideas_with_public_surfaces():
+    """(d): no private name crosses a module boundary, nothing is imported only to be
+    re-exported, and the import-time graph has no cycle (the numbers ``python
+    tests/support/house_stats.py`` prints, held at zero)."""
+    from tests.support import house_stats as H  # lazy: the measuring module is only this test's
+
+    mods = H.parse(PACKAGE)
+    assert H.private_imports(PACKAGE, mods) == []
+    assert H.reexport_lines(PACKAGE, mods) == []
+    assert H.cycles(H.import_graph(PACKAGE, mods)) == []
+
