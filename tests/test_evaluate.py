@@ -149,7 +149,7 @@ def test_evaluate_stage_writes_recomputable_outputs_and_mlflow(tmp_path, trackin
     import mlflow
 
     from hardpos.config import load_config
-    from hardpos.eval.report import recompute_metrics
+    from hardpos.report import recompute_metrics
     from hardpos.runtime import execute
     from hardpos.stages import evaluate as stage
 

@@ -161,7 +161,7 @@ def test_evaluate_stage_reports_logs_and_recomputes(shared_data, tmp_path, track
     import pyarrow.parquet as pq
 
     from hardpos.config import load_config
-    from hardpos.eval.report import recompute_metrics
+    from hardpos.report import recompute_metrics
     from hardpos.runtime import execute
     from hardpos.stages import evaluate as stage
 

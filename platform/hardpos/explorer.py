@@ -57,8 +57,8 @@ from hardpos.data.images import load_image
 from hardpos.eval import metrics as M
 from hardpos.eval.items import Item
 from hardpos.eval.metrics import TEXT_COLUMNS, text_only_correct, verdicts
-from hardpos.eval.report import SCORES_FILE
 from hardpos.eval.spec import BenchmarkSpec
+from hardpos.report import SCORES_FILE
 
 INDEX_FILE = "index.html"
 IMAGES_DIR = "images"

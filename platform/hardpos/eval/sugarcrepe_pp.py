@@ -43,16 +43,14 @@ text-only cosines are dot products of the same normalised caption features.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from hardpos import storage
 from hardpos.data.triplets import resolve_image
 from hardpos.eval.items import Benchmark, BenchmarkError, Item, image_root_of, read_json
-from hardpos.eval.metrics import TEXT_ONLY_METRIC
 from hardpos.eval.spec import BenchmarkSpec
-from hardpos.report import pct, table
 
 KIND = "sugarcrepe_pp"
 CATEGORIES = ("replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
@@ -117,28 +115,3 @@ def text_similarities(text_feats: Any, c_idx: Sequence[int], p_idx: Sequence[int
         return (feats[a] * feats[b]).sum(-1)
 
     return {"t_cp": cos(c, p), "t_cn": cos(c, n), "t_pn": cos(p, n)}
-
-
-
-
-
-
-def markdown_section(results: Sequence[Any], metrics: Mapping[str, float]) -> list[str]:
-    """report.md lines for the text-only task of every benchmark that has one: per category
-    and overall, in percent (empty when none has). ``results`` are the evaluator's
-    BenchmarkResults (``.name``, ``.subsets``)."""
-    rows = []
-    for r in results:
-        if f"{r.name}/{TEXT_ONLY_METRIC}" not in metrics:
-            continue
-        for s in dict.fromkeys(r.subsets):
-            if f"{r.name}/{s}/{TEXT_ONLY_METRIC}" in metrics:
-                rows.append([r.name, s, pct(metrics[f"{r.name}/{s}/{TEXT_ONLY_METRIC}"])])
-        rows.append([r.name, "all (mean of categories)", pct(metrics[f"{r.name}/{TEXT_ONLY_METRIC}"])])
-    if not rows:
-        return []
-    return ["## Text-only task (SugarCrepe++ TOT, %)", "",
-            "The text encoder alone: correct when the two positives are closer to each other than either "
-            "is to the hard negative (strict). A random ordering scores 33.3; lexical overlap pulls the other way "
-            "(the negative shares the caption's words, the paraphrase does not).", "",
-            table(["benchmark", "category", "text-only acc"], rows), ""]

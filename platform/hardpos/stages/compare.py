@@ -27,9 +27,9 @@ from hardpos.config import ConfigError, JobConfig
 from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.items import BenchmarkError
-from hardpos.eval.report import SCORES_FILE
 from hardpos.explorer import ExplorerConfig, ExplorerError
 from hardpos.model_uri import mlflow_client
+from hardpos.report import SCORES_FILE
 from hardpos.runtime import JobContext
 from hardpos.stages import evaluate as evaluate_stage
 

@@ -197,7 +197,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     # lazy: see the module's imports
     import torch
 
-    from hardpos.eval import report as R
+    from hardpos import report as R
     from hardpos.eval.distributed import ray_image_encoder
     from hardpos.model import load_model
 

@@ -156,7 +156,6 @@ def _one_alpha(alpha: float, model: torch.nn.Module, lf: LoadedModel, states: tu
                specs: Sequence[BenchmarkSpec], device: str, provenance: dict[str, str]):
     """The child run of one alpha (a ``run_fn`` for :func:`hardpos.runtime.execute`)."""
     # lazy: see the module's imports
-    from hardpos.eval import report as eval_report
     from hardpos.model import unwrap
 
     def run_child(cfg: Config, ctx: JobContext) -> dict:
@@ -164,7 +163,7 @@ def _one_alpha(alpha: float, model: torch.nn.Module, lf: LoadedModel, states: tu
         report, retention = ev.evaluate_model(model, lf, specs, cfg, device)
         metrics = {**report.metrics, **retention}
         name = f"{cfg.finetuned_name} alpha={alpha:g}"
-        files = eval_report.write_outputs(report, ctx.output_dir, model_name=name, retention=retention, device=device)
+        files = R.write_outputs(report, ctx.output_dir, model_name=name, retention=retention, device=device)
         ctx.log_metrics({**metrics, "alpha": alpha})
         model_uri = None
         with tempfile.TemporaryDirectory(prefix="hardpos-wise-") as tmp:
