@@ -181,7 +181,7 @@ def test_full_mode_draws_a_wise_curve_from_the_base_with_pretraining_retrieval(t
     pipeline.wise_curve("hp+hn", "base/model", "ft/model", str(world))
     [(stage, c)] = calls
     assert stage == "interpolate" and c.base.pretrained == "base/model" and c.finetuned.pretrained == "ft/model"
-    assert c.alphas == [0.0, 0.5, 1.0] and c.world == str(world) and c.finetuned_name == "hp+hn"
+    assert c.alphas == [0.0, 0.5, 1.0] and c.world_dir == str(world) and c.finetuned_name == "hp+hn"
     assert c.output_dir == str(tmp_path / "demo" / "wise" / "hp_hn")
     [spec] = c.retention.retrieval
     rows = [json.loads(line) for line in Path(spec.captions).read_text().splitlines()]

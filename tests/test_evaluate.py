@@ -158,7 +158,7 @@ def test_evaluate_stage_writes_recomputable_outputs_and_mlflow(tmp_path, trackin
     rows[0] = {**rows[0], "image": "images/gone.png"}
     custom = write_rows(tmp_path / "custom", rows)
     (tmp_path / "custom" / "images" / "gone.png").unlink()
-    cfg = load_config(stage.Config, None, [f"output_dir={tmp_path / 'out'}", f"world={world}", "device=cpu",
+    cfg = load_config(stage.Config, None, [f"output_dir={tmp_path / 'out'}", f"world_dir={world}", "device=cpu",
                                            f"benchmarks=[{{name: custom, kind: triplets, path: {custom}}}]", "batch_size=4"])
     summary = execute("evaluate", cfg, quiet=True)
     out = tmp_path / "out"
@@ -187,7 +187,7 @@ def test_evaluate_stage_config_errors(tmp_path):
     from hardpos.cli import main
 
     assert main(["evaluate", f"output_dir={tmp_path}", "tracking.enabled=false"]) == 2  # nothing to evaluate
-    assert main(["evaluate", f"output_dir={tmp_path}", "tracking.enabled=false", f"world={tmp_path / 'nope'}"]) == 2
+    assert main(["evaluate", f"output_dir={tmp_path}", "tracking.enabled=false", f"world_dir={tmp_path / 'nope'}"]) == 2
     bad = tmp_path / "b.jsonl"
     bad.write_text("not json\n")
     assert main(["evaluate", f"output_dir={tmp_path}", "tracking.enabled=false", "device=cpu",
@@ -253,7 +253,7 @@ def test_shipped_configs_parse():
                                                                 ("sugarcrepe_pp", "sugarcrepe_pp")]
     assert paper.model.arch == "ViT-B-32-quickgelu" and paper.model.pretrained == "openai"
     default = load_config(stage.Config, jobs / "evaluate.yaml")
-    assert default.world == "outputs/world" and default.model.arch == "hardpos-tiny"
+    assert default.world_dir == "outputs/world" and default.model.arch == "hardpos-tiny"
 
 
 def test_bench_naive_and_efficient_agree(shared_data):
@@ -303,7 +303,7 @@ def test_jobs_evaluate_on_the_generated_synthetic_world(tmp_path):
     generate_world(WorldConfig(n_pretrain=5, n_finetune=5, n_benchmark=40, image_size=32), str(world))
     repo = Path(__file__).resolve().parent.parent
     proc = subprocess.run([sys.executable, str(repo / "jobs" / "evaluate.py"), "--config", str(repo / "jobs/configs/evaluate.yaml"),
-                           f"world={world}", f"output_dir={tmp_path / 'out'}", "tracking.enabled=false", "device=cpu"],
+                           f"world_dir={world}", f"output_dir={tmp_path / 'out'}", "tracking.enabled=false", "device=cpu"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())

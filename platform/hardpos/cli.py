@@ -92,17 +92,7 @@ def help_text(stage: str, module: Any, cfg: Any, config_file: str | None, overri
     source = "the stage's defaults" + (f" + {config_file}" if config_file else "") + (" + overrides" if overrides else "")
     return (f"hardpos {stage}: {doc}\n\nusage: hardpos {stage} [--config FILE.yaml] [dotted.key=value ...] "
             f"[--print-config]\n\nconfig keys (values: {source}; list items by index, e.g. key.0.field=...):\n"
-            + "\n".join(describe_config(cfg)) + _alias_lines(type(cfg)))
-
-
-def _alias_lines(cls: type) -> str:
-    """The alternative spellings a stage accepts (``config_aliases``), as a help footer."""
-    aliases = getattr(cls, "config_aliases", None) or {}
-    if not aliases:
-        return ""
-    spelled = [f"  {a}.<key>=...  same as <key>=..." if t == "." else f"  {a}=...  same as {t}=..."
-               for a, t in aliases.items()]
-    return "\n\nalso accepted:\n" + "\n".join(spelled)
+            + "\n".join(describe_config(cfg)))
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, list[str], bool, bool]:

@@ -79,7 +79,7 @@ class ExplorerConfig:
         Empty: no explorer. The labels head the page's columns (e.g. ``HN-only``).
     benchmarks: the benchmarks those evaluations scored (the same list as the evaluate
         stage's ``benchmarks``): the page reads images and captions from them.
-    world: a synthetic world folder, as in the evaluate stage (adds its three benchmarks).
+    world_dir: a synthetic world folder, as in the evaluate stage (adds its three benchmarks).
     max_rows_per_benchmark: at most this many disagreement rows per benchmark on the page,
         taken in turn from every outcome combination so rare ones are shown too.
     thumbnail_px: the longest side of the thumbnails copied next to the page.
@@ -88,7 +88,7 @@ class ExplorerConfig:
     enabled: bool = True
     evaluations: dict[str, str] = dataclasses.field(default_factory=dict)
     benchmarks: list[BenchmarkSpec] = dataclasses.field(default_factory=list)
-    world: str | None = None
+    world_dir: str | None = None
     max_rows_per_benchmark: int = 200
     thumbnail_px: int = 160
 

@@ -347,9 +347,9 @@ def benchmark(key: str, spec: Any, allow_empty: bool) -> None:
 def evaluate(cfg: Any) -> None:
     """The evaluate stage: benchmark files, servers, then the model's weights."""
     specs = list(cfg.benchmarks)
-    check_s3_endpoint([s.path for s in specs] + [cfg.model.pretrained, cfg.world, cfg.output_dir])
-    if cfg.world and not storage.exists(cfg.world):
-        fail("world", cfg.world, "world folder not found", "run `hardpos world` first, or fix the path")
+    check_s3_endpoint([s.path for s in specs] + [cfg.model.pretrained, cfg.world_dir, cfg.output_dir])
+    if cfg.world_dir and not storage.exists(cfg.world_dir):
+        fail("world_dir", cfg.world_dir, "world folder not found", "run `hardpos world` first, or fix the path")
     for spec in specs:
         benchmark(f"benchmarks.{spec.name}", spec, allow_empty=cfg.allow_empty)
     check_tracking(cfg.tracking)
@@ -358,9 +358,9 @@ def evaluate(cfg: Any) -> None:
 
 def interpolate(cfg: Any) -> None:
     """The interpolate stage: like evaluate, for both endpoints of the mix."""
-    check_s3_endpoint([s.path for s in cfg.benchmarks] + [cfg.base.pretrained, cfg.finetuned.pretrained, cfg.world])
-    if cfg.world and not storage.exists(cfg.world):
-        fail("world", cfg.world, "world folder not found", "run `hardpos world` first, or fix the path")
+    check_s3_endpoint([s.path for s in cfg.benchmarks] + [cfg.base.pretrained, cfg.finetuned.pretrained, cfg.world_dir])
+    if cfg.world_dir and not storage.exists(cfg.world_dir):
+        fail("world_dir", cfg.world_dir, "world folder not found", "run `hardpos world` first, or fix the path")
     for spec in cfg.benchmarks:
         benchmark(f"benchmarks.{spec.name}", spec, allow_empty=cfg.allow_empty)
     check_tracking(cfg.tracking)

@@ -26,15 +26,13 @@ Contract (every stage):
   ``run`` and raise :class:`ConfigError` too (the CLI exits 2 for either, before any compute).
   ``int`` is accepted where ``float`` is declared, and so is scientific notation that YAML
   1.1 leaves as text (``1e-3``); nothing else is coerced silently (``"3"`` is not an int).
-* "world", for a user: ``world.<key>`` is always a setting of the synthetic world's
-  generation (:class:`hardpos.data.scene.WorldConfig`: ``world.seed``, ``world.n_pretrain``
-  ...) and ``world_dir`` is always the folder of a generated world.  The demo has both as
-  fields; the world stage also takes ``world.<key>`` (its old top-level keys such as
-  ``n_pretrain=`` stay valid) and ``world_dir`` (= its ``output_dir``); evaluate takes
-  ``world_dir`` for its older ``world=<folder>``.  A stage declares such alternative
-  spellings in a ``config_aliases`` class variable (see :func:`from_dict`), so the old keys
-  keep working (``--print-config`` prints the dataclass's own field names).  perturb and
-  generate read a world folder as their ``input`` (which may also be a caption file).
+* "world", for a user: ``world.<key>`` is a setting of the synthetic world's generation
+  (:class:`hardpos.data.scene.WorldConfig`: ``world.seed``, ``world.n_pretrain`` ...; the
+  demo's section) and ``world_dir`` is the folder of a generated world (evaluate, interpolate,
+  the compare stage's explorer, the demo). The world stage's own config *is* a WorldConfig:
+  its keys are top-level (``n_pretrain=``) and its folder is its ``output_dir``. perturb and
+  generate read a world folder as their ``input`` (which may also be a caption file). Every key
+  has one spelling.
 
 Layout: this module holds the shared sections and loading (:func:`load_config`,
 :func:`from_dict`); ``errors`` the :class:`ConfigError` and :func:`require`; ``overrides``
@@ -65,7 +63,6 @@ import yaml
 
 from hardpos import storage
 from hardpos.config.errors import ConfigError, require
-from hardpos.config.fields import aliases as _aliases
 from hardpos.config.fields import field_default as _field_default
 from hardpos.config.help import describe_config, field_docs, type_name
 from hardpos.config.overrides import parse_override, set_dotted
@@ -205,39 +202,6 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _apply_aliases(cls: type, data: dict[str, Any], path: str) -> dict[str, Any]:
-    """Rewrite the alternative spellings ``cls.config_aliases`` declares into ``cls``'s own keys.
-
-    ``{"world_dir": "world"}`` renames a key; ``{"world": "."}`` splices the keys of a
-    ``world:`` mapping into this level (the world stage's fields are its top-level keys).
-    Giving a key in both spellings is an error rather than a silent pick.
-    """
-    aliases = _aliases(cls)
-    if not aliases or not any(a in data for a in aliases):
-        return data
-    out = dict(data)
-    for alias, target in aliases.items():
-        if alias not in out:
-            continue
-        value = out.pop(alias)
-        if target == ".":
-            if not isinstance(value, dict):
-                raise ConfigError(f"{_join(path, alias)}: expected a mapping of keys, got {value!r}")
-            pairs = value.items()
-        else:
-            pairs = [(target, value)]
-        names = {f.name for f in dataclasses.fields(cls) if f.init}
-        for name, v in pairs:
-            spelled = f"{alias}.{name}" if target == "." else alias
-            if name not in names:
-                raise ConfigError(f"unknown config key {_join(path, spelled)!r}; valid keys under {alias!r}: "
-                                  f"{', '.join(sorted(names))}")
-            if name in out:
-                raise ConfigError(f"{_join(path, spelled)} and {_join(path, name)} are the same key; give one of them")
-            out[name] = v
-    return out
-
-
 def from_dict(cls: type[T], data: dict[str, Any], *, path: str = "", base: Any = None) -> T:
     """Validate ``data`` against dataclass ``cls`` (recursively) and build it.
 
@@ -248,16 +212,14 @@ def from_dict(cls: type[T], data: dict[str, Any], *, path: str = "", base: Any =
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(data).__name__}")
-    data = _apply_aliases(cls, data, path)
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         where = f"in section {path!r}" if path else "at top level"
-        aliases = sorted(getattr(cls, "config_aliases", None) or {})
         raise ConfigError(
             f"unknown config key(s) {', '.join(repr(_join(path, u)) for u in unknown)} {where}; "
-            f"valid keys: {', '.join(sorted(fields))}" + (f" (also accepted: {', '.join(aliases)})" if aliases else "")
+            f"valid keys: {', '.join(sorted(fields))}"
         )
     kwargs = {}
     if base is not None and isinstance(base, cls):

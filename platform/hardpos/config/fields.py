@@ -65,8 +65,3 @@ def plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     return value
-
-
-def aliases(tp: Any) -> dict[str, str]:
-    tp = unwrap_optional(tp)
-    return (getattr(tp, "config_aliases", None) or {}) if tp is not None and dataclasses.is_dataclass(tp) else {}

@@ -8,7 +8,6 @@ from typing import Any
 import yaml
 
 from hardpos.config.errors import ConfigError
-from hardpos.config.fields import aliases as _aliases
 from hardpos.config.fields import default_instance as _default_instance
 from hardpos.config.fields import field_default as _field_default
 from hardpos.config.fields import field_type as _field_type
@@ -55,15 +54,8 @@ def set_dotted(data: dict[str, Any], key: str, value: Any, *, cls: type | None =
             child, child_tp = node[index], _item_type(tp)
             child_default = None
         else:
-            target = _aliases(tp).get(part, part)
-            if target == "." and not last:  # a spliced section (the world stage's ``world.``)
-                child = node.setdefault(part, {})
-                if not isinstance(child, dict):
-                    raise ConfigError(f"override {key!r}: {_join_path(parts[:depth + 1])!r} is not a section")
-                node = child
-                continue
-            field_tp = _field_type(tp, target)
-            field_default = _field_default(tp, default, target)
+            field_tp = _field_type(tp, part)
+            field_default = _field_default(tp, default, part)
             if last:
                 node[part] = value
                 return

@@ -172,10 +172,10 @@ def write_comparison(rows: list[dict[str, Any]], table: str, ctx) -> list[str]:
 def explorer_items(cfg: ExplorerConfig) -> dict[str, list]:
     """benchmark name -> its loaded items, for the configured benchmarks and world (resolved
     and validated exactly as the evaluate stage does)."""
-    if not cfg.benchmarks and not cfg.world:
-        raise ConfigError("explorer.benchmarks / explorer.world: give the benchmarks the evaluations scored "
+    if not cfg.benchmarks and not cfg.world_dir:
+        raise ConfigError("explorer.benchmarks / explorer.world_dir: give the benchmarks the evaluations scored "
                           "(the page shows their images and captions)")
-    specs = evaluate_stage.resolve_specs(evaluate_stage.Config(benchmarks=list(cfg.benchmarks), world=cfg.world))
+    specs = evaluate_stage.resolve_specs(evaluate_stage.Config(benchmarks=list(cfg.benchmarks), world_dir=cfg.world_dir))
     try:
         return {s.name: load_benchmark(s).items for s in specs}
     except BenchmarkError as exc:

@@ -386,7 +386,7 @@ class Pipeline:
         ecfg = ev.Config(output_dir=self.ctx.path("eval", slug(name)), seed=self.cfg.seed,
                          tracking=self.tracking(f"eval-{name}"), ray=self.cfg.ray,
                          model=ModelConfig(arch=self.cfg.arch, pretrained=checkpoint), model_name=name,
-                         world=world_dir, batch_size=self.cfg.eval_batch_size, device="auto")
+                         world_dir=world_dir, batch_size=self.cfg.eval_batch_size, device="auto")
         return self.execute("evaluate", ecfg, f"5/7 evaluate {name}")
 
     # 5 (full) ---------------------------------------------------------- WiSE-FT curves
@@ -398,7 +398,7 @@ class Pipeline:
                            tracking=self.tracking(f"wise-{name}"), ray=cfg.ray,
                            base=ModelConfig(arch=cfg.arch, pretrained=base_ckpt),
                            finetuned=ModelConfig(arch=cfg.arch, pretrained=checkpoint),
-                           base_name="pretrained", finetuned_name=name, alphas=list(cfg.wise_alphas), world=world_dir,
+                           base_name="pretrained", finetuned_name=name, alphas=list(cfg.wise_alphas), world_dir=world_dir,
                            retention=ev.RetentionConfig(retrieval=[self.retrieval_set(world_dir)]),
                            batch_size=cfg.eval_batch_size, device="auto")
         return self.execute("interpolate", wcfg, f"5/7 full: WiSE-FT curve pretrained -> {name}")

@@ -6,7 +6,7 @@ missing_images.json and logs every figure to MLflow under stable names
 
 Example:
     python jobs/evaluate.py model.pretrained=outputs/train/checkpoint \\
-        world=outputs/world output_dir=outputs/eval
+        world_dir=outputs/world output_dir=outputs/eval
     python jobs/evaluate.py --config jobs/configs/evaluate_paper.yaml \\
         'benchmarks=[{name: replace, kind: replace, path: /data/hard_positives, image_root: /data/vg}]'
 """
@@ -17,7 +17,7 @@ import logging
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from hardpos import storage, tracking
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig, require
@@ -66,9 +66,9 @@ class Config(JobConfig):
     benchmarks: list of {name, kind: replace|swap|sugarcrepe|sugarcrepe_pp|triplets, path, image_root, limit,
         cache_dir}; a triplets path may also be webdataset .tar shards or parquet with inline
         image bytes (a file, folder or glob; read by Ray Data).
-    world: a synthetic world folder (also accepted as ``world_dir``); adds
+    world_dir: a synthetic world folder; adds
         world_replace_attribute, world_replace_relation and world_swap from
-        <world>/benchmark/*.parquet (files that are absent are an error).
+        <world_dir>/benchmark/*.parquet (files that are absent are an error).
     device: "auto" (CUDA when available), "cpu", "cuda", "cuda:1" ...
     precision: the encoders' arithmetic: "fp32" (default, on every device; no TF32 on CUDA)
         or "bf16" / "fp16" autocast (faster on GPUs; scores move by ~1e-3, which flipped 1% of
@@ -84,15 +84,12 @@ class Config(JobConfig):
         had to be excluded for missing/corrupt images (1.0: never fail, only report).
     """
 
-    # ``world_dir`` is the folder of a generated world in every stage (see hardpos.config)
-    config_aliases: ClassVar[dict[str, str]] = {"world_dir": "world"}
-
     output_dir: str = "outputs/evaluate"
     tracking: TrackingConfig = dataclasses.field(default_factory=lambda: TrackingConfig(experiment="hardpos-evaluate"))
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     model_name: str | None = None
     benchmarks: list[BenchmarkSpec] = dataclasses.field(default_factory=list)
-    world: str | None = None
+    world_dir: str | None = None
     device: str = "auto"
     precision: Precision = "fp32"
     batch_size: int = 256
@@ -112,11 +109,11 @@ class Config(JobConfig):
 def resolve_specs(cfg: Config) -> list[BenchmarkSpec]:
     """The configured benchmarks plus the world's; validated before any model is built."""
     specs = list(cfg.benchmarks)
-    if cfg.world:
+    if cfg.world_dir:
         for name, stem in WORLD_BENCHMARKS:
-            path = storage.join(cfg.world, "benchmark", f"{stem}.parquet")
+            path = storage.join(cfg.world_dir, "benchmark", f"{stem}.parquet")
             if not storage.exists(path):
-                raise ConfigError(f"world={cfg.world}: benchmark file {path} is missing (run the world stage first)")
+                raise ConfigError(f"world_dir={cfg.world_dir}: benchmark file {path} is missing (run the world stage first)")
             specs.append(BenchmarkSpec(name=name, kind="triplets", path=path))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -127,7 +124,7 @@ def resolve_specs(cfg: Config) -> list[BenchmarkSpec]:
         if not s.path:
             raise ConfigError(f"benchmarks.{s.name}: path is required")
     if not specs and not cfg.retention.zeroshot and not cfg.retention.retrieval:
-        raise ConfigError("nothing to evaluate: give benchmarks=[...], world=... or retention datasets")
+        raise ConfigError("nothing to evaluate: give benchmarks=[...], world_dir=... or retention datasets")
     check_retention(cfg.retention)
     return specs
 

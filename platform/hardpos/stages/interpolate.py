@@ -22,7 +22,7 @@ params (the register stage copies a run's ``model.*`` params onto the model vers
 
 Example:
     python jobs/interpolate.py base.pretrained=outputs/demo/pretrain/model \\
-        finetuned.pretrained=outputs/demo/finetune/hp_hn/model world=outputs/demo/world \\
+        finetuned.pretrained=outputs/demo/finetune/hp_hn/model world_dir=outputs/demo/world \\
         'alphas=[0, 0.25, 0.5, 0.75, 1]' register_alpha=0.5
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ import dataclasses
 import math
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from hardpos import registry, storage, tracking
 from hardpos import report as R
@@ -63,14 +63,12 @@ class Config(JobConfig):
         tracking.tracking_uri).
     base_name / finetuned_name: labels in the curve's title and the reports.
     alphas: mixing weights in [0, 1] (0 = base, 1 = finetuned), one child run each.
-    benchmarks / world / retention: what each mix is evaluated on, as in the evaluate stage
-        (``world`` adds the synthetic world's three benchmarks).
+    benchmarks / world_dir / retention: what each mix is evaluated on, as in the evaluate stage
+        (``world_dir`` adds the synthetic world's three benchmarks).
     device / precision / batch_size / num_threads: as in the evaluate stage.
     register_alpha: register this alpha's model (one of ``alphas``; None: register nothing)
         as models:/<register_name>@<register_alias>, with both parents and alpha as tags.
     """
-
-    config_aliases: ClassVar[dict[str, str]] = {"world_dir": "world"}
 
     output_dir: str = "outputs/interpolate"
     tracking: TrackingConfig = dataclasses.field(default_factory=lambda: TrackingConfig(experiment="hardpos-interpolate"))
@@ -80,7 +78,7 @@ class Config(JobConfig):
     finetuned_name: str = "finetuned"
     alphas: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     benchmarks: list[BenchmarkSpec] = dataclasses.field(default_factory=list)
-    world: str | None = None
+    world_dir: str | None = None
     retention: ev.RetentionConfig = dataclasses.field(default_factory=ev.RetentionConfig)
     device: str = "auto"
     precision: Precision = "fp32"
@@ -185,7 +183,7 @@ def _one_alpha(alpha: float, model: torch.nn.Module, lf: LoadedModel, states: tu
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:
-    specs = ev.resolve_specs(ev.Config(benchmarks=cfg.benchmarks, world=cfg.world, retention=cfg.retention))
+    specs = ev.resolve_specs(ev.Config(benchmarks=cfg.benchmarks, world_dir=cfg.world_dir, retention=cfg.retention))
     device = ev.resolve_device(cfg.device)
     import torch  # lazy: see the module's imports
 

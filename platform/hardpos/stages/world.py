@@ -8,7 +8,6 @@ starting Ray would cost more than it saves at this size.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 from hardpos.config import JobConfig
 from hardpos.data.world import generate_world
@@ -32,13 +31,7 @@ class Config(WorldConfig, JobConfig):
     background_jitter / color_jitter: nuisance variation of the rendering.
     write_images: false writes captions and ground truth only.
     tracking / ray: see JobConfig.
-
-    The world's keys can also be given as a ``world:`` section (``world.n_pretrain=100``, as
-    in the demo's config) and the folder as ``world_dir`` (= output_dir).
     """
-
-    # the demo's spelling of the same keys (see hardpos.config, "world" for a user)
-    config_aliases: ClassVar[dict[str, str]] = {"world": ".", "world_dir": "output_dir"}
 
     output_dir: str = "outputs/world"
 
