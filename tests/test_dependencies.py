@@ -57,9 +57,25 @@ def _imports() -> dict[str, set[str]]:
     return found
 
 
+def _distributions() -> dict[str, list[str]]:
+    """top-level module -> the installed distributions that provide it. Python 3.10's
+    ``packages_distributions`` skips distributions without a ``top_level.txt`` (open_clip_torch
+    among them), so each distribution's file list fills the gaps."""
+    found = {k: list(v) for k, v in metadata.packages_distributions().items()}
+    for dist in metadata.distributions():
+        if dist.read_text("top_level.txt") is not None:
+            continue  # packages_distributions read it already
+        name = dist.metadata["Name"]
+        tops = {f.parts[0].removesuffix(".py") for f in dist.files or () if f.parts}
+        for top in tops:
+            if top.isidentifier() and name not in found.setdefault(top, []):
+                found[top].append(name)
+    return found
+
+
 def test_every_imported_distribution_is_declared():
     core, extras = _declared()
-    dists = metadata.packages_distributions()
+    dists = _distributions()
     problems = []
     for module, files in sorted(_imports().items()):
         candidates = {_norm(d) for d in dists.get(module, [module])}  # not installed (vllm): its own name

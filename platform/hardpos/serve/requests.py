@@ -22,6 +22,8 @@ import base64
 import binascii
 import io
 import json
+import string
+import sys
 import warnings
 from typing import Any, Sequence
 
@@ -36,6 +38,8 @@ from hardpos.serve.schemas import (BatchItem, BatchRequest, CompareForm, Compare
 
 # --------------------------------------------------------------------------- images
 
+
+_BASE64_CHARS = frozenset(string.ascii_letters + string.digits + "+/=-_")
 
 def decode_base64_image(data: str, limits: ServingLimits, field: str = "image_b64") -> bytes:
     """Base64 text (optionally a ``data:image/...;base64,`` URL) -> image bytes.
@@ -67,7 +71,10 @@ def decode_base64_image(data: str, limits: ServingLimits, field: str = "image_b6
         except (binascii.Error, ValueError):
             raw = None
         if raw is None:
-            raise bad_request(f"{field} is not valid base64: {exc}") from None
+            # our words, not binascii's (they differ between Python versions)
+            reason = ("characters outside the base64 alphabet" if set(text) - _BASE64_CHARS else
+                      "its length or '=' padding is wrong (base64 comes in groups of 4 characters)")
+            raise bad_request(f"{field} is not valid base64: {reason}") from None
     if not raw:
         raise bad_request(f"{field} decodes to zero bytes")
     return raw
@@ -165,8 +172,10 @@ def parse_json_body(body: bytes) -> Any:
         raise bad_request(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise bad_request("the request body is not usable JSON: it is nested too deeply") from None
-    except ValueError as exc:  # e.g. an integer of more than 4300 digits
-        raise bad_request(f"the request body is not usable JSON: {exc}"[:300]) from None
+    except ValueError as exc:  # an integer longer than Python's int-string limit (4300 digits)
+        limit = getattr(sys, "get_int_max_str_digits", lambda: 4300)()
+        why = f"a number has more than {limit} digits" if "digits" in str(exc) else str(exc)
+        raise bad_request(f"the request body is not usable JSON: {why}"[:300]) from None
 
 
 def validate(model: type[BaseModel], payload: Any, limits: ServingLimits, root: str = "request") -> Any:
