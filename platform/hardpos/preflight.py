@@ -402,7 +402,7 @@ def generate(cfg: Any) -> None:
     from hardpos.stages.generate import resolve_input
 
     check_s3_endpoint([cfg.input, cfg.output_dir])
-    if not storage.exists(cfg.input) and not any(ch in cfg.input for ch in "*?["):
+    if not storage.exists(cfg.input) and not storage.has_glob(cfg.input):
         fail("input", cfg.input, "caption source not found", "check the path (a file, a folder, a glob or a world folder)")
     uri, _ = resolve_input(cfg)
     try:

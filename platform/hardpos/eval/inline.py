@@ -37,7 +37,7 @@ def is_inline_source(path: str) -> bool:
     a source that cannot be resolved (no match, mixed layouts or schemas).  A single
     .jsonl file, or a single file that does not exist, is left to the triplet-file reader
     (whose messages name it)."""
-    single = not any(ch in path for ch in "*?[")
+    single = not storage.has_glob(path)
     if single and (path.lower().endswith((".jsonl", ".json")) or not storage.exists(path)):
         return False
     try:

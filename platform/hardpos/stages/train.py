@@ -66,7 +66,7 @@ def seen_substitutions(train_path: str) -> str | None:
     """"replace" when the triplets were made with the REPLACE benchmark's own substitutions,
     read from the ``summary.json`` the generate / perturb stage wrote beside them (None when
     there is none, e.g. a user's own file: nothing is known then)."""
-    if not train_path or any(c in train_path for c in "*?["):
+    if not train_path or storage.has_glob(train_path):
         return None
     path = train_path.rstrip("/")
     folder = path.rsplit("/", 1)[0] if "/" in path else "."
