@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -389,28 +390,27 @@ def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_e
     assert sorted(m.step for m in epochs) == [1, 2]
 
 
-def test_a_remote_checkpoint_is_read_from_a_folder_of_the_workers_own(tmp_path):
-    # Ray's as_directory() shares one download folder per node and downloads again into it
-    # when a second worker takes the lock after the first finished: the first then reads a
-    # file being rewritten (seen as a truncated train_state.pt on resume from s3). Each
-    # worker must read its own copy, and Ray's shared folder must stay untouched.
+def test_a_remote_checkpoint_is_read_from_a_private_copy_that_is_then_removed(tmp_path, monkeypatch):
+    # Ray's Checkpoint.as_directory() downloads into a folder named after the checkpoint's
+    # uuid, which every worker's pickled copy shares, so two workers of a node read and rewrite
+    # one folder (seen as a truncated train_state.pt on resume from s3). The loader takes only
+    # the filesystem and the path, never that object; here: a non-local filesystem loads
+    # exactly, through a temporary folder of its own that is gone afterwards.
     import pyarrow.fs
-    import ray.train
 
-    from hardpos.config import ModelConfig
-    from hardpos.model import load_model
+    from hardpos.model import ModelConfig, load_model
     from hardpos.train.checkpoint import load_remote_train_state, save_train_checkpoint
 
     lm = load_model(ModelConfig(arch="hardpos-tiny"), device="cpu")
     save_train_checkpoint(tmp_path / "ckpt", lm.model, lm.model_cfg, {"step": 3}, {"step": 3, "epoch": 0})
-    # A filesystem that is not LocalFileSystem takes the download path, as s3 does.
-    remote = pyarrow.fs.SubTreeFileSystem(str(tmp_path), pyarrow.fs.LocalFileSystem())
-    checkpoint = ray.train.Checkpoint(path="ckpt", filesystem=remote)
-    shared = Path(checkpoint._get_temporary_checkpoint_dir())
+    remote = pyarrow.fs.SubTreeFileSystem(str(tmp_path), pyarrow.fs.LocalFileSystem())  # not LocalFileSystem: copied
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     fresh = load_model(ModelConfig(arch="hardpos-tiny"), device="cpu").model
-    state = load_remote_train_state(checkpoint.filesystem, checkpoint.path, fresh)
+    state = load_remote_train_state(remote, "ckpt", fresh)
     assert state == {"step": 3, "epoch": 0}
-    assert not shared.exists()
+    assert list(scratch.iterdir()) == []
     for (name, a), (_, b) in zip(lm.model.state_dict().items(), fresh.state_dict().items()):
         assert torch.equal(a, b), name
 
