@@ -31,7 +31,8 @@ $(VENV)/.installed-dev: pyproject.toml $(CONSTRAINTS) | $(PY)
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
-## make demo: the whole pipeline on the embedded default (local Ray, local MLflow, synthetic world, tiny CLIP)
+## make demo: the whole pipeline on the embedded default (local Ray, local MLflow, synthetic world, the shipped
+## base CLIP finetuned); ARGS=--full adds the w_neg grid and WiSE-FT, ARGS=--from-scratch pretrains the base too
 demo: $(VENV)/.installed
 	$(PY) jobs/demo.py $(ARGS)
 

@@ -148,7 +148,7 @@ def test_world_keys_have_one_spelling_in_every_stage():
     world = runtime.stage_module("world").Config
     flat = load_config(world, None, ["n_pretrain=7", "colors=[blue, yellow]", "output_dir=/tmp/w"])
     assert (flat.n_pretrain, flat.colors, flat.output_dir) == (7, ["blue", "yellow"], "/tmp/w")
-    demo = load_config(runtime.stage_module("demo").Config, None, ["world.n_pretrain=7", "world_dir=/tmp/w"])
+    demo = load_config(runtime.stage_module("demo").Config, None, ["world.n_pretrain=7", "world_dir=/tmp/w", "from_scratch=true"])
     assert (demo.world.n_pretrain, demo.world_dir) == (7, "/tmp/w")
     for stage in ("evaluate", "interpolate"):
         assert load_config(runtime.stage_module(stage).Config, None, ["world_dir=/tmp/w"]).world_dir == "/tmp/w"
@@ -195,7 +195,7 @@ def test_demo_help_shows_the_demos_real_defaults(capsys):
     assert "  generate_engine: one of 'rules', 'http', 'vllm' = 'rules'" in out
     assert "  variants.1.w_neg: float = 1.0" in out
     # the field's doc, under its key
-    assert re.search(r"  pretrain\.lr: float = 0\.0005\n +peak learning rate", out)
+    assert re.search(r"  pretrain\.lr: float = 5e-05\n +peak learning rate", out)
     # with --config, the file's values
     small = yaml.safe_load((REPO / "jobs" / "configs" / "demo-small.yaml").read_text())
     out = _help(capsys, "demo", "--config", str(REPO / "jobs" / "configs" / "demo-small.yaml"), "--help", "finetune.lr=0.003")

@@ -92,7 +92,7 @@ def test_demo_runs_the_whole_pipeline_small(ray_session, tracking_uri, tmp_path)
     from hardpos.stages import demo
 
     cfg = load_config(demo.Config, None, [
-        f"output_dir={tmp_path / 'demo'}", "arch=hardpos-tiny",  # the small model keeps the test's time
+        f"output_dir={tmp_path / 'demo'}", "arch=hardpos-tiny", "from_scratch=true", "curriculum.steps=0",  # small: quick
         "world.n_pretrain=96", "world.n_finetune=64", "world.n_benchmark=24", "world.image_size=32",
         "pretrain.steps=3", "pretrain.batch_size=16", "pretrain.num_workers=1", "pretrain.warmup_steps=1",
         "finetune.steps=2", "finetune.batch_size=16", "finetune.num_workers=1", "finetune.warmup_steps=1",
@@ -200,9 +200,12 @@ def test_full_mode_names_unknown_wise_variants():
         load_config(demo.Config, None, ["wise_alphas=[0, 1.5]"])
 
 
-def test_run_orders_the_steps_and_adds_the_wise_curves_in_full_mode(tmp_path, monkeypatch):
+@pytest.mark.parametrize("from_scratch, base", [(False, "base:hardpos-base"), (True, "ckpt/pretrained")])
+def test_run_orders_the_steps_and_adds_the_wise_curves_in_full_mode(tmp_path, monkeypatch, from_scratch, base):
     """The demo's orchestration without Ray: every step stubbed, full=true adds the sweep and
-    one WiSE-FT curve per wise_variants entry to results.md / results.json."""
+    one WiSE-FT curve per wise_variants entry to results.md / results.json. By default every
+    model starts from the shipped base (no pretraining); --from-scratch pretrains the base
+    (the curriculum, then the world's own phase) first."""
     import json
 
     from hardpos.runtime import JobContext
@@ -211,7 +214,7 @@ def test_run_orders_the_steps_and_adds_the_wise_curves_in_full_mode(tmp_path, mo
     aug = {"pretrained": 0.2, "captions-only": 0.3, "hn-only": 0.35, "hp+hn": 0.4}
     steps = []
     monkeypatch.setattr(demo, "init_ray", lambda cfg: None)
-    monkeypatch.setattr(demo.Pipeline, "world", lambda self: (str(tmp_path / "world"), True))
+    monkeypatch.setattr(demo.Pipeline, "world", lambda self, *where: (str(tmp_path / "world"), True))
     monkeypatch.setattr(demo.Pipeline, "generate", lambda self, w, regenerate: {"complete": True, "outputs": {"triplets": "t.parquet"}})
     monkeypatch.setattr(demo.Pipeline, "train", lambda self, name, label, data, phase, **kw: steps.append(("train", name)) or {
         "checkpoint": f"ckpt/{name}", "mlflow_run_id": f"run-{name}", "model_uri": None})
@@ -229,11 +232,13 @@ def test_run_orders_the_steps_and_adds_the_wise_curves_in_full_mode(tmp_path, mo
     monkeypatch.setattr(demo.Pipeline, "execute", lambda self, stage, cfg, label: steps.append((stage, cfg.run_id)) or {
         "model_uri": "models:/hardpos-clip@champion", "champion": {"version": "1"}})
 
-    cfg = demo.Config(output_dir=str(tmp_path), full=True, chart=False)
+    cfg = demo.Config(output_dir=str(tmp_path), full=True, chart=False, from_scratch=from_scratch)
     summary = demo.run(cfg, JobContext("demo", str(tmp_path), None))
-    assert [s for s in steps if s[0] == "wise"] == [("wise", "hp+hn", "ckpt/pretrained", "ckpt/hp+hn"),
-                                                    ("wise", "hn-only", "ckpt/pretrained", "ckpt/hn-only")]
-    assert steps.index(("sweep", "ckpt/pretrained")) < steps.index(("evaluate", "pretrained"))
+    pretraining = [s for s in steps if s[0] == "train" and s[1].startswith("pretrained")]
+    assert pretraining == ([("train", "pretrained-curriculum"), ("train", "pretrained")] if from_scratch else [])
+    assert [s for s in steps if s[0] == "wise"] == [("wise", "hp+hn", base, "ckpt/hp+hn"),
+                                                    ("wise", "hn-only", base, "ckpt/hn-only")]
+    assert steps.index(("sweep", base)) < steps.index(("evaluate", "pretrained"))
     assert steps[-1] == ("register", "run-hp+hn") and summary["champion"] == "hp+hn"
     md = (tmp_path / "results.md").read_text()
     assert "## WiSE-FT" in md and "-> hn-only (alpha=1)" in md and "| hp+hn |" in md

@@ -32,6 +32,30 @@ from hardpos.data.scene import WorldConfig
 #: where the bases that ship with the package live
 BASES_DIR = Path(__file__).resolve().parent / "resources" / "bases"
 MANIFEST_VERSION = 1
+#: ``base:<name>`` names a base that ships with the package (``model.pretrained=base:hardpos-base``)
+SCHEME = "base:"
+#: the testbed's base, the demo's default ``pretrained``
+DEFAULT_BASE = "base:hardpos-base"
+
+
+def shipped() -> list[str]:
+    """The names of the bases that ship with the package (sorted)."""
+    return sorted(p.stem for p in BASES_DIR.glob("*.json")) if BASES_DIR.is_dir() else []
+
+
+def resolve(pretrained: str) -> Path:
+    """The checkpoint folder of a shipped base named ``base:<name>``.
+
+    Raises ValueError for a source without the ``base:`` scheme and FileNotFoundError,
+    naming the bases that do ship, for an unknown name."""
+    if not pretrained.startswith(SCHEME):
+        raise ValueError(f"{pretrained!r} does not name a shipped base ({SCHEME}<name>)")
+    name = pretrained[len(SCHEME):].strip("/")
+    path = BASES_DIR / name
+    if not name or "/" in name or not (path / "open_clip_config.json").is_file():
+        raise FileNotFoundError(f"{pretrained}: no shipped base named {name!r} (shipped: {shipped() or 'none'}; "
+                                f"they live in {BASES_DIR})")
+    return path
 
 
 def sha256_file(path: str | Path) -> str:
@@ -108,9 +132,14 @@ def manifest_path(base_dir: str | Path) -> Path:
 
 
 def manifest_for(pretrained: str | None) -> dict[str, Any] | None:
-    """The manifest of ``pretrained`` when it is a local base folder that has one, else None
-    (any other checkpoint, an MLflow/S3/hub source, or nothing)."""
-    if not pretrained or "://" in pretrained or ":" in pretrained.split("/", 1)[0]:
+    """The manifest of ``pretrained`` when it is a shipped base (``base:<name>``) or a local base
+    folder that has one, else None (any other checkpoint, an MLflow/S3/hub source, or nothing)."""
+    if pretrained and pretrained.startswith(SCHEME):
+        try:
+            pretrained = str(resolve(pretrained))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"pretrained={exc}") from exc
+    elif not pretrained or "://" in pretrained or ":" in pretrained.split("/", 1)[0]:
         return None
     path = manifest_path(Path(pretrained).expanduser())
     if not path.is_file():
@@ -154,5 +183,5 @@ def check_world(manifest: dict[str, Any], world: WorldConfig | dict, *, source: 
     if diff:
         shown = "; ".join(f"world.{k}={got!r} but the base was pretrained on {want!r}" for k, (want, got) in diff.items())
         raise ConfigError(f"{source} ({manifest.get('name', '?')}) was pretrained on another world: {shown}. "
-                          f"Use the base's world (drop these overrides) or re-create the base for this world "
-                          f"(pretrain_only=true)")
+                          f"Use the base's world (drop these overrides), or pretrain a base for this world "
+                          f"(the demo's --from-scratch; pretrain_only=true makes one to ship)")

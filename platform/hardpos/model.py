@@ -12,6 +12,8 @@ Model sources (``ModelConfig.pretrained``):
                                ``HF_HUB_CACHE``; ``HF_HUB_OFFLINE=1`` loads from the cache only)
 * ``models:/name@alias`` / ``runs:/id/path``   an MLflow model logged by HardPos, looked up
                                in the store ``load_model(..., tracking_uri=)`` names
+* ``base:<name>``               a base that ships with the package (:mod:`hardpos.bases`;
+                               ``base:hardpos-base`` is the testbed's pretrained CLIP)
 
 Checkpoint format (a directory): open_clip's own "local-dir" layout, so a plain
 ``open_clip.create_model_and_transforms("local-dir:DIR")`` loads it too:
@@ -46,7 +48,7 @@ from open_clip.push_to_hf_hub import save_config_for_hf
 from open_clip.transformer import text_global_pool
 from safetensors.torch import save_file
 
-from hardpos import preflight, storage, tracking
+from hardpos import bases, preflight, storage, tracking
 from hardpos.config import ConfigError, ModelConfig
 from hardpos.registry import download_model
 
@@ -168,6 +170,8 @@ def resolve_source(pretrained: str, *, tracking_uri: str | None = None) -> Path 
     if is_hf_hub(pretrained):
         hub_repo_id(pretrained)
         return pretrained
+    if pretrained.startswith(bases.SCHEME):
+        return bases.resolve(pretrained)
     if pretrained.startswith(MLFLOW_PREFIXES):
         local = download_model(pretrained, tracking.resolve_tracking_uri(tracking_uri))
         found = find_checkpoint_dir(local)

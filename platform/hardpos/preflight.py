@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 from urllib.parse import urlparse
 
-from hardpos import storage, tracking
+from hardpos import bases, storage, tracking
 from hardpos.config import ConfigError, TrackingConfig
 
 PROBE_TIMEOUT_S = 2.0
@@ -273,6 +273,12 @@ def check_model(key: str, arch: str, pretrained: str | None) -> None:
              "or hf-hub:<org>/<name>")
     if not pretrained:
         return
+    if pretrained.startswith(bases.SCHEME):
+        try:
+            bases.resolve(pretrained)
+        except FileNotFoundError as exc:
+            fail(f"{key}.pretrained", pretrained, "no such shipped base", str(exc).split(": ", 1)[-1])
+        return
     if storage.is_s3(pretrained) or pretrained.startswith(("runs:/", "models:/")):
         return  # checked by the S3/tracking probes; the download itself names what is missing
     if is_hf_hub(pretrained):
@@ -305,7 +311,7 @@ def check_model(key: str, arch: str, pretrained: str | None) -> None:
 
 def _is_checkpoint(pretrained: str) -> bool:
     """A local checkpoint folder or an hf-hub/MLflow/S3 source carries its own architecture."""
-    return (pretrained.startswith(("hf-hub:", "runs:/", "models:/")) or storage.is_s3(pretrained)
+    return (pretrained.startswith(("hf-hub:", "runs:/", "models:/", bases.SCHEME)) or storage.is_s3(pretrained)
             or Path(pretrained).expanduser().is_dir())
 
 

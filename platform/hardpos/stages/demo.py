@@ -5,8 +5,12 @@ and tracked as a child of this demo's MLflow run in one experiment (``hardpos-de
 
 1. ``world``     the synthetic world (pretrain / finetune / benchmark splits). A world folder
                  whose ``world.json`` config equals ``world`` is reused (second ``make demo``).
-2. ``train``     "pretrain" a small CLIP from scratch on the pretrain split with the plain
-                 CLIP loss (w_pos = w_neg = 0, no NegCLIP columns): the stand-in for a
+2. ``train``     skipped by default: the base is the CLIP that ships with the package
+                 (``pretrained=base:hardpos-base``, pretrained once on this world, as real
+                 CLIP weights are released once). ``from_scratch`` pretrains it here with the
+                 same recipe: a small CLIP from scratch with the plain CLIP loss (w_pos = w_neg
+                 = 0, no NegCLIP columns), first on a small curriculum world where relations
+                 are learnable, then on this world's pretrain split: the stand-in for a
                  web-pretrained CLIP that has rarely seen non-canonical forms.
 3. ``generate``  hard negatives + hard positives for the finetune split (rule engine; the
                  http / vllm engines are ``generate.engine.kind`` away).
@@ -162,11 +166,14 @@ class Config(JobConfig):
     world: the synthetic world (scenes, vocabulary, noncanonical_rate ...; see `hardpos world --help`).
     world_dir: where the world lives (None: <output_dir>/world); reused when its world.json
         config equals ``world``.
-    arch: the open_clip architecture trained from scratch (hardpos-demo: 64 px images in 8 x 8
-        patches, so relations are visible; hardpos-tiny: 32 px in 4 x 4, for smoke tests).
-    pretrain: the from-scratch "pretraining" phase (plain CLIP loss on the pretrain split).
+    arch: the open_clip architecture a base is pretrained as from scratch (hardpos-demo-sincos:
+        64 px images in 8 x 8 patches with fixed 2-D sin-cos positions, so relations are
+        learnable; hardpos-tiny: 32 px in 4 x 4, for smoke tests). A checkpoint carries its own.
+    pretrain: the from-scratch "pretraining" phase (plain CLIP loss on the pretrain split; read
+        in order by default, so each relation twin stays beside its original).
     curriculum: a pretraining phase before ``pretrain`` on ``curriculum_world``'s pretrain
-        split (steps 0: none); ``pretrain`` then starts from its checkpoint.
+        split (steps 0: none); ``pretrain`` then starts from its checkpoint. The defaults of
+        both are the shipped base's recipe.
     curriculum_world: the curriculum's world (default: a small one where relations are learnable).
     pretrain_only: make a base and stop: the world(s), the pretraining phase(s) (resumable:
         a stopped run continues from its latest checkpoint, a finished phase is kept), the
@@ -175,10 +182,15 @@ class Config(JobConfig):
     base_name: the base's name (its folder and ``<base_name>.json`` manifest).
     ship_to: where pretrain_only writes the base (None: <output_dir>/base; the package's
         bases folder is ``platform/hardpos/resources/bases``).
-    pretrained: use this checkpoint (a local dir, s3://, runs:/ or models:/ URI) as the
-        pretrained base and skip step 2 (e.g. an earlier demo's <output_dir>/pretrain/model,
-        to compare finetuning settings on the same base); None pretrains from scratch. A base
-        with a manifest (:mod:`hardpos.bases`) must have been pretrained on ``world``.
+    pretrained: the pretrained base every variant is finetuned from, skipping step 2: the
+        base that ships with the package (``base:hardpos-base``, pretrained once on this
+        world by ``jobs/configs/demo-base.yaml``), or any checkpoint (a local dir, s3://,
+        runs:/ or models:/ URI; e.g. an earlier demo's <output_dir>/pretrain/model). None
+        pretrains here from scratch. A base with a manifest (:mod:`hardpos.bases`) must have
+        been pretrained on ``world``, and its weights must match the manifest's hash.
+    from_scratch: pretrain the base here (``curriculum`` then ``pretrain``: the shipped base's
+        recipe, about 10 minutes on 2 cores) instead of starting from ``pretrained``; needed
+        for any other ``world``. ``--from-scratch`` on the command line.
     finetune: the finetuning phase shared by every variant.
     variants: the finetuned models (default: captions-only control, HN-only, HP+HN).
     generate_engine: engine of the generate stage: rules | http | vllm (http/vllm need
@@ -203,11 +215,14 @@ class Config(JobConfig):
     tracking: TrackingConfig = dataclasses.field(default_factory=lambda: TrackingConfig(experiment="hardpos-demo"))
     world: WorldConfig = dataclasses.field(default_factory=_default_world)
     world_dir: str | None = None
-    arch: str = "hardpos-demo"
-    pretrained: str | None = None
-    pretrain: PhaseConfig = dataclasses.field(default_factory=lambda: PhaseConfig(steps=300, batch_size=32, lr=5e-4, warmup_steps=20))
+    arch: str = "hardpos-demo-sincos"
+    pretrained: str | None = bases.DEFAULT_BASE
+    from_scratch: bool = False
+    pretrain: PhaseConfig = dataclasses.field(
+        default_factory=lambda: PhaseConfig(steps=600, batch_size=32, lr=5e-5, warmup_steps=20, shuffle_buffer=0))
     finetune: PhaseConfig = dataclasses.field(default_factory=lambda: PhaseConfig(steps=150, batch_size=32, lr=3e-4, warmup_steps=20))
-    curriculum: PhaseConfig = dataclasses.field(default_factory=lambda: PhaseConfig(steps=0, batch_size=32, lr=5e-4, warmup_steps=20, shuffle_buffer=0))
+    curriculum: PhaseConfig = dataclasses.field(
+        default_factory=lambda: PhaseConfig(steps=500, batch_size=32, lr=5e-4, warmup_steps=20, shuffle_buffer=0))
     curriculum_world: WorldConfig = dataclasses.field(default_factory=_default_curriculum_world)
     pretrain_only: bool = False
     base_name: str = "hardpos-base"
@@ -242,8 +257,11 @@ class Config(JobConfig):
                               f"got steps={c.steps} batch_size={c.batch_size} num_workers={c.num_workers}")
         if c.steps and self.curriculum_world.n_pretrain < 1:
             raise ConfigError("curriculum_world.n_pretrain must be >= 1 when curriculum.steps > 0")
-        if self.pretrain_only and self.pretrained:
-            raise ConfigError(f"pretrain_only=true makes a base from scratch; drop pretrained={self.pretrained}")
+        if self.pretrain_only or self.from_scratch:
+            if self.pretrained not in (None, bases.DEFAULT_BASE):
+                flag = "pretrain_only=true" if self.pretrain_only else "from_scratch=true"
+                raise ConfigError(f"{flag} pretrains a base from scratch; drop pretrained={self.pretrained}")
+            self.pretrained = None
         if not self.base_name or "/" in self.base_name or self.base_name.startswith("."):
             raise ConfigError(f"base_name={self.base_name!r}: must be a plain file name (no '/', not hidden)")
         # a shipped base is tied to the world it was pretrained on: fail now, not after the world is built
@@ -510,6 +528,8 @@ def instructions(uri: str, cfg: Config, best: str, registered: dict, files: dict
 # --------------------------------------------------------------------------- the job
 def run(cfg: Config, ctx: JobContext) -> dict:
     started = time.time()
+    if bases.manifest_for(cfg.pretrained) is not None:  # a shipped or manifested base: its weights are the manifest's
+        bases.verify_base(bases.resolve(cfg.pretrained) if cfg.pretrained.startswith(bases.SCHEME) else cfg.pretrained)
     init_ray(cfg.ray)
     p = Pipeline(cfg, ctx)
 
@@ -518,7 +538,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         return pretrain_base(cfg, ctx, p, world_dir, started)
 
     if cfg.pretrained:
-        say(f"2/7 pretrain: skipped, the base is pretrained={cfg.pretrained}")
+        say(f"2/7 pretrain: skipped, the base is pretrained={cfg.pretrained} (--from-scratch pretrains one here)")
         pre = {"checkpoint": cfg.pretrained, "mlflow_run_id": None, "model_uri": None}
     else:
         pre = pretrain(cfg, ctx, p, world_dir, resumable=False)

@@ -21,7 +21,7 @@ params (the register stage copies a run's ``model.*`` params onto the model vers
 ``models:/<register_name>@<register_alias>`` with the provenance tags on the version.
 
 Example:
-    python jobs/interpolate.py base.pretrained=outputs/demo/pretrain/model \\
+    python jobs/interpolate.py base.pretrained=base:hardpos-base \\
         finetuned.pretrained=outputs/demo/finetune/hp_hn/model world_dir=outputs/demo/world \\
         'alphas=[0, 0.25, 0.5, 0.75, 1]' register_alpha=0.5
 """
