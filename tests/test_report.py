@@ -21,15 +21,19 @@ def _row(**cells) -> dict[str, float]:
 
 
 def _paper_rows() -> dict[str, dict[str, float]]:
-    """Rows in which every sign (a)-(e) holds on REPLACE and SWAP."""
+    """Rows in which every sign 1-5 holds on REPLACE and SWAP."""
     return {
         "pretrained": _row(world_replace_attribute__orig_acc=0.70, world_replace_relation__orig_acc=0.65,
-                           replace__orig_acc=0.60, swap__orig_acc=0.60, replace__brittleness=0.10, swap__brittleness=0.10),
+                           replace__orig_acc=0.60, swap__orig_acc=0.60, replace__aug_acc=0.50, swap__aug_acc=0.50,
+                           replace__brittleness=0.10, swap__brittleness=0.10),
+        "captions-only": _row(replace__orig_acc=0.62, swap__orig_acc=0.63),
+        # drop orig - aug: 0.25 and 0.22 (base: 0.10 and 0.10)
         "hn-only": _row(replace__orig_acc=0.75, swap__orig_acc=0.72, replace__brittleness=0.20, swap__brittleness=0.18,
                         replace__aug_acc=0.50, swap__aug_acc=0.50),
         "hp+hn": _row(replace__aug_acc=0.60, swap__aug_acc=0.58, replace__brittleness=0.12, swap__brittleness=0.11),
-        "w_neg=0": _row(replace__orig_acc=0.58, swap__orig_acc=0.60),
-        "w_neg=1": _row(replace__orig_acc=0.70, swap__orig_acc=0.70),
+        "w_neg=0": _row(replace__orig_acc=0.58, swap__orig_acc=0.60, replace__brittleness=0.10, swap__brittleness=0.10),
+        "w_neg=0.5": _row(replace__orig_acc=0.66, swap__orig_acc=0.66, replace__brittleness=0.12, swap__brittleness=0.12),
+        "w_neg=1": _row(replace__orig_acc=0.70, swap__orig_acc=0.70, replace__brittleness=0.12, swap__brittleness=0.11),
     }
 
 
@@ -39,82 +43,105 @@ def _by_claim(signs):
 
 def test_every_sign_holds_on_paper_like_rows():
     signs = S.paper_signs(_paper_rows())
-    assert len(signs) == 2 + 6 * 2  # (a) per subset; (b)-(e) on REPLACE and SWAP
+    assert len(signs) == 2 + 5 * 2 + 4 * 2  # 1 per subset; 2-4 (5 claims) and 5 (4 claims) on REPLACE and SWAP
     assert all(s.held for s in signs), [s.line() for s in signs if not s.held]
     got = _by_claim(signs)
-    assert got[("c", "HN-only more brittle than base", "REPLACE")].line() == "HN-only more brittle than base (REPLACE): yes (+10.0)"
-    assert got[("a", "base relation orig in [60, 85]", "REPLACE")].line() == "base relation orig in [60, 85] (REPLACE): yes (65.0)"
-    assert got[("e", "w_neg=0 orig no better than base", "SWAP")].value == pytest.approx(0.0)  # equal: "no better" holds
+    drop = got[("3", "HN-only drops more from orig to aug than base", "REPLACE")]
+    assert drop.line() == "HN-only drops more from orig to aug than base (REPLACE): held (+15.0; paper +3.4)"
+    assert got[("1", "base relation orig in [60, 85]", "REPLACE")].line() == "base relation orig in [60, 85] (REPLACE): held (65.0)"
+    assert got[("2", "HN-only orig above captions-only", "SWAP")].line() == "HN-only orig above captions-only (SWAP): held (+9.0)"
+    lowest = got[("5", "w_neg=0 lowest orig of the grid and HN-only", "REPLACE")]
+    # the paper's margin is to its own closest among the same models (w_neg=0.5: 67.3 vs 58.5)
+    assert (lowest.versus, lowest.value, lowest.paper) == ("w_neg=0.5", pytest.approx(-8.0), pytest.approx(-8.8))
+    brittle = got[("5", "HN-only most brittle of the grid", "SWAP")]
+    assert brittle.line() == "HN-only most brittle of the grid (SWAP): held (+6.0 vs w_neg=0.5)"
 
 
 @pytest.mark.parametrize("model, cell, value, sign, claim, bench", [
-    ("pretrained", "world_replace_attribute/orig_acc", 0.97, "a", "base attribute orig in [60, 85]", "REPLACE"),
-    ("pretrained", "world_replace_relation/orig_acc", 0.50, "a", "base relation orig in [60, 85]", "REPLACE"),
-    ("hn-only", "replace/orig_acc", 0.60, "b", "HN-only orig above base", "REPLACE"),  # equal is not above
-    ("pretrained", "swap/brittleness", 0.25, "c", "HN-only more brittle than base", "SWAP"),
-    ("hp+hn", "swap/aug_acc", 0.40, "d", "HP+HN aug above HN-only", "SWAP"),
-    ("hp+hn", "replace/brittleness", 0.25, "d", "HP+HN less brittle than HN-only", "REPLACE"),
-    ("w_neg=1", "swap/orig_acc", 0.55, "e", "orig at w_neg=1 above w_neg=0", "SWAP"),
-    ("w_neg=0", "replace/orig_acc", 0.61, "e", "w_neg=0 orig no better than base", "REPLACE"),
+    ("pretrained", "world_replace_attribute/orig_acc", 0.97, "1", "base attribute orig in [60, 85]", "REPLACE"),
+    ("pretrained", "world_replace_relation/orig_acc", 0.50, "1", "base relation orig in [60, 85]", "REPLACE"),
+    ("captions-only", "swap/orig_acc", 0.72, "2", "HN-only orig above captions-only", "SWAP"),  # equal is not above
+    ("pretrained", "replace/aug_acc", 0.34, "3", "HN-only drops more from orig to aug than base", "REPLACE"),
+    ("hp+hn", "swap/aug_acc", 0.40, "4", "HP+HN aug above HN-only", "SWAP"),
+    ("hp+hn", "replace/brittleness", 0.25, "4", "HP+HN less brittle than HN-only", "REPLACE"),
+    ("w_neg=1", "swap/orig_acc", 0.59, "5", "orig at w_neg=1 above w_neg=0", "SWAP"),
+    ("w_neg=0.5", "replace/orig_acc", 0.58, "5", "w_neg=0 lowest orig of the grid and HN-only", "REPLACE"),
+    ("w_neg=0.5", "swap/orig_acc", 0.73, "5", "HN-only highest orig of the grid", "SWAP"),
+    ("w_neg=0", "replace/brittleness", 0.21, "5", "HN-only most brittle of the grid", "REPLACE"),
 ])
 def test_each_sign_fails_alone(model, cell, value, sign, claim, bench):
     rows = _paper_rows()
     rows[model][cell] = value
     failed = [(s.sign, s.claim, s.benchmark) for s in S.paper_signs(rows) if not s.held]
-    assert failed == [(sign, claim, bench)]
+    expected = [(sign, claim, bench)]
+    if claim == "orig at w_neg=1 above w_neg=0":  # then w_neg=0 is not the lowest either
+        expected.append(("5", "w_neg=0 lowest orig of the grid and HN-only", bench))
+    assert failed == expected
 
 
 def test_over_seeds_a_difference_must_beat_the_larger_std():
-    rows = _paper_rows()  # HN-only is 10 points more brittle than the base on REPLACE
-    spreads = {"pretrained": {"replace/brittleness": 0.02}, "hn-only": {"replace/brittleness": 0.12}}
-    sign = _by_claim(S.paper_signs(rows, spreads))[("c", "HN-only more brittle than base", "REPLACE")]
-    assert not sign.held and sign.noise == pytest.approx(12.0)
-    assert sign.line() == "HN-only more brittle than base (REPLACE): no (+10.0, std 12.0)"
-    spreads["hn-only"]["replace/brittleness"] = 0.08
-    assert _by_claim(S.paper_signs(rows, spreads))[("c", "HN-only more brittle than base", "REPLACE")].held
-    # "no better than": fails only when the excess beats the std
-    rows["w_neg=0"]["replace/orig_acc"] = 0.63
-    key = ("e", "w_neg=0 orig no better than base", "REPLACE")
-    assert not _by_claim(S.paper_signs(rows))[key].held
-    assert _by_claim(S.paper_signs(rows, {"w_neg=0": {"replace/orig_acc": 0.05}}))[key].held
+    rows = _paper_rows()  # HP+HN is 8 points less brittle than HN-only on REPLACE
+    key = ("4", "HP+HN less brittle than HN-only", "REPLACE")
+    spreads = {"hp+hn": {"replace/brittleness": 0.02}, "hn-only": {"replace/brittleness": 0.09}}
+    sign = _by_claim(S.paper_signs(rows, spreads))[key]
+    assert not sign.held and sign.noise == pytest.approx(9.0)
+    assert sign.line() == "HP+HN less brittle than HN-only (REPLACE): not held (-8.0 ± 9.0; paper -4.1)"
+    spreads["hn-only"]["replace/brittleness"] = 0.07
+    assert _by_claim(S.paper_signs(rows, spreads))[key].held
+    # the drop's noise without per-seed rows: the larger spread of its orig and aug cells
+    drop = ("3", "HN-only drops more from orig to aug than base", "SWAP")
+    assert _by_claim(S.paper_signs(rows, {"pretrained": {"swap/aug_acc": 0.13}}))[drop].noise == pytest.approx(13.0)
+    assert not _by_claim(S.paper_signs(rows, {"pretrained": {"swap/aug_acc": 0.13}}))[drop].held
 
 
 def test_signs_need_their_models_and_the_markdown_says_so():
     rows = _paper_rows()
-    del rows["w_neg=0"], rows["w_neg=1"]  # no --full grid: no (e)
+    del rows["w_neg=0"], rows["w_neg=0.5"], rows["w_neg=1"]  # no --full grid: no sign 5
     signs = S.paper_signs(rows)
-    assert {s.sign for s in signs} == {"a", "b", "c", "d"}
+    assert {s.sign for s in signs} == {"1", "2", "3", "4"}
+    del rows["captions-only"]
+    assert [s for s in S.paper_signs(rows) if "captions-only" in s.claim] == []
     assert S.paper_signs({"hn-only": rows["hn-only"]}) == [] and S.signs_markdown([]) == ""
     md = R.markdown_table(rows, title="t")
-    assert "The paper's signs in this run (10 of 10 hold; margins in points):" in md
-    assert "- (c) HN-only more brittle than base (SWAP): yes (+8.0)" in md
+    assert "The paper's signs in this run (10 of 10 held; margins in points, the paper's beside them):" in md
+    assert "- (4) HP+HN aug above HN-only (SWAP): held (+8.0; paper +0.6)" in md
     assert "signs" not in R.markdown_table(rows, signs=False)
     spread = {m: {c: 0.001 for c in r} for m, r in rows.items()}
     assert "exceeds its std over seeds" in R.markdown_table(rows, spread)
 
 
+def test_the_printed_table_keeps_the_papers_numbers_beside_the_testbeds():
+    md = R.markdown_table(_paper_rows(), title="t")
+    paper = md.split("The paper's numbers for these models")[1].split("Mean cosine")[0]
+    assert "| CLIP ViT-B/32 | 61.6 | 46.8 | 23.2 | 60.5 | 49.6 | 21.7 |" in paper
+    assert "| hn-only | 73.9 | 55.7 | 21.0 | 74.3 | 60.5 | 25.1 |" in paper
+    assert "| w_neg=0.5 | 67.3 | 56.9 | 16.4 |  |  |  |" in paper  # Table 3 is REPLACE only
+    assert "captions-only" not in paper  # the paper has no such row
+    assert R.paper_markdown({"mine": {}}) == ""
+
+
 def test_over_seeds_a_paired_difference_uses_the_std_of_the_per_seed_differences():
     # three seeds whose worlds differ in difficulty (every model 10 points lower in seed 1)
-    # while HN-only is 3 +- 1 points more brittle than the base in each: the cells' spreads
+    # while HP+HN is 3 +- 1 points less brittle than HN-only in each: the cells' spreads
     # (~5.8) hide the effect, the paired differences (std 1.0) do not
     base = _paper_rows()
     per_seed = []
     for shift, gap in ((0.0, 0.03), (-0.10, 0.02), (0.0, 0.04)):
         seed = {m: dict(r) for m, r in base.items()}
-        seed["pretrained"]["replace/brittleness"] = 0.20 + shift
-        seed["hn-only"]["replace/brittleness"] = 0.20 + shift + gap
+        seed["hn-only"]["replace/brittleness"] = 0.20 + shift
+        seed["hp+hn"]["replace/brittleness"] = 0.20 + shift - gap
         per_seed.append(seed)
     mean, std = R.aggregate(per_seed)
-    key = ("c", "HN-only more brittle than base", "REPLACE")
+    key = ("4", "HP+HN less brittle than HN-only", "REPLACE")
     unpaired = _by_claim(S.paper_signs(mean, std))[key]
     assert not unpaired.held and unpaired.noise == pytest.approx(100 * std["hn-only"]["replace/brittleness"])
     paired = _by_claim(S.paper_signs(mean, std, per_seed=per_seed))[key]
-    assert paired.held and paired.value == pytest.approx(3.0) and paired.noise == pytest.approx(1.0)
-    assert "- (c) HN-only more brittle than base (REPLACE): yes (+3.0, std 1.0)" in R.markdown_table(
+    assert paired.held and paired.value == pytest.approx(-3.0) and paired.noise == pytest.approx(1.0)
+    assert "- (4) HP+HN less brittle than HN-only (REPLACE): held (-3.0 ± 1.0; paper -4.1)" in R.markdown_table(
         mean, std, per_seed=per_seed)
     # and a consistent effect of the wrong sign fails however small the noise
     for seed in per_seed:
-        seed["hn-only"]["replace/brittleness"] = seed["pretrained"]["replace/brittleness"] - 0.01
+        seed["hp+hn"]["replace/brittleness"] = seed["hn-only"]["replace/brittleness"] + 0.01
     mean, std = R.aggregate(per_seed)
     assert not _by_claim(S.paper_signs(mean, std, per_seed=per_seed))[key].held
 

@@ -145,6 +145,7 @@ def markdown_table(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str
     out = [f"### {title}", ""] if title else []
     out.append(_results(["model", "REPLACE orig", "REPLACE aug", "REPLACE brittle", "SWAP orig", "SWAP aug", "SWAP brittle"],
                         [f"{g}/{f}" for g in ("replace", "swap") for f in PERCENT], rows, spreads))
+    out += ["", paper_markdown(rows).rstrip("\n")]
     out += ["", "Mean cosine scores (true caption s_c, hard negative s_n, hard positive s_p):", ""]
     out.append(_results(["model", "REPLACE s_c", "REPLACE s_n", "REPLACE s_p", "SWAP s_c", "SWAP s_n", "SWAP s_p"],
                         [f"{g}/mean_s_{x}" for g in ("replace", "swap") for x in ("c", "n", "p")], rows, spreads))
@@ -155,6 +156,29 @@ def markdown_table(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str
     if text:
         out += ["", text.rstrip("\n")]
     return "\n".join(out) + "\n"
+
+
+def paper_markdown(rows: Mapping[str, Mapping[str, float]]) -> str:
+    """The paper's own numbers for the models in ``rows`` (CLIP ViT-B/32 finetuned on COCO; %):
+    Table 1 for the base, HN-only and HP+HN, Table 3 (REPLACE only) for the ``w_neg=<v>`` grid."""
+    head = ["paper model", "REPLACE orig", "REPLACE aug", "REPLACE brittle", "SWAP orig", "SWAP aug", "SWAP brittle"]
+    body = []
+    for model in rows:
+        key = model.lower()
+        if key in S.PAPER_TABLE1:
+            t = S.PAPER_TABLE1[key]
+            body.append([("CLIP ViT-B/32" if key == "pretrained" else model), *t["replace"], *t["swap"]])
+        elif key.startswith(S.GRID_PREFIX):
+            try:
+                t3 = S.PAPER_TABLE3_REPLACE.get(float(key[len(S.GRID_PREFIX):]))
+            except ValueError:
+                t3 = None
+            if t3 is not None:
+                body.append([model, *t3, None, None, None])
+    if not body:
+        return ""
+    return ("The paper's numbers for these models (CLIP ViT-B/32 finetuned on COCO, %; Table 1, and Table 3 "
+            "for the w_neg grid, REPLACE only):\n\n" + table(head, body) + "\n")
 
 
 def aggregate(per_seed: Sequence[Mapping[str, Mapping[str, float]]]) -> tuple[dict, dict]:
@@ -177,13 +201,6 @@ def aggregate(per_seed: Sequence[Mapping[str, Mapping[str, float]]]) -> tuple[di
     return mean, std
 
 
-#: The paper's Table 1 (ViT-B-32 finetuned on COCO): per model, per benchmark, (original acc.,
-#: augmented acc., brittleness) in %, drawn beside the testbed's bars by :func:`write_chart`.
-PAPER_TABLE1: dict[str, dict[str, tuple[float, float, float]]] = {
-    "pretrained": {"replace": (61.6, 46.8, 23.2), "swap": (60.5, 49.6, 21.7)},
-    "HN-only": {"replace": (73.9, 55.7, 21.0), "swap": (74.3, 60.5, 25.1)},
-    "HP+HN": {"replace": (69.0, 58.0, 16.9), "swap": (73.2, 61.1, 22.9)},
-}
 CHART_FIGURES = (("orig_acc", "original acc."), ("aug_acc", "augmented acc."), ("brittleness", "brittleness"))
 #: characters per title line: a 10-inch figure's suptitle at 11 pt holds about this many
 TITLE_WRAP = 95
@@ -194,7 +211,7 @@ def chart_figure(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str, 
     """The matplotlib Figure :func:`write_chart` saves: per benchmark (REPLACE, SWAP), grouped
     bars of original accuracy, augmented accuracy and brittleness for every model (error bars =
     ``spreads``), and beside a model the paper reports, its Table 1 value as a hatched outline
-    (``paper``: default :data:`PAPER_TABLE1`; {} for none). The full title, wrapped."""
+    (``paper``: default :data:`hardpos.signs.PAPER_TABLE1`, matched case-insensitively; {} for none). The full title, wrapped."""
     # lazy: matplotlib is an optional, heavy plotting dependency only the chart writers need
     import matplotlib
 
@@ -206,9 +223,9 @@ def chart_figure(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str, 
     import matplotlib.pyplot as plt
 
     spreads = spreads or {}
-    paper = PAPER_TABLE1 if paper is None else paper
+    paper = {k.lower(): v for k, v in (S.PAPER_TABLE1 if paper is None else paper).items()}
     models = list(rows)
-    slots = [s for m in models for s in ([(m, False)] + ([(m, True)] if m in paper else []))]
+    slots = [s for m in models for s in ([(m, False)] + ([(m, True)] if m.lower() in paper else []))]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.8), sharey=True)
     width = 0.84 / max(1, len(slots))
     colors = {m: f"C{i}" for i, m in enumerate(models)}
@@ -216,7 +233,7 @@ def chart_figure(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str, 
         for k, (model, from_paper) in enumerate(slots):
             xs = [i + (k - (len(slots) - 1) / 2) * width for i in range(len(CHART_FIGURES))]
             if from_paper:
-                ys = [float(v) for v in paper[model][group]]
+                ys = [float(v) for v in paper[model.lower()][group]]
                 bars = ax.bar(xs, ys, width, label=f"{model} (paper, Table 1)", facecolor="none",
                               edgecolor=colors[model], hatch="///", linewidth=1.0)
             else:
