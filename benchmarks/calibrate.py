@@ -15,7 +15,7 @@ Two commands::
     # re-score finished checkpoints on another world's benchmark (e.g. a benchmark-only knob such as
     # binding_partial_captions: the checkpoints do not change, only the items do)
     python -m benchmarks.calibrate rescore world_dir=outputs/bench \
-        'models={"pretrained": "outputs/demo/pretrain/model", "hn-only": "outputs/demo/finetune/hn-only/model"}'
+        'models={"pretrained": "base:hardpos-base", "hn-only": "outputs/demo/finetune/hn-only/model"}'
 
 ``probe`` answers "is the world hard enough / does the mechanism show" in minutes; only the
 ``seeds`` numbers (the real pipeline) go into the README.  Every key=value is parsed as YAML;
@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
+from benchmarks.calibrate_artefacts import artefact_strength
 from hardpos import report as R
 from hardpos.config import ModelConfig, load_config
 from hardpos.eval.evaluator import run_benchmarks
@@ -270,9 +272,12 @@ def rescore(cfg: RescoreConfig) -> dict[str, dict[str, float]]:
 class SeedsConfig:
     """The demo over several seeds.
 
-    seeds: one demo per seed; the seed is both the training seed and the world seed.
+    seeds: one demo per seed; the seed is the training seed (and the world seed with vary_world).
     output_dir: demo outputs go to <output_dir>/seed<k>; the aggregate to results_seeds.*.
-    vary_world: False keeps world.seed fixed (only the training seed varies).
+    vary_world: also use the seed as the world seed. The demo's default base is pretrained on
+        world seed 0, so this needs ``demo.from_scratch=true`` (a base per seed, pretrained
+        from scratch on that seed's world); by default every seed finetunes the shipped base
+        on its world and only the training seed varies.
     demo: extra demo config overrides (dotted keys) for every seed; "{seed}" in a string
         value is replaced by the seed.
     resume: reuse a seed whose <output_dir>/seed<k>/summary.json says it finished (so an
@@ -281,7 +286,7 @@ class SeedsConfig:
 
     seeds: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2])
     output_dir: str = "outputs/calibrate"
-    vary_world: bool = True
+    vary_world: bool = False
     demo: dict[str, Any] = dataclasses.field(default_factory=dict)
     resume: bool = True
 
@@ -308,9 +313,31 @@ def seeds(cfg: SeedsConfig) -> dict[str, Any]:
             summary = execute("demo", dcfg)
         per_seed.append(summary["rows"])
         summaries[s] = {"champion": summary["champion"], "pipeline_s": summary["pipeline_s"],
-                        "timings_s": summary["timings_s"]}
+                        "timings_s": summary["timings_s"], "artefacts": seed_artefacts(out / f"seed{s}")}
         _write_aggregate(out, cfg, per_seed, summaries)
     return _write_aggregate(out, cfg, per_seed, summaries)
+
+
+def seed_artefacts(seed_dir: Path) -> dict[str, float] | None:
+    """The artefact strength of one seed's finetuning negatives (its generate stage's triplets),
+    None when the seed wrote none (e.g. a remote output_dir)."""
+    triplets = seed_dir / "generate" / "triplets.parquet"
+    if not triplets.exists():
+        return None
+    rows = pq.read_table(triplets, columns=["caption", "hard_negative", "hard_positive"]).to_pylist()
+    return artefact_strength(rows)
+
+
+def artefact_line(found: list[dict[str, float]]) -> str:
+    """One line under the sign table: the artefact strength (mean ± std over the seeds)."""
+    def cell(key: str) -> str:
+        vals = [100 * a[key] for a in found]
+        spread = f" ± {statistics.stdev(vals):.1f}" if len(vals) > 1 else ""
+        return f"{statistics.fmean(vals):.1f}{spread}"
+
+    return (f"Artefact strength of the finetuning negatives (a text-only classifier of caption vs hard negative, "
+            f"held-out accuracy; 50 = undetectable): {cell('accuracy')}%; hard positives it calls negative: "
+            f"{cell('positives_called_negative')}% (`python -m benchmarks.calibrate_artefacts`).")
 
 
 def _write_aggregate(out: Path, cfg: SeedsConfig, per_seed, summaries) -> dict[str, Any]:
@@ -319,8 +346,12 @@ def _write_aggregate(out: Path, cfg: SeedsConfig, per_seed, summaries) -> dict[s
     n = len(per_seed)
     title = f"mean ± std over {n} seed(s) {list(summaries)}"
     md = R.markdown_table(mean, std, title=title, per_seed=per_seed)
+    artefacts = [a for a in (summaries[s].get("artefacts") for s in summaries) if a]
+    if artefacts:
+        md += "\n" + artefact_line(artefacts) + "\n"
     (out / "results_seeds.md").write_text(md)
     result = {"seeds": list(summaries), "mean": mean, "std": std, "per_seed": per_seed, "runs": summaries,
+              "artefacts": artefacts,
               "demo_overrides": cfg.demo}
     (out / "results_seeds.json").write_text(json.dumps(result, indent=2))
     R.write_chart(mean, str(out / "results_seeds.png"), std, title=f"HardPos demo, {title}")
