@@ -66,6 +66,11 @@ def test_check_world_names_every_differing_key():
     assert "colors" not in str(err.value)  # only what differs
     with pytest.raises(ConfigError, match="records no world"):
         bases.check_world({"name": "b"}, WorldConfig())
+    # a world setting added after the base was made counts as its default (the old behaviour)
+    older = {"name": "b", "world": {k: v for k, v in bases.world_dict(WorldConfig()).items() if k != "color_prior"}}
+    bases.check_world(older, WorldConfig())
+    with pytest.raises(ConfigError, match="world.color_prior=0.5 but the base was pretrained on 0.0"):
+        bases.check_world(older, WorldConfig(color_prior=0.5))
 
 
 def test_demo_refuses_a_base_pretrained_on_another_world(tiny_ckpt: Path, tmp_path: Path):

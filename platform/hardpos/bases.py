@@ -169,8 +169,11 @@ def verify_base(base_dir: str | Path) -> dict[str, Any]:
 
 
 def world_differences(manifest: dict[str, Any], world: WorldConfig | dict) -> dict[str, tuple[Any, Any]]:
-    """{key: (the manifest's value, the given world's value)} for every world key that differs."""
-    expected, got = manifest.get("world") or {}, world_dict(world)
+    """{key: (the manifest's value, the given world's value)} for every world key that differs.
+
+    A key the manifest lacks (a world setting added after the base was made) counts as its
+    default: every new world setting defaults to the behaviour before it existed."""
+    expected, got = {**world_dict(WorldConfig()), **(manifest.get("world") or {})}, world_dict(world)
     return {k: (expected.get(k), got.get(k)) for k in sorted(set(expected) | set(got)) if expected.get(k) != got.get(k)}
 
 
