@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
-from benchmarks.calibrate_artefacts import artefact_strength
+from benchmarks.calibrate_artefacts import ArtefactConfig, artefact_strength
 from hardpos import report as R
 from hardpos.config import ModelConfig, load_config
 from hardpos.eval.evaluator import run_benchmarks
@@ -318,26 +318,30 @@ def seeds(cfg: SeedsConfig) -> dict[str, Any]:
     return _write_aggregate(out, cfg, per_seed, summaries)
 
 
-def seed_artefacts(seed_dir: Path) -> dict[str, float] | None:
-    """The artefact strength of one seed's finetuning negatives (its generate stage's triplets),
-    None when the seed wrote none (e.g. a remote output_dir)."""
+def seed_artefacts(seed_dir: Path) -> dict[str, dict[str, float]] | None:
+    """The artefact strength of one seed's finetuning negatives (its generate stage's triplets)
+    with word features ("words") and words + bigrams ("bigrams": a colour-shape combination is
+    a bigram), None when the seed wrote none (e.g. a remote output_dir)."""
     triplets = seed_dir / "generate" / "triplets.parquet"
     if not triplets.exists():
         return None
     rows = pq.read_table(triplets, columns=["caption", "hard_negative", "hard_positive"]).to_pylist()
-    return artefact_strength(rows)
+    return {name: artefact_strength(rows, ArtefactConfig(ngrams=n)) for name, n in (("words", 1), ("bigrams", 2))}
 
 
-def artefact_line(found: list[dict[str, float]]) -> str:
+def artefact_line(found: list[dict[str, dict[str, float]]]) -> str:
     """One line under the sign table: the artefact strength (mean ± std over the seeds)."""
-    def cell(key: str) -> str:
-        vals = [100 * a[key] for a in found]
+    def cell(features: str, key: str) -> str:
+        vals = [100 * a[features][key] for a in found]
         spread = f" ± {statistics.stdev(vals):.1f}" if len(vals) > 1 else ""
         return f"{statistics.fmean(vals):.1f}{spread}"
 
-    return (f"Artefact strength of the finetuning negatives (a text-only classifier of caption vs hard negative, "
-            f"held-out accuracy; 50 = undetectable): {cell('accuracy')}%; hard positives it calls negative: "
-            f"{cell('positives_called_negative')}% (`python -m benchmarks.calibrate_artefacts`).")
+    return ("Artefact strength of the finetuning negatives (a text-only classifier of caption vs hard negative, "
+            "held-out accuracy, 50 = undetectable; `python -m benchmarks.calibrate_artefacts`): "
+            + "; ".join(f"{label}: {cell(f, 'accuracy')}%, hard positives it calls negative "
+                        f"{cell(f, 'positives_called_negative')}%" for f, label in (("words", "words"),
+                                                                                     ("bigrams", "words + bigrams")))
+            + ".")
 
 
 def _write_aggregate(out: Path, cfg: SeedsConfig, per_seed, summaries) -> dict[str, Any]:

@@ -40,3 +40,20 @@ def test_features_and_bad_config():
         artefact_strength(_rows(10, True), ArtefactConfig(test_fraction=1.0))
     with pytest.raises(ValueError, match="both sides"):
         artefact_strength(_rows(1, True), ArtefactConfig(test_fraction=0.01))
+
+
+def test_calibrate_seeds_reports_each_seeds_artefact_strength_under_its_table(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.calibrate import artefact_line, seed_artefacts
+
+    for seed, marked in ((0, True), (1, True)):
+        (tmp_path / f"seed{seed}" / "generate").mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(_rows(400, marked)), tmp_path / f"seed{seed}" / "generate" / "triplets.parquet")
+    found = [seed_artefacts(tmp_path / "seed0"), seed_artefacts(tmp_path / "seed1")]
+    assert seed_artefacts(tmp_path / "absent") is None
+    assert found[0]["words"]["accuracy"] > 0.95 and found[0]["bigrams"]["accuracy"] > 0.95
+    line = artefact_line(found)
+    assert line.startswith("Artefact strength of the finetuning negatives") and "words + bigrams: " in line
+    assert f"words: {100 * found[0]['words']['accuracy']:.1f} ± 0.0%" in line  # same rows: no spread
