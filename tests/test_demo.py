@@ -112,7 +112,7 @@ def test_demo_runs_the_whole_pipeline_small(ray_session, tracking_uri, tmp_path)
     md = (out / "results.md").read_text()
     for model in MODELS:
         assert f"| {model} |" in md
-    assert "HN-only more brittle than base (REPLACE): " in md  # the paper's signs, stated per run
+    assert "HN-only drops more from orig to aug than base (REPLACE): " in md  # the paper's signs, stated per run
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert summary["world_reused"] is False
 

@@ -587,8 +587,10 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     registered = p.execute("register", rcfg, f"6/7 register {best} as champion")
 
     # 7: the comparison
+    base = (f"base {cfg.pretrained}" if cfg.pretrained
+            else f"{cfg.curriculum.steps} curriculum + " * bool(cfg.curriculum.steps) + f"{cfg.pretrain.steps} pretrain")
     title = (f"HardPos demo (world seed {cfg.world.seed}, train seed {cfg.seed}; {cfg.world.n_pretrain} pretrain / "
-             f"{cfg.world.n_finetune} finetune scenes; {cfg.pretrain.steps} pretrain + {cfg.finetune.steps} finetune steps)")
+             f"{cfg.world.n_finetune} finetune scenes; {base} + {cfg.finetune.steps} finetune steps)")
     md = R.markdown_table(rows, title=title)  # ends with whether each of the paper's signs held
     if wise:
         md += "\n## WiSE-FT: mixing the base and a finetuned model (interpolate stage)\n\n" + "\n".join(
