@@ -113,6 +113,11 @@ def test_a_shipped_base_is_named_base_colon_name(monkeypatch: pytest.MonkeyPatch
         bases.resolve("base:nope")
     with pytest.raises(ConfigError, match="pretrained=base:nope: no shipped base"):
         demo.Config(pretrained="base:nope")
+    from hardpos import preflight
+
+    with pytest.raises(ConfigError, match=r"model.pretrained=base:nope: no such shipped base; use one of \['b1'\]"):
+        preflight.check_model("model", "hardpos-demo", "base:nope")
+    preflight.check_model("model", "hardpos-demo", "base:b1")  # a shipped base carries its architecture
     # every stage loads it like any checkpoint (model.pretrained=base:b1)
     state = load_model(ModelConfig(arch="hardpos-demo", pretrained="base:b1")).model.state_dict()
     assert torch.equal(state["visual.conv1.weight"], load_file(str(tiny_ckpt / WEIGHTS_NAME))["visual.conv1.weight"].half().float())

@@ -117,7 +117,8 @@ def test_the_printed_table_keeps_the_papers_numbers_beside_the_testbeds():
     assert "| hn-only | 73.9 | 55.7 | 21.0 | 74.3 | 60.5 | 25.1 |" in paper
     assert "| w_neg=0.5 | 67.3 | 56.9 | 16.4 |  |  |  |" in paper  # Table 3 is REPLACE only
     assert "captions-only" not in paper  # the paper has no such row
-    assert R.paper_markdown({"mine": {}}) == ""
+    assert R.paper_markdown({"mine": {}, "w_neg=x": {}}) == ""  # no paper row, and no crash on a non-grid name
+    assert S.paper_figures("HN-only", "swap") == (74.3, 60.5, 25.1) and S.paper_figures("w_neg=0.5", "swap") is None
 
 
 def test_over_seeds_a_paired_difference_uses_the_std_of_the_per_seed_differences():

@@ -131,18 +131,26 @@ def manifest_path(base_dir: str | Path) -> Path:
     return p.parent / f"{p.name.rstrip('/')}.json"
 
 
+def local_base_dir(pretrained: str | None) -> Path | None:
+    """The local folder ``pretrained`` names when it may be a base: a shipped base's
+    (``base:<name>``, ConfigError when none ships by that name) or a local path; None for an
+    MLflow/S3/hub source or nothing."""
+    if pretrained and pretrained.startswith(SCHEME):
+        try:
+            return resolve(pretrained)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"pretrained={exc}") from exc
+    if not pretrained or "://" in pretrained or ":" in pretrained.split("/", 1)[0]:
+        return None
+    return Path(pretrained).expanduser()
+
+
 def manifest_for(pretrained: str | None) -> dict[str, Any] | None:
     """The manifest of ``pretrained`` when it is a shipped base (``base:<name>``) or a local base
     folder that has one, else None (any other checkpoint, an MLflow/S3/hub source, or nothing)."""
-    if pretrained and pretrained.startswith(SCHEME):
-        try:
-            pretrained = str(resolve(pretrained))
-        except FileNotFoundError as exc:
-            raise ConfigError(f"pretrained={exc}") from exc
-    elif not pretrained or "://" in pretrained or ":" in pretrained.split("/", 1)[0]:
-        return None
-    path = manifest_path(Path(pretrained).expanduser())
-    if not path.is_file():
+    base_dir = local_base_dir(pretrained)
+    path = manifest_path(base_dir) if base_dir is not None else None
+    if path is None or not path.is_file():
         return None
     try:
         return json.loads(path.read_text())

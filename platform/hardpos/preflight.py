@@ -276,8 +276,9 @@ def check_model(key: str, arch: str, pretrained: str | None) -> None:
     if pretrained.startswith(bases.SCHEME):
         try:
             bases.resolve(pretrained)
-        except FileNotFoundError as exc:
-            fail(f"{key}.pretrained", pretrained, "no such shipped base", str(exc).split(": ", 1)[-1])
+        except FileNotFoundError:
+            fail(f"{key}.pretrained", pretrained, "no such shipped base",
+                 f"use one of {bases.shipped() or '(none ship)'} (in {bases.BASES_DIR})")
         return
     if storage.is_s3(pretrained) or pretrained.startswith(("runs:/", "models:/")):
         return  # checked by the S3/tracking probes; the download itself names what is missing

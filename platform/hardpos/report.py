@@ -164,17 +164,10 @@ def paper_markdown(rows: Mapping[str, Mapping[str, float]]) -> str:
     head = ["paper model", "REPLACE orig", "REPLACE aug", "REPLACE brittle", "SWAP orig", "SWAP aug", "SWAP brittle"]
     body = []
     for model in rows:
-        key = model.lower()
-        if key in S.PAPER_TABLE1:
-            t = S.PAPER_TABLE1[key]
-            body.append([("CLIP ViT-B/32" if key == "pretrained" else model), *t["replace"], *t["swap"]])
-        elif key.startswith(S.GRID_PREFIX):
-            try:
-                t3 = S.PAPER_TABLE3_REPLACE.get(float(key[len(S.GRID_PREFIX):]))
-            except ValueError:
-                t3 = None
-            if t3 is not None:
-                body.append([model, *t3, None, None, None])
+        rep, swap = S.paper_figures(model, "replace"), S.paper_figures(model, "swap")
+        if rep or swap:
+            body.append(["CLIP ViT-B/32" if model.lower() == "pretrained" else model,
+                         *(rep or (None,) * 3), *(swap or (None,) * 3)])
     if not body:
         return ""
     return ("The paper's numbers for these models (CLIP ViT-B/32 finetuned on COCO, %; Table 1, and Table 3 "

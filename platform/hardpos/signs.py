@@ -113,14 +113,24 @@ def _noise(spreads: Rows, per_seed: Sequence[Rows], a: str, b: str, col: str) ->
     return 100 * max(float(spreads.get(m, {}).get(c, 0.0)) for m in (a, b) for c in cols)
 
 
+def paper_figures(model: str, group: str) -> tuple[float, float, float] | None:
+    """The paper's (original acc., augmented acc., brittleness) in % for one of the demo's models
+    (case-insensitive; ``w_neg=<v>`` from Table 3, REPLACE only) on ``group`` ("replace" |
+    "swap"), None where the paper reports none."""
+    key = model.lower()
+    if key in PAPER_TABLE1:
+        return PAPER_TABLE1[key][group]
+    if key.startswith(GRID_PREFIX) and group == "replace":
+        try:
+            return PAPER_TABLE3_REPLACE.get(_grid_value(key))
+        except ValueError:  # not a grid row after all ("w_neg=x")
+            return None
+    return None
+
+
 def _paper_value(model: str, group: str, fig: str) -> float | None:
     """The paper's figure (%) for one of the demo's models, None where it reports none."""
-    if model in PAPER_TABLE1:
-        t = PAPER_TABLE1[model][group]
-    elif model.startswith(GRID_PREFIX) and group == "replace":
-        t = PAPER_TABLE3_REPLACE.get(_grid_value(model))
-    else:
-        return None
+    t = paper_figures(model, group)
     if t is None:
         return None
     return t[0] - t[1] if fig == "drop" else t[FIGURE_INDEX[fig]]

@@ -528,8 +528,9 @@ def instructions(uri: str, cfg: Config, best: str, registered: dict, files: dict
 # --------------------------------------------------------------------------- the job
 def run(cfg: Config, ctx: JobContext) -> dict:
     started = time.time()
-    if bases.manifest_for(cfg.pretrained) is not None:  # a shipped or manifested base: its weights are the manifest's
-        bases.verify_base(bases.resolve(cfg.pretrained) if cfg.pretrained.startswith(bases.SCHEME) else cfg.pretrained)
+    base_dir = bases.local_base_dir(cfg.pretrained)
+    if base_dir is not None and bases.manifest_path(base_dir).is_file():  # a base with a manifest: its weights are the manifest's
+        bases.verify_base(base_dir)
     init_ray(cfg.ray)
     p = Pipeline(cfg, ctx)
 
