@@ -81,11 +81,13 @@ def s3_server():
 
 @pytest.fixture
 def s3_env(s3_server, monkeypatch):
-    """Point the storage layer (boto3 + pyarrow) at moto; returns a fresh bucket name.
+    """Point the storage layer at moto; returns a fresh bucket name.
 
     Credentials come from the credentials file :func:`pytest_configure` set up, not from
     ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``."""
     import uuid
+
+    import boto3
 
     from hardpos import storage
 
@@ -93,11 +95,12 @@ def s3_env(s3_server, monkeypatch):
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_REGION", "us-east-1")
-    storage._client.cache_clear()
+    storage._s3_filesystem.cache_clear()
     bucket = f"hardpos-{uuid.uuid4().hex[:10]}"
-    storage.s3_client().create_bucket(Bucket=bucket)
+    # the product never creates buckets (an operator does); the test does, as that operator
+    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket=bucket)
     yield bucket
-    storage._client.cache_clear()
+    storage._s3_filesystem.cache_clear()
 
 
 @pytest.fixture

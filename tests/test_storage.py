@@ -25,6 +25,11 @@ def test_roundtrip_list_and_dirs(kind, tmp_path, request):
     assert list(storage.list_files(base, suffix=".json")) == [storage.join(base, "summary.json")]
     with pytest.raises(FileNotFoundError, match="nope.json"):
         storage.read_bytes(storage.join(base, "nope.json"))
+    assert storage.read_head(storage.join(base, "summary.json"), 4) == b'{\n  '
+    storage.delete(storage.join(base, "shards/part-0.bin"))
+    storage.delete(storage.join(base, "shards/part-0.bin"))  # a missing file is no error
+    assert not storage.exists(storage.join(base, "shards/part-0.bin"))
+    storage.write_bytes(storage.join(base, "shards", "part-0.bin"), b"\x00\x01")
 
     local = tmp_path / "up"
     (local / "sub").mkdir(parents=True)
@@ -40,7 +45,7 @@ def test_missing_bucket_is_a_clear_error(s3_env):
         storage.read_bytes("s3://no-such-bucket-hardpos/x.json")
 
 
-def test_arrow_filesystem_reads_what_boto3_wrote(s3_env, tmp_path):
+def test_arrow_filesystem_reads_what_the_storage_layer_wrote(s3_env, tmp_path):
     table = pa.table({"caption": ["a red circle", "a blue square"], "n": [1, 2]})
     pq.write_table(table, tmp_path / "t.parquet")
     storage.write_bytes(f"s3://{s3_env}/data/t.parquet", (tmp_path / "t.parquet").read_bytes())

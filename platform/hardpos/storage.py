@@ -1,16 +1,17 @@
 """One storage layer for local paths and ``s3://`` URIs.
 
-* Objects go through boto3 (credentials from the standard AWS chain; retries in
-  "standard" mode for throttling and transient errors).
-* Ray Data / Ray Train get a pyarrow filesystem from :func:`arrow_filesystem`
-  (``for_workers=True`` when it travels to processes that do not share the driver's
-  environment).
+* Every S3 read, write, listing and delete goes through one stack: pyarrow's
+  ``S3FileSystem`` (the AWS SDK's standard credential chain; its "standard" retry
+  strategy for throttling and transient errors). Ray Data and Ray Train read the same
+  filesystem objects (:func:`arrow_filesystem`; ``for_workers=True`` when it travels to
+  processes that do not share the driver's environment). boto3 stays installed for
+  MLflow alone: MLflow's S3 artifact repository is built on it.
 * :func:`expand` is the one reading of "a file, a folder of files, or a glob" for every input.
 * The S3 endpoint (MinIO, moto, ...) comes from ``$HARDPOS_S3_ENDPOINT_URL``, else the
   standard ``$AWS_ENDPOINT_URL_S3`` / ``$AWS_ENDPOINT_URL``; region from
   ``$AWS_REGION`` / ``$AWS_DEFAULT_REGION`` (default us-east-1).
-* Missing keys raise :class:`FileNotFoundError`, missing buckets :class:`StorageError`,
-  both naming the URI.
+* Missing keys raise :class:`FileNotFoundError`, missing buckets and refused access
+  :class:`StorageError`, both naming the URI.
 * :func:`worker_env` is the one place that decides what a Ray worker's ``runtime_env``
   gets from the driver: where things are (endpoints, region, caches, credential *files*),
   never a secret.
@@ -101,40 +102,72 @@ def region() -> str:
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
 
 
-# --------------------------------------------------------------------------- clients
+# --------------------------------------------------------------------------- filesystems
+def _pafs():
+    import pyarrow.fs  # lazy: pyarrow costs ~1 s, which `hardpos --help` or a local-only job need not pay
+
+    return pyarrow.fs
+
+
+def _s3_kwargs(*, with_keys: bool) -> dict[str, Any]:
+    pafs = _pafs()
+
+    kwargs: dict[str, Any] = {"region": region(), "connect_timeout": 10, "request_timeout": 60,
+                              "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=8)}
+    endpoint = endpoint_url()
+    if endpoint:
+        parsed = urlparse(endpoint)
+        kwargs["endpoint_override"] = parsed.netloc or endpoint
+        kwargs["scheme"] = parsed.scheme or "https"
+        if with_keys and os.environ.get("AWS_ACCESS_KEY_ID"):
+            kwargs.update(access_key=os.environ["AWS_ACCESS_KEY_ID"],
+                          secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
+                          session_token=os.environ.get("AWS_SESSION_TOKEN"))
+    return kwargs
+
+
 @functools.lru_cache(maxsize=8)
-def _client(endpoint: str | None, region_name: str):
-    # lazy: boto3 and pyarrow load here, not at the top: hardpos.cli imports this module (through runtime)
-    # and they cost ~1-2 s, which `hardpos --help` or a local-only job need not pay.
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name=region_name,
-        config=Config(retries={"max_attempts": 8, "mode": "standard"}, connect_timeout=10, read_timeout=60),
-    )
+def _s3_filesystem(endpoint: str | None, region_name: str):
+    return _pafs().S3FileSystem(**_s3_kwargs(with_keys=False))
 
 
-def s3_client():
-    """A boto3 S3 client for the configured endpoint (cached per endpoint)."""
-    return _client(endpoint_url(), region())
+def s3_filesystem():
+    """The driver's S3 filesystem for the configured endpoint and region (cached per endpoint)."""
+    return _s3_filesystem(endpoint_url(), region())
+
+
+def _s3_path(uri: str) -> str:
+    bucket, key = split_s3(uri)
+    return f"{bucket}/{key}".rstrip("/")
+
+
+def _bucket_exists(bucket: str) -> bool:
+    # only asked on the error path: a HEAD of a missing key answers 404 with no body, the
+    # same whether the key or the whole bucket is missing
+    pafs = _pafs()
+    try:
+        return s3_filesystem().get_file_info(bucket).type != pafs.FileType.NotFound
+    except OSError:
+        return True  # cannot tell: report the key as missing, the narrower claim
 
 
 def _raise_for(exc: Exception, uri: str) -> None:
-    from botocore.exceptions import ClientError  # lazy: see _client
+    """Re-raise a pyarrow S3 error as FileNotFoundError / StorageError naming ``uri``.
 
-    if isinstance(exc, ClientError):
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        if code in ("NoSuchKey", "404", "NotFound"):
+    pyarrow reports a missing key (or bucket) as FileNotFoundError and every other S3 failure
+    as an OSError whose text carries the AWS error name (``NO_SUCH_BUCKET``, ``ACCESS_DENIED``...)."""
+    if isinstance(exc, FileNotFoundError):
+        if _bucket_exists(split_s3(uri)[0]):
             raise FileNotFoundError(f"no such object: {uri}") from exc
-        if code == "NoSuchBucket":
-            raise StorageError(f"bucket does not exist: {uri} ({code})") from exc
-        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        raise StorageError(f"bucket does not exist: {uri} (NoSuchBucket)") from exc
+    text = str(exc)
+    if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text:
+        raise StorageError(f"bucket does not exist: {uri} (NoSuchBucket)") from exc
+    for code in ("ACCESS_DENIED", "AccessDenied", "INVALID_ACCESS_KEY_ID", "InvalidAccessKeyId",
+                 "SIGNATURE_DOES_NOT_MATCH", "SignatureDoesNotMatch", "HTTP response code 403"):
+        if code in text:
             raise StorageError(f"access denied to {uri}: check AWS credentials ({code})") from exc
-        raise StorageError(f"S3 error on {uri}: {code or exc}") from exc
-    raise StorageError(f"S3 error on {uri}: {exc}") from exc
+    raise StorageError(f"S3 error on {uri}: {text}") from exc
 
 
 def arrow_filesystem(uri: str, *, for_workers: bool = False) -> tuple[Any, str]:
@@ -145,21 +178,10 @@ def arrow_filesystem(uri: str, *, for_workers: bool = False) -> tuple[Any, str]:
         (MinIO/moto-style setups) and credentials in the driver's environment it then carries
         them; on AWS proper nothing is embedded and each node's own credential chain is used.
     """
-    import pyarrow.fs as pafs  # lazy: see _client
-
+    pafs = _pafs()
     if is_s3(uri):
-        bucket, key = split_s3(uri)
-        kwargs: dict[str, Any] = {"region": region()}
-        endpoint = endpoint_url()
-        if endpoint:
-            parsed = urlparse(endpoint)
-            kwargs["endpoint_override"] = parsed.netloc or endpoint
-            kwargs["scheme"] = parsed.scheme or "https"
-            if for_workers and os.environ.get("AWS_ACCESS_KEY_ID"):
-                kwargs.update(access_key=os.environ["AWS_ACCESS_KEY_ID"],
-                              secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
-                              session_token=os.environ.get("AWS_SESSION_TOKEN"))
-        return pafs.S3FileSystem(**kwargs), f"{bucket}/{key}".rstrip("/")
+        fs = pafs.S3FileSystem(**_s3_kwargs(with_keys=True)) if for_workers else s3_filesystem()
+        return fs, _s3_path(uri)
     return pafs.LocalFileSystem(), str(Path(uri).resolve())
 
 
@@ -231,10 +253,10 @@ def expand(uri: str | os.PathLike, suffixes: tuple[str, ...] = ()) -> list[str]:
 def read_bytes(uri: str | os.PathLike) -> bytes:
     uri = str(uri)
     if is_s3(uri):
-        bucket, key = split_s3(uri)
         try:
-            return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
-        except Exception as exc:  # noqa: BLE001 - mapped to clear errors
+            with s3_filesystem().open_input_stream(_s3_path(uri)) as stream:
+                return stream.read()
+        except OSError as exc:  # FileNotFoundError included: mapped to clear errors
             _raise_for(exc, uri)
     path = Path(uri)
     if not path.is_file():
@@ -246,10 +268,10 @@ def write_bytes(uri: str | os.PathLike, data: bytes) -> str:
     """Write atomically (local: temp file + rename; S3 puts are atomic)."""
     uri = str(uri)
     if is_s3(uri):
-        bucket, key = split_s3(uri)
         try:
-            s3_client().put_object(Bucket=bucket, Key=key, Body=data)
-        except Exception as exc:  # noqa: BLE001
+            with s3_filesystem().open_output_stream(_s3_path(uri)) as stream:
+                stream.write(data)
+        except OSError as exc:
             _raise_for(exc, uri)
         return uri
     path = Path(uri)
@@ -257,6 +279,53 @@ def write_bytes(uri: str | os.PathLike, data: bytes) -> str:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+    return uri
+
+
+def read_head(uri: str | os.PathLike, n: int) -> bytes:
+    """The first ``n`` bytes of a file (fewer when it is shorter); on S3 one ranged GET."""
+    uri = str(uri)
+    if is_s3(uri):
+        try:
+            with s3_filesystem().open_input_file(_s3_path(uri)) as handle:
+                return handle.read(n)
+        except OSError as exc:
+            _raise_for(exc, uri)
+    with open(uri, "rb") as fh:
+        return fh.read(n)
+
+
+def delete(uri: str | os.PathLike) -> None:
+    """Remove one file; a missing file is not an error."""
+    uri = str(uri)
+    if is_s3(uri):
+        try:
+            s3_filesystem().delete_file(_s3_path(uri))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            _raise_for(exc, uri)
+        return
+    try:
+        os.remove(uri)
+    except FileNotFoundError:
+        pass
+
+
+def upload_file(local_path: str | os.PathLike, uri: str) -> str:
+    """Copy one local file to ``uri`` (local or s3://), streamed (a multipart upload on S3:
+    the file is never whole in memory); returns ``uri``."""
+    uri = str(uri)
+    if not is_s3(uri):
+        Path(uri).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(local_path, uri)
+        return uri
+    pafs = _pafs()
+    try:
+        pafs.copy_files(str(Path(local_path).resolve()), _s3_path(uri), source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=s3_filesystem())
+    except OSError as exc:
+        _raise_for(exc, uri)
     return uri
 
 
@@ -311,16 +380,11 @@ def parse_jsonl(text: str, uri: str, error: type[Exception] = StorageError) -> l
 def exists(uri: str | os.PathLike) -> bool:
     uri = str(uri)
     if is_s3(uri):
-        bucket, key = split_s3(uri)
-        try:
-            s3_client().head_object(Bucket=bucket, Key=key)
-            return True
-        except Exception as exc:  # noqa: BLE001
-            try:
-                _raise_for(exc, uri)
-            except FileNotFoundError:
-                return any(True for _ in list_files(uri.rstrip("/") + "/"))
-        return False
+        pafs = _pafs()
+        try:  # a key, or a prefix with objects below it (S3 has no folders)
+            return s3_filesystem().get_file_info(_s3_path(uri)).type != pafs.FileType.NotFound
+        except OSError as exc:
+            _raise_for(exc, uri)
     return Path(uri).exists()
 
 
@@ -328,16 +392,12 @@ def list_files(uri: str | os.PathLike, suffix: str | None = None) -> Iterator[st
     """All files below a directory/prefix (recursive), as full URIs, sorted."""
     uri = str(uri)
     if is_s3(uri):
-        bucket, prefix = split_s3(uri)
-        if prefix and not prefix.endswith("/"):
-            prefix += "/"
-        out = []
+        pafs = _pafs()
         try:
-            for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-                for obj in page.get("Contents", []):
-                    out.append(f"s3://{bucket}/{obj['Key']}")
-        except Exception as exc:  # noqa: BLE001
+            infos = s3_filesystem().get_file_info(pafs.FileSelector(_s3_path(uri), recursive=True, allow_not_found=True))
+        except OSError as exc:
             _raise_for(exc, uri)
+        out = [f"s3://{info.path}" for info in infos if info.type == pafs.FileType.File]
     else:
         root = Path(uri)
         out = [str(p) for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
@@ -356,17 +416,7 @@ def upload_dir(local_dir: str | os.PathLike, uri: str) -> list[str]:
     written = []
     for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
         rel = path.relative_to(local_dir).as_posix()
-        target = join(uri, rel)
-        if is_s3(uri):
-            bucket, key = split_s3(target)
-            try:
-                s3_client().upload_file(str(path), bucket, key)
-            except Exception as exc:  # noqa: BLE001
-                _raise_for(exc, target)
-        else:
-            Path(target).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
-        written.append(target)
+        written.append(upload_file(path, join(uri, rel)))
     return written
 
 

@@ -133,11 +133,9 @@ def clear_output(out_dir: str, extra: Iterable[str] = ()) -> None:
     complete output over files that are gone (the job writes summary.json only on success)."""
     names = [*MERGED, "summary.json", *extra]
     if storage.is_s3(out_dir):
-        bucket, _ = storage.split_s3(out_dir)
-        client = storage.s3_client()
         for uri in [*storage.list_files(storage.join(out_dir, "shards")),
                     *storage.list_files(storage.join(out_dir, WEBDATASET_DIR)), *(storage.join(out_dir, n) for n in names)]:
-            client.delete_object(Bucket=bucket, Key=storage.split_s3(uri)[1])  # deleting a missing key is a no-op
+            storage.delete(uri)  # deleting a missing key is a no-op
         return
 
     shutil.rmtree(storage.join(out_dir, "shards"), ignore_errors=True)
@@ -173,8 +171,7 @@ class _StreamedFile:
 
     def publish(self) -> str:
         if storage.is_s3(self.uri):
-            bucket, key = storage.split_s3(self.uri)
-            storage.s3_client().upload_file(self.tmp, bucket, key)  # multipart: never whole in memory
+            storage.upload_file(self.tmp, self.uri)  # multipart: never whole in memory
             os.remove(self.tmp)
         else:
             os.replace(self.tmp, self.uri)

@@ -97,14 +97,12 @@ def _format_of(path: str) -> str:
 
 
 def _head(path: str) -> bytes:
-    if storage.is_s3(path):
-        bucket, key = storage.split_s3(path)
-        try:
-            return storage.s3_client().get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{HEAD_BYTES - 1}")["Body"].read()
-        except Exception as exc:  # noqa: BLE001 - mapped to a clear error
-            raise CaptionSourceError(f"caption source not readable: {path}: {exc}") from exc
-    with open(path, "rb") as fh:
-        return fh.read(HEAD_BYTES)
+    try:
+        return storage.read_head(path, HEAD_BYTES)
+    except (OSError, storage.StorageError) as exc:
+        if not storage.is_s3(path):
+            raise
+        raise CaptionSourceError(f"caption source not readable: {path}: {exc}") from exc
 
 
 def _head_text(path: str) -> str:
