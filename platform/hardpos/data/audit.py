@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from hardpos.data.rules.perturber import RulePerturber
+from hardpos.data.rules.perturber import RulePerturber, pick_triplet
 
 LABELS = ("ok", "wrong", "doubtful")
 COLUMNS = ("caption", "positive", "label", "why", "slot", "sample")
@@ -118,4 +118,90 @@ def audit_rates(rows: list[dict]) -> dict[str, float]:
     out: dict[str, float] = {"n": n}
     for label in LABELS:
         out[label] = sum(r["label"] == label for r in rows) / n if n else 0.0
+    return out
+
+
+# ---------------------------------------------------------------------- blind audit of stage picks
+#: verdicts of a blind audit row, per polarity
+BLIND_LABELS = {"negative": ("ok", "ungrammatical", "not_different", "doubtful"),
+                "positive": ("ok", "changes_meaning", "doubtful")}
+BLIND_COLUMNS = ("polarity", "caption", "edit", "label", "why", "kind", "slot", "sample")
+
+
+def sample_stage_picks(captions: Iterable[str], *, n: int = 200, seed: int = 36, rule_seed: int = 0,
+                       perturber=None, skip: Iterable[str] = ()) -> tuple[list[dict], int]:
+    """The hard negatives and positives the ``perturb`` stage would write (:func:`pick_triplet`,
+    both kinds), for captions in an order shuffled by ``seed``: the first ``n`` captions that
+    get a negative give the negative rows, the first ``n`` that get a positive the positive rows.
+
+    Returns (rows, captions drawn). Rows ``{"polarity", "caption", "edit", "kind", "slot"}``:
+    negatives first, then positives, each in draw order. The shuffle depends only on ``seed``
+    and the caption list, so the same command after a rule change walks the same captions
+    first; a caption that lost its pick is replaced by the next one in the order.
+    skip: captions never sampled (those of earlier audits).
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if perturber is None:
+        perturber = RulePerturber(seed=rule_seed)
+    order = unique_captions(captions)
+    random.Random(seed).shuffle(order)
+    skipped = set(skip)
+    negs: list[dict] = []
+    poss: list[dict] = []
+    drawn = 0
+    for caption in order:
+        if len(negs) >= n and len(poss) >= n:
+            break
+        if caption in skipped:
+            continue
+        drawn += 1
+        t = pick_triplet(perturber, caption, rule_seed)
+        if t["neg"] is not None and len(negs) < n:
+            negs.append({"polarity": "negative", "caption": caption, "edit": t["neg"], "kind": t["kind"],
+                         "slot": t["neg_slot"]})
+        if t["pos"] is not None and len(poss) < n:
+            poss.append({"polarity": "positive", "caption": caption, "edit": t["pos"], "kind": t["kind"],
+                         "slot": t["pos_slot"]})
+    return negs + poss, drawn
+
+
+def write_blind_audit(path: str | Path, rows: list[dict]) -> None:
+    """Write rows (missing columns left empty) as a blind-audit TSV (:data:`BLIND_COLUMNS`)."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=BLIND_COLUMNS, delimiter="\t", lineterminator="\n", extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r.get(c, "") for c in BLIND_COLUMNS})
+
+
+def read_blind_audit(path: str | Path, *, labelled: bool = True) -> list[dict]:
+    """A blind-audit TSV; when ``labelled``, every row must carry a verdict of its polarity
+    (:data:`BLIND_LABELS`) and a reason."""
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    missing = [c for c in BLIND_COLUMNS if c not in rows[0]]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}")
+    for i, r in enumerate(rows, start=2):
+        if r["polarity"] not in BLIND_LABELS:
+            raise ValueError(f"{path}:{i}: polarity must be 'negative' or 'positive', got {r['polarity']!r}")
+        if not labelled:
+            continue
+        if r["label"] not in BLIND_LABELS[r["polarity"]]:
+            raise ValueError(f"{path}:{i}: a {r['polarity']}'s label must be one of {BLIND_LABELS[r['polarity']]}, "
+                             f"got {r['label']!r}")
+        if not (r["why"] or "").strip():
+            raise ValueError(f"{path}:{i}: a label needs its reason in 'why'")
+    return rows
+
+
+def blind_counts(rows: list[dict]) -> dict[str, dict[str, int]]:
+    """Per polarity: ``n`` and the count of each label."""
+    out: dict[str, dict[str, int]] = {}
+    for pol, labels in BLIND_LABELS.items():
+        mine = [r for r in rows if r["polarity"] == pol]
+        out[pol] = {"n": len(mine), **{lab: sum(r["label"] == lab for r in mine) for lab in labels}}
     return out

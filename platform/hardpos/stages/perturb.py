@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
 import time
 from typing import Literal
 
@@ -37,8 +36,7 @@ from hardpos import storage
 from hardpos.config import ConfigError, JobConfig
 from hardpos.data.captions import CaptionSourceError, read_captions
 from hardpos.data.lexicon import benchmark_substitution, seen_substitutions_tag
-from hardpos.data.rules.text import stable_seed
-from hardpos.data.rules.validate import validate
+from hardpos.data.rules.perturber import pick_triplet
 from hardpos.data.triplets import TripletFileError, make_triplet, read_triplets, resolve_image, write_triplets
 from hardpos.data.world import world_dir_of
 from hardpos.generate.rules_engine import cached_perturber
@@ -131,29 +129,7 @@ def _perturb_chunk(captions: list[str], seed: int, kinds: list[str], want_neg: b
     cpu0 = time.process_time()
     # the generate stage's rule engine, same lexicon and seed
     rules = cached_perturber(seed, world_dir, include_benchmark_pairs)
-    out = []
-    for caption in captions:
-        negs = [p for p in rules.hard_negatives(caption) if p.kind in kinds] if want_neg else []
-        poss = [p for p in rules.hard_positives(caption) if p.kind in kinds] if want_pos else []
-        cov = {f"neg_{k}": any(p.kind == k for p in negs) for k in kinds}
-        cov.update({f"pos_{k}": any(p.kind == k for p in poss) for k in kinds})
-        # one kind per row: both members of the triplet come from the same REPLACE/SWAP family
-        both = [k for k in kinds if (not want_neg or cov[f"neg_{k}"]) and (not want_pos or cov[f"pos_{k}"])]
-        either = [k for k in kinds if cov.get(f"neg_{k}") or cov.get(f"pos_{k}")]
-        pool = both or either
-        kind = None
-        neg = pos = None
-        if pool:
-            kind = random.Random(stable_seed(seed, "kind", caption)).choice(pool)
-            neg = rules.pick(caption, "negative", kind) if want_neg and cov.get(f"neg_{kind}") else None
-            pos = rules.pick(caption, "positive", kind) if want_pos and cov.get(f"pos_{kind}") else None
-            # defence in depth: a picked rule output the shared validator rejects is never written
-            if neg is not None and not validate(caption, neg.text, kind + "_negative").accepted:
-                neg = None
-            if pos is not None and not validate(caption, pos.text, kind).accepted:
-                pos = None
-        out.append({"kind": kind, "neg": neg.text if neg else None, "neg_slot": neg.slot if neg else None,
-                    "pos": pos.text if pos else None, "pos_slot": pos.slot if pos else None, "cov": cov})
+    out = [pick_triplet(rules, caption, seed, kinds, want_neg, want_pos) for caption in captions]
     return out, time.process_time() - cpu0
 
 

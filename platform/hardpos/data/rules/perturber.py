@@ -45,6 +45,7 @@ import random
 from hardpos.data.lexicon import Lexicon, Sense, load_lexicon
 from hardpos.data.rules.replace import ReplaceRulesMixin
 from hardpos.data.rules.swap import SwapRulesMixin
+from hardpos.data.rules.validate import validate
 
 # re-exported (importers use hardpos.data.rules.perturber; stages.perturb reads stable_seed from perturb_text): noqa F401 on purpose
 from hardpos.data.rules.text import KINDS, POLARITIES, TOKEN, Match, Perturbation, Token, dedupe, stable_seed  # noqa: F401
@@ -200,3 +201,37 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
                 return False
             k += 1
         return True
+
+
+def pick_triplet(rules: RulePerturber, caption: str, seed: int, kinds: list[str] | tuple[str, ...] = KINDS,
+                 negatives: bool = True, positives: bool = True) -> dict:
+    """The hard negative and hard positive the ``perturb`` stage writes for ``caption``.
+
+    One kind per row, so both members of the triplet come from the same REPLACE/SWAP family:
+    a kind is drawn (seeded by ``(seed, "kind", caption)``) among those with both a negative and
+    a positive (or, when none has both, either), then :meth:`RulePerturber.pick` picks inside
+    it. A picked output the shared validator rejects is never returned (defence in depth).
+
+    Returns ``{"kind", "neg", "neg_slot", "pos", "pos_slot", "cov"}``: texts and slots are None
+    where nothing was picked; ``cov`` maps ``neg_<kind>`` / ``pos_<kind>`` to whether the rules
+    make any of that kind for the caption.
+    """
+    negs = [p for p in rules.hard_negatives(caption) if p.kind in kinds] if negatives else []
+    poss = [p for p in rules.hard_positives(caption) if p.kind in kinds] if positives else []
+    cov = {f"neg_{k}": any(p.kind == k for p in negs) for k in kinds}
+    cov.update({f"pos_{k}": any(p.kind == k for p in poss) for k in kinds})
+    both = [k for k in kinds if (not negatives or cov[f"neg_{k}"]) and (not positives or cov[f"pos_{k}"])]
+    either = [k for k in kinds if cov.get(f"neg_{k}") or cov.get(f"pos_{k}")]
+    pool = both or either
+    kind = None
+    neg = pos = None
+    if pool:
+        kind = random.Random(stable_seed(seed, "kind", caption)).choice(pool)
+        neg = rules.pick(caption, "negative", kind) if negatives and cov.get(f"neg_{kind}") else None
+        pos = rules.pick(caption, "positive", kind) if positives and cov.get(f"pos_{kind}") else None
+        if neg is not None and not validate(caption, neg.text, kind + "_negative").accepted:
+            neg = None
+        if pos is not None and not validate(caption, pos.text, kind).accepted:
+            pos = None
+    return {"kind": kind, "neg": neg.text if neg else None, "neg_slot": neg.slot if neg else None,
+            "pos": pos.text if pos else None, "pos_slot": pos.slot if pos else None, "cov": cov}
