@@ -27,8 +27,12 @@ def rewrites(rules, caption):
 # (rule id, caption where the rewrite is WRONG, the rewrite, caption where the same rewrite is right, the rewrite).
 # Captions are NegCLIP COCO captions unless marked (s) for synthetic.
 BLOCK_LIST = [
-    ("flying-object", "A woman flying a kite in a blue sky.", "flying->soaring",
-     "A kite is flying high above the choppy waves as the surfer cuts through the waves.", "flying->soaring"),
+    ("wood-compound", "A wood paneled hallway with a bench.", "wood->wooden",  # (s)
+     "A wood table with two chairs.", "wood->wooden"),  # (s)
+    ("picture-idiom", "A man takes his picture in the mirror.", "picture->image",  # (s)
+     "A picture of a dog on a bed.", "picture->image"),  # (s)
+    ("bike-motor", "Motorcyclists riding their bikes down a road.", "bikes->bicycles",  # (s)
+     "A man riding his bike down a road.", "bike->bicycle"),  # (s)
     ("seated-person", "A couple of pieces of luggage sitting on the ground.", "sitting->seated",
      "There are a lot of people sitting by the fountain.", "sitting->seated"),
     ("seated-particle", "A man sitting down on a chair at a table with food.", "sitting->seated",
@@ -41,12 +45,6 @@ BLOCK_LIST = [
      "A rusty fire hydrant sitting on a city sidewalk.", "sitting->resting"),
     ("full-of-intensifier", "Commercial retail refrigerator stocked full of beer bottles.", "full of->filled with",
      "A woman standing in front of a table full of bananas.", "full of->filled with"),
-    ("running-person", "Water running from a faucet into a sink.", "running->jogging",  # (s)
-     "A man running on the beach.", "running->jogging"),  # (s)
-    ("running-object", "A person holding a toothbrush under the running water of a faucet.", "running->jogging",
-     "A woman running along the road.", "running->jogging"),  # (s)
-    ("running-sport", "female tennis player running to intercept the ball", "running->jogging",
-     "A man running on the beach.", "running->jogging"),  # (s)
     ("glasses-worn", "Two glasses on a table next to a bottle.", "glasses->eyeglasses",  # (s)
      "A man with glasses, checkered shirt and dotted tie", "glasses->spectacles"),
     ("glasses-drink", "A woman sitting at a table with glasses of wine.", "glasses->eyeglasses",  # (s)
@@ -97,18 +95,10 @@ BLOCK_LIST = [
      "A black cat playing with a pair of shoes on a stool", "black->ebony"),
     ("chestnut-horse", "two brown horses standing behind some rocks ", "brown->chestnut",
      "A cute brown dog laying on a blanket.", "brown->chestnut"),
-    ("orange-fruit", "Closeup of an orange stuck between a tree an its branch.", "orange->tangerine",
-     "an orange fire truck parked in a wharehouse", "orange->tangerine"),
-    ("tangerine-animal", "An orange cat sunning itself on a lawn chair.", "orange->tangerine",
-     "an orange fire truck parked in a wharehouse", "orange->tangerine"),
     ("colour-noun", "A brown of wooden park benches sitting next to a lake.", "brown->chestnut",
      "A cute brown dog laying on a blanket.", "brown->chestnut"),
     ("colour-turns", "A traffic light turns green on the corner of a city street.", "green->emerald",
      "A herd of sheep grazing on a lush green hillside.", "green->emerald"),
-    ("golden-shade", "A yellow fire hydrant sitting in front of a white fence.", "yellow->golden",
-     "a large yellow circle above a small blue square", "yellow->golden"),  # (s) the synthetic world's captions
-    ("rosy-shade", "A little girl wearing a pink jacket holding two ski poles.", "pink->rosy",
-     "The vase holds two large, pink roses whose petals have fully opened.", "pink->rosy"),
     ("dressed-garment", "An old man on the phone wearing glasses and a blue coat.", "wearing->dressed in",
      "A dog wearing a tuxedo sitting at a table witha piece of cake with a lit candle.", "wearing->dressed in"),
     ("sporting-gear", "Two people wearing skis on a snowy hill ", "wearing->sporting",
@@ -251,8 +241,9 @@ def test_replace_positive_coverage_on_negclip(shared_data, rules):
     covered = sum(rules.pick(c, "positive", "replace") is not None for c in caps)
     clean = RulePerturber(seed=0)  # the default: the REPLACE benchmark's pairs held out
     covered_clean = sum(clean.pick(c, "positive", "replace") is not None for c in caps)
-    # docs/audits/README.md: 3,538 (73.5%) with the benchmark's pairs, 3,067 (63.7%) without
-    assert len(caps) == 4815 and (covered, covered_clean) == (3538, 3067)
+    # docs/audits/README.md: 3,477 (72.2%) with the benchmark's pairs, 2,940 (61.1%) without (before
+    # the colour-shade policy and the narrower-verb exclusions: 3,538 and 3,067)
+    assert len(caps) == 4815 and (covered, covered_clean) == (3477, 2940)
 
 
 def test_clean_heldout_audit_is_what_the_default_engine_picks_and_meets_the_bar(shared_data):
@@ -264,7 +255,11 @@ def test_clean_heldout_audit_is_what_the_default_engine_picks_and_meets_the_bar(
     seen = {r["caption"] for name in ("before", "after") for r in read_audit(AUDITS / f"rule_positives_{name}.tsv")}
     caps = [r["caption"] for r in read_captions(str(shared_data / "negclip" / "valid_neg_clip.tsv"))]
     fresh, _ = sample_rule_positives(caps, n=200, seed=2026, skip=seen)  # docs/audits/README.md's command
-    assert [(r["caption"], r["positive"]) for r in fresh] == [(r["caption"], r["positive"]) for r in held]
+    # the audit predates the colour-shade policy ("blue" -> "azure" is no longer a positive), the
+    # narrower-verb exclusions ("flying" -> "soaring") and the repeated-noun guard: 19 of its 200
+    # rows now get another positive or none; the others are still exactly what the engine picks
+    same = {(r["caption"], r["positive"]) for r in fresh} & {(r["caption"], r["positive"]) for r in held}
+    assert len(same) == 181
 
 
 def test_after_audit_meets_the_bar():

@@ -2,10 +2,12 @@
 platform's default, and every example the paper's prompt prints passes or fails it for a
 reason a reviewer would agree with.
 
-The release (generate_hard_positives.py) wrote each completion's ``generated_text`` as is:
-no filter beyond what cannot be a caption. The validator's ``paper`` mode rejects only
-empty, identical, non-text and over-length output; ``strict`` adds chatter, the REPLACE
-one-edit rule and the SWAP whole-conjunct rule.
+The release (generate_hard_positives.py) wrote each completion's ``generated_text`` as is.
+The validator's ``paper`` mode keeps that, less what is never a training caption: empty,
+identical, non-text, over-length, chatter ("Sure! Here is ..."), another language, broken
+determiner agreement; a run-on completion is cut to its first line. ``strict`` adds the
+REPLACE one-edit rule and the SWAP whole-conjunct rule (the paper's multi-word REPLACE edits
+stay accepted in paper mode).
 """
 from __future__ import annotations
 
@@ -84,22 +86,33 @@ def test_paper_mode_rejects_only_what_cannot_be_a_caption(candidate, reason):
     assert validate("A cat and a dog.", candidate, "swap", "paper") == Verdict(False, reason, None)
 
 
-def test_paper_mode_keeps_a_completion_that_runs_past_its_first_line():
-    # raw completions with max_new_tokens 20 often go on: the release kept them as generated
+def test_paper_mode_cuts_a_completion_that_runs_past_its_first_line():
+    # raw completions with max_new_tokens 20 often go on: paper mode keeps the first line
     original = "a bathroom with a sink, toilet and shower"
     continued = " a bathroom with a sink, shower and toilet\n\nInput: a cat"
     assert validate(original, continued, "swap", "paper") == Verdict(
-        True, None, "a bathroom with a sink, shower and toilet Input: a cat")
+        True, None, "a bathroom with a sink, shower and toilet")
     assert validate(original, continued, "swap").reason == "chatter"
-    # ... unless it runs on past twice the caption's length (and two words of slack)
-    longer = continued + " and a dog\nOutput: a dog and a cat"
-    assert validate(original, longer, "swap", "paper").reason == "length"
-    replace = "A dog on a beach.\nA puppy on a beach."
-    assert validate("A dog on the beach.", replace, "replace", "paper").accepted
+    replace = "A hound on a beach.\nA puppy on a beach."
+    assert validate("A dog on the beach.", replace, "replace", "paper") == Verdict(True, None, "A hound on a beach.")
     assert validate("A dog on the beach.", replace, "replace").reason == "chatter"
-    # chatter and several edits are strict-only reasons
-    assert validate("A dog on the beach.", "Sure! A hound on the beach.", "replace", "paper").accepted
-    assert validate("A dog on the beach.", "Sure! A hound on the beach.", "replace").reason == "chatter"
+
+
+@pytest.mark.parametrize("candidate,reason", [
+    ("Sure! Here is the sentence: A hound on the beach.", "chatter"),
+    ("Sure! A hound on the beach.", "chatter"),
+    ("Here is the caption: a hound on the beach", "chatter"),
+    ('"A hound on the beach."', "chatter"),
+    ("A hound (synonym for dog) on the beach.", "chatter"),
+    ("Un perro en la playa.", "non_english"),
+    ("Ein Hund am Strand.", "non_english"),
+    ("一只狗在海滩上", "non_english"),
+    ("A skis on the beach.", "agreement"),
+    ("A broccoli on the beach.", "agreement"),
+])
+def test_paper_mode_never_accepts_chatter_other_languages_or_broken_agreement(candidate, reason):
+    assert validate("A dog on the beach.", candidate, "replace", "paper") == Verdict(False, reason, None)
+    assert validate("A dog on the beach.", candidate, "replace").reason == reason
 
 
 def test_an_unknown_mode_is_a_caller_error():
@@ -146,7 +159,7 @@ def test_the_judge_applies_each_kinds_mode():
         ("rejected", "chatter"), ("rejected", "too_many_edits"), ("rejected", "identical")]
     paper = judge_batch(batch, validation={"swap": "paper", "replace": "paper"}).to_pylist()
     assert [(r["status"], r["reason"], r["text"]) for r in paper] == [
-        ("accepted", None, "a dog and a cat Input: a bird"),
+        ("accepted", None, "a dog and a cat"),
         ("accepted", None, "A big white dog resting on a couch"),
         ("rejected", "identical", None)]
     mixed = judge_batch(batch, validation={"swap": "paper"}).to_pylist()  # kinds not named: strict
@@ -155,8 +168,8 @@ def test_the_judge_applies_each_kinds_mode():
 
 def test_the_generate_stage_judges_the_paper_preset_as_the_paper(ray_session, shared_data, tmp_path):
     """The http engine against the OpenAI-compatible stub on 127.0.0.1 with prompts=paper: the
-    stub's chatter and multi-edit answers are accepted as generated; only what cannot be a
-    caption is rejected."""
+    stub's multi-edit answers are accepted as generated; its chatter is rejected, like anything
+    that cannot be a caption."""
     import hardpos.stages.generate as g
     from hardpos.config import load_config
     from hardpos.runtime import execute
@@ -171,13 +184,14 @@ def test_the_generate_stage_judges_the_paper_preset_as_the_paper(ray_session, sh
         summary = execute("generate", cfg, quiet=True)
     assert summary["validation"] == {"replace": "paper", "swap": "paper"}
     reasons = {key.split("/")[1] for key in summary["rejected_by_kind_reason"]}
-    assert reasons <= {"empty", "identical", "length", "non_text", "http_error"}, reasons
-    # the stub's multi-edit answers are kept as generated; its chatter (the answer wrapped in
-    # 14 more words) runs past twice a caption's length, so only "length" can reject it
+    assert reasons <= {"empty", "identical", "length", "non_text", "http_error", "chatter", "non_english",
+                       "agreement"}, reasons
+    # the stub's multi-edit answers are kept as generated; its chatter never is
     accepted = pq.read_table(summary["outputs"]["accepted"]).to_pylist()
     assert summary["accepted"] == len(accepted) > 0
     assert any(behaviour(r["caption"].strip(), r["kind"]) == "multi" for r in accepted)
     rejects = pq.read_table(summary["outputs"]["rejects"]).to_pylist()
-    assert {r["reason"] for r in rejects if behaviour(r["caption"].strip(), r["kind"]) == "chatter"} <= {"length"}
-    assert all(r["text"].startswith("Sure!") for r in accepted if behaviour(r["caption"].strip(), r["kind"]) == "chatter")
+    assert {r["reason"] for r in rejects if behaviour(r["caption"].strip(), r["kind"]) == "chatter"} <= {
+        "chatter", "length"}
+    assert not any(behaviour(r["caption"].strip(), r["kind"]) == "chatter" for r in accepted)
 

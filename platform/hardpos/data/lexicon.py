@@ -22,6 +22,21 @@ prep | noun) and *groups* of surface forms that mean the same thing.
   An exclusion is one-way: "dog"->"puppy" is out, "puppy"->"dog" (broader, still true) stays.
 * Nouns get their plural forms (regular, or from ``plurals``) as a parallel class; an
   exclusion of singular forms also excludes their plurals.
+* Colour shades (``colour_shades``): basic colour -> shade ("blue" -> "azure") and shade ->
+  another shade are never curated hard positives of the full lexicon (a shade is narrower);
+  shade -> basic and spelling variants are. A restricted (synthetic world) lexicon keeps them:
+  there a shade is defined as the colour. ``include_benchmark_pairs=True`` adds the REPLACE
+  benchmark's table as the paper wrote it, its shades included ("red" -> "crimson"), flagged.
+* Number (``number``): plural-only nouns ("skis", "glasses", "scissors") have no singular
+  sense, so "a skateboard" never becomes "a skis"; mass nouns ("bread", "broccoli") have no
+  plural sense ("a type of meat" never becomes "a type of soups"). :mod:`hardpos.data.rules.agreement`
+  reads the same lists to check every candidate's determiners.
+* ``not_contrasting``: a word -> words that may be its kind, its part or worn with it
+  (room/kitchen, computer/monitor, shirt/tie): never a hard negative of each other, either way.
+* ``negative_rules``: sense constraints on hard negatives, in the format of ``positive_rules``
+  (``"only"`` keeps a contrast only in that context, ``"block"`` drops it there: posture
+  contrasts only for people and animals, a verb's particle stays with it: "holding up" is never
+  "throwing up").
 * ``positive_rules``: the curated block list of sense constraints. Each rule names forms
   (and optionally the synonyms it governs) and a context; ``"only"`` keeps the synonym
   only in that context, ``"block"`` drops it there ("flying" -> "soaring" is blocked when
@@ -127,10 +142,21 @@ class Lexicon:
     vocabulary: frozenset[str] = field(default_factory=frozenset)
     rules: dict[str, tuple[SenseRule, ...]] = field(default_factory=dict)  # form -> its sense rules
     adverbs: frozenset[str] = field(default_factory=frozenset)  # content words that are never nouns
+    negative_rules: dict[str, tuple[SenseRule, ...]] = field(default_factory=dict)  # form -> its negative rules
+    plural_only: frozenset[str] = field(default_factory=frozenset)  # "skis", "glasses", "scissors"
+    mass: frozenset[str] = field(default_factory=frozenset)  # never after "a": "bread", "broccoli"
+    mass_or_count: frozenset[str] = field(default_factory=frozenset)  # "pizza", "cake": bare or counted
+    related: dict[str, frozenset[str]] = field(default_factory=dict)  # form -> words it never contrasts with
 
-    def rules_for(self, form: str, target: str) -> tuple[SenseRule, ...]:
-        """The sense rules that govern rewriting ``form`` as ``target``."""
-        return tuple(r for r in self.rules.get(form, ()) if r.targets is None or target in r.targets)
+    def rules_for(self, form: str, target: str, polarity: str = "positive") -> tuple[SenseRule, ...]:
+        """The sense rules that govern rewriting ``form`` as ``target`` (a hard positive, or with
+        ``polarity="negative"`` a hard negative)."""
+        rules = self.rules if polarity == "positive" else self.negative_rules
+        return tuple(r for r in rules.get(form, ()) if r.targets is None or target in r.targets)
+
+    def contrasts(self, form: str, target: str) -> bool:
+        """False when ``target`` may be true together with ``form`` (``not_contrasting``)."""
+        return target not in self.related.get(form, frozenset())
 
     def lookup(self, form: str) -> tuple[Sense, ...]:
         return self.senses.get(form, ())
@@ -245,6 +271,17 @@ def _build(data: dict, include_benchmark_pairs: bool, restrict: frozenset[str] |
     excluded = data.get("positive_excluded", {})
     if not isinstance(excluded, dict) or any("->" not in k for k in excluded):
         raise ValueError("lexicon 'positive_excluded' must map 'form->synonym' to the reason")
+    # the colour policy holds for the curated groups of the full lexicon; the REPLACE benchmark's
+    # own table, added only on request (and then flagged), keeps its shades as the paper wrote it
+    shades = data.get("colour_shades", {})
+    shade_excluded: frozenset[str] = frozenset()
+    if restrict is None:  # a world's lexicon defines each shade as its colour; real captions do not
+        names = shades.get("shades", {})
+        shade_excluded = frozenset({f"{basic}->{shade}" for basic, ns in names.items() for shade in ns}
+                                   | {f"{a}->{b}" for ns in names.values() for a in ns for b in ns if a != b})
+    numbers = data.get("number", {})
+    plural_only = frozenset(numbers.get("plural_only", []))
+    mass = frozenset(numbers.get("mass", []))
 
     for cls, spec in classes.items():
         slot, pos = spec.get("slot"), spec.get("pos")
@@ -262,9 +299,15 @@ def _build(data: dict, include_benchmark_pairs: bool, restrict: frozenset[str] |
                 contrast_map = {plural(k, irregular): [plural(v, irregular) for v in vs] for k, vs in contrast.items()}
             else:
                 contrast_map = contrast
+            # plural-only nouns have no singular sense (and stand for themselves as plurals);
+            # mass nouns have no plural sense ("meat" is never "soups")
+            gs = [[f if groups[gi][fi] not in plural_only else (None if number == "sg" else groups[gi][fi])
+                   for fi, f in enumerate(g)] for gi, g in enumerate(gs)] if pos == "noun" else gs
+            if pos == "noun" and number == "pl":
+                gs = [[None if groups[gi][fi] in mass else f for fi, f in enumerate(g)] for gi, g in enumerate(gs)]
             for gi, group in enumerate(gs):
                 for fi, form in enumerate(group):
-                    if not keep(form):
+                    if form is None or not keep(form):
                         continue
                     sense = Sense(form, cls, slot, pos, gi, number, spec.get("kind"), bool(spec.get("needs_object_check")))
                     senses.setdefault(form, []).append(sense)
@@ -274,7 +317,8 @@ def _build(data: dict, include_benchmark_pairs: bool, restrict: frozenset[str] |
                     # (a plural pair is excluded when its singular pair is: "dogs"->"puppies")
                     sg = groups[gi]
                     syn = [(f, "lexicon") for k, f in enumerate(group)
-                           if f != form and keep(f) and f"{sg[fi]}->{sg[k]}" not in excluded
+                           if f is not None and f != form and keep(f) and f"{sg[fi]}->{sg[k]}" not in excluded
+                           and f"{sg[fi]}->{sg[k]}" not in shade_excluded
                            and not any(e in held_out for e in _edit(form.split(), f.split()))]
                     if syn:
                         positives.setdefault((form, cls), []).extend(syn)
@@ -283,7 +327,7 @@ def _build(data: dict, include_benchmark_pairs: bool, restrict: frozenset[str] |
                         targets = contrast_map.get(form, [])
                     else:
                         targets = [g[0] for j, g in enumerate(gs) if j != gi]
-                    targets = [t for t in targets if keep(t) and t not in group]
+                    targets = [t for t in targets if t is not None and keep(t) and t not in group]
                     if targets:
                         negatives.setdefault((form, cls), []).extend(targets)
 
@@ -324,7 +368,27 @@ def _build(data: dict, include_benchmark_pairs: bool, restrict: frozenset[str] |
         vocabulary=vocabulary,
         rules=_rules(data, classes, irregular),
         adverbs=frozenset(w.lower() for w in data.get("adverbs", [])),
+        negative_rules=_rules(data, classes, irregular, key="negative_rules"),
+        plural_only=plural_only,
+        mass=mass,
+        mass_or_count=frozenset(numbers.get("mass_or_count", [])),
+        related=_related(data.get("not_contrasting", {}), irregular),
     )
+
+
+def _related(hubs: dict, irregular: dict[str, str]) -> dict[str, frozenset[str]]:
+    """``not_contrasting`` (a word -> the words that may be its kind, its part or worn with it)
+    as form -> every word it never contrasts with, both ways, plurals included."""
+    if not isinstance(hubs, dict) or not all(isinstance(v, list) for v in hubs.values()):
+        raise ValueError("lexicon 'not_contrasting' must map a word to a list of words")
+    out: dict[str, set[str]] = {}
+    for hub, words in hubs.items():
+        for a in (hub.lower(), plural(hub.lower(), irregular)):
+            for w in words:
+                for b in (w.lower(), plural(w.lower(), irregular)):
+                    out.setdefault(a, set()).add(b)
+                    out.setdefault(b, set()).add(a)
+    return {k: frozenset(v) for k, v in out.items()}
 
 
 @dataclass(frozen=True)
@@ -363,16 +427,18 @@ def _words(values: list, where: str, voc: _Vocab) -> frozenset[str]:
     return frozenset(out)
 
 
-def _rules(data: dict, classes: dict, irregular: dict[str, str]) -> dict[str, tuple[SenseRule, ...]]:
-    """``positive_rules`` parsed and checked, indexed by form (ValueError names the bad entry)."""
+def _rules(data: dict, classes: dict, irregular: dict[str, str],
+           key: str = "positive_rules") -> dict[str, tuple[SenseRule, ...]]:
+    """``positive_rules`` (or ``negative_rules``) parsed and checked, indexed by form (ValueError
+    names the bad entry)."""
     nouns = frozenset(f.lower() for spec in classes.values() if spec.get("pos") == "noun"
                       for g in spec["groups"] for f in g)
     voc = _Vocab(classes, data.get("word_lists", {}), irregular, nouns)
     by_form: dict[str, list[SenseRule]] = {}
     seen: set[str] = set()
-    for n, spec in enumerate(data.get("positive_rules", [])):
+    for n, spec in enumerate(data.get(key, [])):
         rid = spec.get("id") if isinstance(spec, dict) else None
-        where = f"positive_rules[{n}] ({rid or 'no id'})"
+        where = f"{key}[{n}] ({rid or 'no id'})"
         if not rid or rid in seen:
             raise ValueError(f"{where}: every rule needs a unique 'id'")
         seen.add(rid)

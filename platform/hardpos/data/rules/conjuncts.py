@@ -113,7 +113,9 @@ def _whole_conjuncts(toks: list[str], i: int, a: int, y0: int, j: int, middles: 
       after a verb ("is [black] and [white]"); never after a noun, where X may end a compound
       ("some toilet [paper] and [brown] tiles").
     * Y holds no word pointing back to X ("a woman and [her child]", "... and [putting a chair
-      over it]"): in front of X it would lose what it points to.
+      over it]"): in front of X it would lose what it points to; and (checked before these
+      rules) no singular pronoun follows the coordination ("a toilet and a bathtub with a cat
+      next to [it]") and no order word is in it or after it ("another", "a third", "the other").
     * Verb phrases follow their subject ("a man [wearing glasses] and [holding a bottle]"); one
       with an object ends the clause; two bare verbs share only a place ("sitting and standing
       on a bench"), not an object or complement ("smiling and taking a picture").
@@ -206,11 +208,13 @@ def _noun_list_ok(members: list[list[str]], right: str | None, cls: Classify) ->
       shape of stacked adjectives before one noun). One-word members ("an apple, orange and
       onion") and members known as nouns ("a couch, table, book shelf and a television") stay.
     * The list ends at the caption's end, punctuation, a coordinator, a verb or a place ("on",
-      "in", ...); any other preposition right after it may belong to the last member alone
-      ("bed, mirror and window [to patio]"), so the swap would move it to another thing.
+      "in", ...) after a bare last member ("an omelette, oranges, and tomatoes on a plate"); any
+      other preposition, or a place after a last member with its own determiner, may belong to
+      that member alone ("bed, mirror and window [to patio]", "five cups, a pineapple and some
+      oranges [on a plate]"), so the swap would move it to another thing.
     """
-    if right in PREPOSITIONS and right not in LOCATIVE:
-        return False
+    if right in PREPOSITIONS and (right not in LOCATIVE or members[-1][0] in DETERMINERS):
+        return False  # "cups, a pineapple and some oranges [on a plate]": the place may be the last member's
     nouns = cls.wc.nouns
     for m, nxt in zip(members, members[1:]):
         head = [t for t in m if t not in DETERMINERS]
@@ -220,11 +224,18 @@ def _noun_list_ok(members: list[list[str]], right: str | None, cls: Classify) ->
     return True
 
 
+#: what a "black and white" (monochrome) is said of
+_MONOCHROME = frozenset({"photo", "photos", "picture", "pictures", "image", "images", "photograph", "photographs", "shot",
+                         "film", "movie", "tv", "television", "print", "snapshot", "closeup", "view", "scene"})
+
+
 def _adjectives_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: Classify) -> bool:
     left = toks[i - 1] if i > 0 else None
     right = toks[j] if j < len(toks) else None
     if left in cls.wc.nouns and left not in cls.wc.adjectives:
         return False  # "some toilet [paper] and [brown] tiles": X may end a compound noun
+    if {toks[i], toks[y0]} == {"black", "white"} and a - i == 1 and j - y0 == 1 and right in _MONOCHROME:
+        return False  # "a black and white photo" is monochrome, an idiom in this order
     if cls.content(right):
         return True  # a shared head noun ("a brown and gold fire hydrant")
     if (left in DETERMINERS or cls.content(left)) and cls.ing_verb(right or "") and cls.content(
@@ -262,6 +273,8 @@ def _noun_phrases_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: Clas
         return False  # "a [grown] and [white dog]": two adjectives sharing "dog"
     if not (cls.boundary(right) or right in COORDINATORS or cls.linker(right) or right in AFTER_COORDINATION):
         return False
+    if right in COORDINATORS and j + 1 < len(toks) and toks[j + 1] not in DETERMINERS:
+        return False  # "two giraffes and [some green trees] and yellow flowers": "some green" may cover the flowers
     y_animate = y[-1] in wc.animate
     in_front = right == "in" and j + 1 < len(toks) and toks[j + 1] == "front"
     if right in BINDS_RIGHT or (right in BINDS_RIGHT_ANIMATE and y_animate and not in_front) or (
@@ -400,7 +413,35 @@ def _is_swap_of(o: list[str], c: list[str]) -> bool:
                 for j in range(max(last, y0 + 1), n + 1):
                     if o[j - 1] in COORDINATORS or o[j - 1] in CLAUSE_PUNCT:
                         break
-                    if c[i:j] == o[y0:j] + o[a:y0] + o[i:a] and _whole_conjuncts(
+                    if c[i:j] == o[y0:j] + o[a:y0] + o[i:a] and not _references_move(o, i, a, y0, j) and _whole_conjuncts(
                             o, i, a, y0, j, middles, crossed, cls):
                         return True
     return False
+
+
+#: words that point back to a singular thing named before them: after a coordination, which
+#: conjunct they mean may depend on the order ("a toilet and a bathtub with a cat next to [it]")
+_SINGULAR_ANAPHORS = frozenset({"it", "its", "itself", "he", "him", "his", "himself", "she", "her", "hers", "herself"})
+#: words whose sense depends on what was named before: "another", ordinals, "the other"; moved
+#: in front of it, or left behind it, they lose it ("a man and another man", "two on a bicycle
+#: and a third on a scooter")
+_ORDER_WORDS = frozenset({"another", "other", "others", "first", "second", "third", "fourth", "fifth", "last", "latter",
+                          "former", "same", "rest", "one", "ones", "remaining"})
+
+
+def _references_move(o: list[str], i: int, a: int, y0: int, j: int) -> bool:
+    """Does swapping X = ``o[i:a]`` and Y = ``o[y0:j]`` change what a word points back to? A
+    singular pronoun after them when both are singular and no word before them could be its
+    antecedent (either conjunct may be "it": "a toilet and a bathtub with a cat next to [it]"),
+    or an order word ("another", "the other", "a third") in them or after them."""
+    after = o[j:]
+    both_singular = not is_plural(o[a - 1]) and not is_plural(o[j - 1])
+    # "a bathroom has [a shower] and [toilet] in it": a noun before them is the likelier antecedent
+    host = any(t.isalpha() and t not in DETERMINERS and t not in PREPOSITIONS and t not in ("there", "is", "are")
+               for t in o[:i])
+    wc = word_classes()
+    nouns = o[a - 1] not in wc.pure_adjectives and o[j - 1] not in wc.pure_adjectives  # not "a red and black truck"
+    animate = o[a - 1] in wc.animate or o[j - 1] in wc.animate
+    fits = {t for t in after if t in _SINGULAR_ANAPHORS and (t not in ("it", "its", "itself")) == animate}
+    order = [t for k, t in enumerate(o[i:], start=i) if t in _ORDER_WORDS and not (t == "other" and o[k - 1] == "each")]
+    return bool(both_singular and nouns and not host and fits) or bool(order)

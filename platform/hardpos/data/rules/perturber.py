@@ -43,6 +43,7 @@ from __future__ import annotations
 import random
 
 from hardpos.data.lexicon import Lexicon, Sense, load_lexicon
+from hardpos.data.rules.agreement import new_problems
 from hardpos.data.rules.replace import ReplaceRulesMixin
 from hardpos.data.rules.swap import SwapRulesMixin
 from hardpos.data.rules.validate import validate
@@ -70,6 +71,11 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
         # adjectives proper (lexicon attribute classes), as opposed to noun modifiers like "tennis", "teddy"
         self._attr_adjs = frozenset(f for f, ss in lex.senses.items() if any(x.pos == "adj" for x in ss))
         self._cache: dict[str, tuple[list[Perturbation], list[Perturbation]]] = {}
+        # (class, group) -> all its forms, both numbers ("monitor", "monitors")
+        self._group_forms: dict[tuple[str, int], frozenset[str]] = {}
+        for form, senses in lex.senses.items():
+            for x in senses:
+                self._group_forms[(x.cls, x.group)] = self._group_forms.get((x.cls, x.group), frozenset()) | {form}
         # first word of every lexicon form -> the longest form starting with it (cheap phrase matching)
         self._starts: dict[str, int] = {}
         for form in lex.senses:
@@ -123,6 +129,10 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
                                 *self._swap_objects(caption, toks, matches)])
         pos = dedupe(caption, [*self._replace(caption, toks, matches, "positive"),
                                 *self._swap_conjuncts(caption, toks, matches)])
+        # every candidate's determiners agree with its nouns, as far as the original's do
+        # ("a skateboard" -> "a skis", "a plate of pizza" -> "a plate of carrot" never leave here)
+        neg = [p for p in neg if not new_problems(caption, p.text)]
+        pos = [p for p in pos if not new_problems(caption, p.text)]
         if len(self._cache) > 4096:
             self._cache.clear()
         self._cache[caption] = (neg, pos)
@@ -183,6 +193,12 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
             if s.pos == "noun" and self._is_content(prev) and prev.low not in self._attr_adjs:
                 # head of a compound ("bath tub", "park bench", "dog cake"): replacing it makes nonsense
                 continue
+            if s.pos == "verb" and prev is not None and (prev.low in self._determiners or prev.low in self._attr_adjs) \
+                    and nxt is not None and (self.lexicon.is_noun(nxt.low) or (
+                        self._is_content(nxt) and not self._is_ing_verb(nxt) and nxt.low not in self._attr_adjs)):
+                # a verb form between an article or adjective and a noun modifies it: "a sitting room",
+                # "a red flying disc", "the walking path"; replacing it breaks the compound
+                continue
             if s.needs_object_check and not self._object_ok(toks, j):
                 continue
             kept.append(s)
@@ -193,6 +209,8 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
         k = j
         while k < len(toks) and (toks[k].low in self._determiners or toks[k].low in self.lexicon.adjectives):
             k += 1
+        if k < len(toks) and toks[k].low in ("it", "them", "him", "her"):
+            return True  # "on top of it"
         if k >= len(toks) or not self._is_content(toks[k]):
             return False
         block = self.lexicon.on_blocklist

@@ -30,7 +30,6 @@ class ReplaceRulesMixin:
     # -------------------------------------------------------------- REPLACE
     def _replace(self, caption: str, toks: list[Token], matches: list[Match], polarity: str) -> Iterable[Perturbation]:
         lex = self.lexicon
-        present = " " + " ".join(t.low for t in toks) + " "
         shouting = caption.isupper()  # "A FULL PLATE OF FOOD": capitals carry no name information
         for m in matches:
             old = caption[toks[m.i].start:toks[m.j - 1].end]
@@ -39,28 +38,70 @@ class ReplaceRulesMixin:
                     targets = [(t, "lexicon") for t in lex.negatives.get((m.form, s.cls), ())]
                 else:
                     targets = list(lex.positives.get((m.form, s.cls), ()))
-                    if s.pos == "noun" and m.j < len(toks) and lex.is_noun(toks[m.j].low):
-                        # a noun modifying another noun ("street signs", "baby shower"): its synonyms
-                        # often do not fit the compound ("road signs" are traffic signs)
-                        targets = []
-                    if m.i > 0 and capitalised(toks[m.i].text) and not shouting:
-                        targets = []  # a name inside the caption ("the Blue Angels", "Green Lake Drive")
+                if s.pos == "noun" and m.j < len(toks) and lex.is_noun(toks[m.j].low):
+                    # a noun modifying another noun ("street signs", "clock tower"): its synonyms often
+                    # do not fit the compound ("road signs" are traffic signs), other nouns make
+                    # nonsense ("field signs", "laptop tower")
+                    targets = []
+                if m.i > 0 and capitalised(toks[m.i].text) and not shouting:
+                    targets = []  # a name inside the caption ("the Blue Angels", "Reel Big Fish")
+                if s.pos == "noun" and polarity == "negative":
+                    targets = [(t, src) for t, src in targets if self._noun_target_fits(toks, m, t)]
+                outside = " " + " ".join(t.low for k, t in enumerate(toks) if not m.i <= k < m.j) + " "
                 for target, _src in targets:
-                    if polarity == "negative" and f" {target} " in present:
-                        continue  # "a red and blue car" -> "a blue and blue car" is nonsense
+                    if f" {target} " in outside:
+                        continue  # "a red and blue car" -> "a blue and blue car"; "a prop plane and a jet" -> "and a plane"
+                    if polarity == "positive" and s.pos == "noun" and self._group_elsewhere(toks, m, s):
+                        continue  # "a pro plane and a jet" -> "... and an aeroplane": the same thing twice
                     words = target.split()
                     if (m.j < len(toks) and toks[m.j].low == words[-1]) or (m.i > 0 and toks[m.i - 1].low == words[0]):
                         continue  # "laptop computer" -> "notebook computer computer"
-                    if polarity == "positive" and not self._sense_allows(toks, m, target):
-                        continue  # the synonym belongs to another sense here ("flying a kite" -> "soaring")
+                    if not self._sense_allows(toks, m, target, polarity):
+                        continue  # another sense here ("flying a kite" -> "soaring"; "holding up" -> "throwing up")
                     text = apply_edits(caption, [(toks[m.i].start, toks[m.j - 1].end, case_like(target, old))])
                     yield Perturbation(text, "replace", f"{s.slot}:{s.cls} {m.form}->{target}")
 
-    def _sense_allows(self, toks: list[Token], m: Match, target: str) -> bool:
-        """The lexicon's sense rules for ``m.form -> target``: every "only" context holds, no "block" one does."""
-        for rule in self.lexicon.rules_for(m.form, target):
+    def _sense_allows(self, toks: list[Token], m: Match, target: str, polarity: str = "positive") -> bool:
+        """The lexicon's sense rules for ``m.form -> target`` (its ``positive_rules`` or
+        ``negative_rules``): every "only" context holds, no "block" one does."""
+        for rule in self.lexicon.rules_for(m.form, target, polarity):
             if self._context_holds(rule.when, toks, m) != (rule.mode == "only"):
                 return False
+        return True
+
+    def _group_elsewhere(self, toks: list[Token], m: Match, s) -> bool:
+        """Another form of the noun's own group (either number) is in the caption outside the match."""
+        forms = self._group_forms.get((s.cls, s.group), frozenset())
+        return any(t.low in forms for k, t in enumerate(toks) if not m.i <= k < m.j)
+
+    def _noun_target_fits(self, toks: list[Token], m: Match, target: str) -> bool:
+        """May ``target`` replace the noun ``m`` as a hard negative?
+
+        * it contrasts with the noun and the caption's other nouns: not a kind, part or companion
+          of any ("room" -> "kitchen", "computers and camera" -> "computers and monitor"; the
+          lexicon's ``not_contrasting``);
+        * no "and other ..." follows the noun and no "other" comes right before it ("a bus and
+          other cars" -> "a bicycle and other cars", "... and other trains");
+        * no form of its group is in the caption already, in either number ("two monitors and a
+          laptop" -> "two monitors and a monitor");
+        * a noun used as a mass (no determiner: "eating pizza", "a plate of pizza") is replaced by
+          one that can be a mass ("eating broccoli"), not by a count noun ("eating carrot").
+        """
+        lex = self.lexicon
+        lows = {t.low for t in toks}
+        if not all(lex.contrasts(w, target) for w in lows | {m.form}):
+            return False  # related to the noun it replaces or to another one ("computers and keyboard")
+        if [t.low for t in toks[m.j:m.j + 2]] in (["and", "other"], [",", "other"]) or (
+                m.i > 0 and toks[m.i - 1].low in ("other", "another")):
+            return False  # "a bus and other cars" -> "a bicycle and other cars": "other" says it is a car
+        if any(lows & self._group_forms.get((x.cls, x.group), frozenset()) for x in lex.lookup(target) if x.pos == "noun"):
+            return False
+        k = m.i - 1
+        while k >= 0 and toks[k].low in lex.adjectives and not lex.is_noun(toks[k].low):
+            k -= 1
+        bare = k < 0 or (toks[k].low not in self._determiners and not toks[k].text[:1].isdigit())
+        if bare and (m.form in lex.mass or m.form in lex.mass_or_count):
+            return target in lex.mass or target in lex.mass_or_count
         return True
 
     def _context_holds(self, ctx: Context, toks: list[Token], m: Match) -> bool:

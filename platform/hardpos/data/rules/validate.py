@@ -16,6 +16,9 @@ Checks, in this order (the first failing one is the reason):
                     "replaced", "(synonym ...)", "Note:") that the original does not have.
 ``identical``       equal to the original after normalisation (case, whitespace,
                     trailing period).
+``non_english``     the candidate brings words that are no English: letters of another
+                    script, or two or more new words of which at least half no English
+                    dictionary knows (:func:`hardpos.data.rules.agreement.non_english`).
 ``length``          word-count ratio candidate/original outside
                     [:data:`MIN_LENGTH_RATIO`, :data:`MAX_LENGTH_RATIO`] (and more than
                     :data:`LENGTH_SLACK_WORDS` words apart, so 1-2 word captions may grow
@@ -33,17 +36,23 @@ Checks, in this order (the first failing one is the reason):
 ``meaning_kept``    SWAP negatives ("swap_negative") only: the candidate IS a whole-conjunct
                     swap ("a cat and a dog" -> "a dog and a cat"), which keeps the meaning,
                     so it cannot be a hard negative.
+``agreement``       a determiner that the candidate's new noun does not agree with, and
+                    that the original did not already have: "a skis", "a broccoli",
+                    "a pair of kite", "a plate of carrot", "two lady" (see
+                    :mod:`hardpos.data.rules.agreement`).
 
 Modes (``validate(..., mode=)``, one of :data:`MODES`):
 
 ``strict``  (the platform's default) every check above.
-``paper``   what the paper's release did, which filtered nothing it could read as a caption:
-            only ``non_text``, ``empty``, ``identical`` and over-length output (``length``
-            when the candidate is longer than :data:`MAX_LENGTH_RATIO` times the original,
-            beyond :data:`LENGTH_SLACK_WORDS`). No chatter, edit-shape or conjunct check: a
-            completion that runs on past its first line is taken as generated. The accepted
-            text is the candidate with whitespace collapsed (what open_clip's tokenizer does
-            to any caption anyway). The bundled ``paper`` prompts validate this way.
+``paper``   the paper's release, which kept its completions as generated, less what is never a
+            caption: ``non_text``, ``empty``, ``chatter``, ``identical``, over-length output
+            (``length`` when the candidate is longer than :data:`MAX_LENGTH_RATIO` times the
+            original, beyond :data:`LENGTH_SLACK_WORDS`), ``non_english`` and ``agreement``. No
+            edit-shape or conjunct check: multi-word REPLACE edits stay accepted, as the paper
+            prints them. A raw completion that runs on past its first line ("a dog and a
+            cat\n\nInput: a bird") is cut to its first line, which is then judged; the accepted
+            text is that line with whitespace collapsed. The bundled ``paper`` prompts
+            validate this way.
 
 Normalisation for comparison: lower case, whitespace collapsed, a trailing period
 dropped, punctuation split off words.  The accepted ``text`` keeps the candidate's own
@@ -66,6 +75,7 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 
+from hardpos.data.rules.agreement import new_problems, non_english
 from hardpos.data.rules.conjuncts import is_conjunct_swap
 from hardpos.data.textnorm import fold_counted_plurals, normalise, tokens, words
 
@@ -76,7 +86,7 @@ __all__ = ["KINDS", "LENGTH_SLACK_WORDS", "MAX_LENGTH_RATIO", "MAX_REPLACE_SPAN"
 MODES = ("strict", "paper")
 
 REASONS = ("empty", "identical", "chatter", "too_many_edits", "not_a_swap", "not_conjunct_swap", "meaning_kept",
-           "length", "non_text")
+           "length", "non_text", "non_english", "agreement")
 
 #: kinds and the edit shape each one must have: a SWAP positive must exchange whole conjuncts,
 #: a SWAP negative only has to permute the words (it is usually a binding swap)
@@ -178,8 +188,8 @@ def validate(original: str, candidate: object, kind: str, mode: str = "strict") 
 
     kind: "replace" | "swap" (hard positives); "replace_negative" | "swap_negative" (LLM
     hard negatives, same edit-shape rules); "replace_positive"/"swap_positive" are aliases.
-    mode: "strict" (every check) or "paper" (only non_text, empty, identical and over-length;
-    see the module docstring).
+    mode: "strict" (every check) or "paper" (no edit-shape or conjunct check, a run-on completion
+    cut to its first line; see the module docstring).
     Raises ValueError for an unknown kind or mode, or a non-string original (caller bugs, not rows).
     """
     if kind not in KINDS:
@@ -199,16 +209,21 @@ def validate(original: str, candidate: object, kind: str, mode: str = "strict") 
         return _reject("empty")
     if not any(ch.isalpha() for ch in candidate):
         return _reject("non_text")
-    if mode == "strict" and _is_chatter(original, candidate):
+    if mode == "paper":
+        # a raw completion that runs on ("...\n\nInput: a cat") ends at its first line
+        candidate = next(line for line in candidate.splitlines() if line.strip())
+    if _is_chatter(original, candidate):
         return _reject("chatter")
     text = " ".join(candidate.split())
     if normalise(text) == normalise(original):
         return _reject("identical")
+    if non_english(original, text):
+        return _reject("non_english")
     n_orig, n_cand = len(words(original)), len(words(text))
     if mode == "paper":  # the release's filter: over-length only, then as generated
         if n_orig and n_cand - n_orig > LENGTH_SLACK_WORDS and n_cand / n_orig > MAX_LENGTH_RATIO:
             return _reject("length")
-        return Verdict(True, None, text)
+        return _agreement(original, text) or Verdict(True, None, text)
     if n_orig and abs(n_cand - n_orig) > LENGTH_SLACK_WORDS and not (
         MIN_LENGTH_RATIO <= n_cand / n_orig <= MAX_LENGTH_RATIO
     ):
@@ -228,4 +243,9 @@ def validate(original: str, candidate: object, kind: str, mode: str = "strict") 
         problem = _edit_shape_replace(words(original), words(text))
         if problem:
             return _reject(problem)
-    return Verdict(True, None, text)
+    return _agreement(original, text) or Verdict(True, None, text)
+
+
+def _agreement(original: str, text: str) -> Verdict | None:
+    """Every mode's last check: no determiner the new words disagree with (None when none)."""
+    return _reject("agreement") if new_problems(original, text) else None

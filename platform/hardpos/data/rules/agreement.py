@@ -1,0 +1,205 @@
+"""Determiner and number agreement, and "is this still English", for any generated caption.
+
+Contract: pure functions over caption text; the word knowledge comes from the shipped lexicon
+(its ``number`` lists: plural-only nouns, mass nouns, nouns that are both) and from
+``lemminflect`` (which word forms are plural nouns, which words are English at all), loaded on
+first use and cached. Used by the rule engine (every candidate it makes is checked before it
+is offered) and by the validator (every LLM or rule output, in every mode).
+
+:func:`problems` lists the agreement faults of one caption, each as the phrase that shows it:
+
+* a singular determiner ("a", "an", "another", "each", "every") before a plural noun:
+  "a skis", "another glasses", "a leaf covered woods";
+* "a" / "an" / "another" before a mass noun: "a broccoli", "a bread";
+* "pair(s) of" before a singular count noun: "a pair of kite";
+* a container or group "of" before a singular count noun: "a plate of carrot", "a group of man";
+* "a type / kind / sort / piece / slice / bit of" before a plural: "a type of soups";
+* a count above one before a singular count noun: "two lady".
+
+The noun a determiner governs is found by skipping adjectives; a fault is reported only where
+that noun ends the phrase, so a compound is never judged by its first word ("two tree
+branches", "an ice bucket"). Only lexicon nouns (and the curated number lists) are judged: the
+check is blind to what it cannot classify, and :func:`new_problems` compares a candidate with
+its original, so a fault the original already has ("two woman") is never held against an edit.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+from collections import Counter
+
+import lemminflect
+
+from hardpos.data.lexicon import load_lexicon
+from hardpos.data.textnorm import tokens
+
+SINGULAR_DETERMINERS = frozenset({"a", "an", "another", "each", "every"})
+INDEFINITE = frozenset({"a", "an", "another"})
+PLURAL_COUNTS = frozenset({"two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+                           "several", "many", "multiple", "numerous", "these", "those", "both"})
+#: "<noun> of" that counts or holds things: a count noun after it is plural ("a plate of carrots")
+CONTAINERS = frozenset({"plate", "plates", "bowl", "bowls", "box", "boxes", "basket", "baskets", "bunch", "bunches", "pile",
+                        "piles", "lots", "variety", "plenty", "rows", "row", "stack", "stacks", "tray", "trays", "bag",
+                        "bags", "group", "groups", "herd", "herds", "flock", "collection", "assortment", "bucket",
+                        "buckets", "crate", "crates", "dozens", "handful", "number", "set", "sets", "full", "filled",
+                        "bunch", "selection", "display", "couple"})
+#: "a <noun> of" that takes one thing or a mass ("a slice of pizza", "a type of soup")
+SINGLE_OF = frozenset({"type", "kind", "sort", "piece", "slice", "bit"})
+_PAIRS = frozenset({"pair", "pairs"})
+_MAX_ADJECTIVES = 4
+
+
+@functools.lru_cache(maxsize=1)
+def _lex():
+    return load_lexicon()
+
+
+@functools.lru_cache(maxsize=65536)
+def _lemmas(word: str) -> dict:
+    return lemminflect.getAllLemmas(word)
+
+
+def known_english(word: str) -> bool:
+    """``word`` (lower case) is an English word ``lemminflect`` or the lexicon knows."""
+    lex = _lex()
+    return bool(_lemmas(word)) or word in lex.senses or word in lex.function_words or word in lex.adjectives or (
+        word in lex.vocabulary)
+
+
+@functools.lru_cache(maxsize=65536)
+def noun_number(word: str) -> str | None:
+    """"pl", "sg" (a count noun), "mass", "either" (mass or count: "pizza") or None (unknown,
+    or not only a noun here)."""
+    lex = _lex()
+    if word in lex.plural_only:
+        return "pl"
+    if word in lex.mass:
+        return "mass"
+    if word in lex.mass_or_count:
+        return "either"
+    numbers = {s.number for s in lex.lookup(word) if s.pos == "noun"}
+    if numbers == {"sg"}:
+        return "sg"
+    if numbers == {"pl"}:
+        return "pl"
+    if numbers:
+        return None  # "sheep", "fish": either number
+    nouns = _lemmas(word).get("NOUN")
+    if not nouns:
+        return None
+    if word not in nouns:
+        return "pl"  # "skis" -> ski, "shorts" -> short
+    plurals = lemminflect.getInflection(word, tag="NNS")
+    return "sg" if plurals and word not in plurals else None
+
+
+def _is_adjective(word: str) -> bool:
+    lex = _lex()
+    if word in lex.adjectives and not lex.is_noun(word):
+        return True
+    lemmas = _lemmas(word)
+    return "ADJ" in lemmas and "NOUN" not in lemmas
+
+
+def _nominal(word: str | None) -> bool:
+    """Could ``word`` be (part of) a noun: a lexicon noun or modifier, an English word with a noun
+    reading, or a word no dictionary knows (a name, a rare noun)."""
+    if word is None or not word.isalpha() or word in _lex().function_words:
+        return False
+    lex = _lex()
+    return lex.is_noun(word) or word in lex.adjectives or "NOUN" in _lemmas(word) or not _lemmas(word)
+
+
+def _head(toks: list[str], k: int) -> int | None:
+    """Index of the noun the phrase starting at ``k`` is about: sure adjectives skipped ("a red",
+    "clear handled"), then the first word with a noun reading; None when there is none. Callers
+    decide what the word after the head may be (a compound goes on: "a ice bucket")."""
+    skipped = 0
+    while k < len(toks) and skipped < _MAX_ADJECTIVES and (
+            _is_adjective(toks[k]) or toks[k].isdigit() or toks[k] in ("-", "very")
+            or (toks[k].endswith("ed") and k + 1 < len(toks) and _nominal(toks[k + 1]))):
+        k += 1
+        skipped += 1
+    if k >= len(toks) or not toks[k].isalpha() or toks[k] in _lex().function_words:
+        return None
+    if not (_lex().is_noun(toks[k]) or "NOUN" in _lemmas(toks[k])):
+        return None
+    return k
+
+
+def _fault(toks: list[str], start: int, head: int) -> str:
+    return " ".join(toks[start:head + 1])
+
+
+#: "a few", "a lot of", "a couple of": quantifiers, not "a" before a noun
+_AFTER_A = frozenset({"few", "lot", "lots", "couple", "dozen", "great", "good", "number", "bunch", "pair", "variety",
+                      "group", "handful", "set", "herd", "flock", "total"})
+
+
+def problems(text: str) -> list[str]:
+    """The agreement faults of ``text`` (see the module docstring), each as its phrase.
+
+    A fault is reported only where its noun ends the phrase (the next word has no noun
+    reading), so a compound is never taken for its first word ("two tree branches", "an ice
+    bucket"), and a singular determiner is never matched with a verb ("a cat sits")."""
+    toks = tokens(text)
+    lex = _lex()
+    out = []
+
+    def end_at(h: int) -> bool:
+        return not _nominal(toks[h + 1] if h + 1 < len(toks) else None)
+
+    for i, t in enumerate(toks):
+        if t in SINGULAR_DETERMINERS:
+            if i + 1 < len(toks) and toks[i + 1] in _AFTER_A:
+                continue
+            h = _head(toks, i + 1)
+            if h is None or not end_at(h):
+                continue
+            n = noun_number(toks[h])
+            if (n == "pl" and (lex.is_noun(toks[h]) or toks[h] in lex.plural_only)) or (n == "mass" and t in INDEFINITE):
+                out.append(_fault(toks, i, h))
+        elif t in PLURAL_COUNTS:
+            h = _head(toks, i + 1)
+            if h is not None and end_at(h) and noun_number(toks[h]) == "sg" and lex.is_noun(toks[h]):
+                out.append(_fault(toks, i, h))
+        elif t == "of" and i > 0:
+            prev = toks[i - 1]
+            h = _head(toks, i + 1) if (prev in _PAIRS or prev in CONTAINERS or prev in SINGLE_OF) else None
+            if h is None or not end_at(h):
+                continue
+            n = noun_number(toks[h])
+            if prev in _PAIRS and n == "sg" and lex.is_noun(toks[h]):
+                out.append(_fault(toks, i - 1, h))
+            elif prev in CONTAINERS and n == "sg" and lex.is_noun(toks[h]):
+                out.append(_fault(toks, i - 1, h))
+            elif prev in SINGLE_OF and n == "pl" and lex.is_noun(toks[h]) and toks[h] not in lex.plural_only and (
+                    i < 2 or toks[i - 2] in SINGULAR_DETERMINERS):
+                out.append(_fault(toks, i - 1, h))
+    return out
+
+
+def new_problems(original: str, candidate: str) -> list[str]:
+    """The faults of ``candidate`` that ``original`` does not have (a multiset difference)."""
+    return list((Counter(problems(candidate)) - Counter(problems(original))).elements())
+
+
+_WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?", re.UNICODE)
+
+
+def _latin(word: str) -> bool:
+    return all("LATIN" in unicodedata.name(ch, "") for ch in word)
+
+
+def non_english(original: str, candidate: str) -> bool:
+    """``candidate`` brings words that are no English: a letter of another script the original
+    does not use, or two or more new words of which at least half no English dictionary
+    (``lemminflect``, the lexicon) knows ("Un perro marrón en la playa"). One unknown new word
+    passes: it may be a rare English word or a name."""
+    old = {w.lower() for w in _WORD.findall(original)}
+    new = [w.lower() for w in _WORD.findall(candidate) if w.lower() not in old]
+    if any(not _latin(w) for w in new):
+        return True
+    unknown = [w for w in new if not known_english(w)]
+    return len(unknown) >= 2 and 2 * len(unknown) >= len(new)
