@@ -19,31 +19,10 @@ captions of these audit files (their ``caption`` column).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
-from hardpos.data.audit import read_blind_audit, sample_stage_picks, write_blind_audit
-
-FILES = ("replace_att.json", "replace_obj.json", "replace_rel.json", "swap_att.json", "swap_obj.json")
-
-
-def _captions(sources: list[str]) -> list[str]:
-    paths: list[Path] = []
-    for s in sources:
-        p = Path(s)
-        paths += [p / f for f in FILES] if p.is_dir() else [p]
-    return [item["caption"] for p in paths for item in json.loads(p.read_text())]
-
-
-def _skip(paths: list[str]) -> set[str]:
-    import csv  # lazy: only for --exclude
-
-    out: set[str] = set()
-    for path in paths:
-        with open(path, newline="", encoding="utf-8") as f:
-            out |= {r["caption"] for r in csv.DictReader(f, delimiter="\t")}
-    return out
+from hardpos.data.audit import (audit_captions, read_blind_audit, sample_stage_picks, sugarcrepe_pp_captions,
+                                write_blind_audit)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--exclude", nargs="*", default=[])
     args = ap.parse_args(argv)
 
-    rows, drawn = sample_stage_picks(_captions(args.source), n=args.n, seed=args.seed, rule_seed=args.rule_seed,
-                                     skip=_skip(args.exclude))
+    rows, drawn = sample_stage_picks(sugarcrepe_pp_captions(args.source), n=args.n, seed=args.seed,
+                                     rule_seed=args.rule_seed, skip=audit_captions(args.exclude))
     reused = 0
     if args.previous:
         before = {(r["polarity"], r["caption"]): r for r in read_blind_audit(args.previous)}

@@ -16,6 +16,7 @@ first audit).
 from __future__ import annotations
 
 import csv
+import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,35 @@ def audit_rates(rows: list[dict]) -> dict[str, float]:
 BLIND_LABELS = {"negative": ("ok", "ungrammatical", "not_different", "doubtful"),
                 "positive": ("ok", "changes_meaning", "doubtful")}
 BLIND_COLUMNS = ("polarity", "caption", "edit", "label", "why", "kind", "slot", "sample")
+
+
+#: SugarCrepe++'s five files, in the order the blind audit reads them
+SUGARCREPE_PP_FILES = ("replace_att.json", "replace_obj.json", "replace_rel.json", "swap_att.json", "swap_obj.json")
+
+
+def sugarcrepe_pp_captions(sources: Iterable[str | Path]) -> list[str]:
+    """The original ``caption`` of every SugarCrepe++ item (a list of ``{id, filename, caption,
+    caption2, negative_caption}``), file by file; a folder stands for its five files."""
+    paths: list[Path] = []
+    for src in sources:
+        p = Path(src)
+        paths += [p / f for f in SUGARCREPE_PP_FILES] if p.is_dir() else [p]
+    out = []
+    for p in paths:
+        items = json.loads(p.read_text(encoding="utf-8"))
+        if not isinstance(items, list) or not all(isinstance(i, dict) and "caption" in i for i in items):
+            raise ValueError(f"{p}: not a SugarCrepe++ file (a list of items with a 'caption')")
+        out += [i["caption"] for i in items]
+    return out
+
+
+def audit_captions(paths: Iterable[str | Path]) -> set[str]:
+    """The ``caption`` column of audit TSVs (to leave them out of a new draw)."""
+    out: set[str] = set()
+    for path in paths:
+        with open(path, newline="", encoding="utf-8") as f:
+            out |= {r["caption"] for r in csv.DictReader(f, delimiter="\t")}
+    return out
 
 
 def sample_stage_picks(captions: Iterable[str], *, n: int = 200, seed: int = 36, rule_seed: int = 0,
