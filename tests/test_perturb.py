@@ -219,7 +219,7 @@ def test_perturb_job_on_negclip_subprocess(shared_data, tmp_path):
     assert rows[0]["caption"] == "A child holding a flowered umbrella and petting a yak."
     assert rows[0]["image"] == "coco/val2014/COCO_val2014_000000184613.jpg" and rows[0]["source"] == "rule"
     filled = [r for r in rows if r["hard_negative"] and r["hard_positive"]]
-    assert len(filled) / len(rows) > 0.6  # 249 of 400 rows have both
+    assert len(filled) / len(rows) > 0.55  # 235 of 400 rows have both (249 before the colour policy and sense rules)
     for r in filled:
         assert validate(r["caption"], r["hard_positive"], r["kind"]).accepted
         assert validate(r["caption"], r["hard_negative"], r["kind"] + "_negative").accepted
