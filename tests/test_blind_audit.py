@@ -5,7 +5,9 @@
   ungrammatical or not-different negatives; positives at most 1% changing the meaning, 3%
   doubtful);
 * before: the same draw with the rules before the fixes, judged the same way (its counts are
-  the ones docs/audits/README.md reports).
+  the ones docs/audits/README.md reports);
+* held out: 100 + 100 rows of other captions (seed 37), judged once with the final rules: a
+  record (its counts and the engine's picks), not a bar.
 """
 from __future__ import annotations
 
@@ -44,6 +46,19 @@ def test_the_after_audit_is_what_the_stage_picks(shared_data):
     assert drawn == 364
     key = lambda r: (r["polarity"], r["caption"], r["edit"], r["kind"], r["slot"])  # noqa: E731
     assert [key(r) for r in rows] == [key(r) for r in after]
+
+
+def test_the_heldout_audit_is_what_the_stage_picks_and_holds_its_counts(shared_data):
+    held = read_blind_audit(AUDITS / "blind_heldout.tsv")
+    c = blind_counts(held)
+    assert c["negative"] == {"n": 100, "ok": 85, "ungrammatical": 2, "not_different": 0, "doubtful": 13}
+    assert c["positive"] == {"n": 100, "ok": 97, "changes_meaning": 1, "doubtful": 2}
+    old = audit_captions(sorted(AUDITS.glob("rule_positives_*.tsv")) + sorted(AUDITS.glob("swap_positives_*.tsv"))
+                         + [AUDITS / "blind_before.tsv", AUDITS / "blind_after.tsv"])
+    rows, drawn = sample_stage_picks(sugarcrepe_pp_captions([shared_data / "sugarcrepe_pp"]), n=100, seed=37, skip=old)
+    assert drawn == 196
+    key = lambda r: (r["polarity"], r["caption"], r["edit"], r["kind"], r["slot"])  # noqa: E731
+    assert [key(r) for r in rows] == [key(r) for r in held]
 
 
 def test_a_blind_audit_file_names_its_bad_rows(tmp_path):
