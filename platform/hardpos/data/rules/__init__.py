@@ -8,7 +8,9 @@ caption passes (the LLM's and the rules' alike).
   with a reason. Its parts: :mod:`~hardpos.data.rules.wordclasses` (word classes for the SWAP
   checks), :mod:`~hardpos.data.rules.conjuncts` (``is_conjunct_swap``); text normalisation is
   :mod:`hardpos.data.textnorm`.
+* :mod:`hardpos.data.rules.agreement` -- determiner/number agreement and "still English", run on
+  every rule candidate and by the validator in every mode.
 
-The word tables the rules read are :mod:`hardpos.data.lexicon`'s. Nothing here imports Ray,
-torch or the rest of the platform.
+The word tables the rules read are :mod:`hardpos.data.lexicon`'s (and ``lemminflect``'s word
+forms). Nothing here imports Ray, torch or the rest of the platform.
 """
