@@ -6,8 +6,9 @@
   doubtful);
 * before: the same draw with the rules before the fixes, judged the same way (its counts are
   the ones docs/audits/README.md reports);
-* held out: 100 + 100 rows of other captions (seed 37), judged once with the final rules: a
-  record (its counts and the engine's picks), not a bar.
+* held out: 100 + 100 rows of other captions (seed 37), judged once; its three faults' classes
+  were then fixed; a second held-out draw (seed 38) judged once after that: records (their
+  counts and the engine's picks), not bars.
 """
 from __future__ import annotations
 
@@ -48,15 +49,34 @@ def test_the_after_audit_is_what_the_stage_picks(shared_data):
     assert [key(r) for r in rows] == [key(r) for r in after]
 
 
-def test_the_heldout_audit_is_what_the_stage_picks_and_holds_its_counts(shared_data):
+def _picks(shared_data, skip_files: list[str], n: int, seed: int):
+    old = audit_captions(sorted(AUDITS.glob("rule_positives_*.tsv")) + sorted(AUDITS.glob("swap_positives_*.tsv"))
+                         + [AUDITS / f for f in skip_files])
+    return sample_stage_picks(sugarcrepe_pp_captions([shared_data / "sugarcrepe_pp"]), n=n, seed=seed, skip=old)
+
+
+def test_the_first_heldout_audit_holds_its_counts_and_the_fixes_it_led_to(shared_data):
     held = read_blind_audit(AUDITS / "blind_heldout.tsv")
     c = blind_counts(held)
     assert c["negative"] == {"n": 100, "ok": 85, "ungrammatical": 2, "not_different": 0, "doubtful": 13}
     assert c["positive"] == {"n": 100, "ok": 97, "changes_meaning": 1, "doubtful": 2}
-    old = audit_captions(sorted(AUDITS.glob("rule_positives_*.tsv")) + sorted(AUDITS.glob("swap_positives_*.tsv"))
-                         + [AUDITS / "blind_before.tsv", AUDITS / "blind_after.tsv"])
-    rows, drawn = sample_stage_picks(sugarcrepe_pp_captions([shared_data / "sugarcrepe_pp"]), n=100, seed=37, skip=old)
+    rows, drawn = _picks(shared_data, ["blind_before.tsv", "blind_after.tsv"], 100, 37)
     assert drawn == 196
+    gone = {(r["polarity"], r["caption"], r["edit"]) for r in held} - {(r["polarity"], r["caption"], r["edit"]) for r in rows}
+    # exactly its three faults are no longer picked (adverb + "lit", "full with", pavement -> sidewalk)
+    assert {(p, e) for p, _, e in gone} == {
+        ("negative", "A group of gentleman playing video games in a dimly unlit room."),
+        ("negative", "A roasting pan empty with apples, carrots, potatoes, and meat"),
+        ("positive", "An airplane with wheels is barely off ground tilted slightly upward from the sidewalk to the blue sky.")}
+
+
+def test_the_second_heldout_audit_is_what_the_stage_picks_and_holds_its_counts(shared_data):
+    held = read_blind_audit(AUDITS / "blind_heldout2.tsv")
+    c = blind_counts(held)
+    assert c["negative"] == {"n": 100, "ok": 91, "ungrammatical": 1, "not_different": 0, "doubtful": 8}
+    assert c["positive"] == {"n": 100, "ok": 96, "changes_meaning": 0, "doubtful": 4}
+    rows, drawn = _picks(shared_data, ["blind_before.tsv", "blind_after.tsv", "blind_heldout.tsv"], 100, 38)
+    assert drawn == 190
     key = lambda r: (r["polarity"], r["caption"], r["edit"], r["kind"], r["slot"])  # noqa: E731
     assert [key(r) for r in rows] == [key(r) for r in held]
 
