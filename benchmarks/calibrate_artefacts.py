@@ -11,7 +11,10 @@ positives the classifier calls "negative" (how much the positives look like edit
 
     python -m benchmarks.calibrate_artefacts triplets=outputs/demo/generate/triplets.parquet
 
-Pure numpy (full-batch gradient descent on the logistic loss); deterministic by seed.
+The classifier is the product's (:mod:`hardpos.data.blind_text`, also behind ``hardpos audit``,
+which cross-validates it per kind of edit); this tool keeps its single hash split and plain
+gradient descent at a fixed rate, the setting its published figures were measured with.
+Deterministic by seed.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import pyarrow.parquet as pq
 
 from hardpos import storage
 from hardpos.config import ConfigError, load_config
+from hardpos.data.blind_text import Design, fit_design, vocabulary
 
 
 @dataclasses.dataclass
@@ -59,23 +63,6 @@ class ArtefactConfig:
             raise ConfigError("steps must be >= 1, lr > 0 and l2 >= 0")
 
 
-def features(text: str, ngrams: int) -> list[str]:
-    """The word n-grams (1..ngrams) of ``text``, lower-cased, with sentence boundaries."""
-    words = ["<s>", *text.lower().replace(",", " ,").split(), "</s>"]
-    return [" ".join(words[i:i + n]) for n in range(1, ngrams + 1) for i in range(len(words) - n + 1)]
-
-
-def _matrix(texts: Sequence[str], vocab: dict[str, int], ngrams: int) -> np.ndarray:
-    x = np.zeros((len(texts), len(vocab) + 1), dtype=np.float32)
-    x[:, -1] = 1.0  # bias
-    for r, t in enumerate(texts):
-        for f in features(t, ngrams):
-            j = vocab.get(f)
-            if j is not None:
-                x[r, j] += 1.0
-    return x
-
-
 def _held_out(caption: str, seed: int, fraction: float) -> bool:
     h = int.from_bytes(hashlib.sha256(f"{seed}:{caption}".encode()).digest()[:8], "big")
     return h / 2**64 < fraction
@@ -94,18 +81,13 @@ def artefact_strength(rows: Sequence[dict], cfg: ArtefactConfig | None = None) -
     if not train or not test:
         raise ValueError(f"need triplets on both sides of the split, got {len(train)} train / {len(test)} test")
     texts = [r["caption"] for r in train] + [r["hard_negative"] for r in train]
-    y = np.array([0.0] * len(train) + [1.0] * len(train), dtype=np.float32)
-    vocab: dict[str, int] = {}
-    for t in texts:
-        for f in features(t, cfg.ngrams):
-            vocab.setdefault(f, len(vocab))
-    x = _matrix(texts, vocab, cfg.ngrams)
-    w = np.zeros(x.shape[1], dtype=np.float32)
-    for _ in range(cfg.steps):  # full-batch gradient descent on the mean logistic loss + L2
-        p = 1.0 / (1.0 + np.exp(-(x @ w)))
-        w -= cfg.lr * (x.T @ (p - y) / len(y) + cfg.l2 * w)
+    vocab = vocabulary(texts, cfg.ngrams)
+    w, b = fit_design(Design.of(texts, vocab, cfg.ngrams), [0] * len(train) + [1] * len(train),
+                      l2=cfg.l2, steps=cfg.steps, lr=cfg.lr)
+
     def called_negative(batch: Sequence[str]) -> np.ndarray:
-        return (_matrix(batch, vocab, cfg.ngrams) @ w) > 0
+        return Design.of(batch, vocab, cfg.ngrams).dot(w, b) > 0
+
     right = np.concatenate([~called_negative([r["caption"] for r in test]),
                             called_negative([r["hard_negative"] for r in test])])
     positives = [r["hard_positive"] for r in test if r.get("hard_positive")]

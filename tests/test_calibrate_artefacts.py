@@ -5,8 +5,9 @@ import random
 
 import pytest
 
-from benchmarks.calibrate_artefacts import ArtefactConfig, artefact_strength, features
+from benchmarks.calibrate_artefacts import ArtefactConfig, artefact_strength
 from hardpos.config import ConfigError
+from hardpos.data.blind_text import features
 
 COLORS, SHAPES = ["red", "blue", "green", "yellow"], ["circle", "square", "star"]
 

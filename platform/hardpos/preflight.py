@@ -447,8 +447,19 @@ def world(cfg: Any) -> None:
     check_tracking(cfg.tracking)
 
 
+def audit(cfg: Any) -> None:
+    """The audit stage: every source exists (its format and contents are read by the stage,
+    before any classifier is fitted), then the tracking server."""
+    paths = ([("input", cfg.input)] if cfg.input else []) + [(f"inputs.{i}.path", s.path) for i, s in enumerate(cfg.inputs)]
+    check_s3_endpoint([p for _, p in paths] + [cfg.output_dir])
+    for key, path in paths:
+        if path and not storage.exists(path):
+            fail(key, path, "source not found", "give a triplet file, a caption file with negatives or a benchmark folder")
+    check_tracking(cfg.tracking)
+
+
 STAGES = {"train": train, "evaluate": evaluate, "interpolate": interpolate, "generate": generate, "world": world,
-          "sweep": sweep}
+          "sweep": sweep, "audit": audit}
 
 
 def run_checks(stage: str, cfg: Any) -> None:

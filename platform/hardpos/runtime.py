@@ -27,7 +27,8 @@ from typing import Any, Callable
 from hardpos import logs, storage, tracking
 from hardpos.config import JobConfig, RayConfig, TrackingConfig, dump_yaml, to_dict
 
-STAGES = ("world", "perturb", "generate", "train", "evaluate", "sweep", "compare", "register", "demo", "interpolate")
+STAGES = ("world", "perturb", "generate", "train", "evaluate", "sweep", "compare", "register", "demo", "interpolate",
+          "audit")
 
 
 @dataclasses.dataclass
