@@ -217,6 +217,18 @@ _TOKEN = re.compile(r"[a-z]+(?:['\-][a-z]+)*|[^\sa-z]")
 _SINGULAR_DETS = frozenset({"a", "an", "another", "every", "each"})
 _PLURAL_DETS = frozenset({"two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
                           "several", "many", "multiple", "numerous", "both", "these", "those", "few"})
+#: nouns used in the plural only, or for things that come in pairs (the lexicon's nouns aside)
+PLURAL_ONLY = frozenset({"scissors", "jeans", "shorts", "pants", "trousers", "glasses", "sunglasses", "eyeglasses",
+                         "goggles", "binoculars", "pliers", "tongs", "tweezers", "pajamas", "pyjamas", "overalls",
+                         "leggings", "tights", "clothes", "headphones", "earphones", "skis"})
+#: the singular a "pair of" can never take ("a pair of ski", "a pair of jean")
+PAIR_SINGULARS = frozenset({"ski", "shoe", "sock", "boot", "glove", "sneaker", "skate", "scissor", "jean", "short",
+                            "pant", "trouser", "sunglass", "goggle", "binocular", "headphone", "earring", "slipper",
+                            "sandal", "legging", "plier"})
+#: mass nouns: no "a" before them when they end their phrase ("a broccoli"; "a bread knife" is fine)
+MASS_NOUNS = frozenset({"broccoli", "bread", "rice", "furniture", "luggage", "baggage", "grass", "sand", "dirt", "mud",
+                        "snow", "water", "milk", "lettuce", "spinach", "traffic", "equipment", "clothing", "food",
+                        "meat", "garbage", "trash", "foliage", "scenery", "wildlife"})
 #: what may follow a noun that ends its noun phrase (so "two dog stands" is not read as "two dog")
 _PHRASE_END = frozenset({"and", "or", "with", "on", "in", "at", "by", "near", "under", "next", "is", "are", "was",
                          "were", "of", "to", "from", "for", "behind", "beside", "above", "below", "that", "which",
@@ -267,8 +279,13 @@ def _doubled_word(toks: list[str]) -> int:
 
 
 def _singular_det_plural_noun(toks: list[str]) -> int:
-    _, pl = _noun_numbers()
+    pl = _noun_numbers()[1] | PLURAL_ONLY
     return sum(1 for i in range(1, len(toks)) if toks[i - 1] in _SINGULAR_DETS and toks[i] in pl and _ends_phrase(toks, i))
+
+
+def _article_mass_noun(toks: list[str]) -> int:
+    return sum(1 for i in range(1, len(toks)) if toks[i - 1] in ("a", "an", "another") and toks[i] in MASS_NOUNS
+               and _ends_phrase(toks, i))
 
 
 def _count_singular_noun(toks: list[str]) -> int:
@@ -277,7 +294,7 @@ def _count_singular_noun(toks: list[str]) -> int:
 
 
 def _pair_of_singular(toks: list[str]) -> int:
-    sg, _ = _noun_numbers()
+    sg = _noun_numbers()[0] | PAIR_SINGULARS
     hits = 0
     for i in range(len(toks) - 2):
         if toks[i] in ("pair", "pairs") and toks[i + 1] == "of":
@@ -293,7 +310,8 @@ GRAMMAR_RULES: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "article": (_article, '"a" before a vowel sound or "an" before a consonant ("a umbrella")'),
     "doubled_word": (_doubled_word, 'a word twice in a row ("on on the table")'),
     "singular_det_plural_noun": (_singular_det_plural_noun,
-                                 '"a" / "another" / "each" + a noun the lexicon knows only as plural ("a skis")'),
+                                 '"a" / "another" / "each" + a plural noun ("a skis", "a jeans")'),
+    "article_mass_noun": (_article_mass_noun, '"a" + a mass noun that ends its phrase ("a broccoli")'),
     "count_singular_noun": (_count_singular_noun, 'a count or "these" + a noun the lexicon knows only as singular '
                                                   '("two dog")'),
     "pair_of_singular": (_pair_of_singular, '"pair of" + a singular noun ("a pair of ski")'),
@@ -358,14 +376,15 @@ def audit_group(edits: Sequence[Edit], settings: AuditSettings) -> dict[str, Any
 
 
 def audit_edits(edits: Sequence[Edit], settings: AuditSettings, *, polarities: Sequence[str] = POLARITIES,
-                progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+                pooled: bool = True, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """One row per (polarity, kind) present, in :data:`POLARITIES` x :data:`KINDS` order, plus
-    an ``all`` row per polarity when it has more than one kind (its kinds pooled)."""
+    (``pooled``) an ``all`` row per polarity when it has more than one kind (its kinds together)."""
     rows = []
     for polarity in polarities:
         mine = [e for e in edits if e.polarity == polarity]
         kinds = [k for k in KINDS if any(e.kind == k for e in mine)]
-        groups = ([("all", mine)] if len(kinds) > 1 else []) + [(k, [e for e in mine if e.kind == k]) for k in kinds]
+        groups = ([("all", mine)] if pooled and len(kinds) > 1 else []) + [
+            (k, [e for e in mine if e.kind == k]) for k in kinds]
         for kind, group in groups:
             if progress:
                 progress(f"{polarity}/{kind}: {len(group)} pairs")

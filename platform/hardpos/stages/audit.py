@@ -62,6 +62,7 @@ class Config(JobConfig):
     inputs: sources audited side by side, each {path, name, format}.
     output_dir: where audit.md, audit.json and summary.json go (local or s3://).
     polarities: which edits to audit: "negative" (hard negatives), "positive" (hard positives).
+    pooled: also audit each polarity's kinds together (the "all" rows, where a source has several kinds).
     folds: cross-validation folds, grouped by original caption.
     ngrams: the longest word n-gram the classifier reads (1: words only; 2: words and bigrams).
     l2: the L2 penalty on the classifier's weights (added to the mean logistic loss as l2/2 * |w|^2).
@@ -73,6 +74,7 @@ class Config(JobConfig):
     inputs: list[AuditSource] = dataclasses.field(default_factory=list)
     output_dir: str = "outputs/audit"
     polarities: list[str] = dataclasses.field(default_factory=lambda: list(POLARITIES))
+    pooled: bool = True
     folds: int = 5
     ngrams: int = 2
     l2: float = 1e-4
@@ -138,7 +140,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     for s, edits, info in read:
         print(f"audit: {s.name} ({info['format']}): {info['edits']} distinct edits, {info['identical']} equal to "
               f"their caption", file=sys.stderr)
-        rows = audit_edits(edits, settings, polarities=cfg.polarities,
+        rows = audit_edits(edits, settings, polarities=cfg.polarities, pooled=cfg.pooled,
                            progress=lambda line, name=s.name: print(f"audit: {name} {line}", file=sys.stderr))
         results.append({"name": s.name, "path": s.path, **info, "rows": rows})
         for r in rows:

@@ -1,0 +1,230 @@
+"""The blind-text audit: its classifier where the answer is known, its grouped folds, the sources
+it reads, its grammar rules, and `hardpos audit` end to end with a real MLflow store."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from hardpos.data.blind_audit import (AuditError, AuditSettings, Edit, audit_edits, edit_kind, grammar_hits,
+                                      markdown_table, read_edits)
+from hardpos.data.blind_text import cross_validate, features, fit_logistic, group_folds
+from hardpos.data.triplets import make_triplet, write_triplets
+
+COLORS = ["red", "blue", "green", "yellow", "white", "black", "brown", "pink"]
+THINGS = ["dog", "cat", "car", "bus", "chair", "table", "kite", "horse", "bench", "clock"]
+PLACES = ["on the grass", "near a wall", "in a room", "by the road", "under a tree"]
+
+
+def _caption(rng: random.Random) -> str:
+    c1, c2 = rng.sample(COLORS, 2)
+    t1, t2 = rng.sample(THINGS, 2)
+    return f"a {c1} {t1} and a {c2} {t2} {rng.choice(PLACES)}"
+
+
+def _pairs(n: int, marked: bool, seed: int = 0) -> tuple[list[str], list[str]]:
+    """n (caption, edit) pairs. marked: every edit carries a word no caption has (an artefact a
+    blind model must find); unmarked: the edit exchanges the two colours, a caption of the very
+    same distribution (a blind model must stay at chance)."""
+    rng = random.Random(seed)
+    caps, edits = [], []
+    for _ in range(n):
+        cap = _caption(rng)
+        words = cap.split()
+        if marked:
+            words[1] = "crimson"
+        else:
+            words[1], words[5] = words[5], words[1]
+        caps.append(cap)
+        edits.append(" ".join(words))
+    return caps, edits
+
+
+# ---------------------------------------------------------------------------- the classifier
+def test_an_obvious_artefact_is_found_and_a_same_distribution_edit_is_not():
+    marked = cross_validate(*_pairs(300, marked=True), steps=200)
+    plain = cross_validate(*_pairs(300, marked=False), steps=200)
+    assert marked.mean > 0.97 and marked.std < 0.03
+    assert 0.4 < plain.mean < 0.6, plain.fold_accuracy
+    assert len(marked.fold_accuracy) == 5 and marked.pairs == 300 and marked.groups == 300
+
+
+def test_the_fit_learns_the_marker_and_ignores_unseen_words():
+    caps, edits = _pairs(200, marked=True)
+    model = fit_logistic(caps + edits, [0] * 200 + [1] * 200, steps=200)
+    s = model.scores(["a crimson kite on the grass", "a red kite on the grass", "zebra zebra"])
+    assert s[0] > 0 > s[1]
+    assert "a crimson" in model.vocab and "zebra" not in model.vocab
+    assert features("A dog.", 2) == ["<s>", "a", "dog", ".", "</s>", "<s> a", "a dog", "dog .", ". </s>"]
+    assert features("a dog .", 1) == features("a dog.", 1)  # spacing before punctuation is no feature
+    with pytest.raises(ValueError, match="labels"):
+        fit_logistic(["a", "b"], [0, 2])
+
+
+def test_folds_are_grouped_by_caption_balanced_and_seeded():
+    groups = [f"caption {i // 3}" for i in range(300)]  # 100 captions, 3 edits each
+    fold = group_folds(groups, 5, seed=0)
+    for g in set(groups):
+        assert len({f for f, h in zip(fold, groups) if h == g}) == 1  # no caption straddles folds
+    sizes = [fold.count(f) for f in range(5)]
+    assert sizes == [60] * 5
+    assert fold == group_folds(groups, 5, seed=0) and fold != group_folds(groups, 5, seed=1)
+    with pytest.raises(ValueError, match="cannot fill"):
+        cross_validate(["a cat"] * 10, ["a dog"] * 10)  # one caption, five folds
+
+
+def test_a_caption_with_many_edits_is_one_group():
+    caps, edits = _pairs(40, marked=True)
+    cv = cross_validate([c for c in caps for _ in range(3)], [e + f" {k}" for e in edits for k in range(3)], steps=50)
+    assert cv.pairs == 120 and cv.groups == 40
+
+
+# ---------------------------------------------------------------------------- grammar rules
+@pytest.mark.parametrize("caption,edited,rules", [
+    ("A child holding an umbrella.", "A child holding a umbrella.", ["article"]),
+    ("a man holding skis", "a man holding a skis", ["singular_det_plural_noun"]),
+    ("two dogs on the grass", "two dog on the grass", ["count_singular_noun"]),
+    ("a pair of skis in the snow", "a pair of ski in the snow", ["pair_of_singular"]),
+    ("a cat on the table", "a cat on on the table", ["doubled_word"]),
+    ("a plate of broccoli and rice", "a plate with a broccoli and rice", ["article_mass_noun"]),
+    ("a bread knife on a board", "a bread knife near a board", []),
+    ("a dog and a cat", "a cat and a dog", []),
+    ("two dog stands by the road", "two dog stands near the road", []),  # "dog" modifies "stands"
+    ("a umbrella on a table", "a umbrella on a chair", []),  # the caption's own slip is not the edit's
+])
+def test_grammar_rules_count_what_the_edit_breaks(caption, edited, rules):
+    assert grammar_hits(caption, edited) == rules
+
+
+# ---------------------------------------------------------------------------- sources
+def test_kinds_from_the_triplet_columns():
+    assert edit_kind("replace", "attribute:color red->blue") == "replace_attribute"
+    assert edit_kind("replace", "relation:spatial above->below") == "replace_relation"
+    assert edit_kind("swap", "objects:animate dog<->cat") == "swap_object"
+    assert edit_kind("swap", "conjuncts:noun_phrases") == "swap"
+    assert edit_kind("replace", None) == "replace"
+    assert edit_kind("replace", "x", subset="replace_relation") == "replace_relation"
+    assert edit_kind("caption") is None
+
+
+def _triplets(path, n: int = 60) -> str:
+    rng = random.Random(1)
+    rows = []
+    for i in range(n):
+        cap = _caption(rng)
+        w = cap.split()
+        neg = " ".join([w[0], "crimson", *w[2:]])  # a marked REPLACE-attribute negative
+        pos = " ".join([*w[4:7], "and", *w[0:3], *w[7:]])  # the two noun phrases exchanged
+        rows.append(make_triplet(image=f"{i}.jpg", caption=cap, hard_negative=neg, hard_positive=pos, kind="replace"
+                                 if i % 2 else "swap", source="rule", caption_id=i,
+                                 negative_slot="attribute:color x->crimson" if i % 2 else "attributes:color a<->b",
+                                 positive_slot="conjuncts:noun_phrases"))
+    rows.append(make_triplet(image="x.jpg", caption="a dog", hard_negative="a dog.", kind="replace", source="rule",
+                             caption_id="same"))  # no edit: counted apart
+    return write_triplets(rows, str(path))
+
+
+def test_read_edits_from_a_triplet_file_and_a_caption_file(tmp_path):
+    edits, info = read_edits(_triplets(tmp_path / "t.jsonl"))
+    assert info == {"format": "triplets", "edits": 120, "identical": 1}
+    assert {(e.polarity, e.kind) for e in edits} == {("negative", "replace_attribute"), ("negative", "swap_attribute"),
+                                                    ("positive", "replace"), ("positive", "swap")}
+    tsv = tmp_path / "neg.tsv"
+    tsv.write_text("\ttitle\tfilepath\tneg_caption\n0\tA dog and a cat.\tx.jpg\t['A cat and a dog .', 'A dog and a bird.']\n"
+                   "1\tA red car.\ty.jpg\t['A red car.']\n")
+    edits, info = read_edits(str(tsv))
+    assert [(e.edited, e.kind) for e in edits] == [("A cat and a dog .", "swap"), ("A dog and a bird.", "replace")]
+    assert info == {"format": "captions", "edits": 2, "identical": 1}
+
+
+def test_bad_sources_are_named_errors(tmp_path):
+    with pytest.raises(AuditError, match="not found"):
+        read_edits(str(tmp_path / "none.parquet"))
+    (tmp_path / "caps.jsonl").write_text(json.dumps({"caption": "a dog"}) + "\n")
+    with pytest.raises(AuditError, match="lacks column"):
+        read_edits(str(tmp_path / "caps.jsonl"))  # captions without edits are no triplet file
+    (tmp_path / "caps.tsv").write_text("title\nA dog.\n")
+    with pytest.raises(AuditError, match="no edits to audit.*hardpos perturb"):
+        read_edits(str(tmp_path / "caps.tsv"))
+    write_triplets([make_triplet(image="a.jpg", caption="a dog", kind="none", source="rule", caption_id=0)],
+                   str(tmp_path / "empty.parquet"))
+    with pytest.raises(AuditError, match="no hard_negative or hard_positive"):
+        read_edits(str(tmp_path / "empty.parquet"))
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    with pytest.raises(AuditError, match="not a readable parquet"):
+        read_edits(str(tmp_path / "bad.parquet"))
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(AuditError, match="set format="):
+        read_edits(str(tmp_path / "folder"))
+    with pytest.raises(AuditError, match="format must be"):
+        read_edits(str(tmp_path / "caps.tsv"), "xml")
+
+
+def test_a_kind_with_too_few_pairs_is_listed_not_measured():
+    caps, edits = _pairs(30, marked=True)
+    group = [Edit(c, e, "negative", "replace_attribute") for c, e in zip(caps, edits)]
+    group += [Edit(c, e, "negative", "swap_object") for c, e in zip(caps[:8], edits[:8])]
+    rows = audit_edits(group, AuditSettings(steps=100))
+    assert [(r["kind"], r["pairs"]) for r in rows] == [("all", 38), ("replace_attribute", 30), ("swap_object", 8)]
+    assert rows[1]["accuracy_pct"] > 95 and rows[2]["accuracy_pct"] is None and "min_pairs=20" in rows[2]["skipped"]
+    table = markdown_table([{"name": "mine", "rows": rows}])
+    assert "| mine | negatives | swap_object | 8 | 8 | not measured (8 pairs) | 0 (0.0%) |" in table
+
+
+# ---------------------------------------------------------------------------- the stage
+def test_audit_stage_end_to_end_with_mlflow(tmp_path, tracking_uri):
+    from mlflow.tracking import MlflowClient
+
+    from hardpos import runtime
+    from hardpos.stages.audit import Config
+
+    src = _triplets(tmp_path / "t.parquet")
+    cfg = Config(input=src, output_dir=str(tmp_path / "out"), steps=100)
+    summary = runtime.execute("audit", cfg, quiet=True)
+    (result,) = summary["sources"]
+    assert result["name"] == "t" and result["edits"] == 120
+    rows = {(r["polarity"], r["kind"]): r for r in result["rows"]}
+    assert set(rows) == {("negative", "all"), ("negative", "replace_attribute"), ("negative", "swap_attribute"),
+                         ("positive", "all"), ("positive", "replace"), ("positive", "swap")}
+    assert rows[("negative", "replace_attribute")]["accuracy_pct"] > 90  # the marked negatives
+    assert rows[("positive", "all")]["accuracy_pct"] < 80  # exchanged phrases: the same words
+    out = tmp_path / "out"
+    assert json.loads((out / "audit.json").read_text())["sources"][0]["rows"] == result["rows"]
+    assert "| t | negatives | replace_attribute | 30 | 30 |" in (out / "audit.md").read_text()
+    run = MlflowClient(tracking_uri).get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and run.data.params["folds"] == "5"
+    assert run.data.metrics["blind/t/negative/replace_attribute"] == rows[("negative", "replace_attribute")]["accuracy_pct"]
+    assert "blind/t/negative/all/std" in run.data.metrics and "grammar/t/positive/swap" in run.data.metrics
+    artifacts = {a.path for a in MlflowClient(tracking_uri).list_artifacts(run.info.run_id)}
+    assert {"audit.md", "audit.json", "summary.json", "config.yaml"} <= artifacts
+
+
+def test_audit_cli_refuses_bad_input_before_work(tmp_path, capsys):
+    from hardpos import cli
+
+    assert cli.main(["audit", f"input={tmp_path}/none.parquet", "tracking.enabled=false"]) == 2
+    assert "input=" in capsys.readouterr().err
+    assert cli.main(["audit", "tracking.enabled=false", f"output_dir={tmp_path}/o"]) == 2
+    assert "input is required" in capsys.readouterr().err
+    assert cli.main(["audit", "input=x.parquet", "folds=1"]) == 2
+    assert "folds must be >= 2" in capsys.readouterr().err
+    (tmp_path / "caps.tsv").write_text("title\nA dog.\n")
+    assert cli.main(["audit", f"input={tmp_path}/caps.tsv", "tracking.enabled=false", f"output_dir={tmp_path}/o"]) == 2
+    assert "no edits to audit" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- the real files
+def test_sugarcrepe_read_per_category_and_its_swap_obj_near_chance(shared_data):
+    edits, info = read_edits(str(shared_data / "sugar_crepe"))
+    kinds = {}
+    for e in edits:
+        kinds[e.kind] = kinds.get(e.kind, 0) + 1
+    assert info["format"] == "sugarcrepe" and sum(kinds.values()) == info["edits"] > 7400
+    assert set(kinds) == {"replace_attribute", "replace_object", "replace_relation", "swap_attribute", "swap_object",
+                          "add_attribute", "add_object"}
+    assert {e.polarity for e in edits} == {"negative"}
+    swap_obj = [e for e in edits if e.kind == "swap_object"]
+    (row,) = audit_edits(swap_obj, AuditSettings(steps=200))
+    assert row["pairs"] == len(swap_obj) > 200
+    assert 40 < row["accuracy_pct"] < 65  # its authors filtered for exactly this
