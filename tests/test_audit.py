@@ -83,6 +83,7 @@ def test_a_caption_with_many_edits_is_one_group():
 # ---------------------------------------------------------------------------- grammar rules
 @pytest.mark.parametrize("caption,edited,rules", [
     ("A child holding an umbrella.", "A child holding a umbrella.", ["article"]),
+    ("a car in a field", "a car in an urban area with an Xbox and a unicorn", []),
     ("a man holding skis", "a man holding a skis", ["singular_det_plural_noun"]),
     ("two dogs on the grass", "two dog on the grass", ["count_singular_noun"]),
     ("a pair of skis in the snow", "a pair of ski in the snow", ["pair_of_singular"]),

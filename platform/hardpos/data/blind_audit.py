@@ -237,10 +237,10 @@ _PHRASE_END = frozenset({"and", "or", "with", "on", "in", "at", "by", "near", "u
 
 def _wants_an(word: str) -> bool:
     """Whether ``word`` takes "an" (by its first sound; the usual exceptions)."""
-    if word.startswith(("uni", "use", "usu", "uti", "eu", "one", "once", "ur")):
-        return False
-    if word.startswith(("hour", "honest", "honor", "heir")):
-        return True
+    if word.startswith(("uni", "use", "usu", "uti", "eu", "one", "once", "ura", "ure", "uri")):
+        return False  # "a unicorn", "a one-way street", "a urinal"; but "an urban area"
+    if word.startswith(("hour", "honest", "honor", "heir")) or (word[:1] == "x" and word[1:2] not in "aeiou"):
+        return True  # "an hour", "an Xbox"
     return word[:1] in "aeiou"
 
 
