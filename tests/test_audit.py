@@ -229,3 +229,18 @@ def test_sugarcrepe_read_per_category_and_its_swap_obj_near_chance(shared_data):
     (row,) = audit_edits(swap_obj, AuditSettings(steps=200))
     assert row["pairs"] == len(swap_obj) > 200
     assert 40 < row["accuracy_pct"] < 65  # its authors filtered for exactly this
+
+
+def test_audit_stage_reads_and_writes_s3(tmp_path, s3_env):
+    from hardpos import runtime, storage
+    from hardpos.config import TrackingConfig
+    from hardpos.stages.audit import Config
+
+    src = f"s3://{s3_env}/in/t.jsonl"
+    storage.write_text(src, open(_triplets(tmp_path / "t.jsonl")).read())
+    out = f"s3://{s3_env}/out/audit"
+    summary = runtime.execute("audit", Config(input=src, output_dir=out, steps=50, polarities=["negative"],
+                                              tracking=TrackingConfig(enabled=False)), quiet=True)
+    assert [r["kind"] for r in summary["sources"][0]["rows"]] == ["all", "replace_attribute", "swap_attribute"]
+    assert "| t | negatives | replace_attribute | 30 | 30 |" in storage.read_text(f"{out}/audit.md")
+    assert json.loads(storage.read_text(f"{out}/summary.json"))["sources"] == summary["sources"]
