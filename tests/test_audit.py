@@ -213,6 +213,9 @@ def test_audit_cli_refuses_bad_input_before_work(tmp_path, capsys):
     (tmp_path / "caps.tsv").write_text("title\nA dog.\n")
     assert cli.main(["audit", f"input={tmp_path}/caps.tsv", "tracking.enabled=false", f"output_dir={tmp_path}/o"]) == 2
     assert "no edits to audit" in capsys.readouterr().err
+    assert cli.main(["audit", f"input={tmp_path}/caps.tsv", "tracking.enabled=false", f"output_dir={tmp_path}/o",
+                     "allow_empty=true"]) == 0  # listed with no rows
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["sources"][0]["rows"] == []
 
 
 # ---------------------------------------------------------------------------- the real files

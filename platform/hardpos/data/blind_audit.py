@@ -64,6 +64,10 @@ class AuditError(ValueError):
     """A source cannot be audited: missing, malformed, or holding no edits (the message names it)."""
 
 
+class NoEditsError(AuditError):
+    """A readable source that holds no edit at all."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Edit:
     """One edited caption: ``edited`` is a ``polarity`` edit of ``caption`` of kind ``kind``."""
@@ -208,7 +212,7 @@ def read_edits(path: str, fmt: str = "auto") -> tuple[list[Edit], dict[str, Any]
         what = ("no hard_negative or hard_positive filled" if fmt == "triplets" else
                 "no negative column (a caption file without edits: run `hardpos perturb` on it and audit its "
                 "triplets)" if fmt == "captions" else "no items")
-        raise AuditError(f"{path}: no edits to audit ({what}; {identical} edits equal to their caption)")
+        raise NoEditsError(f"{path}: no edits to audit ({what}; {identical} edits equal to their caption)")
     return edits, {"format": fmt, "edits": len(edits), "identical": identical}
 
 

@@ -30,8 +30,8 @@ from typing import Literal
 
 from hardpos import storage
 from hardpos.config import ConfigError, JobConfig, require
-from hardpos.data.blind_audit import (FORMATS, GRAMMAR_RULES, POLARITIES, AuditError, AuditSettings, audit_edits,
-                                      markdown_table, read_edits)
+from hardpos.data.blind_audit import (FORMATS, GRAMMAR_RULES, POLARITIES, AuditError, AuditSettings, NoEditsError,
+                                      audit_edits, markdown_table, read_edits)
 from hardpos.runtime import JobContext
 
 Format = Literal["auto", "triplets", "captions", "replace", "swap", "sugarcrepe", "sugarcrepe_pp"]
@@ -128,9 +128,13 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     for s in chosen:  # every source is read before any is audited: a bad one fails in seconds
         try:
             edits, info = read_edits(s.path, s.format)
+        except NoEditsError as exc:
+            if not cfg.allow_empty:
+                raise ConfigError(f"{s.name}: {exc} (allow_empty=true audits it as empty)") from exc
+            edits, info = [], {"format": s.format, "edits": 0, "identical": None}
         except AuditError as exc:
             raise ConfigError(f"{s.name}: {exc}") from exc
-        if not any(e.polarity in cfg.polarities for e in edits):
+        if edits and not any(e.polarity in cfg.polarities for e in edits):
             raise ConfigError(f"{s.name}: {s.path} has no {' or '.join(cfg.polarities)} edits "
                               f"(it has {sorted({e.polarity for e in edits})}); set polarities=")
         read.append((s, edits, info))
