@@ -93,7 +93,7 @@ class LocalPostgres:
             self._created = True
 
     def wait_ready(self, timeout: float = 120) -> None:
-        import psycopg
+        import psycopg  # lazy: the postgres extra; binaries() and the skip reason need no driver
 
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -111,7 +111,7 @@ class LocalPostgres:
         return f"host=127.0.0.1 port={self.port} user={self.user} password={self.password} dbname={database}"
 
     def _create_database(self) -> None:
-        import psycopg
+        import psycopg  # lazy: the postgres extra; binaries() and the skip reason need no driver
 
         with psycopg.connect(self._dsn("postgres"), autocommit=True) as conn:
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.database,)).fetchone()
