@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+import requests
+
 REPO = Path(__file__).resolve().parent.parent
 #: Config keys whose value is a location: on a cluster it must be reachable from every host.
 PATH_KEYS = ("output_dir", "input", "world_dir", "image_root", "train_path", "val_path", "storage_path",
@@ -78,7 +80,8 @@ def submit(stage: str, args: list[str], head: str, log_dir: Path) -> tuple[bool,
 
 def pipeline(head: str) -> list[tuple[str, list[str]]]:
     """The stages, in order, with their arguments (tiny sizes: CI runs this)."""
-    tracking = ["tracking.experiment=hardpos-cluster"]
+    # A loaded machine answers slowly: longer requests and drain, so every record is delivered in the job.
+    tracking = ["tracking.experiment=hardpos-cluster", "tracking.request_timeout_s=30", "tracking.drain_timeout_s=180"]
     return [
         ("world", ["n_pretrain=40", "n_finetune=48", "n_benchmark=24", f"output_dir={RUNS}/world", *tracking]),
         ("generate", [f"input={RUNS}/world/finetune.parquet", "engine.kind=rules", f"output_dir={RUNS}/generate",
@@ -102,6 +105,8 @@ def main(argv: list[str]) -> int:
     except LocalPathError as exc:
         refused = str(exc)
     print(refused)
+    # A cold MLflow server's first answer can take longer than a job's 2 s pre-flight probe.
+    requests.post(f"http://{head}:5000/api/2.0/mlflow/experiments/search", json={"max_results": 1}, timeout=120)
     results, ok = [], 0
     for stage, args in pipeline(head):
         good, seconds, tail = submit(stage, args, head, out)
