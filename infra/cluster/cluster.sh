@@ -38,6 +38,9 @@ CLUSTER_ENV=(
   "AWS_SHARED_CREDENTIALS_FILE=/tmp/aws/credentials"
   "AWS_REGION=us-east-1"
   "RAY_AUTH_MODE=disabled"
+  # gloo binds the address of the machine's hostname unless told the interface: here (one
+  # hostname for all hosts) that is loopback, and the peers' connections are refused.
+  "GLOO_SOCKET_IFNAME=eth0"
   "RAY_USAGE_STATS_ENABLED=0"
   "HOME=/tmp/home"
   "PATH=$(dirname "$PY"):/usr/sbin:/usr/bin:/sbin:/bin"
