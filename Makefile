@@ -13,7 +13,7 @@ SHELL  := /bin/bash
 # Drop pip's noise about extra indexes that do not exist on some machines; keep errors.
 QUIET  := { grep -v "^WARNING: Location" || true; }
 
-.PHONY: demo test test-unit test-all smoke install install-dev clean-venv
+.PHONY: demo test test-unit test-all smoke install install-dev clean-venv cluster-up cluster-test cluster-down
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "HardPos needs Python 3.10+"'
@@ -56,3 +56,15 @@ test-all: $(VENV)/.installed-dev
 
 clean-venv:
 	rm -rf $(VENV)
+
+## make cluster-up / cluster-test / cluster-down: a head and two worker hosts on this machine, each its own
+## network and mount namespace on one bridge (root; after `make install-dev`): infra/README.md
+CLUSTER := HARDPOS_CLUSTER_PYTHON=$(abspath $(PY)) infra/cluster/cluster.sh
+cluster-up:
+	$(CLUSTER) up
+
+cluster-test:
+	$(PY) -m benchmarks.cluster $(ARGS)
+
+cluster-down:
+	$(CLUSTER) down

@@ -369,9 +369,11 @@ def test_dockerignore_keeps_what_the_images_copy():
 def test_mlflow_server_image_matches_the_client_pin():
     instructions, _ = parse_dockerfile(DOCKER / "Dockerfile.mlflow")
     install = " ".join(rest for instr, rest in instructions if instr == "RUN" and "pip install" in rest)
-    pins = dict(re.findall(r"([A-Za-z0-9_.-]+)==([0-9][^\s]*)", install))
+    pins = dict(re.findall(r"([A-Za-z0-9_.-]+)(?:\[[a-z,]+\])?==([0-9][^\s\"]*)", install))
     assert Version(pins["mlflow"]) == constraints()["mlflow"], "MLflow server and client versions differ"
-    assert "psycopg2-binary" in pins and "boto3" in pins, "PostgreSQL backend and S3 artifacts need both"
+    # psycopg 3: the driver SQLAlchemy 2.1 uses for postgresql:// (psycopg2 alone stops the server at start)
+    assert "psycopg" in pins and "psycopg2-binary" not in pins and "boto3" in pins, pins
+    assert Version(pins["psycopg"]) == constraints()["psycopg"], "the image and the postgres extra differ"
 
 
 # --------------------------------------------------------------------------- kubernetes
@@ -638,7 +640,7 @@ def test_compose_stack_mlflow_postgres_minio():
     cmd = mlflow["command"]
     backend = cmd[cmd.index("--backend-store-uri") + 1]
     artifacts = cmd[cmd.index("--artifacts-destination") + 1]
-    assert backend.startswith("postgresql://") and "@postgres:5432/" in backend
+    assert backend.startswith("postgresql+psycopg://") and "@postgres:5432/" in backend  # the driver named
     assert artifacts.startswith("s3://")
     assert "--serve-artifacts" in cmd
     assert mlflow["environment"]["MLFLOW_S3_ENDPOINT_URL"] == "http://minio:9000"

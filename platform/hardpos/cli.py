@@ -16,9 +16,10 @@ import traceback
 from typing import Any
 
 from hardpos import preflight, tracking
-from hardpos.config import ConfigError, describe_config, dump_yaml, load_config
+from hardpos.config import ConfigError, describe_config, dump_yaml, load_config, to_dict
 from hardpos.runtime import STAGES, execute, stage_module
 from hardpos.tracking import TrackingUnavailableError
+from hardpos.tracking.redact import redact, redact_text
 
 USAGE = f"""usage: hardpos <stage> [--config FILE.yaml] [dotted.key=value ...] [--verbose] [--print-config] [--help]
 
@@ -142,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             print(help_text(stage, module, cfg, config_file, overrides))
             return 0
     except ConfigError as exc:
-        print(f"hardpos {stage}: config error: {exc}", file=sys.stderr)
+        print(f"hardpos {stage}: config error: {redact_text(str(exc))}", file=sys.stderr)
         return 2
     if print_config:
-        print(dump_yaml(cfg))
+        print(dump_yaml(redact(to_dict(cfg))))
         return 0
     verbose = cfg.log_level == "debug"
     try:
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         # or written: a user's mistake costs seconds and one line, not a traceback.
         preflight.run_checks(stage, cfg)
     except ConfigError as exc:
-        print(f"hardpos {stage}: {exc}", file=sys.stderr)
+        print(f"hardpos {stage}: {redact_text(str(exc))}", file=sys.stderr)
         return 2
     try:
         summary = execute(stage, cfg)
@@ -163,15 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # raised by a stage validating its inputs before work starts
         if verbose:
             traceback.print_exc()
-        print(f"hardpos {stage}: config error: {exc}", file=sys.stderr)
+        print(f"hardpos {stage}: config error: {redact_text(str(exc))}", file=sys.stderr)
         return 2
     except TrackingUnavailableError as exc:  # before any compute: one line, no traceback
-        print(f"hardpos {stage}: {exc}", file=sys.stderr)
+        print(f"hardpos {stage}: {redact_text(str(exc))}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 - the stage failed: one line; --verbose gives the traceback
         if verbose:
             raise
-        first = (str(exc).strip().splitlines() or [""])[0][:500]
+        first = (redact_text(str(exc)).strip().splitlines() or [""])[0][:500]
         print(f"hardpos {stage}: failed: {type(exc).__name__}: {first} (--verbose shows the traceback)",
               file=sys.stderr)
         return 1

@@ -25,6 +25,8 @@ import warnings
 from pathlib import Path
 from typing import IO, Any
 
+from hardpos.tracking.redact import RedactFormatter
+
 LEVELS = ("debug", "info", "warning", "error")
 LOGGER = "hardpos"
 _HANDLER = "hardpos-console"
@@ -75,7 +77,8 @@ def setup(level: str = "info", stream: IO[str] | None = None) -> logging.Logger:
     if handler is None:
         handler = _ConsoleHandler()
         handler.set_name(_HANDLER)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        # No secret on the console: a URI's password or a header's value reads *** there.
+        handler.setFormatter(RedactFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         logger.addHandler(handler)
     handler.stream = stream
     logger.propagate = False

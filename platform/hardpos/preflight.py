@@ -185,10 +185,16 @@ def reachable(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
 
 
 def check_tracking(cfg: TrackingConfig, key: str = "tracking.tracking_uri") -> None:
-    """A required, enabled http(s) tracking server answers (one probe, <= ~2 s)."""
-    if not cfg.enabled or not cfg.required:
+    """A database tracking URI has its driver installed; a required, enabled http(s)
+    tracking server answers (one probe, <= ~2 s)."""
+    if not cfg.enabled:
         return
     uri = tracking.resolve_tracking_uri(cfg.tracking_uri)
+    problem = tracking.missing_database_driver(uri)
+    if problem is not None:
+        fail(key, uri, problem[0], problem[1])
+    if not cfg.required:
+        return
     if not uri.startswith(("http://", "https://")):
         return
     problem = tracking.probe(uri, min(PROBE_TIMEOUT_S, cfg.request_timeout_s))

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from hardpos import logs, storage, tracking
 from hardpos.config import JobConfig, RayConfig, TrackingConfig, dump_yaml, to_dict
+from hardpos.tracking.redact import redact
 
 STAGES = ("world", "perturb", "generate", "train", "evaluate", "sweep", "compare", "register", "demo", "interpolate",
           "audit")
@@ -158,8 +159,11 @@ def execute(
     started = time.time()
     try:
         if run is not None:
-            run.log_params(to_dict(cfg))
-            run.log_text(dump_yaml(cfg), "config.yaml")
+            # What is recorded is redacted (hardpos.tracking.redact): a password in a URI or a
+            # header's value reads ***; the stage itself runs with the real config.
+            recorded = redact(to_dict(cfg))
+            run.log_params(recorded)
+            run.log_text(dump_yaml(recorded), "config.yaml")
         result = fn(cfg, ctx) or {}
         summary = {
             "stage": stage,
@@ -174,6 +178,7 @@ def execute(
             # Bounded wait for the tracking queue; what it could not deliver is reported,
             # not raised: the job's status is the stage's result, not the tracker's health.
             summary["tracking"] = tracking.end_run(run, "FINISHED")
+        summary = redact(summary)
         summary_uri = storage.write_json(ctx.path("summary.json"), summary)
     except BaseException:
         tracking.end_run(run, "FAILED")

@@ -1,6 +1,6 @@
 """A real ``mlflow server`` on 127.0.0.1 that a test or a benchmark crashes and restarts.
 
-SQLite backend and local artifacts under one folder; the server runs in its own process
+SQLite backend (or any backend store URI, e.g. PostgreSQL) and local artifacts under one folder; the server runs in its own process
 group, which :meth:`LocalMlflowServer.kill` SIGKILLs by id (the server forks a uvicorn
 worker). Nothing else on the machine is touched; nothing runs at import time.
 """
@@ -21,7 +21,7 @@ class LocalMlflowServer:
     """``mlflow server`` on 127.0.0.1 (SQLite + local artifacts under ``root``) that can be
     crashed and restarted on the same port and database. Stops only its own process group."""
 
-    def __init__(self, root: str | os.PathLike, port: int | None = None) -> None:
+    def __init__(self, root: str | os.PathLike, port: int | None = None, backend_store_uri: str | None = None) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         if port is None:
@@ -31,12 +31,13 @@ class LocalMlflowServer:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.db = self.root / "server.db"
+        self.backend_store_uri = backend_store_uri  # None: the SQLite file above (e.g. a PostgreSQL URI)
         self.proc: subprocess.Popen | None = None
 
     @property
     def store(self) -> str:
         """The backing database: readable directly while the server is down."""
-        return f"sqlite:///{self.db}"
+        return self.backend_store_uri or f"sqlite:///{self.db}"
 
     def start(self, wait: bool = True, timeout: float = 300) -> None:
         self.proc = subprocess.Popen(

@@ -332,4 +332,5 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def dump_yaml(cfg: Any) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    """A config (dataclass, or its dict) as YAML."""
+    return yaml.safe_dump(cfg if isinstance(cfg, dict) else to_dict(cfg), sort_keys=False)

@@ -62,6 +62,7 @@ from hardpos.stages import generate as gen
 from hardpos.stages import interpolate as wise
 from hardpos.stages import register as reg
 from hardpos.stages import world as world_stage
+from hardpos.tracking.redact import redact_text
 from hardpos.train.config import CheckpointSection, DataConfig, LossConfig, OptimConfig, ScalingSection, TrainConfig
 
 
@@ -621,7 +622,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
     elapsed = time.time() - started
     print("\n" + md)
-    print(instructions(uri, cfg, best, registered, files, elapsed))
+    print(redact_text(instructions(uri, cfg, best, registered, files, elapsed)))
     return {"rows": rows, "champion": best, "champion_model_uri": registered.get("model_uri"),
             "registered": registered.get("champion"), "models": models, "world_dir": world_dir, "world_reused": reused,
             "files": files, "timings_s": p.timings, "tracking_uri": uri, "sweep": sweep_summary,

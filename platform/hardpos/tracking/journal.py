@@ -62,6 +62,7 @@ from typing import Any, Callable
 
 # The module, not its names: tests swap transport.transport_for for a switchable one.
 from hardpos.tracking import transport
+from hardpos.tracking.redact import redact, redact_text
 from hardpos.tracking.transport import MAX_ENTITIES, Rejected, Transient, deliver, log_model_now, next_unit, probe
 
 log = logging.getLogger("hardpos.tracking")
@@ -255,7 +256,7 @@ class DeliveryReport:
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return redact(dataclasses.asdict(self))
 
 
 class RunQueue:
@@ -273,7 +274,9 @@ class RunQueue:
         self.pid = os.getpid()
         self.path = self.spill_dir / f"{run_id}.{self.proc}{LOG_SUFFIX}"
         self._ledger = self.spill_dir / f"{run_id}.{self.proc}{LEDGER_SUFFIX}"
-        header = {"kind": "header", "run_id": run_id, "tracking_uri": tracking_uri, "local": local,
+        # The file names its server without the password (replay takes the real URI from
+        # --tracking-uri or $MLFLOW_TRACKING_URI then).
+        header = {"kind": "header", "run_id": run_id, "tracking_uri": redact_text(tracking_uri), "local": local,
                   "written": time.time(), "process": self.proc}
         self._fh = open(self.path, "a", encoding="utf-8")
         self._lock = threading.Lock()

@@ -30,6 +30,7 @@ from hardpos.tracking import TrackingUnavailableError
 # The module, not its names: tests swap transport.transport_for for a switchable one.
 from hardpos.tracking import transport
 from hardpos.tracking.journal import LOCAL_PREFIX, DeliveryReport, QueueOptions, RunQueue, ledger_step
+from hardpos.tracking.redact import redact, redact_text
 from hardpos.tracking.store import ensure_experiment, resolve_tracking_uri
 from hardpos.tracking.transport import fail_fast_mlflow, probe
 
@@ -87,8 +88,10 @@ class RunLogger:
     def _queue(self):
         return queue_for(self.tracking_uri, self.run_id, self.spill_dir, self.options, local=self.local)
 
+    # Params, tags and JSON/text artifacts are redacted here, for every caller (hardpos.tracking.redact).
     def log_params(self, params: dict[str, Any]) -> None:
-        self._queue().put_many([{"kind": "param", "key": k, "value": v} for k, v in clean_params(params).items()])
+        self._queue().put_many([{"kind": "param", "key": k, "value": v}
+                                for k, v in clean_params(redact(params)).items()])
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         # The timestamp is fixed here, when the value is known: a resend after an
@@ -109,7 +112,7 @@ class RunLogger:
                                 local=self.local)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        self._queue().put_many([{"kind": "tag", "key": k, "value": str(v)} for k, v in tags.items()])
+        self._queue().put_many([{"kind": "tag", "key": k, "value": str(v)} for k, v in redact(tags).items()])
 
     def log_artifact(self, local_path: str | os.PathLike, artifact_path: str | None = None) -> None:
         """Queue a file or folder (copied now, uploaded by the sender)."""
@@ -118,13 +121,13 @@ class RunLogger:
     def log_json(self, obj: Any, name: str) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / name
-            path.write_text(json.dumps(obj, indent=2, default=str))
+            path.write_text(json.dumps(redact(obj), indent=2, default=str))
             self.log_artifact(path)
 
     def log_text(self, text: str, name: str) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / name
-            path.write_text(text)
+            path.write_text(redact_text(text))
             self.log_artifact(path)
 
     def defer_model(self, checkpoint_dir: str | os.PathLike) -> None:
@@ -188,15 +191,15 @@ def start_run(
             return RunLogger(uri, run.info.run_id, spill_dir, options=options)
         except Exception as exc:  # noqa: BLE001 - a store that fails here is as unavailable as a dead one
             if cfg.required:
-                raise TrackingUnavailableError(
+                raise TrackingUnavailableError(redact_text(
                     f"cannot start an MLflow run in {uri} ({type(exc).__name__}: {str(exc)[:300]}); nothing was run. "
-                    "Fix the tracking store or set tracking.required=false to record the run locally") from exc
+                    "Fix the tracking store or set tracking.required=false to record the run locally")) from exc
             problem = f"{type(exc).__name__}: {str(exc)[:200]}"
     if cfg.required:
-        raise TrackingUnavailableError(
+        raise TrackingUnavailableError(redact_text(
             f"the MLflow tracking server {uri} is unreachable ({problem}); nothing was run. Start it, point "
             "tracking.tracking_uri at one that is up, or set tracking.required=false to record this run locally "
-            "and send it later with `hardpos track replay <output_dir>/tracking`")
+            "and send it later with `hardpos track replay <output_dir>/tracking`"))
     logger = RunLogger(uri, f"{LOCAL_PREFIX}{uuid.uuid4().hex}", spill_dir, local=True, options=options)
     log.warning("tracking: %s unreachable (%s); recording run %r locally in %s (tracking.required=false)", uri,
                 problem[:200], run_name, logger._queue().spill_dir)

@@ -24,6 +24,7 @@ from hardpos.tracking import transport
 from hardpos.tracking.journal import (LEDGER_SUFFIX, LOCAL_PREFIX, UNDELIVERED_SUFFIX, drop_journal, load_cursor,
                                       read_header, read_unit, records_after, save_cursor, send_unit,
                                       undelivered_files)
+from hardpos.tracking.redact import is_redacted, redact_text
 from hardpos.tracking.store import ensure_experiment
 from hardpos.tracking.transport import Transient, fail_fast_mlflow, log_model_now
 
@@ -69,7 +70,12 @@ def replay(path: str | os.PathLike, tracking_uri: str | None = None, timeout_s: 
     mapping = _known_local_runs(files)
     for f, header, rows in parsed:
         report.files += 1
-        uri = tracking_uri or header["tracking_uri"]
+        uri = tracking_uri or _usable_uri(header["tracking_uri"])
+        if uri is None:
+            report.errors.append(f"{f}: its tracking URI {header['tracking_uri']} was recorded without its password; "
+                                 "give the real one with --tracking-uri or $MLFLOW_TRACKING_URI")
+            report.left += len(rows)
+            continue
         run_id = header["run_id"]
         try:
             if run_id.startswith(LOCAL_PREFIX):
@@ -92,6 +98,15 @@ def replay(path: str | os.PathLike, tracking_uri: str | None = None, timeout_s: 
                 for ledger in f.parent.glob(f"{run}.*{LEDGER_SUFFIX}"):
                     ledger.unlink(missing_ok=True)
     return report
+
+
+def _usable_uri(recorded: str) -> str | None:
+    """The URI a file names, or (its password was redacted) ``$MLFLOW_TRACKING_URI`` when that
+    is the same server; None when there is no usable one."""
+    if not is_redacted(recorded):
+        return recorded
+    env = os.environ.get("MLFLOW_TRACKING_URI", "")
+    return env if env and redact_text(env) == recorded else None
 
 
 def _known_local_runs(files: list[Path]) -> dict[str, str]:
@@ -118,7 +133,7 @@ def _create_local_run(uri: str, local_id: str, rows: list[dict], mapping: dict[s
                                        run_name=create.get("run_name"))
     run_id = run.info.run_id
     mapping[local_id] = run_id
-    (folder / f"{local_id}.run.json").write_text(json.dumps({"run_id": run_id, "tracking_uri": uri}))
+    (folder / f"{local_id}.run.json").write_text(json.dumps({"run_id": run_id, "tracking_uri": redact_text(uri)}))
     return run_id
 
 

@@ -43,11 +43,52 @@ def _absolute_sqlite(uri: str) -> str:
     return f"sqlite:///{(Path.cwd() / path).resolve()}{sep}{query}"
 
 
+#: URI schemes MLflow opens as a SQL database itself (SQLAlchemy), with or without a ``+driver``.
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+
+
+def is_database_uri(uri: str) -> bool:
+    """True for a tracking URI that MLflow opens as a database (not a server, not a folder)."""
+    return uri.split("://", 1)[0].split("+", 1)[0].lower() in DATABASE_SCHEMES if "://" in uri else False
+
+
+def missing_database_driver(uri: str) -> tuple[str, str] | None:
+    """(problem, fix) when ``uri`` is a database URI whose driver -- the one SQLAlchemy picks
+    for its scheme, e.g. psycopg 3 for ``postgresql://`` with SQLAlchemy 2.1 -- is not
+    installed; None otherwise (also for servers and local stores)."""
+    if not is_database_uri(uri) or uri.startswith("sqlite:"):
+        return None
+    # lazy: only a database URI needs SQLAlchemy's dialect registry
+    from sqlalchemy.engine import make_url
+
+    try:
+        dialect = make_url(uri).get_dialect()
+    except Exception as exc:  # noqa: BLE001 - an unknown dialect or a malformed URI
+        return f"not a database URI SQLAlchemy can open ({type(exc).__name__}: {str(exc)[:200]})", \
+            "use postgresql://user:password@host:5432/db (or an http(s):// MLflow server)"
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        extra = " (pip install 'hardpos[postgres]')" if dialect.name == "postgresql" else ""
+        return (f"its database driver is not installed ({exc}; SQLAlchemy uses {dialect.driver} for "
+                f"{uri.split('://', 1)[0]}://)", f"install it{extra}, or point tracking at an MLflow server")
+    return None
+
+
 def _local_artifact_root(tracking_uri: str) -> str | None:
-    """For a local sqlite store: an absolute artifact directory beside the database."""
+    """For a database store opened directly: an absolute artifact root.
+
+    SQLite: ``mlartifacts`` beside the database. Any other database (PostgreSQL, MySQL):
+    ``<cwd>/mlartifacts`` made absolute here, where MLflow would otherwise record the relative
+    ``./mlartifacts``, which every later process (a Ray worker, a Serve replica, ``mlflow ui``)
+    resolves against its own working directory. (Several hosts sharing one database need a
+    shared artifact store: run an ``mlflow server`` with ``--artifacts-destination s3://...``.)
+    """
     if tracking_uri.startswith("sqlite:///"):
         db = Path(tracking_uri[len("sqlite:///"):])
         return (db.parent / "mlartifacts").resolve().as_uri()
+    if is_database_uri(tracking_uri):
+        return (Path.cwd() / "mlartifacts").resolve().as_uri()
     return None
 
 

@@ -1,0 +1,82 @@
+"""The one-machine cluster (infra/cluster/cluster.sh, ``make cluster-*``, benchmarks.cluster):
+what can be checked without bringing it up (a fast test), and the real up/down (``slow``: it
+needs root, iproute2 and PostgreSQL's binaries, and takes minutes on 2 cores)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from benchmarks.cluster import LocalPathError, refuse_local_paths
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "infra" / "cluster" / "cluster.sh"
+
+
+def test_a_local_path_is_refused_in_one_line_naming_it(tmp_path):
+    with pytest.raises(LocalPathError) as err:
+        refuse_local_paths(["n_pretrain=40", f"output_dir={tmp_path}/out"])
+    assert str(err.value).startswith(f"cluster: output_dir={tmp_path}/out is a local path") and "\n" not in str(err.value)
+    with pytest.raises(LocalPathError, match="data.train_path=./triplets.parquet"):
+        refuse_local_paths(["data.train_path=./triplets.parquet"])
+    # what every host can read passes
+    refuse_local_paths(["output_dir=s3://hardpos/x", "model.pretrained=runs:/abc/model", "model.pretrained=base:hardpos-base",
+                        "input=s3://b/world/finetune.parquet", "resume_from=null", "engine.kind=rules"])
+
+
+def test_script_and_make_targets():
+    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+    assert os.access(SCRIPT, os.X_OK)
+    make = (REPO / "Makefile").read_text()
+    for target in ("cluster-up", "cluster-test", "cluster-down"):
+        assert re.search(rf"^{target}:", make, re.M), target
+    text = SCRIPT.read_text()
+    # private addresses of its own, and never a machine-wide stop
+    assert re.search(r'NET="\$\{HARDPOS_CLUSTER_SUBNET:-10\.\d+\.\d+\}"', text)
+    assert "ray stop" not in text.replace("ray stop[", "") and "pkill" not in text and "killall" not in text
+    assert "infra/cluster/cluster.sh" in (REPO / "infra" / "README.md").read_text()
+
+
+def _can_run_cluster() -> str:
+    if os.geteuid() != 0:
+        return "needs root (network and mount namespaces)"
+    for tool in ("ip", "nsenter", "unshare", "runuser"):
+        if shutil.which(tool) is None:
+            return f"{tool} not found"
+    from tests.support.postgres import binaries
+
+    return binaries()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_up_then_down_leaves_nothing(tmp_path):
+    why = _can_run_cluster()
+    if why:
+        pytest.skip(why)
+    import sys
+
+    env = {**os.environ, "HARDPOS_CLUSTER_PYTHON": sys.executable, "HARDPOS_CLUSTER_NAME": "hpt",
+           "HARDPOS_CLUSTER_SUBNET": "10.213.78"}
+    try:
+        up = subprocess.run([str(SCRIPT), "up"], env=env, capture_output=True, text=True, timeout=900)
+        assert up.returncode == 0, up.stderr[-3000:]
+        status = subprocess.run([str(SCRIPT), "status"], env=env, capture_output=True, text=True, timeout=60)
+        assert status.stderr.count("process(es)") == 3, status.stderr
+        # the hosts are separate machines: their own /tmp, the services on the head's address
+        probe = subprocess.run([str(SCRIPT), "exec", "w1", "sh", "-c", "touch /tmp/only-on-w1 && ls /tmp"],
+                               env=env, capture_output=True, text=True, timeout=60)
+        assert "only-on-w1" in probe.stdout and not Path("/tmp/only-on-w1").exists()
+        other = subprocess.run([str(SCRIPT), "exec", "w2", "ls", "/tmp"], env=env, capture_output=True, text=True,
+                               timeout=60)
+        assert "only-on-w1" not in other.stdout
+        import requests
+
+        assert requests.get("http://10.213.78.10:5000/health", timeout=30).ok
+    finally:
+        down = subprocess.run([str(SCRIPT), "down"], env=env, capture_output=True, text=True, timeout=300)
+    assert down.returncode == 0 and "nothing left" in down.stderr, down.stderr[-2000:]
