@@ -144,8 +144,28 @@ def test_parse_payloads():
     assert items[0] == (png_bytes(0), ["a"]) and soft is False
     assert isinstance(items[1], E.ServingError) and items[1].message.startswith("items[1].captions is missing")
     score = {"image_b64": img, "captions": ["a"]}
-    assert _status(R.parse_score_payload, {**score, "softmax": "perhaps"}, LIM)[1] == "softmax must be a boolean, got 'perhaps'"
-    assert [R.parse_score_payload({**score, "softmax": v}, LIM)[2] for v in ("true", "0", None)] == [True, False, False]
+    assert _status(R.parse_score_payload, {**score, "softmax": "perhaps"}, LIM)[1] == (
+        "softmax must be a boolean (true or false), got 'perhaps'")
+    assert [R.parse_score_payload({**score, "softmax": v}, LIM)[2] for v in (True, False)] == [True, False]
+    # JSON says what the schema says: a boolean, nothing else (null and 0/1 and "true" were accepted before)
+    for value, shown in ((None, "null"), ("true", "'true'"), (0, "0"), (1, "1")):
+        for parse, body in ((R.parse_score_payload, score),
+                            (R.parse_batch_payload, {"items": [score]})):
+            assert _status(parse, {**body, "softmax": value}, LIM) == (
+                400, f"softmax must be a boolean (true or false), got {shown}")
+    # a multipart form's fields are text: there "true"/"0"/"" still mean true/false/false
+    form = {"captions": ["a"]}
+    assert [R.parse_score_payload({**form, "softmax": v}, LIM, image=b"raw")[2] for v in ("true", "0", "")] == [
+        True, False, False]
+
+
+def test_query_flag_is_true_or_false_only():
+    assert R.parse_flag_query([], "force") is False
+    assert R.parse_flag_query(["true"], "force") is True and R.parse_flag_query(["false"], "force") is False
+    for values, message in ((["null"], "must be true or false, got 'null'"), ([""], "got ''"), (["1"], "got '1'"),
+                            (["true", "false"], "given 2 times")):
+        status, got = _status(R.parse_flag_query, values, "force")
+        assert status == 400 and got.startswith("query parameter force") and message in got
 
 
 @pytest.mark.parametrize("payload,message", [
@@ -160,7 +180,7 @@ def test_parse_payloads():
      "request: unknown field(s) 'zeta', 'caption'; allowed: captions, image_b64, softmax"),
     ({"captions": ["a", 7], "softmax": [1]},  # every mistake at once, each naming its field
      "image_b64 is missing: expected the image bytes (PNG/JPEG/WEBP/GIF/BMP/TIFF) as base64, or a data: URL"
-     " | captions[1] must be a string, got int | softmax must be a boolean, got [1]"),
+     " | captions[1] must be a string, got int | softmax must be a boolean (true or false), got [1]"),
     ({"image_b64": IMG, "captions": [f"{i}" for i in range(99)]},  # the limit is checked before the entries
      "too many captions: 99 in captions; the limit is 4"),
 ])
@@ -179,10 +199,10 @@ def test_compare_and_batch_payload_errors():
     assert _status(R.parse_batch_payload, {"items": []}, lim)[1] == "items is empty: give 1..4 items"
     assert _status(R.parse_batch_payload, {}, lim)[1] == "items is missing: expected 1..4 {image_b64, captions} objects"
     assert _status(R.parse_batch_payload, {"items": [{"image_b64": IMG, "captions": ["a"]}], "softmax": "x"},
-                   lim)[1] == "softmax must be a boolean, got 'x'"  # the envelope fails the whole request
+                   lim)[1] == "softmax must be a boolean (true or false), got 'x'"  # the envelope fails the whole request
     items, soft = R.parse_batch_payload({"items": [
         {"image_b64": IMG, "captions": ["a"]}, [1], {"image_b64": IMG, "captions": ["a", ""], "q": 1},
-        {"image_b64": "!!", "captions": ["a"]}], "softmax": "yes"}, lim)
+        {"image_b64": "!!", "captions": ["a"]}], "softmax": True}, lim)
     assert soft is True and items[0] == (png_bytes(0), ["a"])
     assert [(e.status, e.message) for e in items[1:]] == [
         (400, "items[1] must be a JSON object, got list"),

@@ -160,6 +160,20 @@ def check_token_lengths(tokenizer: Any, captions: Sequence[str], context_length:
 # --------------------------------------------------------------------------- request payloads
 
 
+def parse_flag_query(values: Sequence[str], name: str) -> bool:
+    """A boolean query parameter given as ``values`` (every occurrence): absent -> False,
+    ``true`` / ``false`` once -> that; anything else (``1``, ``null``, empty, repeated) is a
+    400 naming it, as the OpenAPI document's ``type: boolean`` says."""
+    if not values:
+        return False
+    if len(values) > 1:
+        raise bad_request(f"query parameter {name} is given {len(values)} times; give it once")
+    if values[0] not in ("true", "false"):
+        shown = values[0] if len(values[0]) <= 40 else values[0][:40] + "..."
+        raise bad_request(f"query parameter {name} must be true or false, got {shown!r}")
+    return values[0] == "true"
+
+
 def parse_json_body(body: bytes) -> Any:
     """Request bytes -> JSON value; 400 naming the position of a syntax error."""
     if not body.strip():
