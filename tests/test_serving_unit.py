@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import threading
 import time
 from pathlib import Path
@@ -153,10 +154,13 @@ def test_parse_payloads():
                             (R.parse_batch_payload, {"items": [score]})):
             assert _status(parse, {**body, "softmax": value}, LIM) == (
                 400, f"softmax must be a boolean (true or false), got {shown}")
-    # a multipart form's fields are text: there "true"/"0"/"" still mean true/false/false
+    # a multipart form's fields are text: there the text true / false (an empty field: false)
     form = {"captions": ["a"]}
-    assert [R.parse_score_payload({**form, "softmax": v}, LIM, image=b"raw")[2] for v in ("true", "0", "")] == [
+    assert [R.parse_score_payload({**form, "softmax": v}, LIM, image=b"raw")[2] for v in ("true", "false", "")] == [
         True, False, False]
+    for value in ("1", "yes", "True"):
+        assert _status(R.parse_score_payload, {**form, "softmax": value}, LIM, image=b"raw") == (
+            400, f"softmax must be true or false, got {value!r}")
 
 
 def test_query_flag_is_true_or_false_only():
@@ -212,7 +216,7 @@ def test_compare_and_batch_payload_errors():
 
 def test_multipart_fields_are_validated_by_the_form_models():
     """A multipart upload's text fields go through ScoreForm / CompareForm (the image is the file)."""
-    assert R.parse_score_payload({"captions": ["a", "b"], "softmax": "1"}, LIM, image=b"raw") == (b"raw", ["a", "b"], True)
+    assert R.parse_score_payload({"captions": ["a", "b"], "softmax": "true"}, LIM, image=b"raw") == (b"raw", ["a", "b"], True)
     assert _status(R.parse_score_payload, {"captions": ["a"], "image_b64": "x"}, LIM, image=b"raw")[1] == (
         "multipart form: unknown field(s) 'image_b64'; allowed: captions, softmax")
     assert R.parse_compare_payload({"caption": "c", "hard_negative": "n"}, LIM, image=b"raw") == (b"raw", ["c", "n"])
@@ -475,3 +479,26 @@ def test_the_app_is_importable_from_the_package_and_the_entry_module():
     from serve.app import build_app as entry
 
     assert entry is build_app and callable(build_app)
+
+
+def test_openapi_document_states_the_configured_limits_and_auth():
+    from hardpos.serve.app import api
+    from hardpos.serve.schemas import LIMIT_MARKER, openapi_document
+
+    base = api.openapi()
+    lim = C.ServingLimits(max_captions=3, max_caption_chars=9, max_batch_items=2)
+    doc = openapi_document(base, lim, auth=False)
+    assert LIMIT_MARKER not in json.dumps(doc) and LIMIT_MARKER in json.dumps(base)  # base untouched
+    score = doc["paths"]["/v1/score"]["post"]
+    for media in ("application/json", "multipart/form-data"):
+        captions = score["requestBody"]["content"][media]["schema"]["properties"]["captions"]
+        assert captions["maxItems"] == 3 and captions["items"]["maxLength"] == 9
+        assert captions["items"]["minLength"] == 1 and captions["items"]["pattern"] == r"\S"
+    batch = doc["paths"]["/v1/score/batch"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert batch["properties"]["items"]["maxItems"] == 2
+    assert "401" not in score["responses"] and "security" not in score  # auth off: no 401 can happen
+    assert "securitySchemes" not in doc.get("components", {})
+    secured = openapi_document(base, lim, auth=True)
+    assert secured["paths"]["/v1/score"]["post"]["security"] == [{"bearer": []}]
+    assert "security" not in secured["paths"]["/healthz"]["get"]  # probes stay open
+    assert "422" not in json.dumps(list(secured["paths"]["/v1/reload"]["post"]["responses"]))

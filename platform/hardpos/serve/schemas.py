@@ -68,11 +68,11 @@ def _count(limit_name: str, what: str) -> BeforeValidator:
     return BeforeValidator(check)
 
 
-def _form_flag(value: Any) -> Any:
-    """An empty form field means the default (false); form text is trimmed."""
-    if isinstance(value, str):
-        value = value.strip()
-    return False if value == "" else value
+def _form_flag(value: Any) -> bool:
+    """A form field's flag: the text ``true`` or ``false`` (an empty field: the default, false)."""
+    if value in ("true", "false", ""):
+        return value == "true"
+    raise PydanticCustomError("form_flag", "{path} must be true or false, got {got}", {"got": _repr.repr(value)})
 
 
 # Where a limit of the app config belongs in the JSON schema: ``openapi_document`` replaces
@@ -94,7 +94,7 @@ Captions = Annotated[list[Caption], Field(min_length=1, json_schema_extra=_limit
                      _count("max_captions", "captions")]
 # A JSON body's flag: true or false, nothing else (null, 0/1 and "true" are 400s, as the schema says).
 Flag = Annotated[bool, Field(strict=True)]
-# A multipart form's flag: form fields are text, so "true"/"false", "1"/"0", "yes"/"no" (an empty field: false).
+# A multipart form's flag: form fields are text, so the text true or false (an empty field: false).
 FormFlag = Annotated[bool, BeforeValidator(_form_flag)]
 ImageB64 = Annotated[str, Field(
     description="the image bytes (PNG/JPEG/WEBP/GIF/BMP/TIFF) as base64, or a data: URL",
@@ -154,6 +154,14 @@ class RejectedItem:
     errors: list[dict[str, Any]]
 
 
+def _any_item(schema: dict[str, Any]) -> None:
+    """An item's schema: a BatchItem, or anything else, which is rejected alone (the request
+    still answers 200, with that item's 400 in its result), as the validation does."""
+    item = dict(schema)
+    schema.clear()
+    schema["anyOf"] = [item, {"description": "anything else: this item alone is rejected (its result has a 400)"}]
+
+
 def _item_or_rejected(value: Any, handler: Any) -> Any:
     try:
         return handler(value)
@@ -166,7 +174,7 @@ class BatchRequest(_Body):
 
     # An item that fails validation stays in its slot as a RejectedItem (a per-item 400):
     # one bad item neither fails nor silently drops the others.
-    items: Annotated[list[Annotated[BatchItem, WrapValidator(_item_or_rejected)]],
+    items: Annotated[list[Annotated[BatchItem, WrapValidator(_item_or_rejected), Field(json_schema_extra=_any_item)]],
                      Field(min_length=1, json_schema_extra=_limit("max_batch_items")),
                      _count("max_batch_items", "items")] = Field(
         description="1..max_batch_items {image_b64, captions} objects")
@@ -349,12 +357,23 @@ def json_or_multipart(model: type[BaseModel], form: type[BaseModel], file_field:
     """openapi_extra for a route that takes ``model`` as JSON, or a multipart upload: the
     image as the file field ``image`` and ``form``'s fields as form fields."""
     form_schema = inline_schema(form)
+    required = form_schema.get("required", [])
+    properties = {name: prop if name in required else _or_empty(prop)
+                  for name, prop in form_schema.get("properties", {}).items()}
     return {"requestBody": {"required": True, "content": {
         "application/json": {"schema": inline_schema(model)},
         "multipart/form-data": {"schema": {
-            "type": "object", "required": [file_field, *form_schema.get("required", [])],
-            "properties": {file_field: {"type": "string", "format": "binary"}, **form_schema.get("properties", {})}}},
+            "type": "object", "required": [file_field, *required], "additionalProperties": False,
+            "properties": {file_field: {"type": "string", "format": "binary"}, **properties}}},
     }}}
+
+
+def _or_empty(prop: dict[str, Any]) -> dict[str, Any]:
+    """An optional form field's schema: its own, or an empty field (which counts as not sent)."""
+    empty = {"type": "string", "maxLength": 0, "description": "an empty field: not sent"}
+    branches = [b for b in prop.get("anyOf", [prop]) if b.get("type") != "null"]  # a form has no null
+    rest = {k: v for k, v in prop.items() if k not in ("anyOf", "type") and k not in branches[0]}
+    return {**rest, "anyOf": [*branches, empty]}
 
 
 # --------------------------------------------------------------------------- the OpenAPI document
