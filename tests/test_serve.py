@@ -252,10 +252,13 @@ def test_the_contract_failures_schemathesis_found_are_fixed(app):
             resp = _post(app, path, {**body, "softmax": value})
             assert resp.status_code == 400, (path, value, resp.text)
             assert resp.json() == {"detail": f"softmax must be a boolean (true or false), got {shown}"}
-    # multipart: a JSON object where the captions list belongs is refused, not taken as a caption
+    # multipart: captions sent once is a JSON list (the document's encoding); anything else is a 400
     form = requests.post(app["url"] + "/v1/score", headers=_headers(), timeout=60,
                          files={"image": ("x.png", png_bytes(3), "image/png")}, data={"captions": "{}"})
     assert form.status_code == 400 and form.json()["detail"].startswith("captions must be a list"), form.text
+    one = requests.post(app["url"] + "/v1/score", headers=_headers(), timeout=60,
+                        files={"image": ("x.png", png_bytes(3), "image/png")}, data={"captions": "a dog"})
+    assert one.status_code == 400 and "captions sent once must be a JSON list" in one.json()["detail"], one.text
     for query, status in (("force=null", 400), ("force=1", 400), ("force=true&force=false", 400), ("force=false", 200)):
         resp = requests.post(app["url"] + "/v1/reload?" + query, headers=_headers(), timeout=60)
         assert resp.status_code == status, (query, resp.text)

@@ -278,8 +278,8 @@ async def read_multipart(request: Any, limits: ServingLimits, form_model: type[B
 
     The image: 413 over ``max_image_bytes``, 400 when missing or empty. The other fields are
     text, returned for ``form_model`` to validate (unknown ones included, so it names them):
-    a list field (``captions``) may be repeated or sent once as a JSON list (a JSON object
-    there is refused as not a list), an empty field counts as not sent. 415 when the server cannot parse multipart at all (python-multipart
+    a list field (``captions``) is either sent once, as a JSON list (anything else there is a
+    400), or repeated, one entry per field; an empty field counts as not sent. 415 when the server cannot parse multipart at all (python-multipart
     missing).
     """
     _check_declared_length(request, limits.max_body_bytes)
@@ -304,17 +304,13 @@ async def read_multipart(request: Any, limits: ServingLimits, form_model: type[B
             if any(not isinstance(v, str) for v in values):
                 raise bad_request(f"multipart: {name} must be text fields, not files")
             if name in lists:
-                if len(values) == 1 and values[0].lstrip().startswith("["):
+                if len(values) == 1:  # one field: a JSON list (the document's encoding says so)
                     try:
                         values = json.loads(values[0])
                     except (ValueError, RecursionError) as exc:
-                        raise bad_request(f"multipart: {name} is not a valid JSON list: {getattr(exc, 'msg', exc)}") from None
-                elif len(values) == 1 and values[0].lstrip().startswith("{"):
-                    try:  # a JSON object where a list belongs: the form model names the mistake
-                        values = json.loads(values[0])
-                    except (ValueError, RecursionError):
-                        pass  # not JSON: a caption that starts with "{"
-                fields[name] = values
+                        raise bad_request(f"multipart: {name} sent once must be a JSON list, e.g. [\"a cat\"] "
+                                          f"({getattr(exc, 'msg', exc)}); or repeat the field, one entry each") from None
+                fields[name] = values  # a JSON value that is not a list: the form model names the mistake
             elif values != [""]:
                 fields[name] = values[0] if len(values) == 1 else values
         return raw, fields

@@ -364,7 +364,9 @@ def json_or_multipart(model: type[BaseModel], form: type[BaseModel], file_field:
         "application/json": {"schema": inline_schema(model)},
         "multipart/form-data": {"schema": {
             "type": "object", "required": [file_field, *required], "additionalProperties": False,
-            "properties": {file_field: {"type": "string", "format": "binary"}, **properties}}},
+            "properties": {file_field: {"type": "string", "format": "binary"}, **properties}},
+            # a list field sent once is a JSON list (or the field is repeated, one entry each)
+            "encoding": {name: {"contentType": "application/json"} for name in sorted(list_fields(form))}},
     }}}
 
 
