@@ -278,8 +278,9 @@ async def read_multipart(request: Any, limits: ServingLimits, form_model: type[B
 
     The image: 413 over ``max_image_bytes``, 400 when missing or empty. The other fields are
     text, returned for ``form_model`` to validate (unknown ones included, so it names them):
-    a list field (``captions``) is either sent once, as a JSON list (anything else there is a
-    400), or repeated, one entry per field; an empty field counts as not sent. 415 when the server cannot parse multipart at all (python-multipart
+    a list field (``captions``) is repeated, one entry per field (a single field: one entry),
+    or sent once as a JSON list (a field starting with ``[`` or ``{`` is read as JSON); an
+    empty field counts as not sent. 415 when the server cannot parse multipart at all (python-multipart
     missing).
     """
     _check_declared_length(request, limits.max_body_bytes)
@@ -304,13 +305,12 @@ async def read_multipart(request: Any, limits: ServingLimits, form_model: type[B
             if any(not isinstance(v, str) for v in values):
                 raise bad_request(f"multipart: {name} must be text fields, not files")
             if name in lists:
-                if len(values) == 1:  # one field: a JSON list (the document's encoding says so)
-                    try:
+                if len(values) == 1 and values[0].lstrip().startswith(("[", "{")):
+                    try:  # one field holding JSON: a list (a JSON object there: the form model names the mistake)
                         values = json.loads(values[0])
                     except (ValueError, RecursionError) as exc:
-                        raise bad_request(f"multipart: {name} sent once must be a JSON list, e.g. [\"a cat\"] "
-                                          f"({getattr(exc, 'msg', exc)}); or repeat the field, one entry each") from None
-                fields[name] = values  # a JSON value that is not a list: the form model names the mistake
+                        raise bad_request(f"multipart: {name} is not valid JSON: {getattr(exc, 'msg', exc)}") from None
+                fields[name] = values  # else: repeated fields, one entry each (one field: one entry)
             elif values != [""]:
                 fields[name] = values[0] if len(values) == 1 else values
         return raw, fields

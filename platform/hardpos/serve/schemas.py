@@ -358,16 +358,21 @@ def json_or_multipart(model: type[BaseModel], form: type[BaseModel], file_field:
     image as the file field ``image`` and ``form``'s fields as form fields."""
     form_schema = inline_schema(form)
     required = form_schema.get("required", [])
-    properties = {name: prop if name in required else _or_empty(prop)
+    lists = list_fields(form)
+    properties = {name: _or_one(prop) if name in lists else prop if name in required else _or_empty(prop)
                   for name, prop in form_schema.get("properties", {}).items()}
     return {"requestBody": {"required": True, "content": {
         "application/json": {"schema": inline_schema(model)},
         "multipart/form-data": {"schema": {
             "type": "object", "required": [file_field, *required], "additionalProperties": False,
-            "properties": {file_field: {"type": "string", "format": "binary"}, **properties}},
-            # a list field sent once is a JSON list (or the field is repeated, one entry each)
-            "encoding": {name: {"contentType": "application/json"} for name in sorted(list_fields(form))}},
+            "properties": {file_field: {"type": "string", "format": "binary"}, **properties}}},
     }}}
+
+
+def _or_one(prop: dict[str, Any]) -> dict[str, Any]:
+    """A list form field's schema: the list (repeated fields), or one field holding one entry."""
+    listed = {k: v for k, v in prop.items() if k not in ("title", "description")}
+    return {"anyOf": [listed, prop["items"]], **{k: prop[k] for k in ("title", "description") if k in prop}}
 
 
 def _or_empty(prop: dict[str, Any]) -> dict[str, Any]:
