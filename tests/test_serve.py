@@ -229,7 +229,7 @@ def test_bad_compare_and_batch_envelopes(app):
     assert resp.status_code == 400 and resp.json()["detail"] == (
         "multipart form: unknown field(s) 'hard_postive'; allowed: caption, hard_negative, hard_positive")
     resp = _post(app, "/v1/reload?force=perhaps")
-    assert resp.status_code == 400 and resp.json()["detail"] == "force must be a boolean, got 'perhaps'"
+    assert resp.status_code == 400 and resp.json()["detail"] == "query parameter force must be true or false, got 'perhaps'"
 
 
 def test_the_contract_failures_schemathesis_found_are_fixed(app):

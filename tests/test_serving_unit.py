@@ -490,10 +490,12 @@ def test_openapi_document_states_the_configured_limits_and_auth():
     doc = openapi_document(base, lim, auth=False)
     assert LIMIT_MARKER not in json.dumps(doc) and LIMIT_MARKER in json.dumps(base)  # base untouched
     score = doc["paths"]["/v1/score"]["post"]
-    for media in ("application/json", "multipart/form-data"):
-        captions = score["requestBody"]["content"][media]["schema"]["properties"]["captions"]
+    content = score["requestBody"]["content"]
+    form = content["multipart/form-data"]["schema"]["properties"]["captions"]["anyOf"]  # repeated fields, or one
+    for captions in (content["application/json"]["schema"]["properties"]["captions"], form[0]):
         assert captions["maxItems"] == 3 and captions["items"]["maxLength"] == 9
         assert captions["items"]["minLength"] == 1 and captions["items"]["pattern"] == r"\S"
+    assert form[1] == form[0]["items"]  # one field: one caption
     batch = doc["paths"]["/v1/score/batch"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert batch["properties"]["items"]["maxItems"] == 2
     assert "401" not in score["responses"] and "security" not in score  # auth off: no 401 can happen

@@ -42,7 +42,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from hardpos import tracking
-from hardpos.serve.config import BatchingConfig, DeploymentOptions, load_app_config
+from hardpos.serve.config import BatchingConfig, DeploymentOptions, ServingLimits, load_app_config
 from hardpos.serve.deployment import ScoringModel
 from hardpos.serve.docs import add_offline_docs
 from hardpos.serve.errors import ServingError, check_bearer, token_digest
@@ -98,6 +98,18 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     return JSONResponse({"detail": validation_message(errors)}, status_code=400)
 
 
+# What /openapi.json states: the replica's ScoringAPI sets its configured limits and auth here
+# (one ScoringAPI per replica process); the defaults serve the bare `api` (e.g. /docs, no Serve).
+_DOCUMENT: dict[str, Any] = {"limits": ServingLimits(), "auth": False}
+
+
+@api.get("/openapi.json", include_in_schema=False)
+async def _openapi_json() -> JSONResponse:
+    """The contract of this app as configured: its limits as maxItems/maxLength, bearer auth
+    as a security scheme when it is on (what schemathesis fuzzes in the tests)."""
+    return JSONResponse(openapi_document(api.openapi(), _DOCUMENT["limits"], auth=_DOCUMENT["auth"]))
+
+
 async def _await(response: Any) -> Any:
     return await response
 
@@ -120,6 +132,7 @@ class ScoringAPI:
         token = os.environ.get(self.cfg.auth_token_env) if self.cfg.auth_token_env else None
         # (Serve freezes a copy of `api` at decoration time, so auth state lives here.)
         self.auth_digest = token_digest(token) if token else auth_digest
+        _DOCUMENT.update(limits=self.limits, auth=bool(self.auth_digest))
         self.times = StageTimes()
 
     def _auth(self, request: Request) -> None:
@@ -203,12 +216,6 @@ class ScoringAPI:
     def _raise_item_error(result: dict[str, Any]) -> None:
         if "error" in result:
             raise ServingError(result["error"]["status"], result["error"]["detail"])
-
-    @api.get("/openapi.json", include_in_schema=False)
-    async def openapi_json(self) -> JSONResponse:
-        """The contract of this app as configured: its limits as maxItems/maxLength, bearer
-        auth as a security scheme when it is on (what schemathesis fuzzes in the tests)."""
-        return JSONResponse(openapi_document(api.openapi(), self.limits, auth=bool(self.auth_digest)))
 
     @api.post("/v1/score", response_model=ScoreResponse, responses=BODY_ERRORS,
               openapi_extra=json_or_multipart(ScoreRequest, ScoreForm), summary="Score one image against 1..N captions")
