@@ -42,15 +42,15 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from hardpos import tracking
-from hardpos.serve.config import BatchingConfig, DeploymentOptions, ServingLimits, load_app_config
+from hardpos.serve.config import BatchingConfig, DeploymentOptions, load_app_config
 from hardpos.serve.deployment import ScoringModel
 from hardpos.serve.docs import add_offline_docs
 from hardpos.serve.errors import ServingError, check_bearer, token_digest
 from hardpos.serve.requests import (check_image_header, is_multipart, parse_batch_payload, parse_compare_payload,
                                     parse_flag_query, parse_json_body, parse_score_payload, read_body, read_multipart)
 from hardpos.serve.schemas import (BatchRequest, BatchResponse, CompareForm, CompareRequest, CompareResponse,
-                                   HealthResponse, ScoreForm, ScoreRequest, ScoreResponse, error_responses, json_body,
-                                   json_or_multipart, openapi_document, validation_message)
+                                   HealthResponse, ScoreForm, ScoreRequest, ScoreResponse, contract_document,
+                                   error_responses, json_body, json_or_multipart, set_contract, validation_message)
 from hardpos.eval.metrics import verdicts
 from hardpos.serve.scoring import StageTimes, softmax as softmax_probs
 
@@ -98,16 +98,12 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     return JSONResponse({"detail": validation_message(errors)}, status_code=400)
 
 
-# What /openapi.json states: the replica's ScoringAPI sets its configured limits and auth here
-# (one ScoringAPI per replica process); the defaults serve the bare `api` (e.g. /docs, no Serve).
-_DOCUMENT: dict[str, Any] = {"limits": ServingLimits(), "auth": False}
-
-
 @api.get("/openapi.json", include_in_schema=False)
 async def _openapi_json() -> JSONResponse:
     """The contract of this app as configured: its limits as maxItems/maxLength, bearer auth
-    as a security scheme when it is on (what schemathesis fuzzes in the tests)."""
-    return JSONResponse(openapi_document(api.openapi(), _DOCUMENT["limits"], auth=_DOCUMENT["auth"]))
+    as a security scheme when it is on (what schemathesis fuzzes in the tests). A module
+    route, so the bare FastAPI app (``/docs`` without Serve) serves it too."""
+    return JSONResponse(contract_document(api.openapi()))
 
 
 async def _await(response: Any) -> Any:
@@ -132,7 +128,7 @@ class ScoringAPI:
         token = os.environ.get(self.cfg.auth_token_env) if self.cfg.auth_token_env else None
         # (Serve freezes a copy of `api` at decoration time, so auth state lives here.)
         self.auth_digest = token_digest(token) if token else auth_digest
-        _DOCUMENT.update(limits=self.limits, auth=bool(self.auth_digest))
+        set_contract(self.limits, auth=bool(self.auth_digest))  # what /openapi.json states
         self.times = StageTimes()
 
     def _auth(self, request: Request) -> None:

@@ -433,3 +433,20 @@ def openapi_document(base: dict[str, Any], limits: ServingLimits, auth: bool) ->
         doc.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
             "type": "http", "scheme": "bearer", "description": "the token in the server's $HARDPOS_SERVE_TOKEN"}
     return doc
+
+
+# What this process's /openapi.json states. Serve pickles the ingress class by value (its
+# globals are copies), while functions of this importable module travel by reference: the
+# replica's ScoringAPI sets the state here and the route reads it here, the same dict.
+_CONTRACT: dict[str, Any] = {"limits": ServingLimits(), "auth": False}
+
+
+def set_contract(limits: ServingLimits, auth: bool) -> None:
+    """Record the running app's limits and auth (one ScoringAPI per replica process)."""
+    _CONTRACT.update(limits=limits, auth=auth)
+
+
+def contract_document(base: dict[str, Any]) -> dict[str, Any]:
+    """:func:`openapi_document` of ``base`` with what :func:`set_contract` recorded (the
+    defaults, auth off, when nothing did: the bare FastAPI app)."""
+    return openapi_document(base, _CONTRACT["limits"], _CONTRACT["auth"])
