@@ -41,9 +41,11 @@ class LoadgenConfig:
 
     url: a running server to measure (loopback only); None -> deploy ``targets`` side by
         side on this machine and compare them (:func:`benchmarks.serve_compare.compare_servers`).
-    targets: what compare mode deploys: ``batched`` / ``unbatched`` (the Ray Serve app with
-        ``@serve.batch`` on / max batch size 1), ``colocated`` (batched, model inside the
-        ingress replica) and ``plain`` (the same model, validation and
+    targets: what compare mode deploys: ``batched`` (the documented default Serve app: one
+        deployment, batching on), ``unbatched`` (the same, max batch size 1), ``colocated``
+        (one deployment named explicitly: the default's shape, a second copy shows the noise),
+        ``two_deployments`` (ingress -> model handle, ``colocate_model: false``), ``scaled``
+        (the default app with 2 model replicas) and ``plain`` (the same model, validation and
         scoring in one FastAPI + uvicorn process, :mod:`benchmarks.plain_server`: the peer).
     path: the route to load (``/v1/score``).
     concurrency: closed-loop client counts, one level each.
@@ -58,7 +60,7 @@ class LoadgenConfig:
     caption_pool: distinct captions the requests draw from (repeats exercise the cache).
     token_env: environment variable with a bearer token to send (None: no auth header).
     model / arch: model source for compare mode; "random" = random weights of ``arch``.
-    num_cpus / num_gpus: per model replica in compare mode (two replicas run at once).
+    num_cpus / num_gpus: per model replica in compare mode (every target's replicas run at once).
     torch_threads: intra-op threads of every target's model (Serve replicas and the peer
         alike, so they compute with the same threads); None -> each one's default.
     max_batch_size / batch_wait_timeout_s: the batched app's settings.

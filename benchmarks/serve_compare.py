@@ -1,19 +1,22 @@
-"""Serving side by side: the Ray Serve app (batched and unbatched) against its plain peer.
+"""Serving side by side: the Ray Serve app's shapes against its plain peer.
 
 :func:`compare_servers` deploys, on this machine and in one run, every target of
-``cfg.targets``: ``batched`` and ``unbatched`` (the Serve app with ``@serve.batch`` on, and
-off = max batch size 1, on a local Ray), ``colocated`` (batched, the model inside the
-ingress replica: ``colocate_model``) and ``plain`` (:mod:`benchmarks.plain_server`: the same
-model, validation and scoring in one FastAPI + uvicorn process, started as a subprocess). All
-load the same checkpoint and bind 127.0.0.1. Every concurrency level measures every target
-with the same request pool, the order rotating each round (background load on a shared
-machine hits all alike). Besides the client's throughput and p50/p99 it reads each server's
-per-stage timings (``/v1/model``) before and after each level, so a level also says where a
-request's time went: ``ingress_parse`` (body, JSON, base64, image header), ``replica`` (the
-model replica: batch queue + ``decode`` + ``forward``), ``ingress_model_call`` (that plus
-the hop to the replica and back), ``ingress`` (the whole ingress handler); the rest of the
-client's latency is Serve's proxy and the loopback HTTP. The plain server reports ``parse``,
-``model_call``, ``decode``, ``forward`` and ``server``.
+``cfg.targets``: ``batched`` (the documented default app: one deployment whose replicas hold
+the model, batching on), ``unbatched`` (the same with max batch size 1), ``colocated`` (one
+deployment named explicitly; the default's shape), ``two_deployments`` (an ingress calling
+the model deployment through a handle), ``scaled`` (the default with 2 model replicas) on a
+local Ray, and ``plain`` (:mod:`benchmarks.plain_server`: the same model, validation and
+scoring in one FastAPI + uvicorn process, started as a subprocess). All load the same
+checkpoint and bind 127.0.0.1. Every concurrency level measures every target with the same
+request pool, the order rotating each round (background load on a shared machine hits all
+alike). Besides the client's throughput and p50/p99 it reads each server's per-stage
+timings and batch-size histogram (``/v1/model``) before and after each level, so a level
+also says where a request's time went and what batches the model ran (``batches``: mean
+and size x count): ``ingress_parse`` (body, JSON, base64, image header), ``replica`` (the
+model's batch queue + ``decode`` + ``forward``), ``ingress_model_call`` (that plus, with two
+deployments, the hop to the model replica and back), ``ingress`` (the whole handler); the
+rest of the client's latency is Serve's proxy and the loopback HTTP. The plain server
+reports ``parse``, ``model_call``, ``decode``, ``forward`` and ``server``.
 
 :func:`serve_bench` adapts it to the ``benchmark`` stage's rows; :func:`format_report`
 prints a Markdown table. ``compare_batching`` is the older name of :func:`compare_servers`.
@@ -47,7 +50,11 @@ from hardpos.serve.app import build_app
 from hardpos.serve.scoring import stage_means_ms
 from tests.support import free_port
 
-SERVE_TARGETS = ("batched", "unbatched", "colocated")
+# batched: the documented default app (serve/config.yaml's shape: one deployment, batching on);
+# colocated: one deployment named explicitly (the same shape as batched since it became the
+# default: two of them side by side show the run's noise); two_deployments: the ingress ->
+# model-handle shape (colocate_model: false); scaled: the default app with 2 replicas.
+SERVE_TARGETS = ("batched", "unbatched", "colocated", "two_deployments", "scaled")
 ALL_TARGETS = (*SERVE_TARGETS, "plain")
 PLAIN_START_TIMEOUT_S = 300.0
 
@@ -69,14 +76,19 @@ def _check_targets(cfg: LoadgenConfig) -> list[str]:
     return targets
 
 
-def _check_cluster(cfg: LoadgenConfig, n_apps: int) -> None:
-    """Every Serve app (model + ingress) must fit at once, or the next never starts and its
-    warm-up requests wait forever: say so now instead."""
-    need = {"CPU": n_apps * (cfg.num_cpus + 0.1), "GPU": n_apps * cfg.num_gpus}
+def _replicas(target: str) -> int:
+    return 2 if target == "scaled" else 1
+
+
+def _check_cluster(cfg: LoadgenConfig, targets: list[str]) -> None:
+    """Every Serve app (its model replicas, and the ingress of two deployments) must fit at
+    once, or the next never starts and its warm-up requests wait forever: say so now instead."""
+    need = {"CPU": sum(_replicas(t) * cfg.num_cpus + (0.1 if t == "two_deployments" else 0.0) for t in targets),
+            "GPU": sum(_replicas(t) * cfg.num_gpus for t in targets)}
     have = ray.cluster_resources()
     short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
     if short:
-        raise ValueError("loadgen: batched and unbatched apps need " + ", ".join(
+        raise ValueError(f"loadgen: the Serve apps {targets} need " + ", ".join(
             f"{v:g} {k} (cluster has {h:g})" for k, (v, h) in short.items())
             + "; lower num_cpus / num_gpus per replica")
 
@@ -102,8 +114,11 @@ def _serve_apps(cfg: LoadgenConfig, source: str, targets: list[str]) -> dict[str
         "ingress_deployment": {"num_cpus": 0.1, "max_ongoing_requests": max(256, 2 * max(cfg.concurrency))},
     }
     batched = {"enabled": True, "max_batch_size": cfg.max_batch_size, "batch_wait_timeout_s": cfg.batch_wait_timeout_s}
+    scaled = {**base["model_deployment"], "num_replicas": 2}
     apps = {"batched": {**base, "batching": batched}, "unbatched": {**base, "batching": {"enabled": False}},
-            "colocated": {**base, "batching": batched, "colocate_model": True}}  # batched, model in the ingress
+            "colocated": {**base, "batching": batched, "colocate_model": True},
+            "two_deployments": {**base, "batching": batched, "colocate_model": False},
+            "scaled": {**base, "batching": batched, "model_deployment": scaled}}
     return {t: apps[t] for t in targets if t in SERVE_TARGETS}
 
 
@@ -169,8 +184,27 @@ def stop_plain(proc: subprocess.Popen) -> None:
 
 def server_timing(url: str) -> dict[str, dict[str, float]]:
     """Cumulative per-stage seconds of the server at ``url`` (Serve: replica + ingress)."""
+    return _server_counters(url)[0]
+
+
+def _server_counters(url: str) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
+    """(cumulative per-stage seconds, cumulative batch-size histogram) of the server at ``url``.
+    With several replicas, ``/v1/model`` answers from one of them: the histogram is that
+    replica's (the load spreads evenly, so its shape is the deployment's)."""
     info = requests.get(f"{url}/v1/model", timeout=60).json()
-    return {**info.get("timing", {}), **info.get("ingress_timing", {})}
+    histogram = (info.get("batching") or {}).get("histogram") or {}
+    return {**info.get("timing", {}), **info.get("ingress_timing", {})}, {str(k): int(v) for k, v in histogram.items()}
+
+
+def batch_histogram_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, Any]:
+    """The batches run between two cumulative histograms: ``{"batches", "items", "mean",
+    "histogram": {size: count}}`` (pure; sizes in increasing order)."""
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    delta = {k: v for k, v in sorted(delta.items(), key=lambda kv: int(kv[0])) if v > 0}
+    batches = sum(delta.values())
+    items = sum(int(k) * v for k, v in delta.items())
+    return {"batches": batches, "items": items, "mean": round(items / batches, 2) if batches else 0.0,
+            "histogram": delta}
 
 
 def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
@@ -188,7 +222,7 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
     serve_targets = [t for t in targets if t in SERVE_TARGETS]
     if serve_targets:
         runtime.init_ray()
-        _check_cluster(cfg, len(serve_targets))
+        _check_cluster(cfg, serve_targets)
     workdir = Path(tempfile.mkdtemp(prefix="hardpos-loadgen-"))
     source = _model_source(cfg, workdir)
     apps = _serve_apps(cfg, source, serve_targets)
@@ -222,10 +256,13 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
             rounds: dict[str, list[dict[str, Any]]] = {t: [] for t in targets}
             for r in range(max(1, cfg.repeats)):
                 for t in (targets if r % 2 == 0 else targets[::-1]):
-                    before = server_timing(urls[t])
+                    before, hist_before = _server_counters(urls[t])
                     figures = measure_level(urls[t], payloads, c, cfg.requests_per_level, cfg.max_seconds_per_level,
                                             path=cfg.path)
-                    figures["server_ms"] = stage_means_ms(before, server_timing(urls[t]))
+                    after, hist_after = _server_counters(urls[t])
+                    figures["server_ms"] = stage_means_ms(before, after)
+                    if t in SERVE_TARGETS:
+                        figures["batches"] = batch_histogram_delta(hist_before, hist_after)
                     rounds[t].append(figures)
             levels.append(level_report(c, rounds))
         stats = {t: requests.get(f"{urls[t]}/v1/model", timeout=30).json().get("batching") for t in serve_targets}
@@ -347,7 +384,24 @@ def format_report(result: dict[str, Any]) -> str:
             vs_batch = level.get("throughput_ratio") if mode == "batched" else ""
             vs_plain = level.get("vs_plain", {}).get(mode, {})
             rows.append([level["concurrency"], mode, r["requests_per_s"], r["scores_per_s"], r["p50_ms"], r["p99_ms"],
-                         r["errors"], vs_batch, vs_plain.get("throughput_ratio", ""),
+                         r["errors"], vs_batch, _ratio_cell(vs_plain, "throughput_ratio"),
+                         _ratio_cell(vs_plain, "p99_ratio"), _batch_cell(r.get("batches")),
                          ", ".join(f"{k} {v}" for k, v in r.get("server_ms", {}).items())])
     return table(["concurrency", "target", "req/s", "scores/s", "p50 ms", "p99 ms", "errors",
-                  "batched/unbatched", "vs plain (req/s)", "server-side ms per request"], rows)
+                  "batched/unbatched", "vs plain req/s [min, max]", "vs plain p99 (plain/it)",
+                  "batches: mean (size x count)", "server-side ms per request"], rows)
+
+
+def _ratio_cell(entry: dict[str, Any], name: str) -> str:
+    if entry.get(name) is None:
+        return ""
+    if f"{name}_min" in entry:
+        return f"{entry[name]:.2f}x [{entry[f'{name}_min']:.2f}, {entry[f'{name}_max']:.2f}]"
+    return f"{entry[name]:.2f}x"
+
+
+def _batch_cell(batches: dict[str, Any] | None) -> str:
+    """``mean 9.6 (1x3, 8x2, 16x5)``: the level's batch sizes, size x count."""
+    if not batches or not batches.get("batches"):
+        return ""
+    return f"mean {batches['mean']} (" + ", ".join(f"{k}x{v}" for k, v in batches["histogram"].items()) + ")"

@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import free_port
+from conftest import REPO, free_port
 from serve_util import b64, bomb_png, broken_checkpoint, png_bytes, register_checkpoint, tiny_checkpoint
 
 MODEL_NAME = "hardpos-clip-test"
@@ -109,6 +109,16 @@ def test_health_model_info_and_openapi(app):
     spec = requests.get(app["url"] + "/openapi.json", timeout=30).json()
     assert {"/v1/score", "/v1/score/batch", "/v1/compare", "/v1/model", "/healthz"} <= set(spec["paths"])
     assert "multipart/form-data" in spec["paths"]["/v1/score"]["post"]["requestBody"]["content"]
+    # The document is the running app's contract: its configured limits, its auth, every status.
+    score = spec["paths"]["/v1/score"]["post"]
+    captions = score["requestBody"]["content"]["application/json"]["schema"]["properties"]["captions"]
+    assert captions["maxItems"] == LIMITS["max_captions"] and captions["minItems"] == 1
+    assert captions["items"]["maxLength"] == LIMITS["max_caption_chars"] and captions["items"]["minLength"] == 1
+    assert set(score["responses"]) == {"200", "400", "401", "404", "413", "415", "503"}
+    assert score["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+    assert score["security"] == [{"bearer": []}] and spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert set(spec["paths"]["/v1/reload"]["post"]["responses"]) == {"200", "400", "401", "404", "503"}  # no 422
+    assert set(spec["paths"]["/healthz"]["get"]["responses"]) == {"200", "503"}
 
 
 def test_scores_match_the_evaluator(app):
@@ -219,7 +229,40 @@ def test_bad_compare_and_batch_envelopes(app):
     assert resp.status_code == 400 and resp.json()["detail"] == (
         "multipart form: unknown field(s) 'hard_postive'; allowed: caption, hard_negative, hard_positive")
     resp = _post(app, "/v1/reload?force=perhaps")
-    assert resp.status_code == 400 and resp.json()["detail"] == "force must be a boolean, got 'perhaps'"
+    assert resp.status_code == 400 and resp.json()["detail"] == "query parameter force must be true or false, got 'perhaps'"
+
+
+def test_the_contract_failures_schemathesis_found_are_fixed(app):
+    """Each failure of the fuzzing that found them, as a regression: the 400 every bad request
+    gets is documented (above); an empty caption is schema-invalid and refused; null for a
+    flag is refused as the schema says (it got 200); /v1/reload?force=null is a documented
+    400 (it was a 400 documented as nothing but 200/422)."""
+    import requests
+
+    spec = requests.get(app["url"] + "/openapi.json", timeout=30).json()
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            if path != "/healthz":
+                assert "400" in op["responses"] or method == "get", (path, method)
+    empty = _post(app, "/v1/score", {"image_b64": GOOD, "captions": [""]})
+    assert empty.status_code == 400 and empty.json()["detail"] == "captions[0] is an empty caption"
+    for path, body in (("/v1/score", {"image_b64": GOOD, "captions": ["a"]}),
+                       ("/v1/score/batch", {"items": [{"image_b64": GOOD, "captions": ["a"]}]})):
+        for value, shown in ((None, "null"), (1, "1"), ("true", "'true'")):
+            resp = _post(app, path, {**body, "softmax": value})
+            assert resp.status_code == 400, (path, value, resp.text)
+            assert resp.json() == {"detail": f"softmax must be a boolean (true or false), got {shown}"}
+    # multipart: one captions field is one caption (as the document says), a JSON list, or a 400
+    form = requests.post(app["url"] + "/v1/score", headers=_headers(), timeout=60,
+                         files={"image": ("x.png", png_bytes(3), "image/png")}, data={"captions": "{}"})
+    assert form.status_code == 400 and form.json()["detail"].startswith("captions must be a list"), form.text
+    one = requests.post(app["url"] + "/v1/score", headers=_headers(), timeout=60,
+                        files={"image": ("x.png", png_bytes(3), "image/png")}, data={"captions": "a dog"})
+    assert one.status_code == 200 and len(one.json()["scores"]) == 1, one.text  # one field: one caption
+    for query, status in (("force=null", 400), ("force=1", 400), ("force=true&force=false", 400), ("force=false", 200)):
+        resp = requests.post(app["url"] + "/v1/reload?" + query, headers=_headers(), timeout=60)
+        assert resp.status_code == status, (query, resp.text)
+        assert status == 200 or resp.json()["detail"].startswith("query parameter force")
 
 
 def test_bearer_auth(app):
@@ -340,40 +383,39 @@ def test_the_plain_peer_answers_like_the_app(app, tmp_path):
     assert proc.returncode is not None
 
 
-def test_colocated_model_answers_like_the_two_deployment_app(app):
-    """colocate_model: one deployment (the ingress holds the model, no hop); same answers,
-    same reload-token reconfigure, same health contract."""
+def test_two_deployments_answer_like_the_default_one_deployment_app(app):
+    """The default app is one deployment (the ingress holds the model); colocate_model: false
+    is two (ingress -> model handle): same answers, same reload-token reconfigure."""
     import requests
+    from ray import serve
 
+    assert set(serve.status().applications["hardpos-test"].deployments) == {"ScoringAPI"}  # the default: one
     model = f"models:/{MODEL_NAME}@champion"
     # torch_threads=2 against Ray's OMP_NUM_THREADS=1 for a 0.1-CPU replica: the replica must
     # report (and its forward threads use) the configured count, not Ray's default.
-    _side_app(app, "colocated", model, colocate_model=True, torch_threads=2)
+    _side_app(app, "split", model, colocate_model=False, torch_threads=2)
     try:
         body = {"image_b64": b64(png_bytes(41)), "captions": CAPTIONS}
-        mine = requests.post(app["url"] + "/colocated/v1/score", json=body, timeout=60)
+        mine = requests.post(app["url"] + "/split/v1/score", json=body, timeout=60)
         theirs = _post(app, "/v1/score", body)
         assert mine.status_code == 200 and mine.json()["model"] == theirs.json()["model"], mine.text
         np.testing.assert_allclose(mine.json()["scores"], theirs.json()["scores"], atol=1e-5)
-        info = requests.get(app["url"] + "/colocated/v1/model", timeout=60).json()
+        info = requests.get(app["url"] + "/split/v1/model", timeout=60).json()
         assert info["batching"]["enabled"] is True and info["batching"]["items"] >= 1
         assert info["torch_threads"] == 2
-        from ray import serve
-
-        deployments = serve.status().applications["colocated"].deployments
-        assert set(deployments) == {"ScoringAPI"}  # one deployment
-        _side_app(app, "colocated", model, colocate_model=True, reload_token="again")  # in-place reconfigure
-        assert requests.get(app["url"] + "/colocated/healthz", timeout=60).status_code == 200
+        assert set(serve.status().applications["split"].deployments) == {"ScoringAPI", "ScoringModel"}
+        _side_app(app, "split", model, colocate_model=False, reload_token="again")  # in-place reconfigure
+        assert requests.get(app["url"] + "/split/healthz", timeout=60).status_code == 200
     finally:
-        _delete("colocated")
+        _delete("split")
 
 
 def test_loadgen_refuses_replicas_the_cluster_cannot_hold(ray_session):
     from benchmarks.loadgen import LoadgenConfig, compare_batching
 
     # would deploy one app and wait forever for the second (seen with num_cpus=1 on 2 CPUs)
-    with pytest.raises(ValueError, match=r"need 2\.2 CPU \(cluster has 2\); lower num_cpus"):
-        compare_batching(LoadgenConfig(num_cpus=1.0))
+    with pytest.raises(ValueError, match=r"need 3\.1 CPU \(cluster has 2\); lower num_cpus"):
+        compare_batching(LoadgenConfig(num_cpus=1.0, targets=["batched", "unbatched", "two_deployments"]))
 
 
 def test_reload_picks_up_a_new_champion(app):
@@ -424,7 +466,10 @@ def _side_app(app, name: str, model: str, expect_failure: bool = False, **overri
 
     from hardpos.serve.app import build_app
 
+    # Two deployments unless told otherwise: the health tests are about the ingress that answers
+    # with the reason while no model replica can start.
     cfg = {**app["cfg"], "model": model, "auth_token_env": "", "load_retries": 1, "load_retry_backoff_s": 0.1,
+           "colocate_model": False,
            "model_deployment": {"num_cpus": 0.1, "health_check_period_s": 1, "health_check_timeout_s": 10,
                                 "max_constructor_retry_count": 1},
            "ingress_deployment": {"num_cpus": 0.05}, **overrides}
@@ -522,3 +567,62 @@ def test_a_deployment_started_on_a_broken_model_fails_its_health_check_and_answe
         assert health.status_code == 503 and "could not be loaded" in health.json()["detail"]
     finally:
         _delete("broken")
+
+
+# --------------------------------------------------------------------------- the OpenAPI document is the contract
+FUZZ_LIMITS = {**LIMITS, "max_captions": 4, "max_batch_items": 3,
+               # hardpos-tiny's context is 32 tokens and a character can take 4: with at most 7
+               # characters the character limit (in the schema) is the binding one, not the
+               # token limit (a property of the loaded model that JSON Schema cannot state).
+               "max_caption_chars": 7}
+
+
+def test_schemathesis_finds_no_contract_failures(app, tmp_path):
+    """schemathesis (every check, fixed seed, bounded examples) against the live app on
+    127.0.0.1, bearer auth on: every response's status is listed for its operation with
+    its body's schema, schema-valid requests are accepted and schema-invalid ones refused.
+
+    Two runs: every check in both modes over the document without its multipart bodies, and
+    the whole document (multipart uploads included) with schema-valid requests only. A
+    multipart field is text, so a schema-invalid value (the number 5 where a caption belongs)
+    is sent as the same bytes as a valid one (the caption "5"): no server can refuse one and
+    accept the other, so negative checks of multipart bodies would test the fuzzer."""
+    import os
+    import subprocess
+    import sys
+
+    import requests
+    from ray import serve
+
+    from hardpos.serve.app import build_app
+
+    pytest.importorskip("schemathesis")
+    cfg = {**app["cfg"], "model": str(app["ckpt"]), "limits": FUZZ_LIMITS,
+           "model_deployment": {"num_cpus": 0.1}, "ingress_deployment": {"num_cpus": 0.05}}
+    os.environ[TOKEN_ENV] = TOKEN
+    try:
+        fuzz_app = build_app(cfg)
+    finally:
+        del os.environ[TOKEN_ENV]
+    serve.run(fuzz_app, name="fuzz", route_prefix="/fuzz")
+    try:
+        base = app["url"] + "/fuzz"
+        spec = requests.get(f"{base}/openapi.json", timeout=60).json()
+        json_only = json.loads(json.dumps(spec))
+        for ops in json_only["paths"].values():
+            for op in ops.values():
+                op.get("requestBody", {}).get("content", {}).pop("multipart/form-data", None)
+        (tmp_path / "json-only.json").write_text(json.dumps(json_only))
+        # cwd: schemathesis keeps its replay cache in ./.schemathesis, which belongs in tmp_path
+        env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.support.schemathesis_hooks",
+               "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+        common = ["--url", base, "--checks", "all", "--seed", "40", "--max-examples", "20", "--workers", "1",
+                  "--phases", "examples,coverage,fuzzing", "--request-timeout", "60",
+                  "-H", f"Authorization: Bearer {TOKEN}"]
+        for location, mode in ((str(tmp_path / "json-only.json"), "all"), (f"{base}/openapi.json", "positive")):
+            cmd = [sys.executable, "-m", "schemathesis.cli", "run", location, *common, "--mode", mode]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
+            assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+            assert "No issues found" in done.stdout or " passed" in done.stdout, done.stdout[-3000:]
+    finally:
+        _delete("fuzz")

@@ -90,3 +90,35 @@ def test_level_report_ratios_against_the_peer():
         from benchmarks.serve_compare import compare_servers
 
         compare_servers(LoadgenConfig(targets=["batched", "flask"]))
+
+
+def test_batch_histogram_per_level_and_the_report_shows_it():
+    from benchmarks.serve_compare import batch_histogram_delta, format_report
+
+    before, after = {"1": 5, "4": 1}, {"1": 6, "4": 1, "8": 3, "16": 2}
+    level = batch_histogram_delta(before, after)
+    assert level == {"batches": 6, "items": 1 + 24 + 32, "mean": 9.5, "histogram": {"1": 1, "8": 3, "16": 2}}
+    assert batch_histogram_delta(after, after) == {"batches": 0, "items": 0, "mean": 0.0, "histogram": {}}
+
+    def r(rps, batches=None):
+        out = {"requests_per_s": rps, "scores_per_s": 4 * rps, "p50_ms": 10, "p99_ms": 20, "errors": 0}
+        return {**out, "batches": batches} if batches else out
+
+    report = format_report({"levels": [{"concurrency": 32, "batched": r(30, level), "plain": r(15),
+                                        "vs_plain": {"batched": {"throughput_ratio": 2.0, "throughput_ratio_min": 1.5,
+                                                                 "throughput_ratio_max": 2.5, "p99_ratio": 1.25}}}]})
+    row = next(line for line in report.splitlines() if "| batched |" in line)
+    assert "mean 9.5 (1x1, 8x3, 16x2)" in row and "2.00x [1.50, 2.50]" in row and "1.25x" in row
+
+
+def test_loadgen_targets_and_the_cpus_they_need():
+    from benchmarks.load_client import LoadgenConfig
+    from benchmarks.serve_compare import _serve_apps
+
+    apps = _serve_apps(LoadgenConfig(targets=["batched", "two_deployments", "scaled", "unbatched", "colocated"]),
+                       "random", ["batched", "two_deployments", "scaled", "unbatched", "colocated"])
+    assert "colocate_model" not in apps["batched"]  # the documented default, whatever it is
+    assert C.load_app_config(apps["batched"]).colocate_model is True
+    assert apps["two_deployments"]["colocate_model"] is False
+    assert apps["scaled"]["model_deployment"]["num_replicas"] == 2
+    assert apps["unbatched"]["batching"] == {"enabled": False}

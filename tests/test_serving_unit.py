@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import threading
 import time
 from pathlib import Path
@@ -144,8 +145,31 @@ def test_parse_payloads():
     assert items[0] == (png_bytes(0), ["a"]) and soft is False
     assert isinstance(items[1], E.ServingError) and items[1].message.startswith("items[1].captions is missing")
     score = {"image_b64": img, "captions": ["a"]}
-    assert _status(R.parse_score_payload, {**score, "softmax": "perhaps"}, LIM)[1] == "softmax must be a boolean, got 'perhaps'"
-    assert [R.parse_score_payload({**score, "softmax": v}, LIM)[2] for v in ("true", "0", None)] == [True, False, False]
+    assert _status(R.parse_score_payload, {**score, "softmax": "perhaps"}, LIM)[1] == (
+        "softmax must be a boolean (true or false), got 'perhaps'")
+    assert [R.parse_score_payload({**score, "softmax": v}, LIM)[2] for v in (True, False)] == [True, False]
+    # JSON says what the schema says: a boolean, nothing else (null and 0/1 and "true" were accepted before)
+    for value, shown in ((None, "null"), ("true", "'true'"), (0, "0"), (1, "1")):
+        for parse, body in ((R.parse_score_payload, score),
+                            (R.parse_batch_payload, {"items": [score]})):
+            assert _status(parse, {**body, "softmax": value}, LIM) == (
+                400, f"softmax must be a boolean (true or false), got {shown}")
+    # a multipart form's fields are text: there the text true / false (an empty field: false)
+    form = {"captions": ["a"]}
+    assert [R.parse_score_payload({**form, "softmax": v}, LIM, image=b"raw")[2] for v in ("true", "false", "")] == [
+        True, False, False]
+    for value in ("1", "yes", "True"):
+        assert _status(R.parse_score_payload, {**form, "softmax": value}, LIM, image=b"raw") == (
+            400, f"softmax must be true or false, got {value!r}")
+
+
+def test_query_flag_is_true_or_false_only():
+    assert R.parse_flag_query([], "force") is False
+    assert R.parse_flag_query(["true"], "force") is True and R.parse_flag_query(["false"], "force") is False
+    for values, message in ((["null"], "must be true or false, got 'null'"), ([""], "got ''"), (["1"], "got '1'"),
+                            (["true", "false"], "given 2 times")):
+        status, got = _status(R.parse_flag_query, values, "force")
+        assert status == 400 and got.startswith("query parameter force") and message in got
 
 
 @pytest.mark.parametrize("payload,message", [
@@ -160,7 +184,7 @@ def test_parse_payloads():
      "request: unknown field(s) 'zeta', 'caption'; allowed: captions, image_b64, softmax"),
     ({"captions": ["a", 7], "softmax": [1]},  # every mistake at once, each naming its field
      "image_b64 is missing: expected the image bytes (PNG/JPEG/WEBP/GIF/BMP/TIFF) as base64, or a data: URL"
-     " | captions[1] must be a string, got int | softmax must be a boolean, got [1]"),
+     " | captions[1] must be a string, got int | softmax must be a boolean (true or false), got [1]"),
     ({"image_b64": IMG, "captions": [f"{i}" for i in range(99)]},  # the limit is checked before the entries
      "too many captions: 99 in captions; the limit is 4"),
 ])
@@ -179,10 +203,10 @@ def test_compare_and_batch_payload_errors():
     assert _status(R.parse_batch_payload, {"items": []}, lim)[1] == "items is empty: give 1..4 items"
     assert _status(R.parse_batch_payload, {}, lim)[1] == "items is missing: expected 1..4 {image_b64, captions} objects"
     assert _status(R.parse_batch_payload, {"items": [{"image_b64": IMG, "captions": ["a"]}], "softmax": "x"},
-                   lim)[1] == "softmax must be a boolean, got 'x'"  # the envelope fails the whole request
+                   lim)[1] == "softmax must be a boolean (true or false), got 'x'"  # the envelope fails the whole request
     items, soft = R.parse_batch_payload({"items": [
         {"image_b64": IMG, "captions": ["a"]}, [1], {"image_b64": IMG, "captions": ["a", ""], "q": 1},
-        {"image_b64": "!!", "captions": ["a"]}], "softmax": "yes"}, lim)
+        {"image_b64": "!!", "captions": ["a"]}], "softmax": True}, lim)
     assert soft is True and items[0] == (png_bytes(0), ["a"])
     assert [(e.status, e.message) for e in items[1:]] == [
         (400, "items[1] must be a JSON object, got list"),
@@ -192,7 +216,7 @@ def test_compare_and_batch_payload_errors():
 
 def test_multipart_fields_are_validated_by_the_form_models():
     """A multipart upload's text fields go through ScoreForm / CompareForm (the image is the file)."""
-    assert R.parse_score_payload({"captions": ["a", "b"], "softmax": "1"}, LIM, image=b"raw") == (b"raw", ["a", "b"], True)
+    assert R.parse_score_payload({"captions": ["a", "b"], "softmax": "true"}, LIM, image=b"raw") == (b"raw", ["a", "b"], True)
     assert _status(R.parse_score_payload, {"captions": ["a"], "image_b64": "x"}, LIM, image=b"raw")[1] == (
         "multipart form: unknown field(s) 'image_b64'; allowed: captions, softmax")
     assert R.parse_compare_payload({"caption": "c", "hard_negative": "n"}, LIM, image=b"raw") == (b"raw", ["c", "n"])
@@ -455,3 +479,28 @@ def test_the_app_is_importable_from_the_package_and_the_entry_module():
     from serve.app import build_app as entry
 
     assert entry is build_app and callable(build_app)
+
+
+def test_openapi_document_states_the_configured_limits_and_auth():
+    from hardpos.serve.app import api
+    from hardpos.serve.schemas import LIMIT_MARKER, openapi_document
+
+    base = api.openapi()
+    lim = C.ServingLimits(max_captions=3, max_caption_chars=9, max_batch_items=2)
+    doc = openapi_document(base, lim, auth=False)
+    assert LIMIT_MARKER not in json.dumps(doc) and LIMIT_MARKER in json.dumps(base)  # base untouched
+    score = doc["paths"]["/v1/score"]["post"]
+    content = score["requestBody"]["content"]
+    form = content["multipart/form-data"]["schema"]["properties"]["captions"]["anyOf"]  # repeated fields, or one
+    for captions in (content["application/json"]["schema"]["properties"]["captions"], form[0]):
+        assert captions["maxItems"] == 3 and captions["items"]["maxLength"] == 9
+        assert captions["items"]["minLength"] == 1 and captions["items"]["pattern"] == r"\S"
+    assert form[1] == form[0]["items"]  # one field: one caption
+    batch = doc["paths"]["/v1/score/batch"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert batch["properties"]["items"]["maxItems"] == 2
+    assert "401" not in score["responses"] and "security" not in score  # auth off: no 401 can happen
+    assert "securitySchemes" not in doc.get("components", {})
+    secured = openapi_document(base, lim, auth=True)
+    assert secured["paths"]["/v1/score"]["post"]["security"] == [{"bearer": []}]
+    assert "security" not in secured["paths"]["/healthz"]["get"]  # probes stay open
+    assert "422" not in json.dumps(list(secured["paths"]["/v1/reload"]["post"]["responses"]))

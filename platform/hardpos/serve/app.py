@@ -6,13 +6,17 @@
     serve run serve/config.yaml                                   # from the repository root
     serve run hardpos.serve.app:build_app model=models:/hardpos-clip@champion
 
-Two deployments: ``ScoringModel`` (:mod:`hardpos.serve.deployment`: loads the model, batches,
-reloads without downtime) behind ``ScoringAPI``, the FastAPI ingress defined here: input
-validation (the request models of :mod:`hardpos.serve.schemas`, which also draw ``/docs``;
-400/413 with messages naming the field, :mod:`hardpos.serve.requests`), optional bearer
-auth, a request timeout (503, never a hang; when the model deployment failed to deploy
-because no model could be loaded, the answer is at once, 503/404 with Serve's reason), and fan-out of ``/v1/score/batch`` items so they
-batch on the model deployment.
+One deployment by default: ``ScoringAPI``, the FastAPI ingress defined here, whose replicas
+hold the model (:class:`hardpos.serve.deployment.ScoringModel`'s code: loads the model,
+batches, reloads without downtime), so a request takes one hop, Serve's proxy to the
+replica. The ingress does input validation (the request models of
+:mod:`hardpos.serve.schemas`, which also draw ``/docs`` and ``/openapi.json``, the contract
+with the app's configured limits; 400/413 with messages naming the field,
+:mod:`hardpos.serve.requests`), optional bearer auth and a request timeout (503, never a
+hang). With ``colocate_model: false`` it is two deployments instead: this ingress calls
+``ScoringModel`` replicas through a handle (when the model deployment failed to deploy
+because no model could be loaded, the ingress answers 503/404 with Serve's reason at once),
+and ``/v1/score/batch`` items fan out so they batch on the model deployment.
 
 Routes: ``POST /v1/score`` (JSON with base64, or multipart upload), ``POST /v1/score/batch``,
 ``POST /v1/compare``, ``GET /v1/model``, ``POST /v1/reload``, ``GET /healthz``; OpenAPI at
@@ -43,9 +47,10 @@ from hardpos.serve.deployment import ScoringModel
 from hardpos.serve.docs import add_offline_docs
 from hardpos.serve.errors import ServingError, check_bearer, token_digest
 from hardpos.serve.requests import (check_image_header, is_multipart, parse_batch_payload, parse_compare_payload,
-                                    parse_json_body, parse_score_payload, read_body, read_multipart)
-from hardpos.serve.schemas import (BatchRequest, BatchResponse, CompareForm, CompareRequest, CompareResponse, ScoreForm,
-                                   ScoreRequest, ScoreResponse, json_body, json_or_multipart, validation_message)
+                                    parse_flag_query, parse_json_body, parse_score_payload, read_body, read_multipart)
+from hardpos.serve.schemas import (BatchRequest, BatchResponse, CompareForm, CompareRequest, CompareResponse,
+                                   HealthResponse, ScoreForm, ScoreRequest, ScoreResponse, contract_document,
+                                   error_responses, json_body, json_or_multipart, set_contract, validation_message)
 from hardpos.eval.metrics import verdicts
 from hardpos.serve.scoring import StageTimes, softmax as softmax_probs
 
@@ -65,11 +70,17 @@ api = FastAPI(
         "Raw CLIP cosine scores for image-caption pairs from the registered HardPos model. "
         "Scores are NOT calibrated across models: hard-negative finetuning lowers the absolute "
         "score of correct captions, which this API shows as it is. Errors: 400 bad input, "
-        "401 auth, 404 unknown model, 413 image too large, 503 model unavailable or timed out."
+        "401 auth, 404 unknown model, 413 image too large, 415 multipart unavailable, 503 model "
+        "unavailable or timed out; every one with a JSON body {\"detail\": \"...\"}. Captions are "
+        "also refused (400) when longer than the model's context length in tokens."
     ),
     docs_url=None,  # the CDN page; add_offline_docs serves Swagger UI from the package instead
     redoc_url=None,
+    # /openapi.json is ScoringAPI.openapi_json: the document with the running app's limits and auth
+    openapi_url=None,
 )
+BODY_ERRORS = error_responses(400, 401, 404, 413, 415, 503)  # routes that read an image (JSON or multipart)
+MODEL_ERRORS = error_responses(401, 404, 503)  # routes that only ask the model
 add_offline_docs(api)
 
 
@@ -85,6 +96,14 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     # bodies themselves (hardpos.serve.requests), with the same messages.
     errors = [{**e, "loc": tuple(e.get("loc", ()))[1:]} for e in exc.errors()]  # ("query", "force") -> force
     return JSONResponse({"detail": validation_message(errors)}, status_code=400)
+
+
+@api.get("/openapi.json", include_in_schema=False)
+async def _openapi_json() -> JSONResponse:
+    """The contract of this app as configured: its limits as maxItems/maxLength, bearer auth
+    as a security scheme when it is on (what schemathesis fuzzes in the tests). A module
+    route, so the bare FastAPI app (``/docs`` without Serve) serves it too."""
+    return JSONResponse(contract_document(api.openapi()))
 
 
 async def _await(response: Any) -> Any:
@@ -109,6 +128,7 @@ class ScoringAPI:
         token = os.environ.get(self.cfg.auth_token_env) if self.cfg.auth_token_env else None
         # (Serve freezes a copy of `api` at decoration time, so auth state lives here.)
         self.auth_digest = token_digest(token) if token else auth_digest
+        set_contract(self.limits, auth=bool(self.auth_digest))  # what /openapi.json states
         self.times = StageTimes()
 
     def _auth(self, request: Request) -> None:
@@ -193,7 +213,7 @@ class ScoringAPI:
         if "error" in result:
             raise ServingError(result["error"]["status"], result["error"]["detail"])
 
-    @api.post("/v1/score", response_model=ScoreResponse,
+    @api.post("/v1/score", response_model=ScoreResponse, responses=BODY_ERRORS,
               openapi_extra=json_or_multipart(ScoreRequest, ScoreForm), summary="Score one image against 1..N captions")
     async def score(self, request: Request) -> dict[str, Any]:
         with self.times.time("ingress"):
@@ -213,7 +233,7 @@ class ScoringAPI:
         probs = softmax_probs(result["scores"], result["logit_scale"]) if want_probs else None
         return {"model": result["model"], "scores": result["scores"], "probs": probs, "logit_scale": result["logit_scale"]}
 
-    @api.post("/v1/score/batch", response_model=BatchResponse,
+    @api.post("/v1/score/batch", response_model=BatchResponse, responses=error_responses(400, 401, 404, 413, 503),
               openapi_extra=json_body(BatchRequest),
               summary="Score many (image, captions) items; a bad item is rejected on its own")
     async def score_batch(self, request: Request) -> dict[str, Any]:
@@ -246,7 +266,7 @@ class ScoringAPI:
         n_ok = sum(1 for r in out if "error" not in r)
         return {"model": model_ref, "results": out, "n_ok": n_ok, "n_rejected": len(out) - n_ok}
 
-    @api.post("/v1/compare", response_model=CompareResponse,
+    @api.post("/v1/compare", response_model=CompareResponse, responses=BODY_ERRORS,
               openapi_extra=json_or_multipart(CompareRequest, CompareForm),
               summary="caption vs hard negative (vs hard positive): scores and the paper's per-item verdicts")
     async def compare(self, request: Request) -> dict[str, Any]:
@@ -264,7 +284,8 @@ class ScoringAPI:
         return {"model": result["model"], "scores": dict(zip(names, s)),
                 **verdicts(s[0], s[1], s[2] if len(s) > 2 else None)}
 
-    @api.get("/v1/model", summary="The loaded model, its registered metrics, batching and cache stats")
+    @api.get("/v1/model", responses=MODEL_ERRORS,
+             summary="The loaded model, its registered metrics, batching and cache stats")
     async def model_info(self, request: Request) -> dict[str, Any]:
         self._auth(request)
         info = await self._call("info")
@@ -272,14 +293,19 @@ class ScoringAPI:
         info["ingress_timing"] = self.times.snapshot()
         return info
 
-    @api.post("/v1/reload",
+    @api.post("/v1/reload", responses={**error_responses(400), **MODEL_ERRORS},
+              openapi_extra={"parameters": [{"name": "force", "in": "query", "required": False,
+                                             "schema": {"type": "boolean", "default": False},
+                                             "description": "true: reload even if the alias did not move"}]},
               summary="Reload if the registry alias moved (force=true: reload anyway). Reaches one model replica; "
                       "the others follow within reload_poll_s")
-    async def reload(self, request: Request, force: bool = False) -> dict[str, Any]:
+    async def reload(self, request: Request) -> dict[str, Any]:
         self._auth(request)
-        return await self._call("reload", force)
+        return await self._call("reload", parse_flag_query(request.query_params.getlist("force"), "force"))
 
-    @api.get("/healthz", summary="200 when a model is loaded, else 503 with the reason")
+    @api.get("/healthz", response_model=HealthResponse, response_model_exclude_none=True,
+             responses={503: {"model": HealthResponse, "description": "no model is loaded: detail says why"}},
+             summary="200 when a model is loaded, else 503 with the reason")
     async def healthz(self) -> JSONResponse:
         try:
             info = await self._call("info")
@@ -318,7 +344,8 @@ def build_app(args: dict[str, Any] | None = None):
 
     Validates the config (``ConfigError`` naming the key), resolves the MLflow tracking URI
     and the bearer token digest here (in the process that builds the app) so every replica
-    agrees, and binds ``ScoringAPI(ScoringModel)``. Loads nothing.
+    agrees, and binds ``ScoringAPI`` holding the model (one deployment, the default) or
+    ``ScoringAPI(ScoringModel)`` (``colocate_model: false``). Loads nothing.
     """
     cfg = load_app_config(args)
     if cfg.model.startswith(("runs:/", "models:/", "mlflow-artifacts:")):

@@ -40,16 +40,14 @@ class ServingLimits:
 
 @dataclasses.dataclass
 class BatchingConfig:
-    """Server-side batching of the model deployment (``@serve.batch``).
+    """Server-side batching of the model (:class:`hardpos.serve.batching.Batcher`).
 
     enabled: False runs every request alone (max batch size 1): the baseline.
     max_batch_size: most requests encoded in one forward pass.
-    batch_wait_timeout_s: how long the first request of a batch waits for others. 0 (the
-        default): a batch is whatever queued while the model was busy, so an idle server
-        adds no latency and batches grow with load by themselves. Measured with
-        ``python -m benchmarks.loadgen`` (hardpos-tiny, 2 CPUs, batched/unbatched throughput
-        at concurrency 1/8/32): 1.02x/1.06x/1.16x at 0 vs 0.70x/0.99x/1.23x at 5 ms. Raise
-        it (a few ms) for steady high load, where it buys ~6% more throughput.
+    batch_wait_timeout_s: how long a batch that is not full waits for more requests before
+        it runs. 0 (the default): a batch is whatever queued while the previous one ran, so
+        an idle server adds no latency and batches grow with load by themselves. A few ms
+        can help a steady load whose requests arrive just after each batch starts.
     """
 
     enabled: bool = True
@@ -137,12 +135,16 @@ class ServeAppConfig:
         process that builds the app or in the ingress replica) every /v1 route needs
         ``Authorization: Bearer <token>`` (401 otherwise). /healthz stays open.
     limits / batching: see :class:`ServingLimits`, :class:`BatchingConfig`.
-    model_deployment / ingress_deployment: Serve options of the two deployments.
-    colocate_model: run the model inside the ingress replica: ONE deployment (with
-        ``model_deployment``'s replicas and resources; ``ingress_deployment`` is unused), no
-        ingress -> model hop and one process fewer per replica. What it gives up: scaling
-        HTTP handling apart from the model, and an ingress that answers 503 while the model
-        replica restarts. Measured in docs/performance.md ("Serving").
+    model_deployment / ingress_deployment: Serve options of the model's deployment and (two
+        deployments only) of the separate HTTP ingress.
+    colocate_model: True (the default): ONE deployment, ``ScoringAPI``, whose replicas hold
+        the model (FastAPI ingress + batching in one process; ``model_deployment``'s replicas,
+        resources and user_config; ``ingress_deployment`` unused). False: two deployments, the
+        ``ScoringAPI`` ingress (``ingress_deployment``) calling ``ScoringModel`` replicas
+        through a handle. What two deployments give: HTTP handling scaled apart from the
+        model, and an ingress that still answers, with the reason (404/503 at once), while no
+        model replica can start; what they cost: a second hop and process per request, which
+        measured slower at every load (docs/performance.md, "Serving").
     """
 
     model: str = "models:/hardpos-clip@champion"
@@ -163,7 +165,7 @@ class ServeAppConfig:
     batching: BatchingConfig = dataclasses.field(default_factory=BatchingConfig)
     model_deployment: DeploymentOptions = dataclasses.field(default_factory=DeploymentOptions)
     ingress_deployment: DeploymentOptions = dataclasses.field(default_factory=lambda: DeploymentOptions(num_cpus=0.5))
-    colocate_model: bool = False
+    colocate_model: bool = True
 
 
 def load_app_config(args: dict[str, Any] | ServeAppConfig | None) -> ServeAppConfig:

@@ -9,9 +9,13 @@ Contract:
   deployment DEPLOY_FAILED with that message, a RayService upgrade to a model that cannot
   load is never promoted, and the ingress answers 503/404 with the reason at once. A
   replica that is serving keeps its model through failed reloads and stays healthy.
-* ``score(image, captions)`` goes through ``@serve.batch``: one forward pass encodes every
-  image of the batch and every caption not in the replica's LRU text-embedding cache
-  (:func:`hardpos.serve.scoring.compute_batch`).
+* ``score(image, captions)`` goes through a :class:`hardpos.serve.batching.Batcher`: a batch
+  is formed when the model is free (everything that queued while the previous batch ran, up
+  to ``max_batch_size``), and one forward pass encodes every image of the batch and every
+  caption not in the replica's LRU text-embedding cache
+  (:func:`hardpos.serve.scoring.compute_batch`). (Not ``@serve.batch``: Ray's queue forms
+  the next batch while the previous one still runs, so under load its batches stay at ~1;
+  see :mod:`hardpos.serve.batching`.)
 * Reload without downtime: the new version loads in a thread while the old one serves, then
   one reference swap. Triggers: the registry alias moved (polled every ``reload_poll_s``),
   ``reload(force)`` (``POST /v1/reload``), or a new ``reload_token`` in the user_config. A
@@ -31,6 +35,7 @@ import torch
 from ray import serve
 
 from hardpos.config import from_dict
+from hardpos.serve.batching import Batcher
 from hardpos.serve.config import BatchingConfig, load_app_config
 from hardpos.serve.errors import ServingError, classify_load_error
 from hardpos.serve.requests import check_token_lengths
@@ -53,6 +58,8 @@ class ScoringModel:
         self._poller: asyncio.Task | None = None
         self._reload_lock: asyncio.Lock | None = None
         self._reload_token: str | None = None  # set by the first reconfigure() (Serve calls it after __init__)
+        self._batcher: Batcher[tuple[bytes, list[str]], dict[str, Any]] = Batcher(self._score_batch,
+                                                                                  on_batch=self.stats.record)
         self._apply_batching(self.cfg.batching)
         if self.cfg.torch_threads:
             torch.set_num_threads(self.cfg.torch_threads)
@@ -72,8 +79,8 @@ class ScoringModel:
     # ---- configuration
     def _apply_batching(self, batching: BatchingConfig) -> None:
         self._batching = batching
-        self._score_batch.set_max_batch_size(batching.effective_max_batch_size)
-        self._score_batch.set_batch_wait_timeout_s(batching.batch_wait_timeout_s if batching.enabled else 0.0)
+        self._batcher.max_batch_size = batching.effective_max_batch_size
+        self._batcher.wait_timeout_s = batching.batch_wait_timeout_s if batching.enabled else 0.0
 
     async def reconfigure(self, user_config: dict[str, Any]) -> None:
         """user_config: ``{"reload_token": str, "batching": {...}}``; a new token reloads."""
@@ -181,12 +188,10 @@ class ScoringModel:
         except ServingError as exc:
             return {"error": exc.to_dict()}
         with self.times.time("replica"):  # batch queue + decode + forward, inside this replica
-            return await self._score_batch((image, captions))
+            return await self._batcher.submit((image, captions))
 
-    @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0)
     async def _score_batch(self, items: list[tuple[bytes, list[str]]]) -> list[dict[str, Any]]:
         state = self._state
-        self.stats.record(len(items))
         # The forward pass runs in a thread so the replica keeps accepting (and queueing)
         # requests meanwhile: the next batch fills while this one computes.
         return await asyncio.to_thread(compute_batch, state, items, self.cfg.limits, self.times)

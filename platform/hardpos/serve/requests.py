@@ -160,6 +160,20 @@ def check_token_lengths(tokenizer: Any, captions: Sequence[str], context_length:
 # --------------------------------------------------------------------------- request payloads
 
 
+def parse_flag_query(values: Sequence[str], name: str) -> bool:
+    """A boolean query parameter given as ``values`` (every occurrence): absent -> False,
+    ``true`` / ``false`` once -> that; anything else (``1``, ``null``, empty, repeated) is a
+    400 naming it, as the OpenAPI document's ``type: boolean`` says."""
+    if not values:
+        return False
+    if len(values) > 1:
+        raise bad_request(f"query parameter {name} is given {len(values)} times; give it once")
+    if values[0] not in ("true", "false"):
+        shown = values[0] if len(values[0]) <= 40 else values[0][:40] + "..."
+        raise bad_request(f"query parameter {name} must be true or false, got {shown!r}")
+    return values[0] == "true"
+
+
 def parse_json_body(body: bytes) -> Any:
     """Request bytes -> JSON value; 400 naming the position of a syntax error."""
     if not body.strip():
@@ -264,8 +278,9 @@ async def read_multipart(request: Any, limits: ServingLimits, form_model: type[B
 
     The image: 413 over ``max_image_bytes``, 400 when missing or empty. The other fields are
     text, returned for ``form_model`` to validate (unknown ones included, so it names them):
-    a list field (``captions``) may be repeated or sent once as a JSON list, an empty field
-    counts as not sent. 415 when the server cannot parse multipart at all (python-multipart
+    a list field (``captions``) is repeated, one entry per field (a single field: one entry),
+    or sent once as a JSON list (a field starting with ``[`` or ``{`` is read as JSON); an
+    empty field counts as not sent. 415 when the server cannot parse multipart at all (python-multipart
     missing).
     """
     _check_declared_length(request, limits.max_body_bytes)
@@ -290,12 +305,12 @@ async def read_multipart(request: Any, limits: ServingLimits, form_model: type[B
             if any(not isinstance(v, str) for v in values):
                 raise bad_request(f"multipart: {name} must be text fields, not files")
             if name in lists:
-                if len(values) == 1 and values[0].lstrip().startswith("["):
-                    try:
+                if len(values) == 1 and values[0].lstrip().startswith(("[", "{")):
+                    try:  # one field holding JSON: a list (a JSON object there: the form model names the mistake)
                         values = json.loads(values[0])
                     except (ValueError, RecursionError) as exc:
-                        raise bad_request(f"multipart: {name} is not a valid JSON list: {getattr(exc, 'msg', exc)}") from None
-                fields[name] = values
+                        raise bad_request(f"multipart: {name} is not valid JSON: {getattr(exc, 'msg', exc)}") from None
+                fields[name] = values  # else: repeated fields, one entry each (one field: one entry)
             elif values != [""]:
                 fields[name] = values[0] if len(values) == 1 else values
         return raw, fields

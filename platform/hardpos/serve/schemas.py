@@ -14,11 +14,12 @@ bytes, token counts) is explicit code in :mod:`hardpos.serve.requests`.
 """
 # No `from __future__ import annotations`: FastAPI/pydantic read these annotations at runtime.
 
+import copy
 import dataclasses
 import functools
 import re
 import reprlib
-from typing import Annotated, Any, Iterable
+from typing import Annotated, Any, Iterable, Literal
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
                       WrapValidator)
@@ -67,22 +68,37 @@ def _count(limit_name: str, what: str) -> BeforeValidator:
     return BeforeValidator(check)
 
 
-def _flag(value: Any) -> Any:
-    """JSON null and an empty form field mean the default (false); form text is trimmed."""
-    if isinstance(value, str):
-        value = value.strip()
-    return False if value is None or value == "" else value
+def _form_flag(value: Any) -> bool:
+    """A form field's flag: the text ``true`` or ``false`` (an empty field: the default, false)."""
+    if value in ("true", "false", ""):
+        return value == "true"
+    raise PydanticCustomError("form_flag", "{path} must be true or false, got {got}", {"got": _repr.repr(value)})
 
 
-# A caption: a non-blank string of at most limits.max_caption_chars characters. (Captions
-# longer than the model's context length in tokens are refused by the model replica.)
-Caption = Annotated[str, AfterValidator(_check_caption)]
-Captions = Annotated[list[Caption], Field(min_length=1), _count("max_captions", "captions")]
-# true/false (also "true"/"false", "1"/"0", "yes"/"no" as text: multipart form fields are text)
-Flag = Annotated[bool, BeforeValidator(_flag)]
+# Where a limit of the app config belongs in the JSON schema: ``openapi_document`` replaces
+# the marker with ``maxItems`` / ``maxLength`` of the configured value, so the page states
+# the limits the running app enforces.
+LIMIT_MARKER = "x-hardpos-limit"
+
+
+def _limit(name: str) -> dict[str, str]:
+    return {LIMIT_MARKER: name}
+
+
+# A caption: a string with a non-blank character, at most limits.max_caption_chars characters.
+# (Captions longer than the model's context length in tokens are refused by the model
+# replica: a limit of the loaded model that JSON Schema cannot state; the description says so.)
+Caption = Annotated[str, AfterValidator(_check_caption), Field(json_schema_extra={
+    "minLength": 1, "pattern": r"\S", **_limit("max_caption_chars")})]
+Captions = Annotated[list[Caption], Field(min_length=1, json_schema_extra=_limit("max_captions")),
+                     _count("max_captions", "captions")]
+# A JSON body's flag: true or false, nothing else (null, 0/1 and "true" are 400s, as the schema says).
+Flag = Annotated[bool, Field(strict=True)]
+# A multipart form's flag: form fields are text, so the text true or false (an empty field: false).
+FormFlag = Annotated[bool, BeforeValidator(_form_flag)]
 ImageB64 = Annotated[str, Field(
     description="the image bytes (PNG/JPEG/WEBP/GIF/BMP/TIFF) as base64, or a data: URL",
-    json_schema_extra={"contentEncoding": "base64"})]
+    json_schema_extra={"format": "byte", "contentEncoding": "base64", "contentMediaType": "image/*", "minLength": 1})]
 
 
 # --------------------------------------------------------------------------- requests
@@ -96,15 +112,22 @@ class _Image(_Body):
     image_b64: ImageB64
 
 
+_CAPTIONS_DOC = "1..max_captions captions to score against the image"
+_SOFTMAX_DOC = "also return softmax(logit_scale * cosine) over the captions"
+
+
 class ScoreForm(_Body):
     """/v1/score's fields besides the image: a multipart upload sends these as form fields."""
 
-    captions: Captions = Field(description="1..max_captions captions to score against the image")
-    softmax: Flag = Field(False, description="also return softmax(logit_scale * cosine) over the captions")
+    captions: Captions = Field(description=_CAPTIONS_DOC)
+    softmax: FormFlag = Field(False, description=_SOFTMAX_DOC)
 
 
-class ScoreRequest(ScoreForm, _Image):  # fields: image_b64, captions, softmax
+class ScoreRequest(_Image):  # fields: image_b64, captions, softmax
     """Score one image against 1..max_captions captions."""
+
+    captions: Captions = Field(description=_CAPTIONS_DOC)
+    softmax: Flag = Field(False, description=_SOFTMAX_DOC)
 
 
 class CompareForm(_Body):
@@ -131,6 +154,14 @@ class RejectedItem:
     errors: list[dict[str, Any]]
 
 
+def _any_item(schema: dict[str, Any]) -> None:
+    """An item's schema: a BatchItem, or anything else, which is rejected alone (the request
+    still answers 200, with that item's 400 in its result), as the validation does."""
+    item = dict(schema)
+    schema.clear()
+    schema["anyOf"] = [item, {"description": "anything else: this item alone is rejected (its result has a 400)"}]
+
+
 def _item_or_rejected(value: Any, handler: Any) -> Any:
     try:
         return handler(value)
@@ -143,8 +174,9 @@ class BatchRequest(_Body):
 
     # An item that fails validation stays in its slot as a RejectedItem (a per-item 400):
     # one bad item neither fails nor silently drops the others.
-    items: Annotated[list[Annotated[BatchItem, WrapValidator(_item_or_rejected)]],
-                     Field(min_length=1), _count("max_batch_items", "items")] = Field(
+    items: Annotated[list[Annotated[BatchItem, WrapValidator(_item_or_rejected), Field(json_schema_extra=_any_item)]],
+                     Field(min_length=1, json_schema_extra=_limit("max_batch_items")),
+                     _count("max_batch_items", "items")] = Field(
         description="1..max_batch_items {image_b64, captions} objects")
     softmax: Flag = Field(False, description="also return softmax(logit_scale * cosine) over each item's captions")
 
@@ -183,6 +215,19 @@ class BatchResponse(BaseModel):
     results: list[BatchResult]
     n_ok: int
     n_rejected: int
+
+
+class ErrorResponse(BaseModel):
+    """The body of every refusal (4xx, 503)."""
+
+    detail: str = Field(description="what was wrong; names the field for bad input")
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok", "unavailable"]
+    model: str | None = Field(None, description="the model source (when ok)")
+    version: str | None = Field(None, description="the registry version loaded (when ok)")
+    detail: str | None = Field(None, description="why no model is loaded (when unavailable)")
 
 
 class CompareResponse(BaseModel):
@@ -227,6 +272,8 @@ def _phrase(err: dict[str, Any], schema: dict[str, Any], root: str, prefix: tupl
     got = "null" if value is None else type(value).__name__
     if "{path}" in err["msg"]:  # ours (the field types above)
         return err["msg"].replace("{path}", path)
+    if kind in ("bool_type", "bool_parsing"):  # before "missing": a flag's null is a wrong value
+        return f"{path} must be a boolean (true or false), got {'null' if value is None else _repr.repr(value)}"
     if kind == "missing" or (loc and value is None and kind.endswith("_type")):  # a field's null counts as absent
         hint = node.get("description") if loc and isinstance(loc[-1], str) else None  # a field's, not a model's
         if hint and limits is not None:  # "1..max_captions captions" -> "1..64 captions"
@@ -239,8 +286,6 @@ def _phrase(err: dict[str, Any], schema: dict[str, Any], root: str, prefix: tupl
         return f"{path} must be a list{f' of {item}s' if item else ''}, got {got}"
     if kind == "string_type":
         return f"{path} must be a {'base64 ' if node.get('contentEncoding') == 'base64' else ''}string, got {got}"
-    if kind in ("bool_type", "bool_parsing"):
-        return f"{path} must be a boolean, got {_repr.repr(value)}"
     return f"{path}: {err['msg']}"
 
 
@@ -312,9 +357,96 @@ def json_or_multipart(model: type[BaseModel], form: type[BaseModel], file_field:
     """openapi_extra for a route that takes ``model`` as JSON, or a multipart upload: the
     image as the file field ``image`` and ``form``'s fields as form fields."""
     form_schema = inline_schema(form)
+    required = form_schema.get("required", [])
+    lists = list_fields(form)
+    properties = {name: _or_one(prop) if name in lists else prop if name in required else _or_empty(prop)
+                  for name, prop in form_schema.get("properties", {}).items()}
     return {"requestBody": {"required": True, "content": {
         "application/json": {"schema": inline_schema(model)},
         "multipart/form-data": {"schema": {
-            "type": "object", "required": [file_field, *form_schema.get("required", [])],
-            "properties": {file_field: {"type": "string", "format": "binary"}, **form_schema.get("properties", {})}}},
+            "type": "object", "required": [file_field, *required], "additionalProperties": False,
+            "properties": {file_field: {"type": "string", "format": "binary"}, **properties}}},
     }}}
+
+
+def _or_one(prop: dict[str, Any]) -> dict[str, Any]:
+    """A list form field's schema: the list (repeated fields), or one field holding one entry."""
+    listed = {k: v for k, v in prop.items() if k not in ("title", "description")}
+    return {"anyOf": [listed, prop["items"]], **{k: prop[k] for k in ("title", "description") if k in prop}}
+
+
+def _or_empty(prop: dict[str, Any]) -> dict[str, Any]:
+    """An optional form field's schema: its own, or an empty field (which counts as not sent)."""
+    empty = {"type": "string", "maxLength": 0, "description": "an empty field: not sent"}
+    branches = [b for b in prop.get("anyOf", [prop]) if b.get("type") != "null"]  # a form has no null
+    rest = {k: v for k, v in prop.items() if k not in ("anyOf", "type") and k not in branches[0]}
+    return {**rest, "anyOf": [*branches, empty]}
+
+
+# --------------------------------------------------------------------------- the OpenAPI document
+
+ERRORS = {
+    400: "bad input: the message names each mistake's field path",
+    401: "bearer auth is on and the Authorization header is missing, malformed or wrong",
+    404: "the configured model does not exist (unknown registered model, alias, version, path or tag)",
+    413: "the body, an image's bytes or its pixel count is over the configured limit",
+    415: "a multipart upload reached a server that cannot parse multipart",
+    503: "no model is loaded, the model is at capacity, or it did not answer within limits.request_timeout_s",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """FastAPI ``responses=`` for the refusals ``codes``: each with :class:`ErrorResponse` as its body."""
+    return {code: {"model": ErrorResponse, "description": ERRORS[code]} for code in codes}
+
+
+def _fill_limits(node: Any, limits: ServingLimits) -> None:
+    if isinstance(node, dict):
+        name = node.pop(LIMIT_MARKER, None)
+        if name is not None:
+            node["maxItems" if node.get("type") == "array" else "maxLength"] = getattr(limits, name)
+        for value in node.values():
+            _fill_limits(value, limits)
+    elif isinstance(node, list):
+        for value in node:
+            _fill_limits(value, limits)
+
+
+def openapi_document(base: dict[str, Any], limits: ServingLimits, auth: bool) -> dict[str, Any]:
+    """The running app's OpenAPI document: ``base`` (FastAPI's, from the route declarations)
+    with the configured ``limits`` in place of the limit markers (``maxItems`` / ``maxLength``),
+    and, when bearer ``auth`` is on, the bearer security scheme on every operation that can
+    answer 401 (without auth, those 401 responses are dropped: they cannot happen). Pure;
+    ``base`` is not modified."""
+    doc = copy.deepcopy(base)
+    _fill_limits(doc, limits)
+    for ops in doc.get("paths", {}).values():
+        for op in ops.values():
+            responses = op.get("responses", {})
+            if "401" not in responses:
+                continue
+            if auth:
+                op["security"] = [{"bearer": []}]
+            else:
+                del responses["401"]
+    if auth:
+        doc.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
+            "type": "http", "scheme": "bearer", "description": "the token in the server's $HARDPOS_SERVE_TOKEN"}
+    return doc
+
+
+# What this process's /openapi.json states. Serve pickles the ingress class by value (its
+# globals are copies), while functions of this importable module travel by reference: the
+# replica's ScoringAPI sets the state here and the route reads it here, the same dict.
+_CONTRACT: dict[str, Any] = {"limits": ServingLimits(), "auth": False}
+
+
+def set_contract(limits: ServingLimits, auth: bool) -> None:
+    """Record the running app's limits and auth (one ScoringAPI per replica process)."""
+    _CONTRACT.update(limits=limits, auth=auth)
+
+
+def contract_document(base: dict[str, Any]) -> dict[str, Any]:
+    """:func:`openapi_document` of ``base`` with what :func:`set_contract` recorded (the
+    defaults, auth off, when nothing did: the bare FastAPI app)."""
+    return openapi_document(base, _CONTRACT["limits"], _CONTRACT["auth"])
