@@ -66,9 +66,13 @@ def _check_sweep(summary: dict, tracking_uri: str, out: Path) -> None:
 
 
 def test_sweep_on_sqlite_store(tmp_path, ray_session, tracking_uri, monkeypatch):
-    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    # Relative paths, as jobs/configs/sweep.yaml has them: they mean the directory the sweep
+    # started in, not the Tune trial's folder each trial runs in.
     triplets, _ = write_triplets(tmp_path / "data", n=48)
-    cfg = _sweep_cfg(tmp_path, triplets, tracking_uri)
+    monkeypatch.chdir(tmp_path)
+    repo = Path(__file__).resolve().parent.parent
+    cfg = _sweep_cfg(Path("."), triplets.relative_to(tmp_path), tracking_uri,
+                     [f"train_config={repo / 'jobs/configs/train.yaml'}"])
     summary = runtime.execute("sweep", cfg, quiet=True)
     _check_sweep(summary, tracking_uri, tmp_path / "sweep")
     assert summary["model_uri"] == "models:/sweep-clip@champion"

@@ -439,12 +439,24 @@ def sweep(cfg: Any) -> None:
     from hardpos.train.config import TrainConfig
 
     base = from_dict(TrainConfig, base_train_dict(cfg))
-    data = base.data
-    check_s3_endpoint([data.train_path, data.val_path, base.model.pretrained, cfg.output_dir])
-    check_table("train_overrides.data.train_path", data.train_path, columns=TRIPLET_COLUMNS, what="triplet file",
-                allow_empty=cfg.allow_empty, image_root=data.image_root)
+    check_s3_endpoint([base.data.train_path, base.data.val_path, base.model.pretrained, cfg.output_dir])
+    sweep_data(base, allow_empty=cfg.allow_empty)
     check_tracking(cfg.tracking)
     check_model("train_overrides.model", base.model.arch, base.model.pretrained)
+
+
+def sweep_data(base: Any, allow_empty: bool = False) -> None:
+    """What every trial of a sweep reads (its triplet files and per-epoch benchmarks), checked
+    once by the sweep before the first trial instead of failing in each trial. ``base``: the
+    trials' shared train config, its paths already absolute."""
+    data = base.data
+    check_table("train_overrides.data.train_path", data.train_path, columns=TRIPLET_COLUMNS, what="triplet file",
+                allow_empty=allow_empty, image_root=data.image_root)
+    if data.val_path:
+        check_table("train_overrides.data.val_path", data.val_path, columns=TRIPLET_COLUMNS, what="triplet file",
+                    allow_empty=True, image_root=data.image_root)
+    for i, spec in enumerate(base.eval_benchmarks):
+        benchmark(f"train_overrides.eval_benchmarks.{i}", spec, allow_empty=allow_empty)
 
 
 def world(cfg: Any) -> None:

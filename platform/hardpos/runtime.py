@@ -7,7 +7,8 @@ A stage is a module ``hardpos.stages.<name>`` that defines
     def run(cfg: Config, ctx: JobContext) -> dict: ...   # returns the summary
 
 :func:`execute` wraps ``run`` with everything every stage must do, so stages never
-repeat it: resolve ``output_dir`` (local paths become absolute), open an MLflow run
+repeat it: make the config's relative paths absolute (they mean the directory the job
+started in, also in Ray workers and Tune trials: :mod:`hardpos.config.paths`), open an MLflow run
 (params = the flattened config, the config itself as ``config.yaml``), call ``run``,
 log the summary, mark the run FINISHED (FAILED on an exception, which is re-raised),
 write ``summary.json`` to ``output_dir`` (its ``tracking`` section says whether every
@@ -26,6 +27,7 @@ from typing import Any, Callable
 
 from hardpos import logs, storage, tracking
 from hardpos.config import JobConfig, RayConfig, TrackingConfig, dump_yaml, to_dict
+from hardpos.config.paths import absolute_paths
 from hardpos.tracking.redact import redact
 
 STAGES = ("world", "perturb", "generate", "train", "evaluate", "sweep", "compare", "register", "demo", "interpolate",
@@ -145,6 +147,8 @@ def execute(
     logs.apply_ray_env(cfg.log_level)  # also quiets MLflow's download bars in stages without Ray
     module = stage_module(stage) if run_fn is None else None
     fn = run_fn or module.run
+    # Relative paths mean this directory, also in Ray workers and Tune trials (which run elsewhere).
+    cfg = absolute_paths(cfg)
     cfg = dataclasses.replace(cfg, output_dir=resolve_output_dir(cfg.output_dir))
     storage.makedirs(cfg.output_dir)
     if resume_run_id is None and hasattr(module, "resume_run_id"):

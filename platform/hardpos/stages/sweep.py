@@ -41,8 +41,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from hardpos import logs, registry, runtime, storage, tracking
+from hardpos import logs, preflight, registry, runtime, storage, tracking
 from hardpos.config import ConfigError, JobConfig, from_dict, load_config, set_dotted, to_dict
+from hardpos.config.paths import absolute_paths, absolute_value
 from hardpos.runtime import JobContext
 from hardpos.stages import compare
 
@@ -238,7 +239,8 @@ def base_train_dict(cfg: Config) -> dict[str, Any]:
     if path and not storage.is_s3(path) and not Path(path).exists():
         raise ConfigError(f"train_config not found: {path}")
     base = load_config(module.Config, path, [f"{k}={_yaml(v)}" for k, v in cfg.train_overrides.items()])
-    return to_dict(base)
+    # Trials run in Tune's trial folders: their paths must not be relative (see hardpos.config.paths).
+    return to_dict(absolute_paths(base))
 
 
 def trial_base(cfg: Config) -> dict[str, Any]:
@@ -264,10 +266,27 @@ def trial_train_config(base: dict[str, Any], overrides: dict[str, Any]):
     return from_dict(train_module().Config, data)
 
 
+def absolute_space(cfg: Config) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(search_space, extra_trials) with every path value of a train key made absolute from the
+    directory the sweep started in: a trial runs in its own Tune folder."""
+    def value(key: str, spec: Any) -> Any:
+        if isinstance(spec, dict) and len(spec) == 1:
+            (kind, args), = spec.items()
+            if kind in ("grid_search", "choice") and isinstance(args, list):
+                return {kind: [absolute_value(key, a) for a in args]}
+            return spec
+        return absolute_value(key, spec)
+
+    space = {k: value(k, v) for k, v in cfg.search_space.items()}
+    extra = [{k: absolute_value(k, v) for k, v in trial.items()} for trial in cfg.extra_trials]
+    return space, extra
+
+
 def validate_space(cfg: Config, base: dict[str, Any]) -> int:
     """Every grid entry must make a valid train config: typos fail before any trial runs."""
-    grid, sampled, constant = split_search_space(cfg.search_space)
-    points = grid_points(grid, constant, cfg.extra_trials)
+    space, extra_trials = absolute_space(cfg)
+    grid, sampled, constant = split_search_space(space)
+    points = grid_points(grid, constant, extra_trials)
     for point in points:
         trial_train_config(base, point)
     for key, (kind, args) in sampled.items():
@@ -341,6 +360,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
 
     base = trial_base(cfg)
     n_trials = validate_space(cfg, base)
+    # Once, before any trial: a missing file is one error here, not the same failure in every trial.
+    preflight.sweep_data(from_dict(train_module().Config, base), allow_empty=cfg.allow_empty)
     runtime.init_ray(cfg.ray)
     tracking_cfg = {
         "tracking_uri": tracking.resolve_tracking_uri(cfg.tracking.tracking_uri),
@@ -359,7 +380,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         {"CPU": cfg.trial_driver_cpus},
     )
     fs, tune_path = _tune_location(ctx.output_dir)
-    param_space = to_tune_space(cfg.search_space, cfg.extra_trials)
+    param_space = to_tune_space(*absolute_space(cfg))
     resuming = resumable(cfg)
     storage.write_json(storage.join(ctx.output_dir, STATE_FILE), {"run_id": ctx.run_id, "config": _comparable(cfg)})
     if resuming:
