@@ -191,3 +191,31 @@ def test_evaluate_stage_reports_logs_and_recomputes(shared_data, tmp_path, track
     logged = mlflow.get_run(summary["mlflow_run_id"]).data.metrics
     assert logged["scpp/text_only_acc"] == pytest.approx(m["scpp/text_only_acc"])
     assert logged["scpp/replace_rel/aug_acc"] == pytest.approx(m["scpp/replace_rel/aug_acc"])
+
+
+def test_without_images_the_text_only_figures_are_still_reported(tmp_path, lm):
+    """SugarCrepe++ with none of its COCO images (and with some): the text-only task needs
+    no image, so its figures cover every item; report.md keeps the benchmark under the
+    hard-positive headings and puts the missing count beside the figures."""
+    from hardpos.report import markdown_report
+
+    folder = _write_folder(tmp_path / "scpp")
+    spec = BenchmarkSpec("scpp", "sugarcrepe_pp", str(folder), image_root=str(tmp_path / "no-images"))
+    (res,) = evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [spec], batch_size=8).results
+    m = res.metrics
+    assert m["scpp/n_items"] == 0 and m["scpp/n_excluded_items"] == 10 and m["scpp/n_missing_images"] == 10
+    assert m["scpp/text_only_n_items"] == 10 and 0.0 <= m["scpp/text_only_acc"] <= 1.0
+    assert all(f"scpp/{c}/text_only_acc" in m for c in CATEGORIES) and "scpp/aug_acc" not in m
+    report = markdown_report(type("R", (), {"results": [res], "metrics": m, "precision": "fp32"})(), "tiny")
+    assert "Benchmarks without hard positives" not in report
+    assert "| scpp | - | - | - |" in report  # in the Table 1 layout, unscored
+    assert f"| scpp | all (mean of categories) | {100 * m['scpp/text_only_acc']:.1f} | 10 | 10 (10 image(s)) |" in report
+    assert f"| scpp | swap_obj | {100 * m['scpp/swap_obj/text_only_acc']:.1f} |" in report
+
+    # half the images present: the image figures cover those items, the text-only ones all
+    stand_in_images(tmp_path / "half", {f"0000000{k}0.jpg" for k in range(5)})
+    half = BenchmarkSpec("scpp", "sugarcrepe_pp", str(folder), image_root=str(tmp_path / "half"))
+    (res2,) = evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [half], batch_size=8).results
+    assert res2.metrics["scpp/n_items"] == 5 and res2.metrics["scpp/text_only_n_items"] == 10
+    assert res2.metrics["scpp/text_only_acc"] == pytest.approx(m["scpp/text_only_acc"])  # no image, same figure
+    assert len(res2.text_sims["t_cp"]) == 5  # the scores file's rows stay the scored items

@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 from hardpos import signs as S
 from hardpos import storage
 from hardpos.eval import metrics as M
-from hardpos.eval.metrics import TEXT_COLUMNS, TEXT_ONLY_METRIC, benchmark_metrics
+from hardpos.eval.metrics import TEXT_COLUMNS, TEXT_ONLY_ITEMS, TEXT_ONLY_METRIC, benchmark_metrics
 
 if TYPE_CHECKING:
     from hardpos.eval.evaluator import EvalReport
@@ -409,7 +409,9 @@ def markdown_report(report: EvalReport, model_name: str = "model", retention: Ma
     line under the title says which precision (``report.precision``) the scores were
     computed in, and on which ``device`` when given."""
     m = report.metrics
-    pos = [r for r in report.results if any(f"{r.name}/aug_acc" == k for k in m)]
+    # A benchmark with hard positives stays in their tables when no item could be scored
+    # (all images missing): its row then says so, beside what needs no image.
+    pos = [r for r in report.results if f"{r.name}/aug_acc" in m or (getattr(r, "has_positives", False) and not r.item_ids)]
     neg_only = [r for r in report.results if r not in pos]
     where = f" on {device}" if device else ""
     note = ("" if report.precision == "fp32" else
@@ -428,9 +430,10 @@ def markdown_report(report: EvalReport, model_name: str = "model", retention: Ma
                   "Chance: 50 / 33.3 / 33.3. aug = caption and hard positive both beat the hard negative; "
                   "brittle = the hard negative lies strictly between them.", "", table(header, [row]), ""]
         rows = [[r.name, num(m.get(f"{r.name}/mean_s_c")), num(m.get(f"{r.name}/mean_s_n")),
-                 num(m.get(f"{r.name}/mean_s_p")), pct(m.get(f"{r.name}/aug_drop")), str(int(m.get(f"{r.name}/n_items", 0)))]
-                for r in pos]
-        parts += ["## Mean cosine scores", "", table(["benchmark", "mean s_c", "mean s_n", "mean s_p", "aug - orig (pts)", "items"], rows), ""]
+                 num(m.get(f"{r.name}/mean_s_p")), pct(m.get(f"{r.name}/aug_drop")), str(int(m.get(f"{r.name}/n_items", 0))),
+                 _excluded(r)] for r in pos]
+        parts += ["## Mean cosine scores", "", table(["benchmark", "mean s_c", "mean s_n", "mean s_p", "aug - orig (pts)", "items",
+                                                      "excluded (image missing)"], rows), ""]
     sub_rows = []
     for r in report.results:
         for sub in dict.fromkeys(r.subsets):
@@ -444,15 +447,18 @@ def markdown_report(report: EvalReport, model_name: str = "model", retention: Ma
                   table(["benchmark", "subset", "orig", "aug", "brittle", "mean s_c", "mean s_n", "mean s_p", "items"], sub_rows), ""]
     parts += text_only_section(report.results, m)  # SugarCrepe++'s text-only task, when evaluated
     if neg_only:
-        rows = [[r.name, pct(m.get(f"{r.name}/orig_acc")), str(int(m.get(f"{r.name}/n_items", 0)))] for r in neg_only]
-        parts += ["## Benchmarks without hard positives (original accuracy, %)", "", table(["benchmark", "orig", "items"], rows), ""]
+        rows = [[r.name, pct(m.get(f"{r.name}/orig_acc")), str(int(m.get(f"{r.name}/n_items", 0))), _excluded(r)]
+                for r in neg_only]
+        parts += ["## Benchmarks without hard positives (original accuracy, %)", "",
+                  table(["benchmark", "orig", "items", "excluded (image missing)"], rows), ""]
     if retention:
         rows = [[k, str(int(v)) if _is_count(k) else pct(v)] for k, v in sorted(retention.items())]
         parts += ["## Retention (zero-shot classification, retrieval; %)", "", table(["metric", "value"], rows), ""]
     missing = [(r.name, mi) for r in report.results for mi in r.missing_images]
     parts += ["## Missing or corrupt images", ""]
     if missing:
-        parts.append(f"{len(missing)} image(s) could not be read; their items are excluded from every figure above.")
+        parts.append(f"{len(missing)} image(s) could not be read; their items are excluded from every figure above "
+                     "that needs an image (the text-only task needs none and covers them).")
         parts.append("")
         for name, mi in missing[:50]:
             parts.append(f"- `{name}`: `{mi['image']}` ({mi['error']}; {mi['n_items']} item(s))")
@@ -474,7 +480,8 @@ def write_scores(report: EvalReport, uri: str) -> str:
 def recompute_metrics(scores: Any) -> dict[str, float]:
     """Every benchmark's figures from a per-item scores file (path/URI) or pyarrow Table,
     using the same pure function as the evaluator; equals the summary's metrics (minus
-    the missing-image counts, which the per-item file cannot know)."""
+    the missing-image counts, which the per-item file cannot know, and, when images were
+    missing, the text-only figures, which cover items the file has no row for)."""
     if isinstance(scores, str):
         scores = pq.read_table(io.BytesIO(storage.read_bytes(scores)))
     meta = json.loads((scores.schema.metadata or {}).get(b"hardpos.aggregate", b"{}"))
@@ -515,22 +522,35 @@ def write_outputs(report: EvalReport, output_dir: str, *, model_name: str = "mod
     return paths
 
 
+def _excluded(result: Any) -> str:
+    """A benchmark's items left out of the image figures, with the images that caused it."""
+    n_items, n_images = len(result.excluded_items), len(result.missing_images)
+    return "0" if not n_items else f"{n_items} ({n_images} image(s))"
+
+
 def text_only_section(results: Sequence[Any], metrics: Mapping[str, float]) -> list[str]:
     """report.md lines for the text-only task of every benchmark that has one: per category
-    and overall, in percent (empty when none has). ``results`` are the evaluator's
-    BenchmarkResults (``.name``, ``.subsets``)."""
+    and overall, in percent, with the items each figure covers and how many of them had no
+    image (empty when none has). ``results`` are the evaluator's BenchmarkResults (``.name``,
+    ``.subsets``, ``.excluded_items``, ``.missing_images``); the categories come from the
+    metric keys, so a benchmark with no scored item (all images missing) still has its rows."""
     rows = []
     for r in results:
         if f"{r.name}/{TEXT_ONLY_METRIC}" not in metrics:
             continue
-        for s in dict.fromkeys(r.subsets):
-            if f"{r.name}/{s}/{TEXT_ONLY_METRIC}" in metrics:
-                rows.append([r.name, s, pct(metrics[f"{r.name}/{s}/{TEXT_ONLY_METRIC}"])])
-        rows.append([r.name, "all (mean of categories)", pct(metrics[f"{r.name}/{TEXT_ONLY_METRIC}"])])
+        prefix = f"{r.name}/"
+        subsets = [k[len(prefix):-len(TEXT_ONLY_METRIC) - 1] for k in metrics
+                   if k.startswith(prefix) and k.endswith(f"/{TEXT_ONLY_METRIC}") and k != f"{prefix}{TEXT_ONLY_METRIC}"]
+        for sub in subsets:
+            rows.append([r.name, sub, pct(metrics[f"{prefix}{sub}/{TEXT_ONLY_METRIC}"]), "", ""])
+        n = metrics.get(f"{prefix}{TEXT_ONLY_ITEMS}")
+        rows.append([r.name, "all (mean of categories)", pct(metrics[f"{prefix}{TEXT_ONLY_METRIC}"]),
+                     "" if n is None else str(int(n)), _excluded(r)])
     if not rows:
         return []
     return ["## Text-only task (SugarCrepe++ TOT, %)", "",
             "The text encoder alone: correct when the two positives are closer to each other than either "
             "is to the hard negative (strict). A random ordering scores 33.3; lexical overlap pulls the other way "
-            "(the negative shares the caption's words, the paraphrase does not).", "",
-            table(["benchmark", "category", "text-only acc"], rows), ""]
+            "(the negative shares the caption's words, the paraphrase does not). It needs no image: it covers "
+            "every item, those whose image is missing included.", "",
+            table(["benchmark", "category", "text-only acc", "items", "image missing (excluded from image figures)"], rows), ""]

@@ -25,7 +25,8 @@ Ties count against the model and the paper's differences are small (Table 3: 16.
 
 Missing or corrupt images never crash an evaluation and are never scored: they are
 listed (with the error and how many items used them) and their items are excluded from
-every metric.
+every figure that needs an image; figures that need none (SugarCrepe++'s text-only task)
+still cover them.
 
 Layout: this module holds the results, the metrics and the benchmark loop; image/caption
 encoding and precision live in :mod:`hardpos.eval.encoding`, the Serve pair scoring in
@@ -47,7 +48,7 @@ from hardpos.eval import sugarcrepe_pp as SCPP
 from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.encoding import ImageKey, check_precision, encode_captions, encode_image_keys, eval_mode
 from hardpos.eval.items import Benchmark
-from hardpos.eval.metrics import TEXT_COLUMNS, benchmark_metrics
+from hardpos.eval.metrics import TEXT_COLUMNS, benchmark_metrics, text_only_metrics
 from hardpos.eval.spec import BenchmarkSpec, Precision
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,11 @@ class BenchmarkResult:
     Per-item arrays cover the *scored* items only (items whose image failed are in
     ``excluded_items``). ``s_p`` is NaN where an item has no hard positive.
     ``metrics`` is flat and prefixed: ``<name>/orig_acc``, ``<name>/<subset>/aug_acc`` ...
-    ``text_sims``: per-item text-only cosines ``t_cp, t_cn, t_pn`` for a benchmark with a
-    text-only task (SugarCrepe++, :mod:`hardpos.eval.sugarcrepe_pp`); empty otherwise.
+    ``text_sims``: per-item text-only cosines ``t_cp, t_cn, t_pn`` of the scored items for a
+    benchmark with a text-only task (SugarCrepe++, :mod:`hardpos.eval.sugarcrepe_pp`); empty
+    otherwise. The text-only *metrics* need no image: they cover every item, scored or not
+    (``<name>/text_only_n_items``), so a benchmark whose images are all missing still has them.
+    ``has_positives``: the benchmark's items carry hard positives (even when none was scored).
     """
 
     name: str
@@ -81,6 +85,7 @@ class BenchmarkResult:
     n_distinct_images: int = 0
     n_distinct_captions: int = 0
     text_sims: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    has_positives: bool = True
 
 
 @dataclasses.dataclass
@@ -173,9 +178,14 @@ def evaluate_loaded(model, preprocess: Callable, tokenizer: Callable, bench: Ben
     uses = np.bincount(img_idx, minlength=len(keys))
     missing = [{"image": keys[i][0], "crop": list(keys[i][1]) if keys[i][1] else None, "error": err, "n_items": int(uses[i])}
                for i, err in sorted(failures.items())]
-    # SugarCrepe++'s text-only task: cosines between the already-encoded captions (no image)
-    text_sims = SCPP.text_similarities(txt_feats, c_idx[ok], p_idx[ok], n_idx[ok]) if bench.kind == SCPP.KIND else {}
-    result_metrics = benchmark_metrics(bench.name, subsets, s_c, s_n, s_p, bench.aggregate, text_sims=text_sims)
+    result_metrics = benchmark_metrics(bench.name, subsets, s_c, s_n, s_p, bench.aggregate)
+    text_sims: dict[str, np.ndarray] = {}
+    if bench.kind == SCPP.KIND:
+        # SugarCrepe++'s text-only task: cosines between the already-encoded captions. It needs
+        # no image, so its figures cover every item, those whose image is missing included.
+        all_sims = SCPP.text_similarities(txt_feats, c_idx, p_idx, n_idx)
+        result_metrics.update(text_only_metrics(bench.name, [it.subset for it in items], all_sims, bench.aggregate))
+        text_sims = {k: v[ok] for k, v in all_sims.items()}  # the scores file's rows: the scored items
     result_metrics[f"{bench.name}/n_missing_images"] = len(missing)
     result_metrics[f"{bench.name}/n_excluded_items"] = int((~ok).sum())
     return BenchmarkResult(
@@ -183,6 +193,7 @@ def evaluate_loaded(model, preprocess: Callable, tokenizer: Callable, bench: Ben
         s_c=s_c, s_n=s_n, s_p=s_p, metrics=result_metrics, missing_images=missing,
         excluded_items=[it.item_id for it, keep in zip(items, ok) if not keep], rejected_rows=bench.rejected,
         n_distinct_images=len(keys), n_distinct_captions=len(cap_index), text_sims=text_sims,
+        has_positives=bench.has_positives,
     )
 
 

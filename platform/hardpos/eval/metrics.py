@@ -165,6 +165,7 @@ def benchmark_metrics(name: str, subsets: Sequence[str], s_c, s_n, s_p, aggregat
 # Per-item text-only cosines (EvalReport.scores_table columns when a benchmark has them).
 TEXT_COLUMNS = ("t_cp", "t_cn", "t_pn")
 TEXT_ONLY_METRIC = "text_only_acc"
+TEXT_ONLY_ITEMS = "text_only_n_items"  # the items the text-only figures cover (images or not)
 
 
 def text_only_correct(t_cp, t_cn, t_pn) -> np.ndarray:
@@ -178,8 +179,8 @@ def text_only_metrics(name: str, subsets: Sequence[str], text_sims: Mapping[str,
     """``<name>/<subset>/text_only_acc`` per subset (when there is more than one, or the
     benchmark averages subsets) and ``<name>/text_only_acc`` overall: the unweighted mean of
     the subsets for ``mean_of_subsets``, all items pooled otherwise (the same rule as the
-    image figures in :func:`benchmark_metrics`). Empty subsets give
-    no figure (no accuracy is invented for no data)."""
+    image figures in :func:`benchmark_metrics`), and ``<name>/text_only_n_items``, the items
+    covered. Empty subsets give no figure (no accuracy is invented for no data)."""
     sub = np.asarray(list(subsets), dtype=object)
     arrays = [np.asarray(text_sims[k], dtype=np.float64).reshape(-1) for k in TEXT_COLUMNS]
     if not all(len(a) == len(sub) for a in arrays):
@@ -195,4 +196,5 @@ def text_only_metrics(name: str, subsets: Sequence[str], text_sims: Mapping[str,
     if per:
         overall = float(np.mean(list(per.values()))) if aggregate == "mean_of_subsets" else float(correct.mean())
         out[f"{name}/{TEXT_ONLY_METRIC}"] = overall
+        out[f"{name}/{TEXT_ONLY_ITEMS}"] = int(len(sub))
     return out

@@ -34,9 +34,10 @@ This is the definition the SugarCrepe++ authors' evaluation code follows
 (``VLMs/test_NegCLIP.py`` and the other ``VLMs/test_*.py`` scripts in github.com/Sri-Harsha/scpp:
 ``if cos_p1p2 > cos_p1_neg and cos_p1p2 > cos_p2_neg: correct_text += 1``, where p1 is
 ``caption`` and p2 ``caption2``). Every comparison is strict, so a tie counts against the
-model, as in the rest of the platform. The text-only figure is computed over the same
-scored items as the image figures (items whose image is missing are excluded from both,
-so every figure of a run describes one set of items).
+model, as in the rest of the platform. The text-only figure needs no image, so it covers
+every item, also those whose image is missing (``<name>/text_only_n_items`` counts them;
+``<name>/n_excluded_items`` beside it says how many the image figures left out): without the
+COCO images at all, the text-only figures are still reported.
 
 Each distinct image and caption is encoded once (the evaluator's index scoring); the
 text-only cosines are dot products of the same normalised caption features.
