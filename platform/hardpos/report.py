@@ -35,9 +35,11 @@ evaluator's own REPLACE definition); SWAP is the world's swap benchmark.
 """
 from __future__ import annotations
 
+import html
 import io
 import json
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
@@ -69,6 +71,14 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
             raise ValueError(f"table row {i} has {len(row)} cells, the header {len(header)}: {row!r}")
         lines.append("| " + " | ".join(cell(v) for v in row) + " |")
     return "\n".join(lines)
+
+
+def md_text(value: Any) -> str:
+    """A user's text (a benchmark, subset, model or file name) as Markdown that shows it as
+    written: HTML markup is escaped (``<script>`` is text, never an element) and so are the
+    characters that would start code or a link."""
+    text = html.escape(str(value), quote=False)
+    return re.sub(r"([`\[\]])", r"\\\1", text)
 
 
 def pct(value: float | None, spread: float | None = None) -> str:
@@ -409,6 +419,7 @@ def markdown_report(report: EvalReport, model_name: str = "model", retention: Ma
     line under the title says which precision (``report.precision``) the scores were
     computed in, and on which ``device`` when given."""
     m = report.metrics
+    model_name = md_text(model_name)
     # A benchmark with hard positives stays in their tables when no item could be scored
     # (all images missing): its row then says so, beside what needs no image.
     pos = [r for r in report.results if f"{r.name}/aug_acc" in m or (getattr(r, "has_positives", False) and not r.item_ids)]
@@ -421,15 +432,15 @@ def markdown_report(report: EvalReport, model_name: str = "model", retention: Ma
         header = ["model"]
         row = [model_name]
         for r in pos:
-            header += [f"{r.name} orig", f"{r.name} aug"]
+            header += [f"{md_text(r.name)} orig", f"{md_text(r.name)} aug"]
             row += [pct(m.get(f"{r.name}/orig_acc")), pct(m.get(f"{r.name}/aug_acc"))]
         for r in pos:
-            header.append(f"{r.name} brittle")
+            header.append(f"{md_text(r.name)} brittle")
             row.append(pct(m.get(f"{r.name}/brittleness")))
         parts += ["## Original / augmented accuracy and brittleness (%, Table 1 layout)", "",
                   "Chance: 50 / 33.3 / 33.3. aug = caption and hard positive both beat the hard negative; "
                   "brittle = the hard negative lies strictly between them.", "", table(header, [row]), ""]
-        rows = [[r.name, num(m.get(f"{r.name}/mean_s_c")), num(m.get(f"{r.name}/mean_s_n")),
+        rows = [[md_text(r.name), num(m.get(f"{r.name}/mean_s_c")), num(m.get(f"{r.name}/mean_s_n")),
                  num(m.get(f"{r.name}/mean_s_p")), pct(m.get(f"{r.name}/aug_drop")), str(int(m.get(f"{r.name}/n_items", 0))),
                  _excluded(r)] for r in pos]
         parts += ["## Mean cosine scores", "", table(["benchmark", "mean s_c", "mean s_n", "mean s_p", "aug - orig (pts)", "items",
@@ -439,7 +450,7 @@ def markdown_report(report: EvalReport, model_name: str = "model", retention: Ma
         for sub in dict.fromkeys(r.subsets):
             key = f"{r.name}/{sub}"
             if f"{key}/orig_acc" in m:
-                sub_rows.append([r.name, sub, pct(m.get(f"{key}/orig_acc")), pct(m.get(f"{key}/aug_acc")),
+                sub_rows.append([md_text(r.name), md_text(sub), pct(m.get(f"{key}/orig_acc")), pct(m.get(f"{key}/aug_acc")),
                                  pct(m.get(f"{key}/brittleness")), num(m.get(f"{key}/mean_s_c")), num(m.get(f"{key}/mean_s_n")),
                                  num(m.get(f"{key}/mean_s_p")), str(int(m[f"{key}/n_items"]))])
     if sub_rows:
@@ -447,12 +458,12 @@ def markdown_report(report: EvalReport, model_name: str = "model", retention: Ma
                   table(["benchmark", "subset", "orig", "aug", "brittle", "mean s_c", "mean s_n", "mean s_p", "items"], sub_rows), ""]
     parts += text_only_section(report.results, m)  # SugarCrepe++'s text-only task, when evaluated
     if neg_only:
-        rows = [[r.name, pct(m.get(f"{r.name}/orig_acc")), str(int(m.get(f"{r.name}/n_items", 0))), _excluded(r)]
+        rows = [[md_text(r.name), pct(m.get(f"{r.name}/orig_acc")), str(int(m.get(f"{r.name}/n_items", 0))), _excluded(r)]
                 for r in neg_only]
         parts += ["## Benchmarks without hard positives (original accuracy, %)", "",
                   table(["benchmark", "orig", "items", "excluded (image missing)"], rows), ""]
     if retention:
-        rows = [[k, str(int(v)) if _is_count(k) else pct(v)] for k, v in sorted(retention.items())]
+        rows = [[md_text(k), str(int(v)) if _is_count(k) else pct(v)] for k, v in sorted(retention.items())]
         parts += ["## Retention (zero-shot classification, retrieval; %)", "", table(["metric", "value"], rows), ""]
     missing = [(r.name, mi) for r in report.results for mi in r.missing_images]
     parts += ["## Missing or corrupt images", ""]
@@ -461,7 +472,7 @@ def markdown_report(report: EvalReport, model_name: str = "model", retention: Ma
                      "that needs an image (the text-only task needs none and covers them).")
         parts.append("")
         for name, mi in missing[:50]:
-            parts.append(f"- `{name}`: `{mi['image']}` ({mi['error']}; {mi['n_items']} item(s))")
+            parts.append(f"- {md_text(name)}: {md_text(mi['image'])} ({md_text(mi['error'])}; {mi['n_items']} item(s))")
         if len(missing) > 50:
             parts.append(f"- ... {len(missing) - 50} more in missing_images.json")
     else:
@@ -542,9 +553,9 @@ def text_only_section(results: Sequence[Any], metrics: Mapping[str, float]) -> l
         subsets = [k[len(prefix):-len(TEXT_ONLY_METRIC) - 1] for k in metrics
                    if k.startswith(prefix) and k.endswith(f"/{TEXT_ONLY_METRIC}") and k != f"{prefix}{TEXT_ONLY_METRIC}"]
         for sub in subsets:
-            rows.append([r.name, sub, pct(metrics[f"{prefix}{sub}/{TEXT_ONLY_METRIC}"]), "", ""])
+            rows.append([md_text(r.name), md_text(sub), pct(metrics[f"{prefix}{sub}/{TEXT_ONLY_METRIC}"]), "", ""])
         n = metrics.get(f"{prefix}{TEXT_ONLY_ITEMS}")
-        rows.append([r.name, "all (mean of categories)", pct(metrics[f"{prefix}{TEXT_ONLY_METRIC}"]),
+        rows.append([md_text(r.name), "all (mean of categories)", pct(metrics[f"{prefix}{TEXT_ONLY_METRIC}"]),
                      "" if n is None else str(int(n)), _excluded(r)])
     if not rows:
         return []

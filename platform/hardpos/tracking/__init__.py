@@ -8,7 +8,8 @@ One module per job (read in this order):
 * :mod:`~hardpos.tracking.journal`: every record on disk first, one shipper sends it (the
   files, the background thread, close and what is left);
 * :mod:`~hardpos.tracking.transport`: one request to the store, and why a resend is harmless;
-* :mod:`~hardpos.tracking.resend`: ``hardpos track replay``, the same shipper on left-over files.
+* :mod:`~hardpos.tracking.resend`: ``hardpos track replay``, the same shipper on left-over files;
+* :mod:`~hardpos.tracking.names`: the one way a user's name becomes one MLflow accepts.
 
 Everything a stage, a test or a user needs is importable from ``hardpos.tracking``. The
 names load on first use (PEP 562 ``__getattr__``), because importing MLflow takes seconds
@@ -40,8 +41,9 @@ _EXPORTS = {
     **dict.fromkeys(["ClientTransport", "HttpTransport", "Rejected", "Transient", "fail_fast_mlflow",
                      "log_model_now", "next_unit", "probe"], "transport"),
     **dict.fromkeys(["ReplayReport", "replay"], "resend"),
+    **dict.fromkeys(["mlflow_name", "mlflow_names"], "names"),
 }
-_SUBMODULES = ("journal", "logger", "resend", "store", "transport")
+_SUBMODULES = ("journal", "logger", "names", "resend", "store", "transport")
 
 __all__ = ["TrackingUnavailableError", *sorted(_EXPORTS)]
 

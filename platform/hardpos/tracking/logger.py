@@ -30,23 +30,26 @@ from hardpos.tracking import TrackingUnavailableError
 # The module, not its names: tests swap transport.transport_for for a switchable one.
 from hardpos.tracking import transport
 from hardpos.tracking.journal import LOCAL_PREFIX, DeliveryReport, QueueOptions, RunQueue, ledger_step
+from hardpos.tracking.names import mlflow_names
 from hardpos.tracking.redact import redact, redact_text
 from hardpos.tracking.store import ensure_experiment, resolve_tracking_uri
 from hardpos.tracking.transport import fail_fast_mlflow, probe
 
 log = logging.getLogger("hardpos.tracking")
 
-# MLflow rejects param values over this many characters.
+# MLflow rejects param / tag values over this many characters.
 _MAX_PARAM_CHARS = 6000
+_MAX_TAG_CHARS = 8000
 
 
 def clean_params(params: dict[str, Any]) -> dict[str, str]:
-    """Flatten nested dicts and stringify values (truncated to MLflow's limit)."""
+    """Flatten nested dicts, stringify values (truncated to MLflow's limit) and make the
+    names ones MLflow accepts (:func:`hardpos.tracking.names.mlflow_names`)."""
     out = {}
     for key, value in flatten(params).items():
         text = json.dumps(value) if isinstance(value, (list, tuple, dict)) else str(value)
         out[key] = text[:_MAX_PARAM_CHARS]
-    return out
+    return mlflow_names(out)
 
 
 def numeric_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
@@ -98,7 +101,7 @@ class RunLogger:
         # ambiguous failure is then an identical row, which MLflow's SQL store drops.
         now = int(time.time() * 1000)
         self._queue().put_many([{"kind": "metric", "key": k, "value": v, "timestamp": now, "step": step or 0}
-                                for k, v in numeric_metrics(metrics).items()])
+                                for k, v in mlflow_names(numeric_metrics(metrics)).items()])
 
     def last_step(self, metric: str) -> int:
         """The highest step logged for ``metric`` (0 when it was never logged): in MLflow,
@@ -112,7 +115,8 @@ class RunLogger:
                                 local=self.local)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        self._queue().put_many([{"kind": "tag", "key": k, "value": str(v)} for k, v in redact(tags).items()])
+        self._queue().put_many([{"kind": "tag", "key": k, "value": str(v)[:_MAX_TAG_CHARS]}
+                                for k, v in mlflow_names(redact(tags)).items()])
 
     def log_artifact(self, local_path: str | os.PathLike, artifact_path: str | None = None) -> None:
         """Queue a file or folder (copied now, uploaded by the sender)."""
