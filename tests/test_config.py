@@ -272,3 +272,31 @@ def test_from_dict_names_sections_of_direct_errors():
     with pytest.raises(ConfigError, match=r"^outer\.steps must be >= 1, got -2$"):
         from_dict(_Cfg, {"outer": {"steps": -2}})
     assert from_dict(_Cfg, {}, base=_Cfg(seed=4)).seed == 4
+
+
+
+@dataclasses.dataclass
+class _Inner:
+    y: int = 0
+
+
+@dataclasses.dataclass
+class _SharedDoc:
+    """x / inner: one line for two keys."""
+
+    x: int = 0
+    inner: _Inner = dataclasses.field(default_factory=_Inner)
+
+
+def test_every_config_key_has_its_own_help_text():
+    """--help shows each key's own doc: none missing, and no section documented by a line
+    shared with other keys (interpolate's retention.* once showed world_dir's text)."""
+    from hardpos.config.help import doc_problems
+
+    assert {s: doc_problems(runtime.stage_module(s).Config) for s in runtime.STAGES} == {s: [] for s in runtime.STAGES}
+    assert doc_problems(_SharedDoc) == ["inner: a section documented by a line shared with other keys", "inner.y: no doc line"]
+    text = "\n".join(describe_config(runtime.stage_module("interpolate").Config()))
+    retention = text.split("  retention.*", 1)[1].split("  retention.zeroshot", 1)[0]
+    assert "world_dir" not in retention and "zero-shot" in retention
+    for key in ("register_name", "register_alias"):
+        assert text.split(f"  {key}:", 1)[1].splitlines()[1].strip(), key  # its doc line follows

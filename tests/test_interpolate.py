@@ -133,7 +133,7 @@ def test_interpolate_stage_endpoints_children_curve_and_registration(tmp_path, t
     # the curve: one row per alpha, the plot, the numbers
     out = tmp_path / "wise"
     md = (out / "curve.md").read_text()
-    assert "| alpha | t aug | t brittle | zeroshot/zs/top1 |" in md
+    assert "| alpha | t orig | t aug | t brittle | zeroshot/zs/top1 |" in md
     assert [line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| ") and "alpha" not in line] == ["0", "0.5", "1"]
     assert (out / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(json.loads((out / "curve.json").read_text())["points"]) == 3
@@ -152,3 +152,21 @@ def test_interpolate_stage_endpoints_children_curve_and_registration(tmp_path, t
     reg = register.register_best(register.Config(name="tiny-wise-1", run_id=points[1.0]["run_id"]), tracking_uri, "unused")
     tags = client.get_model_version("tiny-wise-1", reg["champion"]["version"]).tags
     assert tags["param.model.wise.alpha"] == "1" and tags["param.model.wise.base"] == base
+
+
+def test_the_plot_draws_what_its_titles_say():
+    """The accuracy panel draws original AND augmented accuracy of every benchmark with hard
+    positives (its title says both); a benchmark without positives: original only."""
+    from hardpos.eval.spec import BenchmarkSpec
+    from hardpos.report import curve_panels
+    from hardpos.stages.interpolate import curve_columns
+
+    metrics = {f"{b}/{f}": 0.5 for b in ("r", "s") for f in ("orig_acc", "aug_acc", "brittleness")}
+    metrics.update({"sc/orig_acc": 0.6, "zeroshot/zs/top1": 0.4})
+    specs = [BenchmarkSpec(n, "triplets", "x") for n in ("r", "s", "sc")]
+    panels = dict(curve_panels(curve_columns(specs, metrics)))
+    assert list(panels) == ["original and augmented accuracy (%)", "brittleness (%, lower is better)", "retention (%)"]
+    assert [k for _, k in panels["original and augmented accuracy (%)"]] == ["r/orig_acc", "r/aug_acc", "s/orig_acc",
+                                                                                "s/aug_acc", "sc/orig_acc"]
+    only_orig = dict(curve_panels(curve_columns(specs[2:], metrics)))
+    assert list(only_orig) == ["original accuracy (%)", "retention (%)"]

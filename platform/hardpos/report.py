@@ -373,25 +373,43 @@ def tradeoff_plot(rows: list[dict[str, Any]], path: str | Path, x: str = "param:
     return path
 
 
+def curve_panels(columns: Sequence[tuple[str, str]]) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The WiSE-FT plot's panels, [(title, [(label, metric key)])], from the curve's columns:
+    original and augmented accuracy (each benchmark's two lines), brittleness, retention;
+    panels with nothing to draw are left out. Every title names exactly what it draws."""
+    def accuracy(k: str) -> bool:
+        return k.endswith(("/aug_acc", "/orig_acc")) and not k.startswith(("zeroshot/", "retrieval/"))
+
+    panels = [(name, [(h, k) for h, k in columns if pred(k)]) for name, pred in (
+        ("original and augmented accuracy (%)", accuracy),
+        ("brittleness (%, lower is better)", lambda k: k.endswith("/brittleness")),
+        ("retention (%)", lambda k: k.startswith(("zeroshot/", "retrieval/"))))]
+    panels = [p for p in panels if p[1]]
+    if panels and panels[0][0].startswith("original") and not any(k.endswith("/aug_acc") for _, k in panels[0][1]):
+        panels[0] = ("original accuracy (%)", panels[0][1])  # no benchmark with hard positives
+    return panels
+
+
 def curve_plot(points: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]], path: str, *, title: str) -> str:
-    """PNG of a WiSE-FT curve (``interpolate``): augmented accuracy, brittleness and retention
-    (when any) against alpha; ``points`` are ``{"alpha", "metrics"}``, ``columns`` (header, key)."""
+    """PNG of a WiSE-FT curve (``interpolate``): :func:`curve_panels` against alpha (original
+    accuracy dashed, augmented solid, in one colour per benchmark); ``points`` are
+    ``{"alpha", "metrics"}``, ``columns`` (header, key)."""
     # lazy: matplotlib is an optional, heavy plotting dependency only the chart writers need
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(name, [(h, k) for h, k in columns if pred(k)]) for name, pred in (
-        ("augmented / original accuracy (%)", lambda k: k.endswith(("/aug_acc", "/orig_acc")) and not k.startswith(("zeroshot/", "retrieval/"))),
-        ("brittleness (%, lower is better)", lambda k: k.endswith("/brittleness")),
-        ("retention (%)", lambda k: k.startswith(("zeroshot/", "retrieval/"))))]
-    panels = [p for p in panels if p[1]]
+    panels = curve_panels(columns)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4), squeeze=False)
     xs = [p["alpha"] for p in points]
     for ax, (name, cols) in zip(axes[0], panels):
+        colours: dict[str, Any] = {}
         for header, key in cols:
-            ax.plot(xs, [100 * p["metrics"].get(key, float("nan")) for p in points], marker="o", label=header)
+            bench = key.rsplit("/", 1)[0]
+            line, = ax.plot(xs, [100 * p["metrics"].get(key, float("nan")) for p in points], marker="o", label=header,
+                            linestyle="--" if key.endswith("/orig_acc") else "-", color=colours.get(bench))
+            colours.setdefault(bench, line.get_color())
         ax.set_xlabel("alpha (0 = base, 1 = finetuned)")
         ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.3)

@@ -43,6 +43,48 @@ def field_docs(cls: type) -> dict[str, str]:
     return {name: " ".join(parts) for name, parts in docs.items() if name in names}
 
 
+def doc_problems(cls: type, prefix: str = "") -> list[str]:
+    """The keys of config class ``cls`` (sections and list items included) whose ``--help``
+    text would not be their own: a key with no doc line, or a section documented by a line
+    shared with other keys (``benchmarks / world_dir / retention: ...`` once showed the
+    world_dir text under ``retention.*``). Plain keys may share a line that speaks of each
+    (``metric / mode: ...``). Empty when every key documents itself."""
+    problems: list[str] = []
+    docs = field_docs(cls)
+    shared: set[str] = set()
+    for klass in cls.__mro__:
+        text = klass.__dict__.get("__doc__")
+        if text and dataclasses.is_dataclass(klass):
+            for line in inspect.cleandoc(text).splitlines():
+                match = _DOC_ITEM.match(line)
+                names = re.split(r"\s*[/,]\s*", match.group(1)) if match else []
+                if len(names) > 1:
+                    shared.update(names)
+    hints = get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        key, tp = f"{prefix}{f.name}", hints[f.name]
+        section = _section_type(tp)
+        if f.name not in docs:
+            problems.append(f"{key}: no doc line")
+        elif section is not None and f.name in shared:
+            problems.append(f"{key}: a section documented by a line shared with other keys")
+        if section is not None:
+            problems += doc_problems(section, f"{key}.")
+        item = _item_type(tp)
+        if item is not None and dataclasses.is_dataclass(item):
+            problems += doc_problems(item, f"{key}.<i>.")
+    return problems
+
+
+def _section_type(tp: Any) -> Any:
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        tp = args[0] if len(args) == 1 else tp
+    return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
+
+
 def type_name(tp: Any) -> str:
     """A readable type: ``int``, ``str | None``, ``list[Variant]``, ``one of 'a', 'b'``."""
     origin = get_origin(tp)

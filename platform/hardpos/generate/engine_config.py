@@ -143,6 +143,11 @@ class EngineConfig:
     """Which engine generates, and its settings.
 
     kind: "rules" (CPU, no model), "http" (OpenAI-compatible endpoint) or "vllm" (GPU actors).
+    sampling: decoding defaults of the LLM engines (http, vllm); a prompt template's own
+        ``sampling:`` settings override them field by field.
+    vllm: the vLLM engine on GPU actors (used when kind is "vllm").
+    http: the OpenAI-compatible endpoint (used when kind is "http").
+    rules: the CPU rule engine (used when kind is "rules").
     """
 
     kind: Literal["rules", "http", "vllm"] = "rules"

@@ -58,16 +58,27 @@ PROVENANCE = ("hardpos.wise.base", "hardpos.wise.finetuned", "hardpos.wise.alpha
 class Config(JobConfig):
     """WiSE-FT interpolation between two models of the same architecture.
 
-    base / finetuned: the two endpoints (arch + pretrained: open_clip tag, checkpoint path,
-        s3://, runs:/<id>/model, models:/<name>@<alias>; MLflow URIs are looked up in
+    base: the alpha = 0 endpoint (arch + pretrained: open_clip tag, checkpoint path, s3://,
+        runs:/<id>/model, models:/<name>@<alias>; MLflow URIs are looked up in
         tracking.tracking_uri).
-    base_name / finetuned_name: labels in the curve's title and the reports.
+    finetuned: the alpha = 1 endpoint, of the same architecture as ``base`` (same forms).
+    base_name: the base's label in the curve's title and the reports.
+    finetuned_name: the finetuned model's label in the curve's title and the reports.
     alphas: mixing weights in [0, 1] (0 = base, 1 = finetuned), one child run each.
-    benchmarks / world_dir / retention: what each mix is evaluated on, as in the evaluate stage
-        (``world_dir`` adds the synthetic world's three benchmarks).
-    device / precision / batch_size / num_threads: as in the evaluate stage.
+    benchmarks: benchmark files every mix is evaluated on, as in the evaluate stage.
+    world_dir: a synthetic world's folder: adds its REPLACE attribute / relation and SWAP
+        benchmarks to ``benchmarks``.
+    retention: zero-shot classification and retrieval sets every mix is evaluated on (how much
+        of the base's general ability each mix keeps), as in the evaluate stage.
+    device: where the mixes are scored ("auto": a GPU when there is one), as in the evaluate stage.
+    precision: scoring precision (fp32 by default), as in the evaluate stage.
+    batch_size: images / captions encoded per batch.
+    num_threads: image decoding threads.
     register_alpha: register this alpha's model (one of ``alphas``; None: register nothing)
         as models:/<register_name>@<register_alias>, with both parents and alpha as tags.
+    register_name: the registered model name ``register_alpha``'s mix is registered under.
+    register_alias: the alias that version gets (``models:/<register_name>@<register_alias>``
+        loads it; Serve and the evaluate stage take that URI).
     """
 
     output_dir: str = "outputs/interpolate"
@@ -116,12 +127,14 @@ def source_of(model: ModelConfig) -> str:
 
 # --------------------------------------------------------------------------- the curve
 def curve_columns(specs: Sequence[BenchmarkSpec], metrics: Mapping[str, float]) -> list[tuple[str, str]]:
-    """[(header, metric key)]: aug acc and brittleness per benchmark (orig acc where a
-    benchmark has no hard positives), then the retention figures present in ``metrics``."""
+    """[(header, metric key)]: original and augmented accuracy and brittleness per benchmark
+    (original accuracy alone where a benchmark has no hard positives), then the retention
+    figures present in ``metrics``."""
     cols: list[tuple[str, str]] = []
     for s in specs:
         if f"{s.name}/aug_acc" in metrics:
-            cols += [(f"{s.name} aug", f"{s.name}/aug_acc"), (f"{s.name} brittle", f"{s.name}/brittleness")]
+            cols += [(f"{s.name} orig", f"{s.name}/orig_acc"), (f"{s.name} aug", f"{s.name}/aug_acc"),
+                     (f"{s.name} brittle", f"{s.name}/brittleness")]
         elif f"{s.name}/orig_acc" in metrics:
             cols.append((f"{s.name} orig", f"{s.name}/orig_acc"))
     for key in sorted(metrics):

@@ -30,7 +30,6 @@ class Config(WorldConfig, JobConfig):
     relation_margin: fraction of the image by which a relation must hold to be "true".
     background_jitter / color_jitter: nuisance variation of the rendering.
     write_images: false writes captions and ground truth only.
-    tracking / ray: see JobConfig.
     """
 
     output_dir: str = "outputs/world"
