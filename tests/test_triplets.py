@@ -44,8 +44,8 @@ def test_errors_name_the_file(tmp_path):
     with pytest.raises(TripletFileError, match="not found"):
         read_triplets(str(tmp_path / "none.parquet"))
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"caption": "x", "image": "y"}) + "\n")
-    with pytest.raises(TripletFileError, match=r"bad.jsonl: row 0 lacks column"):
+    bad.write_text(json.dumps({"caption": "x"}) + "\n")
+    with pytest.raises(TripletFileError, match=r"bad.jsonl: row 0 lacks column\(s\) \['image'\]"):
         read_triplets(str(bad))
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -81,3 +81,25 @@ def test_join_choice_columns_round_trip(tmp_path, ext):
         (2, "replace,swap", 1), (0, None, None)]
     only_neg = read_triplets(write_triplets([neg_only], str(tmp_path / f"n.{ext}")))
     assert (only_neg[0]["n_positives"], only_neg[0]["positive_index"]) == (0, None)
+
+
+@pytest.mark.parametrize("ext", ["jsonl", "parquet"])
+def test_a_users_file_needs_only_the_documented_columns(tmp_path, ext):
+    """image, caption, hard_negative, hard_positive (+ kind), as docs/stages.md and --help say:
+    source and caption_id get their defaults; a value the file has is kept."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"image": "a.png", "caption": "a red circle", "hard_negative": "a blue circle", "hard_positive": None},
+            {"image": "b.png", "caption": "a cat and a dog", "hard_negative": "x", "hard_positive": "a dog and a cat"}]
+    path = tmp_path / f"mine.{ext}"
+    if ext == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    back = read_triplets(str(path))
+    assert [(r["source"], r["caption_id"], r["kind"]) for r in back] == [("dataset:mine", "0", None), ("dataset:mine", "1", None)]
+    assert back[1]["hard_positive"] == "a dog and a cat" and back[0]["hard_positive"] is None
+    (tmp_path / "own.jsonl").write_text(json.dumps({**rows[0], "source": "llm:x", "caption_id": "c7", "kind": "swap"}) + "\n")
+    assert {k: read_triplets(str(tmp_path / "own.jsonl"))[0][k] for k in ("source", "caption_id", "kind")} == \
+        {"source": "llm:x", "caption_id": "c7", "kind": "swap"}

@@ -6,7 +6,11 @@ the triplet file's own folder), ``caption``, ``hard_negative`` and ``hard_positi
 (rule | llm:<model> | dataset:<name> | world) and ``caption_id``.  Extra columns (e.g.
 ``slot``, ``split``, ``scene_id``) are kept as they are.
 
-Files are parquet or jsonl, chosen by extension, local or s3://.
+Files are parquet or jsonl, chosen by extension, local or s3://. A file a user brings needs
+only :data:`REQUIRED_COLUMNS` (``image``, ``caption``); :func:`read_triplets` fills the rest
+(:func:`with_defaults`): ``hard_negative``, ``hard_positive`` and ``kind`` null, ``source``
+``dataset:<file name without extension>``, ``caption_id`` the row number. What the platform
+writes (:func:`write_triplets`) always has every column.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from hardpos import storage
 
 TRIPLET_COLUMNS = ("image", "caption", "hard_negative", "hard_positive", "kind", "source", "caption_id")
 NULLABLE = ("image", "hard_negative", "hard_positive")
+REQUIRED_COLUMNS = ("image", "caption")  # what a user's file must have; read_triplets fills the rest
 
 
 class TripletFileError(ValueError):
@@ -63,11 +68,25 @@ def _format(uri: str) -> str:
     raise TripletFileError(f"{uri}: triplet files must end in .parquet or .jsonl")
 
 
-def _check_rows(rows: list[dict], where: str) -> None:
+def _check_rows(rows: list[dict], where: str, columns: tuple[str, ...] = TRIPLET_COLUMNS) -> None:
     for i, row in enumerate(rows):
-        missing = [c for c in TRIPLET_COLUMNS if c not in row]
+        missing = [c for c in columns if c not in row]
         if missing:
-            raise TripletFileError(f"{where}: row {i} lacks column(s) {missing}; triplet rows need {list(TRIPLET_COLUMNS)}")
+            raise TripletFileError(f"{where}: row {i} lacks column(s) {missing}; triplet rows need {list(columns)}")
+
+
+def with_defaults(rows: list[dict], uri: str) -> list[dict]:
+    """``rows`` of the file ``uri`` with every :data:`TRIPLET_COLUMNS` column: a column the
+    file does not have gets its default (module doc); a value the file has is kept, null too."""
+    name = str(uri).rstrip("/").rsplit("/", 1)[-1]
+    stem = name.rsplit(".", 1)[0] if "." in name else name
+    defaults = {"hard_negative": None, "hard_positive": None, "kind": None, "source": f"dataset:{stem}"}
+    for i, row in enumerate(rows):
+        for col, value in defaults.items():
+            row.setdefault(col, value)
+        if "caption_id" not in row:
+            row["caption_id"] = str(i)
+    return rows
 
 
 def write_triplets(rows: list[dict], uri: str) -> str:
@@ -106,10 +125,11 @@ def write_triplets(rows: list[dict], uri: str) -> str:
 
 
 def read_triplets(uri: str) -> list[dict]:
-    """Read a triplet file (.parquet / .jsonl, local or s3://) into row dicts.
+    """Read a triplet file (.parquet / .jsonl, local or s3://) into row dicts with every
+    :data:`TRIPLET_COLUMNS` column (:func:`with_defaults` fills what the file lacks).
 
-    Raises :class:`TripletFileError` naming the file for a missing file, a bad format or
-    missing columns.  Empty strings in nullable columns come back as None.
+    Raises :class:`TripletFileError` naming the file for a missing file, a bad format or a
+    missing :data:`REQUIRED_COLUMNS` column.  Empty strings in nullable columns come back as None.
     """
     uri = str(uri)
     fmt = _format(uri)
@@ -128,11 +148,12 @@ def read_triplets(uri: str) -> list[dict]:
             table = pq.read_table(io.BytesIO(data))
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
             raise TripletFileError(f"{uri}: not a readable parquet file: {exc}") from exc
-        missing = [c for c in TRIPLET_COLUMNS if c not in table.column_names]
+        missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
         if missing:
             raise TripletFileError(f"{uri}: lacks column(s) {missing}; has {table.column_names}")
         rows = table.to_pylist()
-    _check_rows(rows, uri)
+    _check_rows(rows, uri, REQUIRED_COLUMNS)
+    with_defaults(rows, uri)
     for row in rows:
         for col in NULLABLE:
             row[col] = _none_if_empty(row[col])
