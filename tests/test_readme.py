@@ -56,9 +56,20 @@ def fenced_commands(text: str) -> list[str]:
             buf += line[:-1] + " "
             continue
         line, buf = (buf + line).strip(), ""
+        if not _quotes_closed(line):  # a quoted argument that goes on over the next line
+            buf = line + " "
+            continue
         if _is_command(line):
             out.append(line)
     return out
+
+
+def _quotes_closed(line: str) -> bool:
+    try:
+        shlex.split(line)
+    except ValueError:
+        return False
+    return True
 
 
 def inline_commands(text: str) -> list[str]:
@@ -74,8 +85,12 @@ def readme_commands(text: str) -> list[str]:
 
 # --------------------------------------------------------------------------- checks
 def _tokens(command: str) -> list[str]:
-    """shlex tokens with ``[--flag]`` read as ``--flag`` and placeholders dropped."""
-    tokens = shlex.split(command.replace("[", " ").replace("]", " "))
+    """shlex tokens with ``[--flag]`` read as ``--flag`` and placeholders dropped (a
+    placeholder may hold spaces: ``run_id=<child run id>`` is one token)."""
+    command = re.sub(r"<[^<>]*>", lambda m: m.group(0).replace(" ", "_"), command)
+    # an optional part ``[--flag]`` / ``[key=value ...]`` starts a word; ``key=[1, 2]`` is a YAML list
+    command = re.sub(r"(^|\s)\[([^\[\]]*)\](?=\s|$)", r"\1 \2 ", command)
+    tokens = shlex.split(command)
     keep = []
     for tok in tokens:
         if "<" in tok or ">" in tok or tok in ("...", "…") or tok.split("=", 1)[0] in PLACEHOLDER_KEYS:
@@ -116,6 +131,10 @@ def check_command(command: str, targets: set[str] | None = None) -> list[str]:
     if head == "ray":
         return check_command(" ".join(shlex.quote(t) for t in rest[rest.index("--") + 1:])) if "--" in rest else []
     if head == "python":
+        if rest[:1] == ["-m"] and len(rest) > 1:
+            return [] if module_answers_help(rest[1]) else [f"python -m {rest[1]}: no such module, or its --help fails"]
+        if rest and rest[0].endswith(".py") and not rest[0].startswith("jobs/"):
+            return [] if script_answers_help(rest[0]) else [f"{rest[0]}: missing, or its --help fails"]
         if not rest or not rest[0].startswith("jobs/"):
             return []
         script = rest[0]
@@ -144,6 +163,48 @@ def check_command(command: str, targets: set[str] | None = None) -> list[str]:
     return []
 
 
+def module_answers_help(name: str) -> bool:
+    """``python -m name`` exists in this checkout and, when its ``main`` knows ``--help``
+    (HardPos's benchmark modules), ``main(["--help"])`` answers 0 in-process (prints only)."""
+    import contextlib
+    import importlib
+    import importlib.util
+    import io
+
+    if importlib.util.find_spec(name) is None:
+        return False
+    module = importlib.import_module(name)
+    main = getattr(module, "main", None)
+    if main is None or '"--help"' not in Path(module.__file__).read_text():
+        return True  # nothing that answers --help without running: existing is what can be checked
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            return main(["--help"]) in (0, None)
+        except SystemExit as exc:
+            return exc.code in (0, None)
+
+
+def script_answers_help(path: str) -> bool:
+    """A ``python path.py`` script exists and ``--help`` exits 0 (run in-process, argparse)."""
+    import contextlib
+    import io
+    import runpy
+    import sys
+
+    if not (ROOT / path).is_file():
+        return False
+    argv = sys.argv
+    sys.argv = [str(ROOT / path), "--help"]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            runpy.run_path(str(ROOT / path), run_name="__main__")
+    except SystemExit as exc:
+        return exc.code in (0, None)
+    finally:
+        sys.argv = argv
+    return True
+
+
 def local_links(text: str) -> list[str]:
     """Relative link targets (no URL, no anchor-only) of the markdown ``text``."""
     return [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text)
@@ -160,6 +221,46 @@ def test_every_readme_command_checks_out():
     targets = make_targets()
     problems = {c: p for c in readme_commands(README.read_text()) if (p := check_command(c, targets))}
     assert problems == {}
+
+
+DOCS = sorted((ROOT / "docs").rglob("*.md"))
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_command_in_the_docs_checks_out(doc, monkeypatch):
+    """docs/*.md as README.md: every fenced or inline command parses into its stage's config
+    (the --print-config form), or answers --help (benchmark modules, scripts), so a doc
+    cannot drift from the code."""
+    monkeypatch.chdir(ROOT)
+    targets = make_targets()
+    problems = {c: p for c in readme_commands(doc.read_text()) if (p := check_command(c, targets))}
+    assert problems == {}
+    missing = [t for t in local_links(doc.read_text()) if not (doc.parent / t).exists()]
+    assert missing == []
+
+
+def test_every_documented_stage_command_prints_its_config(monkeypatch, capsys):
+    """The commands of README.md and docs/*.md that name a stage, run in-process as written
+    with --print-config (what can run here in seconds: the command up to its compute)."""
+    monkeypatch.chdir(ROOT)
+    runs = 0
+    for doc in [README, *DOCS]:
+        for command in readme_commands(doc.read_text()):
+            tokens = _tokens(command)
+            if tokens[:1] == ["ray"] and "--" in tokens:
+                tokens = tokens[tokens.index("--") + 1:]
+            if tokens[:1] == ["python"] and tokens[1:2] and tokens[1].startswith("jobs/") and tokens[1] != "jobs/_bootstrap.py":
+                stage, args = Path(tokens[1]).stem, tokens[2:]
+            elif tokens[:1] == ["hardpos"] and tokens[1:2] and tokens[1] in STAGES:
+                stage, args = tokens[1], tokens[2:]
+            else:
+                continue
+            if "--help" in args or "-h" in args:
+                continue
+            code = cli.main([stage, *[a for a in args if a not in ("--full", "--from-scratch", "--verbose")], "--print-config"])
+            assert code == 0, f"{doc.name}: {command}: {capsys.readouterr().err}"
+            runs += 1
+    assert runs >= 10
 
 
 def test_every_relative_link_in_the_readme_exists():
