@@ -38,3 +38,43 @@ def test_rays_exclude_resources_deprecation_is_filtered_in_ray_processes():
     # and that line names both messages)
     assert "FutureWarning: `ExecutionOptions.exclude_resources`" not in proc.stderr
     assert "FutureWarning: other" in proc.stderr
+
+
+def test_no_nan_for_a_figure_that_does_not_exist():
+    """No validation split: the train stage's line has no val/loss, not ``val/loss nan``."""
+    from hardpos.stages.train import result_line
+
+    assert result_line(2, {"loss/total": 1.5}, "/m") == "trained 2 steps; final loss/total 1.5000; model: /m"
+    assert result_line(2, {"loss/total": 1.5, "val/loss": 1.25}, "/m") == \
+        "trained 2 steps; final loss/total 1.5000, val/loss 1.2500; model: /m"
+    assert "nan" not in result_line(0, {}, "/m")
+
+
+def test_ray_datas_progress_bar_notice_is_dropped_by_the_quiet_config(tmp_path):
+    """The quiet Ray Data logging config (read by every Ray process) drops the notice that
+    progress bars are off, and keeps Ray Data's other warnings."""
+    import logging
+    import logging.config
+
+    import yaml
+
+    config = yaml.safe_load(logs.QUIET_RAY_DATA_CONFIG.read_text())
+    config["handlers"]["console"] = {**config["handlers"]["console"], "class": "logging.StreamHandler",
+                                     "stream": "ext://sys.stderr"}
+    config["handlers"].pop("file")
+    config["loggers"]["ray.data"]["handlers"] = ["console"]
+    stream = io.StringIO()
+    config["handlers"]["console"]["stream"] = stream
+    config["handlers"]["console"].pop("stream")
+    logging.config.dictConfig(config)
+    logger = logging.getLogger("ray.data")
+    handler = logger.handlers[0]
+    handler.setStream(stream)
+    try:
+        logger.warning("Progress bars disabled. To enable, set `ray.data.DataContext...`")
+        logger.warning("Progress bars for operators disabled. To enable, ...")
+        logger.warning("a real problem")
+    finally:
+        logger.handlers.clear()
+    assert stream.getvalue().splitlines()[-1].endswith("a real problem")
+    assert "Progress bars" not in stream.getvalue()

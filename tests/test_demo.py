@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -82,23 +83,49 @@ def test_every_demo_invocation_trains_under_ray_train_names_of_its_own(tmp_path)
 
 # Seven stages with five Ray Train runs: ~3-4 min on an idle 2-core machine, but over 600 s
 # (the suite's default timeout) when other jobs share the cores; a hang still fails.
+# A healthy run's console (what `make demo` prints): no error-level line (Ray's C++ "E" lines,
+# ERROR, tracebacks), no Ray Data notice that progress bars are off, no nan, no deprecation warning.
+CONSOLE_NOISE = re.compile(r" E \d+ \d+\]|\bERROR\b|Traceback|Progress bars disabled|\bnan\b|"
+                           r"DeprecationWarning|FutureWarning|PendingDeprecationWarning")
+
+
+def test_the_console_noise_pattern_catches_each_kind():
+    for line in ["(TrainController pid=9) [2026-11-26 12:40:33,123 E 9 9] core_worker.cc:2: Actor with class name",
+                 "Progress bars disabled. To enable, set ...", "trained 2 steps; val/loss nan",
+                 "x.py:3: FutureWarning: deprecated", "ERROR hardpos: failed"]:
+        assert CONSOLE_NOISE.search(line), line
+    assert not CONSOLE_NOISE.search("12:40:33 INFO hardpos.train: step 2/2 loss 1.2345 (epoch 1)")
+
+
+@pytest.mark.integration  # a subprocess: the demo as `python jobs/demo.py` runs it, its own local Ray
 @pytest.mark.timeout(1500)
-def test_demo_runs_the_whole_pipeline_small(ray_session, tracking_uri, tmp_path):
+def test_demo_runs_the_whole_pipeline_small(tracking_uri, tmp_path):
+    import json
+    import subprocess
+    import sys
+
     from mlflow.tracking import MlflowClient
 
     from hardpos.config import ModelConfig, load_config
     from hardpos.model import load_model
-    from hardpos.runtime import execute
     from hardpos.stages import demo
 
-    cfg = load_config(demo.Config, None, [
+    args = [
         f"output_dir={tmp_path / 'demo'}", "arch=hardpos-tiny", "from_scratch=true", "curriculum.steps=0",  # small: quick
         "world.n_pretrain=96", "world.n_finetune=64", "world.n_benchmark=24", "world.image_size=32",
         "pretrain.steps=3", "pretrain.batch_size=16", "pretrain.num_workers=1", "pretrain.warmup_steps=1",
         "finetune.steps=2", "finetune.batch_size=16", "finetune.num_workers=1", "finetune.warmup_steps=1",
-        "eval_batch_size=64",
-    ])
-    summary = execute("demo", cfg)
+        "eval_batch_size=64", "ray.num_cpus=2",
+    ]
+    cfg = load_config(demo.Config, None, args)
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, str(root / "jobs" / "demo.py"), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=1400)
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 0, console[-4000:]
+    noise = [line for line in console.splitlines() if CONSOLE_NOISE.search(line)]
+    assert noise == [], "\n".join(noise[:20])
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
 
     # every model trained and evaluated; every table cell present and a valid number
     assert list(summary["rows"]) == MODELS

@@ -134,6 +134,17 @@ def ray_warning_filters(level: str) -> str:
     return "" if verbose(level) else f"ignore:{RAY_DEPRECATION_NOISE}:Warning"
 
 
+class RayDataNotices(logging.Filter):
+    """Drops Ray Data's notices that its progress bars are off: HardPos turns them off itself
+    (below ``debug``), so the notice is no news. Named in the quiet Ray Data logging config,
+    which every Ray process reads."""
+
+    NOTICES = ("Progress bars disabled", "Progress bars for operators disabled")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.NOTICES)
+
+
 class _DropLines:
     """A text stream that forwards everything except lines matching ``pattern`` (and the
     newline ``print`` writes after them)."""

@@ -30,6 +30,9 @@ from hardpos.config import JobConfig, RayConfig, TrackingConfig, dump_yaml, to_d
 from hardpos.config.paths import absolute_paths
 from hardpos.tracking.redact import redact
 
+# Ray Train's switch for its preemption watcher (ray.train.v2._internal.constants), off on a local Ray.
+NO_PREEMPTION_WATCHER = ("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+
 STAGES = ("world", "perturb", "generate", "train", "evaluate", "sweep", "compare", "register", "demo", "interpolate",
           "audit")
 
@@ -82,6 +85,11 @@ def init_ray(cfg: RayConfig | None = None, log_level: str | None = None, **kwarg
     if address:
         ray.init(address=address, **kwargs)
     else:
+        # A local Ray is one node that no cloud can drain: Ray Train's preemption watcher has
+        # nothing to watch there, and starting it prints an error-level core-worker line per
+        # finetune (an actor with restarts whose constructor arguments sit in the object
+        # store). Set before ray.init so the Train controller's process inherits it.
+        os.environ.setdefault(NO_PREEMPTION_WATCHER[0], NO_PREEMPTION_WATCHER[1])
         kwargs.setdefault("include_dashboard", cfg.include_dashboard)
         if kwargs["include_dashboard"]:
             kwargs.setdefault("dashboard_host", "127.0.0.1")

@@ -82,6 +82,14 @@ def seen_substitutions(train_path: str) -> str | None:
     return None
 
 
+def result_line(steps: int, metrics: dict[str, float], final_dir: str) -> str:
+    """The stage's console line: the losses it has (no validation split: no val/loss, never
+    a ``nan`` standing in for a figure that does not exist)."""
+    figures = [f"{label} {metrics[key]:.4f}" for key, label in (("loss/total", "final loss/total"), ("val/loss", "val/loss"))
+               if key in metrics]
+    return f"trained {steps} steps" + (f"; {', '.join(figures)}" if figures else "") + f"; model: {final_dir}"
+
+
 def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = (), step_hook: StepHook | None = None) -> dict:
     """Train, export the final checkpoint to <output_dir>/model, log it as an MLflow model.
 
@@ -137,6 +145,5 @@ def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = (), step_hook: 
         "samples_per_s": metrics.get("perf/samples_per_s", 0.0),
         "seen_substitutions": seen,
     }
-    print(f"trained {steps} steps; final loss/total {metrics.get('loss/total', float('nan')):.4f}, "
-          f"val/loss {metrics.get('val/loss', float('nan')):.4f}; model: {final_dir}")
+    print(result_line(steps, metrics, final_dir))
     return summary
