@@ -176,6 +176,8 @@ def execute(
             recorded = redact(to_dict(cfg))
             run.log_params(recorded)
             run.log_text(dump_yaml(recorded), "config.yaml")
+            # lineage in MLflow's runs table: the triplets and benchmarks this run reads
+            run.log_inputs(redact(tracking.config_inputs(cfg)))
         result = fn(cfg, ctx) or {}
         summary = {
             "stage": stage,

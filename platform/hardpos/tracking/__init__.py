@@ -9,7 +9,8 @@ One module per job (read in this order):
   files, the background thread, close and what is left);
 * :mod:`~hardpos.tracking.transport`: one request to the store, and why a resend is harmless;
 * :mod:`~hardpos.tracking.resend`: ``hardpos track replay``, the same shipper on left-over files;
-* :mod:`~hardpos.tracking.names`: the one way a user's name becomes one MLflow accepts.
+* :mod:`~hardpos.tracking.names`: the one way a user's name becomes one MLflow accepts;
+* :mod:`~hardpos.tracking.inputs`: the datasets a run read (``mlflow.log_input``), with digests.
 
 Everything a stage, a test or a user needs is importable from ``hardpos.tracking``. The
 names load on first use (PEP 562 ``__getattr__``), because importing MLflow takes seconds
@@ -42,8 +43,9 @@ _EXPORTS = {
                      "log_model_now", "next_unit", "probe"], "transport"),
     **dict.fromkeys(["ReplayReport", "replay"], "resend"),
     **dict.fromkeys(["mlflow_name", "mlflow_names"], "names"),
+    **dict.fromkeys(["config_inputs", "dataset_input"], "inputs"),
 }
-_SUBMODULES = ("journal", "logger", "names", "resend", "store", "transport")
+_SUBMODULES = ("inputs", "journal", "logger", "names", "resend", "store", "transport")
 
 __all__ = ["TrackingUnavailableError", *sorted(_EXPORTS)]
 
@@ -63,11 +65,13 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ does this on first use
+    from hardpos.tracking.inputs import config_inputs, dataset_input  # noqa: F401
     from hardpos.tracking.journal import (LOCAL_PREFIX, DeliveryReport, QueueOptions, RunQueue,  # noqa: F401
                                           read_jsonl, undelivered_files)
     from hardpos.tracking.logger import (RunLogger, clean_params, close_all, end_run, existing_queue,  # noqa: F401
                                          last_logged_step, numeric_metrics, queue_for, queue_options, spill_dir_for,
                                          start_run)
+    from hardpos.tracking.names import mlflow_name, mlflow_names  # noqa: F401
     from hardpos.tracking.resend import ReplayReport, replay  # noqa: F401
     from hardpos.tracking.store import (DEFAULT_DB, default_tracking_uri, ensure_experiment,  # noqa: F401
                                         is_database_uri, missing_database_driver, resolve_tracking_uri,

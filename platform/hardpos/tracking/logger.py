@@ -118,6 +118,14 @@ class RunLogger:
         self._queue().put_many([{"kind": "tag", "key": k, "value": str(v)[:_MAX_TAG_CHARS]}
                                 for k, v in mlflow_names(redact(tags)).items()])
 
+    def log_inputs(self, datasets: list[dict[str, str]]) -> None:
+        """Record the run's input datasets (``mlflow.log_input``: the runs table's Dataset
+        column), each ``{name, digest, source_type, source, context}`` (context: ``training``,
+        ``evaluation``...; see :func:`hardpos.tracking.inputs.dataset_input`). Journaled like
+        every record, so an outage delays it, never loses it."""
+        if datasets:
+            self._queue().put({"kind": "input", "datasets": list(datasets)})
+
     def log_artifact(self, local_path: str | os.PathLike, artifact_path: str | None = None) -> None:
         """Queue a file or folder (copied now, uploaded by the sender)."""
         self._queue().put_artifact(local_path, artifact_path)

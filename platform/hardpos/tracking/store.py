@@ -116,16 +116,33 @@ def use_tracking_uri(uri: str) -> Iterator[None]:
             os.environ["MLFLOW_TRACKING_URI"] = saved_env
 
 
+# What MLflow's UI shows a HardPos experiment as: a model-development experiment (its training
+# view: runs, metrics, datasets, models), not a GenAI one (traces), with a note saying what it holds.
+EXPERIMENT_TAGS = {
+    "mlflow.experimentKind": "custom_model_development",
+    "mlflow.note.content": (
+        "HardPos: CLIP finetuned with hard negatives and hard positives. Each run is one stage "
+        "(world, generate, train, evaluate, sweep, ...; tag hardpos.stage), nested under the pipeline "
+        "run that started it. Params are the stage's config; Datasets are the triplet files and "
+        "benchmarks it read (with digests); Models are the checkpoints a train run logged."),
+}
+
+
 def ensure_experiment(name: str, tracking_uri: str) -> str:
-    """Experiment id for ``name``, creating it (with an absolute artifact root) if needed."""
+    """Experiment id for ``name``, creating it (with an absolute artifact root and
+    :data:`EXPERIMENT_TAGS`) if needed; an existing experiment without a kind gets the tags."""
     client = MlflowClient(tracking_uri)
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             client.restore_experiment(exp.experiment_id)
+        if "mlflow.experimentKind" not in (exp.tags or {}):
+            for key, value in EXPERIMENT_TAGS.items():
+                if key not in (exp.tags or {}):  # a note the user wrote is theirs
+                    client.set_experiment_tag(exp.experiment_id, key, value)
         return exp.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=_local_artifact_root(tracking_uri))
+        return client.create_experiment(name, artifact_location=_local_artifact_root(tracking_uri), tags=EXPERIMENT_TAGS)
     except Exception:  # noqa: BLE001 - created concurrently by another process
         exp = client.get_experiment_by_name(name)
         if exp is None:

@@ -190,6 +190,11 @@ class HttpTransport:
                 self._call(posixpath.join("/", dest), "PUT", base=base, data=fh,
                            headers={"Content-Type": mimetypes.guess_type(path.name)[0] or "application/octet-stream"})
 
+    def log_inputs(self, run_id: str, datasets: list[dict]) -> None:
+        self._call("/api/2.0/mlflow/runs/log-inputs", "POST", json={"run_id": run_id, "datasets": [
+            {"tags": [{"key": "mlflow.data.context", "value": d["context"]}],
+             "dataset": {k: d[k] for k in ("name", "digest", "source_type", "source")}} for d in datasets]})
+
     def metric_history(self, run_id: str, key: str) -> list[int]:
         """The steps logged for ``key`` (every page)."""
         steps, token = [], None
@@ -248,6 +253,14 @@ class ClientTransport:
         else:
             self._wrap(self._client.log_artifact, run_id, str(local), artifact_path)
 
+    def log_inputs(self, run_id: str, datasets: list[dict]) -> None:
+        # lazy: the entity classes are only needed by a run that logs its inputs
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        self._wrap(self._client.log_inputs, run_id, [
+            DatasetInput(Dataset(d["name"], d["digest"], d["source_type"], d["source"]),
+                         [InputTag("mlflow.data.context", d["context"])]) for d in datasets])
+
     def metric_history(self, run_id: str, key: str) -> list[int]:
         return [m.step for m in self._wrap(self._client.get_metric_history, run_id, key)]
 
@@ -282,13 +295,15 @@ def probe(uri: str, timeout_s: float = 5.0, attempts: int = 1) -> str | None:
 
 
 def deliver(transport, run_id: str, records: list[dict], spill_dir: str | None) -> None:
-    """Send one unit: a batch of metric/param/tag records, or one ``end``/``artifact`` record."""
+    """Send one unit: a batch of metric/param/tag records, or one ``end``/``artifact``/``input`` record."""
     kind = records[0]["kind"]
     if kind in BATCH_KINDS:
         transport.log_batch(run_id, [r for r in records if r["kind"] == "metric"],
                             [r for r in records if r["kind"] == "param"], [r for r in records if r["kind"] == "tag"])
     elif kind == "end":
         transport.terminate(run_id, records[0]["status"], records[0]["end_time"])
+    elif kind == "input":
+        transport.log_inputs(run_id, records[0]["datasets"])
     elif kind == "artifact":
         local = Path(spill_dir or ".") / records[0]["path"]
         if not local.exists():
