@@ -204,7 +204,7 @@ def test_page_escapes_text_selects_disagreements_and_links_existing_images(tmp_p
     assert sum(c["disagreements"] for c in res.counts.values()) == n_dis
     assert {b: c["shown"] for b, c in res.counts.items()} == {b: min(7, c["disagreements"]) for b, c in res.counts.items()}
     assert "At most 7 rows per benchmark are shown" in page
-    assert page.count("<tr data-benchmark=") == sum(c["shown"] for c in res.counts.values())
+    assert page.count("<tr data-idx=") == sum(c["shown"] for c in res.counts.values())
     # every shown row really is a disagreement
     for rows in res.shown.values():
         assert all(len(set(r.outcomes)) > 1 for r in rows)
@@ -218,7 +218,7 @@ def test_page_escapes_text_selects_disagreements_and_links_existing_images(tmp_p
     assert srcs and all(not s.startswith("/") and (res.index.parent / s).is_file() for s in srcs)
     assert len(list((res.index.parent / "images").iterdir())) == len(set(srcs))
     # SugarCrepe++ categories are subsets; the outcome options are the combinations present
-    subset_select = re.search(r'<select id="f-subset">(.*?)</select>', page).group(1)
+    subset_select = re.search(r'<select id="f-subset"[^>]*>(.*?)</select>', page).group(1)
     shown_subsets = {r.subset for rows in res.shown.values() for r in rows}
     assert set(re.findall(r'data-label="([^"]+)"', subset_select)) == shown_subsets | {"all"}
     assert {"attribute", "relation"} <= shown_subsets and shown_subsets & {"replace_att", "swap_att", "swap_obj"}
@@ -371,13 +371,13 @@ def test_page_in_headless_chromium_filters_rows_without_console_errors(tmp_path)
             rows = page.locator("#items tbody tr")
             visible = "#items tbody tr:not([hidden])"
             assert rows.count() == total and page.locator(visible).count() == total
-            assert page.locator("#shown").inner_text() == f"{total} of {total} rows shown"
+            assert page.locator("#shown").inner_text() == f"{total} of {total} rows match"
             # every image decoded from its relative path
             assert page.evaluate("Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
             # the outcome filter: exactly the rows of that combination remain
             _choose(page, "outcome", combo)
             assert page.locator(visible).count() == n_combo
-            assert page.locator("#shown").inner_text() == f"{n_combo} of {total} rows shown"
+            assert page.locator("#shown").inner_text() == f"{n_combo} of {total} rows match"
             # counts per filter follow the other filters: the benchmark options now count that combination
             scpp_combo = sum(1 for r in res.shown["scpp"] if r.combination(res.models) == combo)
             assert page.locator("#f-benchmark option", has_text="scpp").inner_text() == f"scpp ({scpp_combo})"
@@ -395,3 +395,84 @@ def test_page_in_headless_chromium_filters_rows_without_console_errors(tmp_path)
     assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (REPO / "outputs").mkdir(exist_ok=True)
     shutil.copy(shot, REPO / "outputs" / "explorer-screenshot.png")
+
+
+# --------------------------------------------------------------------------- for research: every row, per model, by margin
+def _research_page(tmp_path: Path, n: int = 130):
+    """Two models on one benchmark of ``n`` items (no images): HN-only's hard positive falls
+    below the negative by a margin that grows with the item number; HP+HN is correct."""
+    from hardpos.eval.items import Item
+
+    items = {"bench": [Item(str(i), ("replace_attribute", "replace_relation")[i % 2], str(tmp_path / f"{i}.png"),
+                            f"caption {i} <i>", f"negative {i}", f"positive {i}") for i in range(n)]}
+    hn = {"bench": {str(i): X.ItemScores(items["bench"][i].subset, 0.5, 0.3, 0.3 - 0.001 * (i + 1)) for i in range(n)}}
+    hp = {"bench": {str(i): X.ItemScores(items["bench"][i].subset, 0.5, 0.3, 0.4) for i in range(n)}}
+    return X.write_explorer({"HN-only": hn, "HP+HN": hp}, items, tmp_path / "explorer")
+
+
+def test_every_row_is_on_the_page_with_per_model_verdicts_and_margins(tmp_path):
+    res = _research_page(tmp_path)
+    page = res.index.read_text()
+    assert page.count("<tr data-idx=") == 130 and res.counts["bench"] == {"items": 130, "disagreements": 130, "shown": 130}
+    # a filter per model, holding that model's outcomes; a sort by each model's margins
+    assert re.search(r'<select id="f-m0" data-filter="m0">.*brittle \(P&lt;N\) \(130\)', page)
+    assert re.search(r'<select id="f-m1" data-filter="m1">.*correct \(130\)', page)
+    assert '<option value="pm0">HN-only: s_p - s_n, lowest first' in page
+    row = re.search(r'<tr data-idx="129"[^>]*>', page).group(0)
+    assert 'data-m0="v1"' in row and 'data-m1="v0"' in row  # brittle (P<N) / correct
+    assert 'data-pm0="-0.130000"' in row and 'data-pm1="0.100000"' in row and 'data-cm0="0.200000"' in row
+    assert "page 1 of 3" in page and "Every disagreement is on the page, 50 rows at a time" in page
+    assert "caption 1 &lt;i&gt;" in page and "caption 1 <i>" not in page
+    # the world's REPLACE subsets name attribute and relation
+    assert re.search(r'<select id="f-subset"[^>]*>.*replace_attribute.*replace_relation', page)
+
+
+def test_a_world_benchmark_file_keeps_its_subset_column(tmp_path):
+    """REPLACE attribute / relation are subsets of their own (the file's ``subset`` column),
+    not both ``replace`` (its ``kind``)."""
+    from hardpos.data.triplets import make_triplet, write_triplets
+
+    rows = [make_triplet(image="a.png", caption="c", hard_negative="n", hard_positive="p", kind="replace",
+                         source="world", caption_id=str(i), subset=sub) for i, sub in enumerate(["replace_attribute", "replace_relation"])]
+    rows.append(make_triplet(image="a.png", caption="c", hard_negative="n", kind="swap", source="u", caption_id="2"))
+    path = write_triplets(rows, str(tmp_path / "b.parquet"))
+    bench = load_benchmark(BenchmarkSpec(name="b", kind="triplets", path=path))
+    assert [it.subset for it in bench.items] == ["replace_attribute", "replace_relation", "swap"]
+
+
+@pytest.mark.browser
+def test_research_page_in_chromium_pages_filters_per_model_and_sorts_by_margin(tmp_path):
+    _need_browser()
+    from playwright.sync_api import sync_playwright
+
+    res = _research_page(tmp_path)
+    problems: list[str] = []
+    visible = "#items tbody tr:not([hidden])"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("console", lambda m: problems.append(f"console.{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+            page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
+            page.goto(res.index.as_uri(), wait_until="load")
+            first_ids = lambda: page.eval_on_selector_all(visible, "rs => rs.map(r => r.getAttribute('data-idx'))")  # noqa: E731
+            assert page.locator(visible).count() == 50 and page.locator("#page").inner_text() == "page 1 of 3"
+            assert first_ids()[:2] == ["0", "1"]
+            # paging reaches every row
+            seen = set(first_ids())
+            for _ in range(2):
+                page.click("#next")
+                seen |= set(first_ids())
+            assert len(seen) == 130 and page.locator(visible).count() == 30 and page.is_disabled("#next")
+            # sort by HN-only's s_p - s_n, lowest first: the last item (largest fall) heads page 1
+            page.select_option("#sort", value="pm0")
+            assert page.locator("#page").inner_text() == "page 1 of 3" and first_ids()[:3] == ["129", "128", "127"]
+            # a per-model filter: HP+HN correct keeps everything, HP+HN's other outcomes are absent
+            _choose(page, "m1", "correct")
+            assert page.locator("#shown").inner_text() == "130 of 130 rows match"
+            _choose(page, "subset", "replace_relation")
+            assert page.locator("#shown").inner_text() == "65 of 130 rows match" and first_ids()[0] == "129"
+            assert page.locator("#f-m0 option", has_text="brittle (P<N)").inner_text() == "brittle (P<N) (65)"
+        finally:
+            browser.close()
+    assert problems == []

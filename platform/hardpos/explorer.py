@@ -14,11 +14,13 @@ What the page shows, per benchmark: every item whose verdicts differ between the
 (the verdicts are :func:`hardpos.eval.metrics.verdicts`, the one per-item definition the
 benchmark figures average), with its image, caption, hard negative and hard positive and
 each model's three scores and outcome. Filters: benchmark, subset (REPLACE's attributes /
-relations, swap, SugarCrepe(++) categories, a triplet file's kinds) and outcome -- one
-option per combination of the models' outcomes present (e.g. ``HN-only: brittle (P<N) ·
+relations, swap, SugarCrepe(++) categories, a triplet file's subsets or kinds), each model's
+own outcome, and the combination of all models' outcomes (e.g. ``HN-only: brittle (P<N) ·
 HP+HN: correct``); every option shows how many rows it would show given the other filters.
-Rows per benchmark are capped (``max_rows_per_benchmark``); the page says how many
-disagreements each benchmark had and how many are shown.
+Sorting: item order, or a model's margin ``s_p - s_n`` (lowest first: where the hard positive
+falls furthest below the negative) or ``s_c - s_n``. Every disagreement is on the page, shown
+``PAGE_ROWS`` at a time (previous / next), unless ``max_rows_per_benchmark`` caps them; the
+page says how many disagreements each benchmark had and how many are on it.
 
 A model's outcome on one item (strict comparisons: a tie counts against the model)::
 
@@ -32,8 +34,8 @@ SugarCrepe++ rows also show each model's text-only verdict (the caption and the 
 closer to each other than to the negative, by the text encoder alone) when the scores file
 has the text cosines. Two models disagree on an item exactly when their outcomes differ (the outcome is a
 one-to-one name for the verdict triple). Every text on the page (captions are user data,
-model and benchmark names config values) is HTML-escaped, and filter values are short codes,
-so no user text is ever compared or placed in script.
+model and benchmark names config values) is HTML-escaped, and filter values are short codes
+(sort keys numbers), so no user text is ever compared or placed in script.
 """
 from __future__ import annotations
 
@@ -81,7 +83,8 @@ class ExplorerConfig:
         stage's ``benchmarks``): the page reads images and captions from them.
     world_dir: a synthetic world folder, as in the evaluate stage (adds its three benchmarks).
     max_rows_per_benchmark: at most this many disagreement rows per benchmark on the page,
-        taken in turn from every outcome combination so rare ones are shown too.
+        taken in turn from every outcome combination so rare ones are shown too (None: every
+        disagreement; the page shows them a page of rows at a time).
     thumbnail_px: the longest side of the thumbnails copied next to the page.
     """
 
@@ -89,11 +92,12 @@ class ExplorerConfig:
     evaluations: dict[str, str] = dataclasses.field(default_factory=dict)
     benchmarks: list[BenchmarkSpec] = dataclasses.field(default_factory=list)
     world_dir: str | None = None
-    max_rows_per_benchmark: int = 200
+    max_rows_per_benchmark: int | None = None
     thumbnail_px: int = 160
 
     def __post_init__(self) -> None:
-        require(self.max_rows_per_benchmark >= 1, "max_rows_per_benchmark", "must be >= 1", self.max_rows_per_benchmark)
+        require(self.max_rows_per_benchmark is None or self.max_rows_per_benchmark >= 1, "max_rows_per_benchmark",
+                "must be >= 1 (or null: every row)", self.max_rows_per_benchmark)
         require(self.thumbnail_px >= 16, "thumbnail_px", "must be >= 16", self.thumbnail_px)
         require(not self.evaluations or len(self.evaluations) >= 2, "evaluations",
                 "must name at least two models (label: evaluation folder) to compare", self.evaluations)
@@ -228,10 +232,10 @@ def _score_arrays(scores: Sequence[ItemScores]) -> tuple[np.ndarray, np.ndarray,
             np.array([np.nan if x.s_p is None else x.s_p for x in scores], dtype=np.float64))
 
 
-def cap_rows(rows: Sequence[Row], cap: int, models: Sequence[str]) -> list[Row]:
-    """At most ``cap`` rows, taken in turn from each outcome combination (largest first), so
-    a rare combination is not crowded out; returned in the input order (pure)."""
-    if len(rows) <= cap:
+def cap_rows(rows: Sequence[Row], cap: int | None, models: Sequence[str]) -> list[Row]:
+    """At most ``cap`` rows (None: all), taken in turn from each outcome combination (largest
+    first), so a rare combination is not crowded out; returned in the input order (pure)."""
+    if cap is None or len(rows) <= cap:
         return list(rows)
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
@@ -259,13 +263,13 @@ class ExplorerResult:
 
 
 def write_explorer(models: Mapping[str, ModelScores], items: Mapping[str, Sequence[Item]], out_dir: str | Path, *,
-                   max_rows_per_benchmark: int = 200, thumbnail_px: int = 160) -> ExplorerResult:
+                   max_rows_per_benchmark: int | None = None, thumbnail_px: int = 160) -> ExplorerResult:
     """Write ``out_dir/index.html`` and ``out_dir/images/`` (a local folder; replaced if it
     exists) for ``models`` (label -> :func:`read_scores` output, at least two) and ``items``
     (benchmark -> its loaded :class:`Item` list). Benchmarks the models share but ``items``
     lacks are listed on the page as not shown; disagreeing items missing from ``items`` are
     counted, not shown. Raises :class:`ExplorerError` when no benchmark can be shown."""
-    if max_rows_per_benchmark < 1:
+    if max_rows_per_benchmark is not None and max_rows_per_benchmark < 1:
         raise ExplorerError(f"max_rows_per_benchmark must be >= 1, got {max_rows_per_benchmark}")
     names = list(models)
     tables = disagreements(models)
@@ -363,59 +367,89 @@ table{border-collapse:collapse}
 .o-tie{background:#fff1c2}
 """
 
+#: the outcomes a model can have on an item (module doc), in the per-model filters' order
+OUTCOMES = ("correct", "brittle (P<N)", "brittle (C<N)", "tie (P=N)", "wrong")
+#: rows on one page of the table (the page holds every row; "previous" / "next" reach them all)
+PAGE_ROWS = 50
+
 _JS = """
 (function () {
   'use strict';
-  var keys = ['benchmark', 'subset', 'outcome'];
-  var rows = Array.prototype.slice.call(document.querySelectorAll('#items tbody tr'));
-  var selects = {};
-  keys.forEach(function (k) { selects[k] = document.getElementById('f-' + k); });
+  var PAGE = %d;
+  var tbody = document.querySelector('#items tbody');
+  var rows = Array.prototype.slice.call(tbody.querySelectorAll('tr'));
+  var selects = Array.prototype.slice.call(document.querySelectorAll('select[data-filter]'));
+  var sort = document.getElementById('sort');
+  var page = 0;
+  function idx(row) { return Number(row.getAttribute('data-idx')); }
   function matches(row, skip) {
-    for (var i = 0; i < keys.length; i++) {
-      var k = keys[i], v = selects[k].value;
-      if (k !== skip && v !== '' && row.getAttribute('data-' + k) !== v) { return false; }
+    for (var i = 0; i < selects.length; i++) {
+      var s = selects[i], v = s.value;
+      if (s !== skip && v !== '' && row.getAttribute('data-' + s.getAttribute('data-filter')) !== v) { return false; }
     }
     return true;
   }
-  function update() {
-    var shown = 0;
-    rows.forEach(function (row) {
-      var ok = matches(row, null);
-      row.hidden = !ok;
-      if (ok) { shown++; }
+  function key(row) {
+    if (sort.value === '') { return idx(row); }
+    var a = row.getAttribute('data-' + sort.value);
+    return a === null || a === '' ? Infinity : Number(a);  // no hard positive: last
+  }
+  function update(firstPage) {
+    if (firstPage) { page = 0; }
+    var matched = rows.filter(function (r) { return matches(r, null); });
+    matched.sort(function (a, b) {
+      var ka = key(a), kb = key(b);
+      if (ka < kb) { return -1; }
+      if (ka > kb) { return 1; }
+      return idx(a) - idx(b);
     });
-    keys.forEach(function (k) {
-      var counts = {}, total = 0;
-      rows.forEach(function (row) {
-        if (matches(row, k)) {
-          var v = row.getAttribute('data-' + k);
-          counts[v] = (counts[v] || 0) + 1;
-          total++;
-        }
+    var pages = Math.max(1, Math.ceil(matched.length / PAGE));
+    if (page > pages - 1) { page = pages - 1; }
+    if (page < 0) { page = 0; }
+    rows.forEach(function (r) { r.hidden = true; });
+    matched.forEach(function (r, i) {
+      tbody.appendChild(r);
+      r.hidden = !(i >= page * PAGE && i < (page + 1) * PAGE);
+    });
+    selects.forEach(function (s) {
+      var counts = {}, total = 0, attr = 'data-' + s.getAttribute('data-filter');
+      rows.forEach(function (r) {
+        if (matches(r, s)) { var v = r.getAttribute(attr); counts[v] = (counts[v] || 0) + 1; total++; }
       });
-      Array.prototype.forEach.call(selects[k].options, function (opt) {
+      Array.prototype.forEach.call(s.options, function (opt) {
         var n = opt.value === '' ? total : (counts[opt.value] || 0);
         opt.textContent = opt.getAttribute('data-label') + ' (' + n + ')';
       });
     });
-    document.getElementById('shown').textContent = shown + ' of ' + rows.length + ' rows shown';
+    document.getElementById('shown').textContent = matched.length + ' of ' + rows.length + ' rows match';
+    document.getElementById('page').textContent = 'page ' + (page + 1) + ' of ' + pages;
+    document.getElementById('prev').disabled = page === 0;
+    document.getElementById('next').disabled = page >= pages - 1;
   }
-  keys.forEach(function (k) { selects[k].addEventListener('change', update); });
-  update();
+  selects.forEach(function (s) { s.addEventListener('change', function () { update(true); }); });
+  sort.addEventListener('change', function () { update(true); });
+  document.getElementById('prev').addEventListener('click', function () { page--; update(false); });
+  document.getElementById('next').addEventListener('click', function () { page++; update(false); });
+  update(true);
 }());
-"""
+""" % PAGE_ROWS
 
 
 def _select(key: str, title: str, values: Sequence[tuple[str, str]], counts: Mapping[str, int], total: int) -> str:
-    """A filter: ``values`` = (code, label); codes are what the rows' data attributes hold."""
+    """A filter: ``values`` = (code, label); codes are what the rows' ``data-<key>`` hold."""
     opts = [f'<option value="" data-label="all">all ({total})</option>']
     opts += [f'<option value="{_e(code)}" data-label="{_e(label)}">{_e(label)} ({counts.get(code, 0)})</option>'
              for code, label in values]
-    return f'<label>{_e(title)} <select id="f-{key}">{"".join(opts)}</select></label>'
+    return f'<label>{_e(title)} <select id="f-{key}" data-filter="{key}">{"".join(opts)}</select></label>'
+
+
+def _margin(a: float | None, b: float) -> str:
+    """A row's sort key ``a - b`` as text for a data attribute ("" without ``a``)."""
+    return "" if a is None or math.isnan(a) else f"{a - b:.6f}"
 
 
 def render_html(models: Sequence[str], tables: Mapping[str, BenchmarkRows], shown: Mapping[str, Sequence[Row]],
-                items: Mapping[str, Mapping[str, Item]], thumbs: Mapping[str, str], *, cap: int,
+                items: Mapping[str, Mapping[str, Item]], thumbs: Mapping[str, str], *, cap: int | None,
                 not_shown: Mapping[str, str] | None = None) -> str:
     """The page (pure): ``tables`` every benchmark's disagreements, ``shown`` the capped rows
     per benchmark, ``items`` benchmark -> item_id -> :class:`Item` (captions, image),
@@ -444,7 +478,7 @@ def render_html(models: Sequence[str], tables: Mapping[str, BenchmarkRows], show
     head = ["<th>item</th><th>image</th><th>caption (C) · hard negative (N) · hard positive (P)</th>"]
     head += [f"<th>{_e(m)}<br><span class=\"id\">s_c / s_n / s_p</span></th>" for m in models]
     body = []
-    for r in all_rows:
+    for idx, r in enumerate(all_rows):
         it = items[r.benchmark][r.item_id]
         name = thumbnail_name(it)
         img = (f'<img src="{_e(thumbs[name])}" alt="{_e(it.image.rsplit("/", 1)[-1])}">'
@@ -458,8 +492,10 @@ def render_html(models: Sequence[str], tables: Mapping[str, BenchmarkRows], show
                          + ("" if s.text_only is None else
                             f'<div class="sc">text-only: {"correct" if s.text_only else "wrong"}</div>') + "</td>")
         combo = r.combination(models)
-        body.append(f'<tr data-benchmark="{bcode[r.benchmark]}" data-subset="{scode[r.subset]}" '
-                    f'data-outcome="{ocode[combo]}"><td>{_e(r.benchmark)}<br>{_e(r.subset)}'
+        per_model = "".join(f' data-m{i}="v{OUTCOMES.index(o)}" data-pm{i}="{_margin(sc.s_p, sc.s_n)}"'
+                            f' data-cm{i}="{_margin(sc.s_c, sc.s_n)}"' for i, (sc, o) in enumerate(zip(r.scores, r.outcomes)))
+        body.append(f'<tr data-idx="{idx}" data-benchmark="{bcode[r.benchmark]}" data-subset="{scode[r.subset]}" '
+                    f'data-outcome="{ocode[combo]}"{per_model}><td>{_e(r.benchmark)}<br>{_e(r.subset)}'
                     f'<div class="id">{_e(r.item_id)}</div></td><td>{img}</td><td class="cap">{caps}</td>'
                     f'{"".join(cells)}</tr>')
 
@@ -470,12 +506,26 @@ def render_html(models: Sequence[str], tables: Mapping[str, BenchmarkRows], show
             out[code] = out.get(code, 0) + 1
         return out
 
+    per_model_filters = []
+    sort_options = ['<option value="">item order</option>']
+    for i, m in enumerate(models):
+        vcode = {o: f"v{k}" for k, o in enumerate(OUTCOMES)}
+        present = [o for o in OUTCOMES if any(r.outcomes[i] == o for r in all_rows)]
+        per_model_filters.append(_select(f"m{i}", m, [(vcode[o], o) for o in present],
+                                         counts(vcode, lambda r, i=i: r.outcomes[i]), len(all_rows)))
+        sort_options.append(f'<option value="pm{i}">{_e(m)}: s_p - s_n, lowest first (the positive furthest '
+                            f'below the negative)</option>')
+        sort_options.append(f'<option value="cm{i}">{_e(m)}: s_c - s_n, lowest first</option>')
     filters = " ".join([
         _select("benchmark", "Benchmark", [(bcode[b], b) for b in benches], counts(bcode, lambda r: r.benchmark), len(all_rows)),
         _select("subset", "Subset", [(scode[s], s) for s in subsets], counts(scode, lambda r: r.subset), len(all_rows)),
-        _select("outcome", "Outcome", [(ocode[c], c) for c in combos], counts(ocode, lambda r: r.combination(models)),
-                len(all_rows)),
+        *per_model_filters,
+        _select("outcome", "All models' outcomes", [(ocode[c], c) for c in combos],
+                counts(ocode, lambda r: r.combination(models)), len(all_rows)),
+        f'<label>Sort <select id="sort">{"".join(sort_options)}</select></label>',
     ])
+    pager = ('<button type="button" id="prev">previous</button> <span id="page">page 1 of '
+             f'{max(1, -(-len(all_rows) // PAGE_ROWS))}</span> <button type="button" id="next">next</button>')
     model_list = ", ".join(_e(m) for m in models)
     return "\n".join([
         "<!doctype html>",
@@ -492,10 +542,13 @@ def render_html(models: Sequence[str], tables: Mapping[str, BenchmarkRows], show
         "(without a hard positive: correct / wrong by the caption alone). Ties count against the model. "
         "<b>text-only</b> (SugarCrepe++, when scored): the text encoder alone puts the caption and the positive "
         "closer to each other than either to the negative.</p>",
-        f'<p class="note">At most {cap} rows per benchmark are shown (explorer.max_rows_per_benchmark), '
-        "taken in turn from every outcome combination.</p>",
+        (f'<p class="note">At most {cap} rows per benchmark are shown (explorer.max_rows_per_benchmark), '
+         "taken in turn from every outcome combination.</p>" if cap is not None else
+         f'<p class="note">Every disagreement is on the page, {PAGE_ROWS} rows at a time (previous / next). '
+         "Filter by each model's outcome, and sort by a margin: s_p - s_n lowest first puts the items where "
+         "the hard positive falls furthest below the negative on top.</p>"),
         "".join(summary),
-        f'<div class="filters">{filters} <span id="shown">{len(all_rows)} of {len(all_rows)} rows shown</span></div>',
+        f'<div class="filters">{filters} <span id="shown">{len(all_rows)} of {len(all_rows)} rows match</span> {pager}</div>',
         f'<table id="items"><thead><tr>{"".join(head)}</tr></thead><tbody>',
         "\n".join(body),
         "</tbody></table>",

@@ -24,7 +24,7 @@ Formats (``BenchmarkSpec.kind``):
                  negative_caption}``); ``caption2`` (a paraphrase) is the hard positive;
                  loader and text-only metric in :mod:`hardpos.eval.sugarcrepe_pp`.
 * ``triplets``   a triplet file (the triplet row contract; parquet or jsonl): ``image, caption,
-                 hard_negative, hard_positive`` (+ optional ``kind`` used as the subset,
+                 hard_negative, hard_positive`` (+ optional ``subset``, else ``kind``, used as the subset,
                  optional ``bbox`` ``[x, y, w, h]``), read by
                  :func:`hardpos.data.triplets.read_triplets`. Item ids are row numbers.
                  Rows without a hard negative cannot be scored and are rejected (listed,
@@ -167,7 +167,9 @@ def load_triplets(spec: BenchmarkSpec) -> Benchmark:
             continue
         bbox = row.get("bbox")
         crop = tuple(float(v) for v in bbox) if bbox else None
-        items.append(Item(str(i), str(row.get("kind") or "all"), resolve_image(row["image"], base, spec.image_root),
+        # the subset: a ``subset`` column (the world's replace_attribute / replace_relation / swap), else the kind
+        subset = row.get("subset") or row.get("kind") or "all"
+        items.append(Item(str(i), str(subset), resolve_image(row["image"], base, spec.image_root),
                           row["caption"], row["hard_negative"], row.get("hard_positive") or None, crop))  # type: ignore[arg-type]
     has_pos = any(it.positive is not None for it in items)
     return Benchmark(spec.name, "triplets", _limit(items, spec.limit), has_positives=has_pos, rejected=rejected)
