@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hardpos.config import TrackingConfig
 from hardpos.tracking.inputs import config_inputs, dataset_input, digest
 
@@ -57,3 +59,43 @@ def test_a_run_lists_its_inputs_and_its_experiment_is_model_development(tmp_path
     assert tracking.ensure_experiment("older", tracking_uri) == old
     assert client.get_experiment(old).tags == {"mlflow.experimentKind": "custom_model_development",
                                                 "mlflow.note.content": "mine"}
+
+
+@pytest.mark.browser
+def test_the_mlflow_ui_shows_a_runs_datasets_and_source_in_chromium(tmp_path, mlflow_server, monkeypatch):
+    """A stage's run as a user browses it (`mlflow ui` on the store, the demo's link): the
+    experiment opens on its runs table (model training, not GenAI), whose Dataset column names
+    the triplet file with its digest and whose Source column names the stage."""
+    from tests.test_explorer import CHROMIUM, CHROMIUM_ARGS, _need_browser
+
+    _need_browser()
+    from mlflow.tracking import MlflowClient
+    from playwright.sync_api import sync_playwright
+
+    from hardpos import runtime, tracking
+    from hardpos.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "triplets.parquet").write_bytes(b"rows")
+    cfg = load_config(runtime.stage_module("train").Config, None, [
+        "output_dir=out", "data.train_path=data/triplets.parquet", f"tracking.tracking_uri={mlflow_server.url}",
+        "tracking.experiment=hardpos-ui", "tracking.run_name=hp+hn"])
+    summary = runtime.execute("train", cfg, run_fn=lambda c, ctx: {}, quiet=True)  # the job contract, no training
+    run = MlflowClient(mlflow_server.url).get_run(summary["mlflow_run_id"])
+    digest = run.inputs.dataset_inputs[0].dataset.digest
+    problems: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
+            page.goto(tracking.ui_runs_url(mlflow_server.url, run.info.experiment_id), wait_until="load")
+            page.get_by_text(f"triplets.parquet ({digest})").first.wait_for(timeout=120_000)
+            body = page.inner_text("body")
+            assert "hp+hn" in body and "Training" in body and "hardpos train" in body
+            assert "/runs" in page.url and "workflowType=machine_learning" in page.url
+            assert "Token Usage" not in body  # not the GenAI overview
+        finally:
+            browser.close()
+    assert problems == []

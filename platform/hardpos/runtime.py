@@ -165,8 +165,10 @@ def execute(
     run = reopen_run(cfg.tracking, resume_run_id, spill_dir)
     if run is None:
         run_name = cfg.tracking.run_name or f"{stage}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run = tracking.start_run(cfg.tracking, run_name, tags={"hardpos.stage": stage}, parent_run_id=parent_run_id,
-                                 spill_dir=spill_dir)
+        # mlflow.source.*: the runs table's Source column names the stage that made the run
+        run = tracking.start_run(cfg.tracking, run_name, tags={"hardpos.stage": stage, "mlflow.source.name": f"hardpos {stage}",
+                                                               "mlflow.source.type": "JOB"},
+                                 parent_run_id=parent_run_id, spill_dir=spill_dir)
     ctx = JobContext(stage=stage, output_dir=cfg.output_dir, run=run)
     started = time.time()
     try:

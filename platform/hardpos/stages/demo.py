@@ -489,9 +489,11 @@ def epochs_for(data_path: str, phase: PhaseConfig) -> int:
     return max(1, math.ceil(phase.steps / spe))
 
 
-def instructions(uri: str, cfg: Config, best: str, registered: dict, files: dict, elapsed: float) -> str:
+def instructions(uri: str, cfg: Config, best: str, registered: dict, files: dict, elapsed: float,
+                 experiment_id: str | None = None) -> str:
     """What the demo prints at the end: the champion, where the table is, how to open the
-    MLflow UI and serve the champion, and a ready curl for one world image."""
+    MLflow UI (on the experiment's runs, ``experiment_id``) and serve the champion, and a
+    ready curl for one world image."""
     model_uri = registered.get("model_uri", f"models:/{cfg.register_name}@champion")
     lines = [
         f"Champion: {best} -> {model_uri} (version {registered.get('champion', {}).get('version')})",
@@ -500,6 +502,8 @@ def instructions(uri: str, cfg: Config, best: str, registered: dict, files: dict
         "",
         "Open the MLflow UI on this store (experiment %r, the demo run holds every stage as a child):" % cfg.tracking.experiment,
         f"  .venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000",
+        f"  then {tracking.ui_runs_url('http://127.0.0.1:5000', experiment_id)}",
+        "  (MLflow's model-training view: each run's datasets, source and logged model)",
         "",
         "Serve the champion (Ray Serve; Ctrl-C stops it):",
         f"  MLFLOW_TRACKING_URI={uri} .venv/bin/serve run serve/config.yaml",
@@ -622,7 +626,10 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
     elapsed = time.time() - started
     print("\n" + md)
-    print(redact_text(instructions(uri, cfg, best, registered, files, elapsed)))
+    experiment_id = None
+    if ctx.run is not None and not ctx.run.local:
+        experiment_id = tracking.experiment_id_of(uri, ctx.run.run_id)
+    print(redact_text(instructions(uri, cfg, best, registered, files, elapsed, experiment_id)))
     return {"rows": rows, "champion": best, "champion_model_uri": registered.get("model_uri"),
             "registered": registered.get("champion"), "models": models, "world_dir": world_dir, "world_reused": reused,
             "files": files, "timings_s": p.timings, "tracking_uri": uri, "sweep": sweep_summary,

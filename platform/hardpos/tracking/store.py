@@ -128,6 +128,22 @@ EXPERIMENT_TAGS = {
 }
 
 
+def ui_runs_url(ui: str, experiment_id: str | None) -> str:
+    """The MLflow UI's runs table of an experiment in its model-training view (MLflow 3's UI
+    opens every experiment in its GenAI view unless told ``workflowType=machine_learning``);
+    the experiments list when the id is unknown."""
+    where = f"experiments/{experiment_id}/runs" if experiment_id else "experiments"
+    return f"{ui.rstrip('/')}/#/{where}?workflowType=machine_learning"
+
+
+def experiment_id_of(tracking_uri: str, run_id: str) -> str | None:
+    """The experiment of a run (None when the store does not answer)."""
+    try:
+        return MlflowClient(tracking_uri).get_run(run_id).info.experiment_id
+    except Exception:  # noqa: BLE001 - only a printed link depends on it
+        return None
+
+
 def ensure_experiment(name: str, tracking_uri: str) -> str:
     """Experiment id for ``name``, creating it (with an absolute artifact root and
     :data:`EXPERIMENT_TAGS`) if needed; an existing experiment without a kind gets the tags."""
