@@ -442,6 +442,7 @@ def test_gather_with_grad_weighs_the_contrastive_term_as_stated(tmp_path, with_g
     for rank in range(world):
         res = torch.load(tmp_path / f"{rank}.pt", weights_only=True)
         assert res["total"] == pytest.approx(float(single["total"]), abs=1e-9)  # the same loss value either way
-        torch.testing.assert_close(res["grad"], expected, rtol=1e-9, atol=1e-12)
-    # the two settings really differ here (the contrastive gradient is not ~0)
-    assert float((g_con / world).norm()) > 1e-3 * float(g_full.norm())
+        # the loss works in float32, and the two paths round differently
+        torch.testing.assert_close(res["grad"], expected, rtol=1e-5, atol=1e-6)
+    # the two settings really differ here, far beyond that tolerance
+    assert float((g_con / world).abs().max()) > 1e-2

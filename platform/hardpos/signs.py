@@ -478,7 +478,7 @@ def signs_markdown(signs: list[Sign], sanity: Sequence[Sign] = (), *, alpha: flo
         out.append("")
         if over_seeds:
             out.append(_counts_note(signs, alpha))
-        elif floors:
+        elif floors and floors.get("checks"):
             out.append(f"One run: a margin counts only beyond its noise floor ({floors.get('z', Z_ONE_SIDED):.2f} x the "
                        f"std of that check's paired differences over the {floors.get('seeds')} seeds of "
                        f"{floors.get('source') or 'the calibration'}), and only where those seeds held it; within "
