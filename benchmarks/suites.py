@@ -32,7 +32,7 @@ from benchmarks import child_env, gpu_standalone
 from benchmarks.eval_bench import evaluate_bench
 from benchmarks.generate_bench import caption_file, measure_stage
 from benchmarks.harness import compare_alternating, format_table, reference_data_dir
-from benchmarks.train_bench import bench_train_step
+from benchmarks.train_bench import bench_lora_step, bench_train_step
 from hardpos.cli import parse_args
 from hardpos.config import ConfigError, JobConfig, ModelConfig, describe_config, dump_yaml, load_config
 from hardpos.data.captions import read_captions
@@ -156,8 +156,6 @@ def lora_suite(cfg: Config) -> list[dict[str, Any]]:
     """LoRA rank 4 (TSVLC's placement) vs full finetuning, one training step each on the same
     model and batch (ratio = full step time / LoRA step time), on the demo's model and on
     ``text_arch`` (ViT-B-32); CUDA when present (then with peak memory), else CPU."""
-    from benchmarks.train_bench import bench_lora_step
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cases = [("hardpos-tiny", 8, 1)] if cfg.quick else [("hardpos-demo-sincos", 32, cfg.repeats),
                                                        (cfg.text_arch, 16, max(2, cfg.repeats // 2))]

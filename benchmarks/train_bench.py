@@ -47,6 +47,7 @@ from benchmarks.harness import compare_alternating
 from benchmarks.tiny_step import synthetic_batch
 from hardpos.config import ModelConfig
 from hardpos.model import encode_text, load_model
+from hardpos.train import lora
 from hardpos.train import step as training_step  # step.train_step looked up per call: tests count the calls
 from hardpos.train.config import LossConfig, OptimConfig
 from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch
@@ -141,8 +142,6 @@ def bench_lora_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: i
     (``ratio_median`` = full step time / LoRA step time), with each path's trainable
     parameters, the bytes its gradients + AdamW state take (exact: 3 float32 tensors per
     trainable parameter) and, on CUDA, its peak allocated memory over one step."""
-    from hardpos.train import lora
-
     torch.manual_seed(0)
     lm = load_model(ModelConfig(arch=arch), device=device)
     full_model = lm.model.train()

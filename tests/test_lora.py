@@ -79,7 +79,7 @@ def test_adapters_start_at_the_pretrained_model_and_merge_exactly(tiny):
     before = _features(ref)
     lora.apply_lora(m, rank=4, alpha=2.0)
     for x, y in zip(_features(m), before):
-        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)  # B = 0: the same model (up to float order)
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)  # B = 0: the same model (up to float order)
     _perturb_adapters(m)
     moved = _features(m)
     assert (moved[0] - before[0]).abs().max() > 1e-3 and (moved[1] - before[1]).abs().max() > 1e-3

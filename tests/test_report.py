@@ -243,3 +243,12 @@ def test_chart_shows_the_whole_title_and_the_papers_table1(tmp_path):
     from PIL import Image
 
     assert Image.open(path).size[0] == 1000
+
+
+def test_the_shipped_noise_floors_name_exactly_the_checks_the_code_makes():
+    floors = S.load_floors()
+    assert floors is not None and floors["seeds"] >= 3 and floors["alpha"] == S.ALPHA
+    made = {s.key for s in S.paper_signs(_paper_rows()) + S.sanity_checks(_paper_rows()) if s.kind != "range"}
+    assert set(floors["checks"]) == made  # a renamed claim would orphan its floor
+    for check in floors["checks"].values():
+        assert check["floor"] == pytest.approx(S.Z_ONE_SIDED * check["sd"], abs=1e-3)
