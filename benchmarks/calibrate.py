@@ -12,6 +12,12 @@ Two commands::
     # spread of every table cell over the seeds (results_seeds.md / .json / .png)
     python -m benchmarks.calibrate seeds seeds=[0,1,2] output_dir=outputs/calibrate [demo.key=value ...]
 
+    # re-analyse a seeds measurement (even one still running: its per-seed rows so far): the
+    # paired t-test per check, the number of checks and the false "held" expected, the README's
+    # sign table; write_floors= writes the noise floors the demo's single run is judged by
+    python -m benchmarks.calibrate signs results=outputs/calibrate/results_seeds.json \
+        [write_floors=platform/hardpos/resources/signs_noise.json] [output=outputs/calibrate/signs.md]
+
     # re-score finished checkpoints on another world's benchmark (e.g. a benchmark-only knob such as
     # binding_partial_captions: the checkpoints do not change, only the items do)
     python -m benchmarks.calibrate rescore world_dir=outputs/bench \
@@ -38,6 +44,7 @@ from PIL import Image
 
 from benchmarks.calibrate_artefacts import ArtefactConfig, artefact_strength
 from hardpos import report as R
+from hardpos import signs as S
 from hardpos.config import ModelConfig, load_config
 from hardpos.eval.evaluator import run_benchmarks
 from hardpos.eval.spec import BenchmarkSpec
@@ -267,6 +274,71 @@ def rescore(cfg: RescoreConfig) -> dict[str, dict[str, float]]:
     return rows
 
 
+# --------------------------------------------------------------------------- signs
+@dataclasses.dataclass
+class SignsConfig:
+    """Re-analysis of a seeds measurement's per-seed rows.
+
+    results: a ``results_seeds.json`` (its ``per_seed`` rows and ``seeds``).
+    alpha: the one-sided paired t-test's level per check.
+    write_floors: also write the noise floors (:func:`hardpos.signs.floors_from`) here; the
+        demo reads ``platform/hardpos/resources/signs_noise.json``.
+    source: how the floors file names its measurement (default: the command and the seeds).
+    output: also write the Markdown here.
+    """
+
+    results: str = "outputs/calibrate/results_seeds.json"
+    alpha: float = S.ALPHA
+    write_floors: str | None = None
+    source: str | None = None
+    output: str | None = None
+
+
+def sign_table(signs: list, sanity: list) -> str:
+    """The README's sign table: one row per claim, a REPLACE and a SWAP cell each
+    ("held" / "**not held**", mean ± std, p, the paper's margin)."""
+
+    def cell(s) -> str:
+        verdict = "held" if s.held else "**not held**"
+        if s.kind == "range":
+            return f"{verdict} ({s.value:.1f} ± {s.noise:.1f})"
+        paper = f"; paper {s.paper:+.1f}" if s.paper is not None else ""
+        return f"{verdict} ({s.value:+.1f} ± {s.noise:.1f}, p = {s.p:.3f}{paper})" if s.p is not None else \
+            f"{verdict} ({s.value:+.1f}{paper})"
+
+    claims: dict[tuple[str, str], dict[str, str]] = {}
+    for s in [*signs, *sanity]:
+        claims.setdefault((s.sign, s.claim), {})[s.benchmark] = cell(s)
+    return R.table(["check", "REPLACE", "SWAP"],
+                   [[f"{sign}. {claim}", c.get("REPLACE", ""), c.get("SWAP", "")] for (sign, claim), c in claims.items()])
+
+
+def signs(cfg: SignsConfig) -> dict[str, Any]:
+    """Print (and optionally write) the signs of ``results`` decided by a one-sided paired
+    t-test per check; with ``write_floors``, the noise floors for one run."""
+    data = json.loads(Path(cfg.results).read_text())
+    per_seed = data.get("per_seed") or []
+    if len(per_seed) < 2:
+        raise ValueError(f"{cfg.results}: {len(per_seed)} seed(s) of per-seed rows; a paired test needs at least 2")
+    mean, std = R.aggregate(per_seed)
+    paper = S.paper_signs(mean, per_seed=per_seed, alpha=cfg.alpha)
+    sanity = S.sanity_checks(mean, per_seed=per_seed, alpha=cfg.alpha)
+    seeds_ = data.get("seeds", list(range(len(per_seed))))
+    md = (f"### The signs over {len(per_seed)} seeds {seeds_} ({cfg.results})\n\n"
+          + R.markdown_table(mean, std, per_seed=per_seed, signs=False) + "\n"
+          + S.signs_markdown(paper, sanity, alpha=cfg.alpha) + "\n" + sign_table(paper, sanity) + "\n")
+    print(md)
+    if cfg.output:
+        Path(cfg.output).write_text(md)
+    floors = None
+    if cfg.write_floors:
+        source = cfg.source or f"python -m benchmarks.calibrate seeds, seeds {seeds_}"
+        floors = S.floors_from(per_seed, alpha=cfg.alpha, source=source)
+        Path(cfg.write_floors).write_text(json.dumps(floors, indent=2) + "\n")
+        print(f"noise floors of {len(floors['checks'])} checks written to {cfg.write_floors}", file=sys.stderr)
+    return {"signs": paper, "sanity": sanity, "floors": floors, "markdown": md}
+
+
 # --------------------------------------------------------------------------- seeds
 @dataclasses.dataclass
 class SeedsConfig:
@@ -365,7 +437,7 @@ def _write_aggregate(out: Path, cfg: SeedsConfig, per_seed, summaries) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("probe", "seeds", "rescore"):
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("probe", "seeds", "rescore", "signs"):
         print(__doc__)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     cmd, rest = argv[0], argv[1:]
@@ -373,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         probe(load_config(ProbeConfig, None, rest))
     elif cmd == "rescore":
         rescore(load_config(RescoreConfig, None, rest))
+    elif cmd == "signs":
+        signs(load_config(SignsConfig, None, rest))
     else:
         seeds(load_config(SeedsConfig, None, rest))
     return 0

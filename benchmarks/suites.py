@@ -5,8 +5,8 @@
 Prints a Markdown table and writes summary.json under ``output_dir`` (the job contract of
 :func:`hardpos.runtime.execute`: an MLflow run when tracking is on). Each suite alternates
 the two paths in one process and reports the median ratio with min/max (see
-:mod:`benchmarks.harness`). Suites: text, train_step, evaluate, serve, generate, gpu (CUDA
-only), resilience (node loss; figures, not ratios), tracking (step time with the MLflow
+:mod:`benchmarks.harness`). Suites: text, train_step, lora (LoRA vs full finetuning: step time
+and memory), evaluate, serve, generate, gpu (CUDA only), resilience (node loss; figures, not ratios), tracking (step time with the MLflow
 server dead vs alive). ``quick=true`` shrinks every suite to a smoke run (used by the test
 suite to keep the harness working; its numbers mean nothing). Reference files (NegCLIP
 captions, the REPLACE annotations) come from ``data_dir=`` or ``$HARDPOS_REFERENCE_DATA``;
@@ -32,15 +32,15 @@ from benchmarks import child_env, gpu_standalone
 from benchmarks.eval_bench import evaluate_bench
 from benchmarks.generate_bench import caption_file, measure_stage
 from benchmarks.harness import compare_alternating, format_table, reference_data_dir
-from benchmarks.train_bench import bench_train_step
+from benchmarks.train_bench import bench_lora_step, bench_train_step
 from hardpos.cli import parse_args
 from hardpos.config import ConfigError, JobConfig, ModelConfig, describe_config, dump_yaml, load_config
 from hardpos.data.captions import read_captions
 from hardpos.model import encode_text, load_model, tokenize
 from hardpos.runtime import JobContext, execute
 
-Suite = Literal["all", "text", "train_step", "evaluate", "serve", "generate", "gpu", "resilience", "tracking"]
-SUITES = ("text", "train_step", "evaluate", "serve", "generate", "gpu", "resilience", "tracking")
+Suite = Literal["all", "text", "train_step", "lora", "evaluate", "serve", "generate", "gpu", "resilience", "tracking"]
+SUITES = ("text", "train_step", "lora", "evaluate", "serve", "generate", "gpu", "resilience", "tracking")
 
 
 @dataclasses.dataclass
@@ -152,6 +152,23 @@ def train_step_suite(cfg: Config) -> list[dict[str, Any]]:
             + _train_step_rows("train_step", cfg.text_arch, 16, max(2, cfg.repeats // 2)))
 
 
+def lora_suite(cfg: Config) -> list[dict[str, Any]]:
+    """LoRA rank 4 (TSVLC's placement) vs full finetuning, one training step each on the same
+    model and batch (ratio = full step time / LoRA step time), on the demo's model and on
+    ``text_arch`` (ViT-B-32); CUDA when present (then with peak memory), else CPU."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cases = [("hardpos-tiny", 8, 1)] if cfg.quick else [("hardpos-demo-sincos", 32, cfg.repeats),
+                                                       (cfg.text_arch, 16, max(2, cfg.repeats // 2))]
+    rows = []
+    for arch, batch, repeats in cases:
+        out = bench_lora_step(arch, batch_size=batch, repeats=repeats, device=device)
+        mem = (f"; peak {out['lora_peak_bytes'] / 2**20:.0f} vs {out['full_peak_bytes'] / 2**20:.0f} MiB"
+               if "lora_peak_bytes" in out else "")
+        rows.append({"suite": "lora", "case": f"{arch} b{batch} {device}: LoRA r{out['rank']} "
+                     f"({out['lora_trainable']:,} trainable) vs full ({out['full_trainable']:,}){mem}", **out})
+    return rows
+
+
 def evaluate_suite(cfg: Config) -> list[dict[str, Any]]:
     """The evaluator vs the paper-style per-row evaluator on the same REPLACE rows
     (:func:`benchmarks.eval_bench.evaluate_bench`); goal >= 4x, scores equal."""
@@ -247,6 +264,7 @@ def resilience_suite(cfg: Config) -> list[dict[str, Any]]:
 SUITE_FUNCTIONS: dict[str, Callable[[Config], list[dict[str, Any]]]] = {
     "text": text_suite,
     "train_step": train_step_suite,
+    "lora": lora_suite,
     "evaluate": evaluate_suite,
     "serve": _optional_suite("benchmarks.loadgen", "serve_bench"),
     "generate": _optional_suite("benchmarks.generate_bench", "generate_bench", data_dir=True),

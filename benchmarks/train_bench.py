@@ -24,6 +24,9 @@ cheaper copy of it.
   per-parameter AdamW (:func:`hardpos.train.step.build_optimizer`).
 * ``text_tower_padding``: forward-only text features, batch-length vs full context.
 
+:func:`bench_lora_step` times the same training step with LoRA adapters (TSVLC's placement)
+against full finetuning of the same model, with both paths' trainable parameters and memory.
+
 On CUDA every path runs under bf16 autocast (as the training loop does) and is timed to
 ``torch.cuda.synchronize()``. Every function returns a flat dict of numbers (and the case
 names) for the harness.
@@ -44,6 +47,7 @@ from benchmarks.harness import compare_alternating
 from benchmarks.tiny_step import synthetic_batch
 from hardpos.config import ModelConfig
 from hardpos.model import encode_text, load_model
+from hardpos.train import lora
 from hardpos.train import step as training_step  # step.train_step looked up per call: tests count the calls
 from hardpos.train.config import LossConfig, OptimConfig
 from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch
@@ -128,6 +132,57 @@ def bench_train_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: 
     out["combined_samples_per_s"] = rows["combined_vs_clip"]["optimised_items_per_s"]
     out["clip_samples_per_s"] = rows["combined_vs_clip"]["baseline_items_per_s"]
     out["combined_77_samples_per_s"] = rows["combined_padding"]["baseline_items_per_s"]
+    return out
+
+
+def bench_lora_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: int = 5, warmup: int = 1,
+                    device: str = "cpu", rank: int = 4, alpha: float = 1.0) -> dict[str, Any]:
+    """LoRA (TSVLC's placement, :func:`hardpos.train.lora.apply_lora`) vs full finetuning: the
+    same training step on two copies of one model and one batch, alternating
+    (``ratio_median`` = full step time / LoRA step time), with each path's trainable
+    parameters, the bytes its gradients + AdamW state take (exact: 3 float32 tensors per
+    trainable parameter) and, on CUDA, its peak allocated memory over one step."""
+    torch.manual_seed(0)
+    lm = load_model(ModelConfig(arch=arch), device=device)
+    full_model = lm.model.train()
+    lora_model = load_model(ModelConfig(arch=arch), device=device).model.train()
+    lora_model.load_state_dict(full_model.state_dict())
+    counts = lora.apply_lora(lora_model, rank, alpha)
+    optim = OptimConfig(lr=1e-6)
+    images, _, _, _, tb, nb, pb = (x.to(device) for x in synthetic_batch(lm, batch_size))
+    batch = model_batch(images, tb, nb, pb)
+    loss_cfg = LossConfig()
+    cuda = torch.device(device).type == "cuda"
+
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+
+    def stepper(model):
+        net = TripletCLIP(model)
+        opt = build_optimizer(model, optim)
+        sched = build_scheduler(opt, optim.warmup_steps, 1_000_000)
+
+        def step():
+            training_step.train_step(net, batch, loss_cfg, opt, sched, grad_clip=optim.grad_clip, autocast_ctx=autocast)
+            if cuda:
+                torch.cuda.synchronize()
+        return step
+
+    lora_step, full_step = stepper(lora_model), stepper(full_model)
+    peak = {}
+    if cuda:
+        for name, fn in (("lora", lora_step), ("full", full_step)):
+            fn()  # optimiser state exists before the measured step
+            torch.cuda.reset_peak_memory_stats()
+            fn()
+            peak[name] = torch.cuda.max_memory_allocated()
+    row = compare_alternating(lora_step, full_step, repeats=repeats, warmup=warmup, work_items=batch_size)
+    full_params = sum(p.numel() for p in full_model.parameters() if p.requires_grad)
+    out: dict[str, Any] = {"arch": arch, "batch_size": batch_size, "device": device, "rank": rank, **row,
+                           "lora_trainable": counts.trainable, "full_trainable": full_params,
+                           "lora_grad_optim_bytes": 12 * counts.trainable, "full_grad_optim_bytes": 12 * full_params}
+    if peak:
+        out.update(lora_peak_bytes=peak["lora"], full_peak_bytes=peak["full"], memory_ratio=peak["full"] / peak["lora"])
     return out
 
 

@@ -90,3 +90,13 @@ def test_text_suite_reads_captions_from_data_dir(shared_data, monkeypatch):
     assert suites._bench_captions(cfg, 4) == real
     synthetic = suites._bench_captions(load_config(suites.Config, None, []), 4)
     assert synthetic != real and synthetic[0].startswith("a man riding")
+
+
+def test_lora_suite_quick_times_lora_beside_full_finetuning(tmp_path):
+    cfg = load_config(suites.Config, None, ["suite=lora", "quick=true", "tracking.enabled=false"])
+    (row,) = suites.lora_suite(cfg)
+    assert row["suite"] == "lora" and row["ratio_median"] > 0 and row["rank"] == 4
+    # the exact parts: trainable parameters and their gradient + AdamW bytes
+    assert 0 < row["lora_trainable"] < row["full_trainable"] / 20
+    assert row["full_grad_optim_bytes"] == 12 * row["full_trainable"]
+    assert "LoRA r4" in row["case"] and "vs full" in row["case"]

@@ -239,7 +239,8 @@ def test_run_orders_the_steps_and_adds_the_wise_curves_in_full_mode(tmp_path, mo
     from hardpos.runtime import JobContext
     from hardpos.stages import demo
 
-    aug = {"pretrained": 0.2, "captions-only": 0.3, "hn-only": 0.35, "hp+hn": 0.4}
+    aug = {"pretrained": 0.2, "captions-only": 0.3, "hn-only": 0.35, "hp+hn": 0.4, "hp-replace+hn": 0.38,
+           "hp-swap+hn": 0.37}
     steps = []
     monkeypatch.setattr(demo, "init_ray", lambda cfg: None)
     monkeypatch.setattr(demo.Pipeline, "world", lambda self, *where: (str(tmp_path / "world"), True))
@@ -263,6 +264,8 @@ def test_run_orders_the_steps_and_adds_the_wise_curves_in_full_mode(tmp_path, mo
     cfg = demo.Config(output_dir=str(tmp_path), full=True, chart=False, from_scratch=from_scratch)
     summary = demo.run(cfg, JobContext("demo", str(tmp_path), None))
     pretraining = [s for s in steps if s[0] == "train" and s[1].startswith("pretrained")]
+    # --full adds the paper's Table 1(d): HP+HN with the positives of one kind only
+    assert [s[1] for s in steps if s[0] == "train" and s[1].startswith("hp")] == ["hp+hn", "hp-replace+hn", "hp-swap+hn"]
     assert pretraining == ([("train", "pretrained-curriculum"), ("train", "pretrained")] if from_scratch else [])
     assert [s for s in steps if s[0] == "wise"] == [("wise", "hp+hn", base, "ckpt/hp+hn"),
                                                     ("wise", "hn-only", base, "ckpt/hn-only")]

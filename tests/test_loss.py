@@ -377,3 +377,72 @@ def test_two_workers_equal_one_worker_on_the_same_global_batch(tmp_path, scope):
             assert res["loss"][name] == pytest.approx(float(value), abs=1e-9), (rank, name)
         torch.testing.assert_close(res["grad"], weight.grad, rtol=1e-9, atol=1e-12)
     assert single["hard_negative"] > 0 and single["hard_positive"] > 0
+
+
+# --------------------------------------------------------------------------- gather_with_grad
+class _LinearNet(torch.nn.Module):
+    """forward_loss's net contract with a shared linear 'encoder' (inputs stand in for tokens)."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight.clone())
+
+    def forward(self, images, text_tokens, neg_tokens, pos_tokens, neg_mask, pos_mask):
+        enc = lambda x: F.normalize(x @ self.weight, dim=-1)  # noqa: E731
+        return {"image": enc(images), "text": enc(text_tokens), "negative": enc(neg_tokens) * neg_mask[:, None],
+                "positive": enc(pos_tokens) * pos_mask[:, None], "logit_scale": torch.tensor(math.log(10.0))}
+
+
+def _net_batch(inputs, masks, rows):
+    return {"images": inputs["image"][rows], "text_tokens": inputs["text"][rows],
+            "neg_tokens": inputs["negative"][rows], "pos_tokens": inputs["positive"][rows],
+            **{k: v[rows] for k, v in masks.items()}}
+
+
+def _gwg_worker(rank, world, init_file, result_dir, with_grad):
+    import torch.distributed as dist
+
+    from hardpos.train.step import forward_loss
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        weight, inputs, masks = _global_problem()
+        net = _LinearNet(weight)
+        per = 8 // world
+        terms = forward_loss(net, _net_batch(inputs, masks, slice(rank * per, (rank + 1) * per)),
+                             LossConfig(**_CFG, gather_with_grad=with_grad))
+        terms["total"].backward()
+        grad = net.weight.grad.clone()
+        dist.all_reduce(grad)  # DDP's average
+        grad /= world
+        torch.save({"total": float(terms["total"]), "grad": grad}, os.path.join(result_dir, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.integration  # two torch.distributed worker processes
+@pytest.mark.parametrize("with_grad", [True, False])
+def test_gather_with_grad_weighs_the_contrastive_term_as_stated(tmp_path, with_grad):
+    """2 gloo ranks: with gradient the averaged update is the full-batch gradient; without
+    (TSVLC) it is 1/W of the contrastive part plus the full gradient of the other terms."""
+    import torch.multiprocessing as mp
+
+    from hardpos.train.step import forward_loss
+
+    weight, inputs, masks = _global_problem()
+    net = _LinearNet(weight)
+    single = forward_loss(net, _net_batch(inputs, masks, slice(0, 8)), LossConfig(**_CFG))
+    g_full = torch.autograd.grad(single["total"], net.weight, retain_graph=True)[0]
+    g_con = torch.autograd.grad(single["contrastive"], net.weight)[0]
+    world = 2
+    expected = g_full if with_grad else g_full - g_con + g_con / world
+
+    mp.start_processes(_gwg_worker, args=(world, str(tmp_path / "init"), str(tmp_path), with_grad), nprocs=world,
+                       join=True, start_method="spawn")
+    for rank in range(world):
+        res = torch.load(tmp_path / f"{rank}.pt", weights_only=True)
+        assert res["total"] == pytest.approx(float(single["total"]), abs=1e-9)  # the same loss value either way
+        # the loss works in float32, and the two paths round differently
+        torch.testing.assert_close(res["grad"], expected, rtol=1e-5, atol=1e-6)
+    # the two settings really differ here, far beyond that tolerance
+    assert float((g_con / world).abs().max()) > 1e-2

@@ -280,12 +280,15 @@ def _load_hub_model(cfg: ModelConfig, source: Path | str | None, device: str | t
     return model, pp_train, pp_val, model_cfg, hub, meta
 
 
-def save_checkpoint(model: torch.nn.Module, model_cfg: dict[str, Any], directory: str | os.PathLike, meta: dict[str, Any] | None = None) -> Path:
-    """Write ``model`` in the checkpoint format above (local directory)."""
+def save_checkpoint(model: torch.nn.Module, model_cfg: dict[str, Any], directory: str | os.PathLike,
+                    meta: dict[str, Any] | None = None, weights: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write ``model`` in the checkpoint format above (local directory); ``weights``: the
+    state dict to write instead of ``model``'s own (a LoRA model's merged weights)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model = unwrap(model)
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    weights = model.state_dict() if weights is None else weights
+    state = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
     save_file(state, str(directory / WEIGHTS_NAME))
     save_config_for_hf(model, directory / CONFIG_NAME, model_config=model_cfg)
     (directory / META_NAME).write_text(json.dumps(meta or {}, indent=2, default=str))

@@ -142,14 +142,15 @@ def _results(head: list[str], cols: list[str], rows: Mapping[str, Mapping[str, f
 
 def markdown_table(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str, Mapping[str, float]] | None = None,
                    *, title: str | None = None, signs: bool = True,
-                   per_seed: Sequence[Mapping[str, Mapping[str, float]]] = ()) -> str:
+                   per_seed: Sequence[Mapping[str, Mapping[str, float]]] = (), floors: Mapping | None = None) -> str:
     """The demo's results as Markdown: the Table-1-style comparison, the mean scores, the
     REPLACE subsets and (``signs``) whether each of the paper's signs held in these rows
     (:func:`hardpos.signs.signs_markdown`; nothing when the rows lack the models it compares).
 
     ``rows``: model -> :func:`table_row`; ``spreads``: model -> same keys (std over seeds),
     shown as ``± x``; ``per_seed``: each seed's rows (``rows`` their mean), so the signs
-    compare two models by the std of their per-seed differences (see :mod:`hardpos.signs`).
+    compare two models by a paired test over seeds; ``floors`` (a single run): the measured
+    noise floors the margins must pass (:func:`hardpos.signs.load_floors`; see :mod:`hardpos.signs`).
     """
     spreads = spreads or {}
     out = [f"### {title}", ""] if title else []
@@ -162,7 +163,9 @@ def markdown_table(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str
     out += ["", "REPLACE subsets:", ""]
     out.append(_results(["model", "attribute orig", "attribute aug", "attribute brittle", "relation orig",
                          "relation aug", "relation brittle"], list(SUBSET_COLUMNS), rows, spreads))
-    text = S.signs_markdown(S.paper_signs(rows, spreads, per_seed=per_seed)) if signs else ""
+    checks = (floors or {}).get("checks") if floors else None
+    text = S.signs_markdown(S.paper_signs(rows, spreads, per_seed=per_seed, floors=checks),
+                            S.sanity_checks(rows, spreads, per_seed=per_seed, floors=checks), floors=floors) if signs else ""
     if text:
         out += ["", text.rstrip("\n")]
     return "\n".join(out) + "\n"
@@ -170,7 +173,7 @@ def markdown_table(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str
 
 def paper_markdown(rows: Mapping[str, Mapping[str, float]]) -> str:
     """The paper's own numbers for the models in ``rows`` (CLIP ViT-B/32 finetuned on COCO; %):
-    Table 1 for the base, HN-only and HP+HN, Table 3 (REPLACE only) for the ``w_neg=<v>`` grid."""
+    Table 1 for the base, HN-only and HP+HN, Table 3 for the ``w_neg=<v>`` grid."""
     head = ["paper model", "REPLACE orig", "REPLACE aug", "REPLACE brittle", "SWAP orig", "SWAP aug", "SWAP brittle"]
     body = []
     for model in rows:
@@ -181,7 +184,7 @@ def paper_markdown(rows: Mapping[str, Mapping[str, float]]) -> str:
     if not body:
         return ""
     return ("The paper's numbers for these models (CLIP ViT-B/32 finetuned on COCO, %; Table 1, and Table 3 "
-            "for the w_neg grid, REPLACE only):\n\n" + table(head, body) + "\n")
+            "for the w_neg grid):\n\n" + table(head, body) + "\n")
 
 
 def aggregate(per_seed: Sequence[Mapping[str, Mapping[str, float]]]) -> tuple[dict, dict]:

@@ -16,7 +16,9 @@ and tracked as a child of this demo's MLflow run in one experiment (``hardpos-de
                  http / vllm engines are ``generate.engine.kind`` away).
 4. ``train``     finetune the pretrained checkpoint on Ray Train, one run per ``variants``
                  entry (default: captions-only control, HN-only, HP+HN); ``full=true`` adds
-                 the paper's w_neg grid through the ``sweep`` stage.
+                 the paper's w_neg grid through the ``sweep`` stage and HP+HN with one kind
+                 of hard positive only (Table 1(d)). ``finetune.lora_rank`` finetunes with
+                 LoRA instead of every weight.
 5. ``evaluate``  every model (the pretrained base too) on the world's REPLACE (attribute,
                  relation) and SWAP benchmarks; ``full=true`` adds the WiSE-FT curves
                  (``interpolate`` stage) from the base to HP+HN and to HN-only, with
@@ -24,8 +26,10 @@ and tracked as a child of this demo's MLflow run in one experiment (``hardpos-de
 6. ``register``  the best finetuned model (mean augmented accuracy on REPLACE and SWAP) as
                  ``models:/<register_name>@champion``.
 7. the Table-1-style comparison (``results.md``, ``results.json``) and a chart
-   (``results.png``) in ``output_dir``, plus the commands to open the MLflow UI on this
-   store and to serve the champion.
+   (``results.png``) in ``output_dir``, with the paper's signs judged against the noise
+   floors a multi-seed calibration measured (``hardpos/resources/signs_noise.json``): a
+   margin within its floor is "inside the noise"; plus the commands to open the MLflow UI
+   on this store and to serve the champion.
 
 Scale (scenes, steps, batch sizes, workers) is all config, so CI runs the same code small.
 The job is in three parts, in this order: the config (:class:`Config` and its sections), the
@@ -51,6 +55,7 @@ import pyarrow.parquet as pq
 
 from hardpos import bases, registry, storage, tracking
 from hardpos import report as R
+from hardpos import signs as S
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig
 from hardpos.data.world import load_world
 from hardpos.data.scene import BENCHMARKS, WorldConfig
@@ -63,7 +68,8 @@ from hardpos.stages import interpolate as wise
 from hardpos.stages import register as reg
 from hardpos.stages import world as world_stage
 from hardpos.tracking.redact import redact_text
-from hardpos.train.config import CheckpointSection, DataConfig, LossConfig, OptimConfig, ScalingSection, TrainConfig
+from hardpos.train.config import (CheckpointSection, DataConfig, LoraSection, LossConfig, OptimConfig, ScalingSection,
+                                   TrainConfig)
 
 
 @dataclasses.dataclass
@@ -85,6 +91,9 @@ class PhaseConfig:
         e.g. a world's relation twins, ``world.relation_pair_rate``).
     checkpoint_every: a resumable phase (``pretrain_only``) checkpoints every this many steps
         (0: at epoch ends only), so a stopped run loses at most that many.
+    lora_rank: LoRA rank of the phase's runs (0: full finetuning, the default;
+        ``finetune.lora_rank=4`` finetunes every variant and the w_neg grid with TSVLC's
+        adapters, see docs/paper-recipe.md).
     """
 
     steps: int = 300
@@ -97,8 +106,11 @@ class PhaseConfig:
     val_fraction: float = 0.0
     shuffle_buffer: int = 512
     checkpoint_every: int = 0
+    lora_rank: int = 0
 
     def __post_init__(self) -> None:
+        if self.lora_rank < 0:
+            raise ConfigError(f"lora_rank must be >= 0 (0: full finetuning), got {self.lora_rank}")
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every must be >= 0 (0: at epoch ends), got {self.checkpoint_every}")
         # The train stage's own data rule, checked at config load rather than at the phase's
@@ -115,6 +127,8 @@ class Variant:
         or "captions" (the world's finetune split, captions only: the control).
     w_pos / w_neg: loss weights of the hard-positive / hard-negative terms.
     negclip_columns: hard negatives as extra contrastive columns (NegCLIP); ignored for captions.
+    positive_kinds: train with the hard positives of these kinds only (``replace``, ``swap``;
+        None: all), the paper's Table 1(d).
     """
 
     name: str = "hp+hn"
@@ -122,12 +136,19 @@ class Variant:
     w_pos: float = 1.0
     w_neg: float = 1.0
     negclip_columns: bool = True
+    positive_kinds: list[str] | None = None
 
 
 def _default_variants() -> list[Variant]:
     return [Variant("captions-only", "captions", 0.0, 0.0, False),
             Variant("hn-only", "triplets", 0.0, 1.0, True),
             Variant("hp+hn", "triplets", 1.0, 1.0, True)]
+
+
+def kind_variants() -> list[Variant]:
+    """The paper's Table 1(d): HP+HN with the hard positives of one kind only (``--full``)."""
+    return [Variant("hp-replace+hn", "triplets", 1.0, 1.0, True, ["replace"]),
+            Variant("hp-swap+hn", "triplets", 1.0, 1.0, True, ["swap"])]
 
 
 def _default_world() -> WorldConfig:
@@ -199,6 +220,8 @@ class Config(JobConfig):
     full: also run the paper's w_neg grid (w_pos = 1, w_neg in 0..1) through the sweep stage,
         and the WiSE-FT curves (the interpolate stage) from the base to each ``wise_variants``.
     sweep_grid: the w_neg values of the full grid.
+    kind_variants: full mode: also finetune HP+HN with the hard positives of one kind only
+        (``hp-replace+hn``, ``hp-swap+hn``: the paper's Table 1(d), its sign 5).
     wise_variants: full mode: the variants whose curve from the base is drawn (names of
         ``variants``; default HP+HN and HN-only).
     wise_alphas: full mode: the curves' mixing weights (0 = base, 1 = the variant).
@@ -232,6 +255,7 @@ class Config(JobConfig):
     generate_engine: Literal["rules", "http", "vllm"] = "rules"
     full: bool = False
     sweep_grid: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    kind_variants: bool = True
     wise_variants: list[str] = dataclasses.field(default_factory=lambda: ["hp+hn", "hn-only"])
     wise_alphas: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     wise_retrieval_pairs: int = 1000
@@ -333,7 +357,8 @@ class Pipeline:
 
     # 2 / 4 ------------------------------------------------------------ training
     def train(self, name: str, label: str, data_path: str, phase: PhaseConfig, *, pretrained: str | None,
-              w_pos: float, w_neg: float, negclip_columns: bool, output_dir: str, resumable: bool = False) -> dict:
+              w_pos: float, w_neg: float, negclip_columns: bool, output_dir: str, resumable: bool = False,
+              positive_kinds: list[str] | None = None) -> dict:
         """One training run of the train stage on Ray Train.
 
         resumable: the run is named after what it trains (:func:`phase_key`: arch, seed, phase,
@@ -352,8 +377,9 @@ class Pipeline:
             output_dir=output_dir, seed=self.cfg.seed, tracking=self.tracking(name), ray=self.cfg.ray,
             model=ModelConfig(arch=self.cfg.arch, pretrained=pretrained),
             data=DataConfig(train_path=data_path, val_fraction=phase.val_fraction,
-                            shuffle_buffer=phase.shuffle_buffer),
+                            shuffle_buffer=phase.shuffle_buffer, positive_kinds=positive_kinds),
             loss=LossConfig(w_pos=w_pos, w_neg=w_neg, negclip_columns=negclip_columns),
+            lora=LoraSection(rank=phase.lora_rank),
             optim=OptimConfig(lr=phase.lr, warmup_steps=phase.warmup_steps, weight_decay=phase.weight_decay),
             scaling=ScalingSection(num_workers=phase.num_workers, cpus_per_worker=phase.cpus_per_worker),
             # the loop stops at max_steps; enough epochs that the steps are always reached
@@ -384,7 +410,7 @@ class Pipeline:
             "data.val_fraction": f.val_fraction, "data.shuffle_buffer": f.shuffle_buffer, "optim.lr": f.lr,
             "optim.warmup_steps": f.warmup_steps, "optim.weight_decay": f.weight_decay, "scaling.num_workers": f.num_workers,
             "scaling.cpus_per_worker": f.cpus_per_worker, "batch_size": f.batch_size, "max_steps": f.steps,
-            "epochs": epochs_for(triplets, f), "seed": cfg.seed,
+            "epochs": epochs_for(triplets, f), "seed": cfg.seed, "lora.rank": f.lora_rank,
             # Tune needs its objective per epoch (replace/aug_acc, swap/aug_acc); a 300-item slice
             # keeps that cheap. The table itself comes from the evaluate stage on every item.
             "eval_benchmarks": [{"name": n, "kind": "triplets", "path": f"{self.world_dir()}/benchmark/{s}.parquet",
@@ -557,12 +583,17 @@ def run(cfg: Config, ctx: JobContext) -> dict:
 
     models: dict[str, dict[str, Any]] = {"pretrained": {"checkpoint": base_ckpt, "run_id": pre["mlflow_run_id"],
                                                         "model_uri": pre.get("model_uri")}}
-    for k, v in enumerate(cfg.variants, 1):
+    variants = list(cfg.variants)
+    if cfg.full and cfg.kind_variants:
+        variants += [v for v in kind_variants() if v.name not in {x.name for x in variants}]
+    for k, v in enumerate(variants, 1):
         data = triplets if v.data == "triplets" else f"{world_dir}/finetune.parquet"
-        s = p.train(v.name, f"4/7 finetune {v.name} ({k}/{len(cfg.variants)}; w_pos={v.w_pos:g}, w_neg={v.w_neg:g})",
+        kinds = f"; positives {'+'.join(v.positive_kinds)} only" if v.positive_kinds else ""
+        s = p.train(v.name, f"4/7 finetune {v.name} ({k}/{len(variants)}; w_pos={v.w_pos:g}, w_neg={v.w_neg:g}{kinds})",
                     data, cfg.finetune, pretrained=base_ckpt, w_pos=v.w_pos, w_neg=v.w_neg,
                     negclip_columns=v.negclip_columns and v.data == "triplets",
-                    output_dir=ctx.path("finetune", slug(v.name)))
+                    output_dir=ctx.path("finetune", slug(v.name)),
+                    positive_kinds=v.positive_kinds if v.data == "triplets" else None)
         models[v.name] = {"checkpoint": s["checkpoint"], "run_id": s["mlflow_run_id"], "model_uri": s.get("model_uri")}
 
     sweep_summary = None
@@ -595,9 +626,12 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     # 7: the comparison
     base = (f"base {cfg.pretrained}" if cfg.pretrained
             else f"{cfg.curriculum.steps} curriculum + " * bool(cfg.curriculum.steps) + f"{cfg.pretrain.steps} pretrain")
+    how = f"LoRA rank {cfg.finetune.lora_rank}" if cfg.finetune.lora_rank else "full finetuning"
     title = (f"HardPos demo (world seed {cfg.world.seed}, train seed {cfg.seed}; {cfg.world.n_pretrain} pretrain / "
-             f"{cfg.world.n_finetune} finetune scenes; {base} + {cfg.finetune.steps} finetune steps)")
-    md = R.markdown_table(rows, title=title)  # ends with whether each of the paper's signs held
+             f"{cfg.world.n_finetune} finetune scenes; {base} + {cfg.finetune.steps} finetune steps, {how})")
+    # ends with the paper's signs, each margin judged by the noise floor the calibration measured
+    # (no floors file: every margin reads "no noise floor", never "held")
+    md = R.markdown_table(rows, title=title, floors=S.load_floors() or {"checks": {}})
     if wise:
         md += "\n## WiSE-FT: mixing the base and a finetuned model (interpolate stage)\n\n" + "\n".join(
             storage.read_text(w["files"]["curve_md"]) for w in wise.values())

@@ -37,6 +37,10 @@ class DataConfig:
         a decode task can always be scheduled (see ``hardpos.train.trainer.decode_task_cpus``).
     fetch_threads: threads per decode task fetching the images rows name (local, s3://,
         http(s)://) concurrently.
+    positive_kinds: train with the hard positives of these kinds only (the triplet's ``kind``:
+        ``replace``, ``swap``); a row whose positive is of another kind keeps its caption and
+        hard negative and loses its positive (masked, as a row without one). None: every
+        positive. The paper's Table 1(d): ``[replace]`` or ``[swap]``.
     """
 
     train_path: str = "outputs/world/finetune.parquet"
@@ -47,8 +51,12 @@ class DataConfig:
     shuffle_buffer: int = 512
     decode_cpus: float | None = None
     fetch_threads: int = 16
+    positive_kinds: list[str] | None = None
 
     def __post_init__(self) -> None:
+        require(self.positive_kinds is None or (len(self.positive_kinds) > 0 and all(
+            isinstance(k, str) and k.strip() for k in self.positive_kinds)), "positive_kinds",
+            "must be null (every positive) or a non-empty list of kinds, e.g. [replace] or [swap]", self.positive_kinds)
         require(self.fetch_threads >= 1, "fetch_threads", "must be >= 1", self.fetch_threads)
         require(self.decode_cpus is None or self.decode_cpus > 0, "decode_cpus",
                 "must be > 0 (or null for automatic)", self.decode_cpus)
@@ -74,6 +82,13 @@ class LossConfig:
     analogy_scope: which positives the hard-positive term's rows are scored against:
         ``global`` (the whole gathered batch) or ``worker`` (only the row's own worker's
         batch, as TSVLC computes it per GPU). Identical on one worker.
+    gather_with_grad: how the features of several workers are gathered for the batch-wide
+        terms. True (default): with gradient, so the update is exactly the full global
+        batch's loss. False: as TSVLC (open_clip's ``gather_with_grad=False``): each worker's
+        contrastive gradient reaches only its own rows, so after DDP averages the gradients
+        the contrastive term weighs 1/W of its full-batch gradient (W workers) while the
+        hard-negative, hard-positive and other terms keep their full weight. The loss values
+        are the same either way; only the gradient differs. Identical on one worker.
     """
 
     w_pos: float = 1.0
@@ -82,6 +97,7 @@ class LossConfig:
     w_kl: float = 0.0
     negclip_columns: bool = True
     analogy_scope: Literal["global", "worker"] = "global"
+    gather_with_grad: bool = True
 
     def __post_init__(self) -> None:
         require(self.analogy_scope in ("global", "worker"), "analogy_scope",
@@ -103,6 +119,39 @@ class LossConfig:
     def negative_columns(self) -> bool:
         """True when the contrastive term gets the NegCLIP columns (negatives in use and switched on)."""
         return self.negclip_columns and self.uses_negatives
+
+
+@dataclasses.dataclass
+class LoraSection:
+    """LoRA finetuning (:mod:`hardpos.train.lora`): low-rank adapters on the chosen weights,
+    everything else frozen; the saved model has them merged (a plain open_clip checkpoint).
+
+    rank: the adapters' rank r; 0 = full finetuning (every parameter trains). TSVLC, the
+        paper's training code, ran ``--lora 4``.
+    alpha: the update is ``(alpha / rank) * B @ A``; TSVLC's loralib default is 1.
+    targets: which weights get an adapter: ``attn`` (each block's packed q/k/v input
+        projection and its output projection), ``mlp`` (``c_fc``, ``c_proj``), ``patch``
+        (the image tower's patch embedding). TSVLC: all three.
+    towers: ``visual`` and/or ``text``. TSVLC: both.
+    """
+
+    rank: int = 0
+    alpha: float = 1.0
+    targets: list[str] = dataclasses.field(default_factory=lambda: ["attn", "mlp", "patch"])
+    towers: list[str] = dataclasses.field(default_factory=lambda: ["visual", "text"])
+
+    def __post_init__(self) -> None:
+        require(self.rank >= 0, "rank", "must be >= 0 (0: full finetuning)", self.rank)
+        require(math.isfinite(self.alpha) and self.alpha > 0, "alpha", "must be a finite number > 0", self.alpha)
+        known_t, known_w = ("attn", "mlp", "patch"), ("visual", "text")
+        require(bool(self.targets) and all(t in known_t for t in self.targets), "targets",
+                f"must be a non-empty list of {list(known_t)}", self.targets)
+        require(bool(self.towers) and all(t in known_w for t in self.towers), "towers",
+                f"must be a non-empty list of {list(known_w)}", self.towers)
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
 
 
 @dataclasses.dataclass
@@ -179,6 +228,7 @@ class TrainConfig(JobConfig):
     model: the model to finetune (see hardpos.config.ModelConfig).
     data: triplet files and the validation split (see DataConfig above).
     loss: weights of the combined loss (see LossConfig above; the loss itself: hardpos.train.loss).
+    lora: LoRA finetuning (rank 0, the default: full finetuning; see LoraSection above).
     optim: AdamW and the LR schedule.
     scaling: Ray Train workers and resources.
     checkpoint: checkpoint storage and frequency.
@@ -202,6 +252,7 @@ class TrainConfig(JobConfig):
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    lora: LoraSection = dataclasses.field(default_factory=LoraSection)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     scaling: ScalingSection = dataclasses.field(default_factory=ScalingSection)
     checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)

@@ -135,11 +135,14 @@ class Preprocess:
     ``seed``: None leaves ``preprocess`` on the process's generators (the val transform is
     deterministic anyway); an int runs it per row under :func:`row_seed` (seed, ``epoch``,
     key, caption).  ``fetch_threads``: concurrent image GETs per batch.
+    ``positive_kinds``: keep only the hard positives of rows whose ``kind`` is one of these
+    (the others' ``has_pos`` is False: the row trains as one without a positive); None: all.
     """
 
     def __init__(self, preprocess: Callable, tokenizer: Callable, image_size: int, base_dir: str,
                  image_root: str | None = None, *, seed: int | None = None, epoch: int = 0,
-                 fetch_threads: int = 16) -> None:
+                 fetch_threads: int = 16, positive_kinds: list[str] | None = None) -> None:
+        self.positive_kinds = None if positive_kinds is None else frozenset(positive_kinds)
         self.preprocess = preprocess
         self.tokenizer = tokenizer
         self.image_size = image_size
@@ -163,6 +166,9 @@ class Preprocess:
         captions = [_clean_text(c) for c in batch["caption"]]
         negs = [_clean_text(c) for c in batch["hard_negative"]]
         poss = [_clean_text(c) for c in batch["hard_positive"]]
+        if self.positive_kinds is not None:
+            kinds = list(batch["kind"]) if "kind" in batch else [None] * n
+            poss = [p if kinds[i] in self.positive_kinds else None for i, p in enumerate(poss)]
         blobs = list(batch["image_bytes"]) if "image_bytes" in batch else [None] * n
         # Only real bytes are image data: a null cell can arrive as None, NaN or np.float32(nan)
         # (a row-wise filter turns an all-null binary column into float32), never bytes(nan).
@@ -253,12 +259,20 @@ def build_datasets(cfg: DataConfig, preprocess_train: Callable, preprocess_val: 
     val_rows = val_raw.count() if val_raw is not None else 0
     if train_rows == 0:
         raise DataError(f"{cfg.train_path}: no training rows (after holding out val_fraction={frac})")
+    if cfg.positive_kinds is not None and layout == "files":
+        kinds = frozenset(cfg.positive_kinds)
+        kept = train_raw.filter(lambda row: _clean_text(row["hard_positive"]) is not None
+                                and row["kind"] in kinds).count()
+        if kept == 0:
+            raise DataError(f"{cfg.train_path}: no training row has a hard positive of kind {sorted(kinds)} "
+                            f"(data.positive_kinds; the triplets' kind column names each positive's kind)")
 
     def mapped(ds, base_dir: str, pp: Callable, row_seeds: int | None):
         # An instance (not the class) runs as plain Ray Data tasks: an actor pool would
         # hold CPUs the training workers need on a small machine.
         udf = Preprocess(preprocess=pp, tokenizer=tokenizer, image_size=image_size, base_dir=base_dir,
-                         image_root=cfg.image_root, seed=row_seeds, fetch_threads=cfg.fetch_threads)
+                         image_root=cfg.image_root, seed=row_seeds, fetch_threads=cfg.fetch_threads,
+                         positive_kinds=cfg.positive_kinds)
         remote_args: dict[str, Any] = {"num_cpus": num_cpus}
         if env:
             remote_args["runtime_env"] = {"env_vars": env}

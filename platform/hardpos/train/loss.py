@@ -67,6 +67,15 @@ the whole global batch.  The all-gather's backward sums the gradients of every r
 of the loss into each rank's local features (``world_size`` x dL/dfeature), and DDP then
 averages parameter gradients over ranks, so the update equals the single-worker update on
 the same global batch.  Nothing is dropped: missing negatives travel as zero rows + mask.
+
+``gather_with_grad=False`` (TSVLC's setting, the paper preset): the contrastive term is
+computed on a gather in which only the rank's own rows carry gradient, so each rank's
+contrastive gradient is dL_con/d(its own rows) once instead of ``world_size`` times, and
+after DDP's average the contrastive term weighs 1/W of its full-batch gradient. TSVLC
+computes its negative and positive terms per GPU, so they keep full weight: here they stay
+on the with-gradient gather (:func:`hardpos.train.step.forward_loss` builds ``total`` from
+both). tests/test_loss.py checks both settings' gradients on 2 gloo ranks against the
+analytic expectation (the full gradient; 1/W of the contrastive part + the rest).
 """
 from __future__ import annotations
 
@@ -197,12 +206,18 @@ def combined_loss(
         "pos_over_neg": pos_over_neg,
         "kl": kl,
     }
-    total = contrastive
+    return {"total": weighted_total(terms, cfg), **terms}
+
+
+def weighted_total(terms: Mapping[str, torch.Tensor], cfg: LossConfig) -> torch.Tensor:
+    """``contrastive + w_pos*hard_positive + w_neg*hard_negative + ...``; a term whose weight
+    is 0 is not added at all (see the module docstring)."""
+    total = terms["contrastive"]
     for name, weight in (("hard_positive", cfg.w_pos), ("hard_negative", cfg.w_neg),
                          ("pos_over_neg", cfg.w_pos_over_neg), ("kl", cfg.w_kl)):
         if weight != 0:
             total = total + weight * terms[name]
-    return {"total": total, **terms}
+    return total
 
 
 def loss_metrics(terms: Mapping[str, torch.Tensor], prefix: str = "loss/") -> dict[str, float]:
@@ -236,11 +251,15 @@ class GatherWithGrad(torch.autograd.Function):
         return stacked[dist.get_rank()]
 
 
-def gather_features(local: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Concatenate every rank's features (with gradient) and masks (without).
+def gather_features(local: Mapping[str, torch.Tensor], with_grad: bool = True) -> dict[str, torch.Tensor]:
+    """Concatenate every rank's features and masks (masks without gradient).
 
     ``local`` holds :data:`FEATURE_KEYS` ([B_local, D], the same B_local on every rank:
     pad short batches and set ``row_mask``) and :data:`MASK_KEYS` ([B_local] bool).
+    ``with_grad``: the gathered features pass gradients back to the rank that made them
+    (:class:`GatherWithGrad`); False: the other ranks' rows are constants and only this
+    rank's own rows (its live ``local`` tensors, put back in its slot) carry gradient, as
+    open_clip's ``gather_with_grad=False`` (TSVLC). The values are the same either way.
     Without an initialised process group (or world size 1) it returns ``local`` unchanged.
     Rows are ordered rank 0 first, so the global batch is the ranks' batches in order.
     """
@@ -249,13 +268,35 @@ def gather_features(local: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
     out: dict[str, torch.Tensor] = {}
     world = dist.get_world_size()
     for key in FEATURE_KEYS:
-        out[key] = torch.cat(GatherWithGrad.apply(local[key].contiguous()), dim=0)
+        if with_grad:
+            out[key] = torch.cat(GatherWithGrad.apply(local[key].contiguous()), dim=0)
+        else:
+            mine = local[key].contiguous()
+            parts = [torch.empty_like(mine) for _ in range(world)]
+            dist.all_gather(parts, mine.detach())
+            parts[dist.get_rank()] = mine
+            out[key] = torch.cat(parts, dim=0)
     for key in MASK_KEYS:
         # gloo cannot all_gather bool tensors: travel as uint8.
         m = local[key].to(torch.uint8).contiguous()
         parts = [torch.empty_like(m) for _ in range(world)]
         dist.all_gather(parts, m)
         out[key] = torch.cat(parts).bool()
+    return out
+
+
+def own_rows_only(glob: Mapping[str, torch.Tensor], local: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``glob`` (a with-gradient :func:`gather_features`) as ``gather_features(local,
+    with_grad=False)`` would give it, without another collective: every other rank's rows
+    detached, this rank's slot replaced by its live ``local`` features."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return dict(glob)
+    out = dict(glob)
+    for key in FEATURE_KEYS:
+        b = local[key].shape[0]
+        start = dist.get_rank() * b
+        frozen = glob[key].detach()
+        out[key] = torch.cat([frozen[:start], local[key], frozen[start + b:]], dim=0)
     return out
 
 

@@ -28,7 +28,7 @@ import torch
 
 from hardpos.model import encode_image, encode_text
 from hardpos.train.config import LossConfig, OptimConfig
-from hardpos.train.loss import clamp_logit_scale, combined_loss, gather_features
+from hardpos.train.loss import clamp_logit_scale, combined_loss, gather_features, own_rows_only, weighted_total
 
 AutocastFactory = Callable[[], ContextManager[Any]]
 
@@ -125,9 +125,18 @@ def forward_loss(net: torch.nn.Module, batch: dict[str, Any], loss_cfg: LossConf
     local.update(neg_mask=batch["neg_mask"], pos_mask=batch["pos_mask"], row_mask=batch["row_mask"])
     glob = gather_features(local)
     workers = glob["row_mask"].shape[0] // max(local["row_mask"].shape[0], 1)
-    terms = combined_loss(glob["image"], glob["text"], glob["negative"], glob["positive"], glob["neg_mask"],
-                          glob["pos_mask"], out["logit_scale"], loss_cfg, row_mask=glob["row_mask"],
-                          workers=workers)
+
+    def loss_on(g: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return combined_loss(g["image"], g["text"], g["negative"], g["positive"], g["neg_mask"], g["pos_mask"],
+                             out["logit_scale"], loss_cfg, row_mask=g["row_mask"], workers=workers)
+
+    terms = loss_on(glob)
+    if workers > 1 and not loss_cfg.gather_with_grad:
+        # TSVLC's weighting: the contrastive term from a gather where only this rank's rows
+        # carry gradient (1/W of its full-batch gradient after DDP's average); the other
+        # terms keep the exact gradient. Same values, so the logged terms do not change.
+        own = loss_on(own_rows_only(glob, local))["contrastive"]
+        terms["total"] = weighted_total({**terms, "contrastive": own}, loss_cfg)
     terms["_rows"] = glob["row_mask"].sum()
     return terms
 

@@ -21,6 +21,11 @@ Contracts:
 * Rank 0 prints one progress line per tenth of the run and at its last step: step/total,
   epoch, the step's loss terms, steps/s, samples/s (all workers) and the ETA
   (:class:`Progress`); ``perf/samples_per_s`` (all workers, per epoch) goes to MLflow.
+* LoRA (``lora.rank > 0``, :mod:`hardpos.train.lora`): the adapters are put on the loaded
+  model before a resume (a checkpoint holds the adapters, the frozen weights come from
+  ``model.pretrained`` again), only they train, and every checkpoint's ``model/`` holds the
+  merged weights. Rank 0 logs the trainable / total parameter counts (console,
+  ``params/trainable`` and ``params/total`` in MLflow, ``params/trainable`` per epoch).
 * ``step_hook`` (loop config key, default None): a picklable callable called after every
   step as ``hook(step, rank, world_size)`` with the global step just trained. Tests use it
   to inject a worker failure (``tests.support.faults.FailOnce``, a test helper); production
@@ -44,6 +49,7 @@ import torch.distributed as dist
 from hardpos import logs, storage, tracking
 from hardpos.eval.evaluator import run_benchmarks
 from hardpos.model import load_model, unwrap
+from hardpos.train import lora
 from hardpos.train.checkpoint import load_remote_train_state, save_train_checkpoint
 from hardpos.train.config import TrainConfig
 from hardpos.train.data import to_model_batch
@@ -177,6 +183,10 @@ def _train_worker(config: dict[str, Any]) -> None:
     # working directory and environment name no store of their own.
     lm = load_model(cfg.model, device="cpu", tracking_uri=cfg.tracking.tracking_uri)
     clip = lm.model
+    if cfg.lora.enabled:  # before the resume: a LoRA checkpoint holds the adapters, not the frozen weights
+        counts = lora.apply_lora(clip, cfg.lora.rank, cfg.lora.alpha, cfg.lora.targets, cfg.lora.towers)
+    else:
+        counts = lora.trainable_counts(clip)
 
     # Resume: Ray Train's latest checkpoint (after a failure), else an explicit resume_from
     # (Ray Train V2 deprecates resume_from_checkpoint=: the train function loads it).
@@ -207,8 +217,16 @@ def _train_worker(config: dict[str, Any]) -> None:
     # start, not only on a resume: a restart before the first checkpoint retrains from step 0.
     logged_step = logger.last_step("loss/total") if logger is not None else 0
     logged_epoch = logger.last_step("epoch") if logger is not None else 0
+    if rank == 0:
+        log.info("training %s parameters of %s (%.2f%%)%s", f"{counts.trainable:,}", f"{counts.total:,}",
+                 100 * counts.fraction, f"; LoRA rank {cfg.lora.rank} on {counts.adapted} weights"
+                 if cfg.lora.enabled else "; full finetuning")
+        if logger is not None and logged_step == 0:
+            logger.log_metrics({"params/trainable": counts.trainable, "params/total": counts.total}, step=0)
 
-    meta_base = {"arch": lm.arch, "source": cfg.model.pretrained or "random", "loss": dataclasses.asdict(cfg.loss)}
+    meta_base = {"arch": lm.arch, "source": cfg.model.pretrained or "random", "loss": dataclasses.asdict(cfg.loss),
+                 "lora": dataclasses.asdict(cfg.lora) if cfg.lora.enabled else None,
+                 "params": {"trainable": counts.trainable, "total": counts.total}}
     if "hub_revision" in lm.meta:  # an hf-hub: source: which snapshot of the repo was finetuned
         meta_base["hub_revision"] = lm.meta["hub_revision"]
 
@@ -268,6 +286,7 @@ def _train_worker(config: dict[str, Any]) -> None:
         train_time += time.perf_counter() - t0
         metrics: dict[str, Any] = {**_means(sums, n_steps), "step": step, "epoch": epoch + 1}
         metrics["data/skipped_rows"] = int(_sum_across({"skipped": float(skipped)})["skipped"])
+        metrics["params/trainable"] = counts.trainable
         if val_shard is not None:
             metrics.update(_validate(net, val_shard, cfg, device, autocast_ctx))
         if rank == 0 and cfg.eval_benchmarks:
