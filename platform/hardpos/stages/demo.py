@@ -531,8 +531,8 @@ def instructions(uri: str, cfg: Config, best: str, registered: dict, files: dict
         f"  then {tracking.ui_runs_url('http://127.0.0.1:5000', experiment_id)}",
         "  (MLflow's model-training view: each run's datasets, source and logged model)",
         "",
-        "Serve the champion (Ray Serve; Ctrl-C stops it):",
-        f"  MLFLOW_TRACKING_URI={uri} .venv/bin/serve run serve/config.yaml",
+        "Serve the champion (Ray Serve; Ctrl-C stops it; `serve status` / `serve shutdown -y` need the same RAY_AUTH_MODE):",
+        f"  RAY_AUTH_MODE=token MLFLOW_TRACKING_URI={uri} .venv/bin/serve run serve/config.yaml",
     ]
     if cfg.register_name != "hardpos-clip":
         lines.append(f"  (serve/config.yaml serves models:/hardpos-clip@champion: add args.model={model_uri})")
