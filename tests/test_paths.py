@@ -33,6 +33,9 @@ def test_relative_paths_become_absolute_and_names_stay(tmp_path, monkeypatch):
     assert absolute_value("model.pretrained", "model") == str(tmp_path / "model")
     assert absolute_value("prompts", "paper") == "paper"
     assert absolute_value("loss.w_neg", "0.5") == "0.5"
+    # a file name inside output_dir is no path of its own: generate writes <output_dir>/triplets.parquet
+    gen = absolute_paths(load_config(runtime.stage_module("generate").Config, None, ["output_dir=out"]))
+    assert gen.join.output == "triplets.parquet" and gen.output_dir == str(tmp_path / "out")
 
 
 def test_the_sweeps_trials_get_absolute_paths_and_its_data_is_checked_once(tmp_path, monkeypatch):

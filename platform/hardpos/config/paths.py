@@ -22,8 +22,9 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+# Not ``output``: the generate stage's ``join.output`` is a file name inside ``output_dir``.
 PATH_KEYS = frozenset({
-    "output_dir", "input", "output", "image_root", "train_path", "val_path", "storage_path", "path", "cache_dir",
+    "output_dir", "input", "image_root", "train_path", "val_path", "storage_path", "path", "cache_dir",
     "resume_from", "world_dir", "root", "captions", "train_config", "ship_to",
 })
 MAYBE_PATH_KEYS = frozenset({"pretrained", "prompts", "classnames", "templates"})
