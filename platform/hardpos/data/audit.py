@@ -85,13 +85,13 @@ def sample_rule_positives(captions: Iterable[str], *, n: int = 320, seed: int = 
     return rows, SampleStats(drawn=drawn, with_positive=len(rows), coverage_all=covered / len(caps) if caps else 0.0)
 
 
-def write_audit(path: str | Path, rows: list[dict]) -> None:
-    """Write rows (missing columns left empty) as an audit TSV."""
+def write_audit(path: str | Path, rows: list[dict], columns: tuple[str, ...] = COLUMNS) -> None:
+    """Write rows (missing columns left empty, others dropped) as an audit TSV of ``columns``."""
     with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, delimiter="\t", lineterminator="\n", extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=columns, delimiter="\t", lineterminator="\n", extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({c: r.get(c, "") for c in COLUMNS})
+            w.writerow({c: r.get(c, "") for c in columns})
 
 
 def read_audit(path: str | Path, *, labelled: bool = True) -> list[dict]:
@@ -198,11 +198,7 @@ def sample_stage_picks(captions: Iterable[str], *, n: int = 200, seed: int = 36,
 
 def write_blind_audit(path: str | Path, rows: list[dict]) -> None:
     """Write rows (missing columns left empty) as a blind-audit TSV (:data:`BLIND_COLUMNS`)."""
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=BLIND_COLUMNS, delimiter="\t", lineterminator="\n", extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({c: r.get(c, "") for c in BLIND_COLUMNS})
+    write_audit(path, rows, BLIND_COLUMNS)
 
 
 def read_blind_audit(path: str | Path, *, labelled: bool = True) -> list[dict]:
