@@ -209,8 +209,8 @@ def test_serve_replica_loads_from_the_store_build_app_resolved(store, tmp_path, 
     relative = os.path.relpath(store.uri[len("sqlite:///"):], store.cwd)  # ../../model-uri0/a/mlruns.db
     built = serve_app.build_app({"model": f"models:/{store.name}@champion", "tracking_uri": f"sqlite:///{relative}",
                                  "device": "cpu", "reload_poll_s": 0})
-    model_app = built._bound_deployment.init_args[0]  # ScoringAPI(ScoringModel(config))
-    config = model_app._bound_deployment.init_args[0]
+    handle, config, _ = built._bound_deployment.init_args  # ScoringAPI(None, config, digest): one deployment
+    assert handle is None  # the default app's replicas hold the model themselves (ScoringModel's code)
     assert config["tracking_uri"] == store.uri
     (tmp_path / "replica").mkdir()
     monkeypatch.chdir(tmp_path / "replica")
