@@ -95,7 +95,7 @@ def _load_rows(cfg: Config) -> tuple[list[dict], str, str | None]:
     # the folder relative image paths of a triplet/world file are relative to (absolute when local)
     base = src.rsplit("/", 1)[0] if storage.is_s3(src) else os.path.dirname(os.path.abspath(src))
     rows: list[dict] | None = None
-    if src.endswith((".parquet", ".jsonl")):
+    if src.endswith((".parquet", ".jsonl")) and _holds_triplets(src):
         try:
             triplets = read_triplets(src)
         except TripletFileError:
@@ -104,7 +104,7 @@ def _load_rows(cfg: Config) -> tuple[list[dict], str, str | None]:
             rows = []
             for t in triplets[: cfg.limit if cfg.limit is not None else None]:
                 extra = {k: v for k, v in t.items() if k not in TRIPLET_INPUT_COLUMNS and k != "image"}
-                image = resolve_image(t["image"], base) if t.get("image") else None
+                image = resolve_image(t["image"], base, image_root=cfg.image_root) if t.get("image") else None
                 rows.append({**extra, "caption_id": t["caption_id"], "caption": t["caption"] or "", "image": image})
     if rows is None:
         try:
@@ -116,6 +116,25 @@ def _load_rows(cfg: Config) -> tuple[list[dict], str, str | None]:
                 if r["image"]:
                     r["image"] = resolve_image(r["image"], base, image_root=cfg.image_root)
     return rows, src, world_dir
+
+
+def _holds_triplets(src: str) -> bool:
+    """True when a .parquet/.jsonl file has a column only triplet files have: a hard negative or
+    positive, or both a triplet's ``source`` and ``caption_id``. A file of captions and images
+    alone (``{"id", "caption", "image"}``) reads as a caption source, keeping its own ids."""
+    if src.endswith(".parquet"):
+        import pyarrow.parquet as pq  # lazy: the stage's module loads without pyarrow for --help
+
+        fs, path = storage.arrow_filesystem(src)
+        columns = set(pq.read_schema(path, filesystem=fs).names)
+    else:
+        first = storage.read_head(src, 1 << 16).split(b"\n", 1)[0]
+        try:
+            record = json.loads(first)
+        except ValueError:
+            return False  # not JSON lines: the caption reader names the problem
+        columns = set(record) if isinstance(record, dict) else set()
+    return bool(columns & {"hard_negative", "hard_positive"}) or {"source", "caption_id"} <= columns
 
 
 def _perturb_chunk(captions: list[str], seed: int, kinds: list[str], want_neg: bool, want_pos: bool,
