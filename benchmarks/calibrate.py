@@ -3,7 +3,7 @@
 Two commands::
 
     # cheap probe, Ray-free, one process: pretrain + finetune variants with the SAME model,
-    # loss and evaluator code as the stages (hardpos.model, hardpos.train.loss,
+    # loss and evaluator code as the stages (hardpos.models.clip, hardpos.train.loss,
     # hardpos.eval.evaluator) on tensors decoded once; prints the Table-1-style comparison.
     python -m benchmarks.calibrate probe world_dir=outputs/world triplets=outputs/demo/generate/triplets.parquet \
         pretrain_steps=600 finetune_steps=150
@@ -48,7 +48,7 @@ from hardpos import signs as S
 from hardpos.config import ModelConfig, load_config
 from hardpos.eval.evaluator import run_benchmarks
 from hardpos.eval.spec import BenchmarkSpec
-from hardpos.model import load_model, tokenize
+from hardpos.models.clip import load_model, tokenize
 from hardpos.runtime import execute
 from hardpos.stages import demo
 from hardpos.train.config import LossConfig, OptimConfig

@@ -45,7 +45,7 @@ from hardpos.config import ConfigError, ModelConfig, load_config
 from hardpos.data.grammar import canonical_caption, relation_negative, relation_twin
 from hardpos.data.scene import Scene, WorldConfig, render, sample_scene
 from hardpos.data.world import config_from_world
-from hardpos.model import encode_image, encode_text, load_model, tokenize
+from hardpos.models.clip import encode_image, encode_text, load_model, tokenize
 from hardpos.train.config import LossConfig, OptimConfig
 from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch, train_step
 

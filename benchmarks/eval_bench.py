@@ -38,7 +38,7 @@ from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.evaluator import evaluate_benchmarks
 from hardpos.eval.metrics import benchmark_metrics
 from hardpos.eval.spec import BenchmarkSpec
-from hardpos.model import load_model
+from hardpos.models.clip import load_model
 
 
 def _stand_in_jpegs(root: Path, rel_paths, size: tuple[int, int], seed: int) -> int:

@@ -4,7 +4,7 @@ Why a module of its own: the lent GPU machine has torch, torchvision, timm and n
 no package registry, and only small wheels can be carried there (open_clip_torch, ftfy,
 wcwidth; see ``infra/device/gpu_suite.sh``), so Ray and MLflow cannot be installed. This
 suite therefore imports only what runs there: the product's training step and loss
-(:mod:`hardpos.train.step`, :mod:`hardpos.train.loss`), model loading (:mod:`hardpos.model`),
+(:mod:`hardpos.train.step`, :mod:`hardpos.train.loss`), model loading (:mod:`hardpos.models.clip`),
 the evaluator (:mod:`hardpos.eval.evaluator`, whose benchmark loader also loads pyarrow,
 which the machine's image has) and the Serve replica's batch scoring
 (:func:`hardpos.serve.scoring.compute_batch`). ``modules_loaded`` in the result lists which
@@ -60,7 +60,7 @@ from benchmarks.tiny_step import step_setup
 from benchmarks.train_bench import bench_train_step
 from hardpos.config import ModelConfig
 from hardpos.eval.evaluator import evaluate_benchmarks
-from hardpos.model import load_model
+from hardpos.models.clip import load_model
 from hardpos.serve.config import ServingLimits
 from hardpos.serve.scoring import LRUCache, ModelState, StageTimes, compute_batch
 from hardpos.train.config import LossConfig

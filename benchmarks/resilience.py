@@ -56,7 +56,7 @@ from hardpos import runtime
 from hardpos.config import ModelConfig, load_config
 from hardpos.generate import pipeline
 from hardpos.generate.prompts import load_prompts
-from hardpos.model import load_model, save_checkpoint
+from hardpos.models.clip import load_model, save_checkpoint
 from hardpos.runtime import stage_module
 from hardpos.serve.app import build_app
 from tests.support import free_port, write_triplets

@@ -36,7 +36,7 @@ from benchmarks.train_bench import bench_lora_step, bench_train_step
 from hardpos.cli import parse_args
 from hardpos.config import ConfigError, JobConfig, ModelConfig, describe_config, dump_yaml, load_config
 from hardpos.data.captions import read_captions
-from hardpos.model import encode_text, load_model, tokenize
+from hardpos.models.clip import encode_text, load_model, tokenize
 from hardpos.runtime import JobContext, execute
 
 Suite = Literal["all", "text", "train_step", "lora", "evaluate", "serve", "generate", "gpu", "resilience", "tracking"]

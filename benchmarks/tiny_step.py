@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from hardpos.config import ModelConfig
-from hardpos.model import LoadedModel, load_model, tokenize
+from hardpos.models.clip import LoadedModel, load_model, tokenize
 from hardpos.train.config import OptimConfig
 from hardpos.train.step import TripletCLIP, build_optimizer
 

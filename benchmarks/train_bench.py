@@ -46,7 +46,7 @@ from open_clip.loss import ClipLoss
 from benchmarks.harness import compare_alternating
 from benchmarks.tiny_step import synthetic_batch
 from hardpos.config import ModelConfig
-from hardpos.model import encode_text, load_model
+from hardpos.models.clip import encode_text, load_model
 from hardpos.train import lora
 from hardpos.train import step as training_step  # step.train_step looked up per call: tests count the calls
 from hardpos.train.config import LossConfig, OptimConfig

@@ -30,7 +30,7 @@ def tiny_model(seed: int = 0):
     import torch
 
     from hardpos.config import ModelConfig
-    from hardpos.model import load_model
+    from hardpos.models.clip import load_model
 
     torch.manual_seed(seed)
     return load_model(ModelConfig(arch="hardpos-tiny"))

@@ -13,7 +13,7 @@ def tiny_checkpoint(directory: Path, seed: int) -> Path:
     import torch
 
     from hardpos.config import ModelConfig
-    from hardpos.model import load_model, save_checkpoint
+    from hardpos.models.clip import load_model, save_checkpoint
 
     torch.manual_seed(seed)
     loaded = load_model(ModelConfig(arch="hardpos-tiny"))
@@ -25,7 +25,7 @@ def register_checkpoint(tracking_uri: str, name: str, ckpt: Path, metrics: dict[
     """Log ``ckpt`` as the artifact ``model`` of a new run, register it under ``name`` and
     point ``alias`` at the new version. Returns the version.
 
-    Uses :func:`hardpos.mlflow_model.log_model` when the training helper's module exists,
+    Uses :func:`hardpos.models.pyfunc.log_model` when the training helper's module exists,
     else plain MLflow artifacts (``model.resolve_source`` finds the checkpoint below them).
     """
     from mlflow.tracking import MlflowClient
@@ -90,7 +90,7 @@ def broken_checkpoint(directory: Path, good: Path) -> Path:
     found like any version, but loading it fails (a model that cannot load)."""
     import shutil
 
-    from hardpos.model import WEIGHTS_NAME
+    from hardpos.models.source import WEIGHTS_NAME
 
     shutil.copytree(good, directory)
     (directory / WEIGHTS_NAME).write_bytes(b"this is not a safetensors file")

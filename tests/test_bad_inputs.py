@@ -200,13 +200,12 @@ def test_allow_empty_keeps_the_old_behaviour(files, tmp_path):
     """allow_empty=true: an empty caption file is not a preflight error (generate runs on nothing)."""
     # lazy: only this test needs the stage's config and the checks as functions
     from hardpos.config import ConfigError, load_config
-    from hardpos.preflight import run_checks
-    from hardpos.stages.generate import Config
+    from hardpos.stages.generate import Config, check
 
     empty = [f"input={files}/empty.jsonl", "engine.kind=rules", "tracking.enabled=false"]
     with pytest.raises(ConfigError, match="no captions"):
-        run_checks("generate", load_config(Config, None, empty))
-    run_checks("generate", load_config(Config, None, [*empty, "allow_empty=true"]))  # no error
+        check(load_config(Config, None, empty))
+    check(load_config(Config, None, [*empty, "allow_empty=true"]))  # no error
 
 
 def test_a_stage_that_fails_later_says_so_in_one_line_and_verbose_gives_the_traceback(warm_cli, tmp_path):

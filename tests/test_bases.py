@@ -1,4 +1,4 @@
-"""Shipped pretrained bases (hardpos.bases): float16 writing, the manifest's hash and world
+"""Shipped pretrained bases (hardpos.models.bases): float16 writing, the manifest's hash and world
 contract, the demo's start-of-run world check, and the shipped base itself when there is one."""
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hardpos import bases
 from hardpos.config import ConfigError, ModelConfig
-from hardpos.data.world import generate_world
 from hardpos.data.scene import WorldConfig
-from hardpos.stages.demo import latest_checkpoint, phase_key
-from hardpos.model import WEIGHTS_NAME, load_model, save_checkpoint
+from hardpos.data.world import generate_world
+from hardpos.models import bases
+from hardpos.models.clip import load_model, save_checkpoint
+from hardpos.models.source import WEIGHTS_NAME
 from hardpos.stages import demo
+from hardpos.stages.demo import latest_checkpoint, phase_key
 
 
 @pytest.fixture()
@@ -113,11 +114,11 @@ def test_a_shipped_base_is_named_base_colon_name(monkeypatch: pytest.MonkeyPatch
         bases.resolve("base:nope")
     with pytest.raises(ConfigError, match="pretrained=base:nope: no shipped base"):
         demo.Config(pretrained="base:nope")
-    from hardpos import preflight
+    from hardpos.models import weights
 
     with pytest.raises(ConfigError, match=r"model.pretrained=base:nope: no such shipped base; use one of \['b1'\]"):
-        preflight.check_model("model", "hardpos-demo", "base:nope")
-    preflight.check_model("model", "hardpos-demo", "base:b1")  # a shipped base carries its architecture
+        weights.check_model("model", "hardpos-demo", "base:nope")
+    weights.check_model("model", "hardpos-demo", "base:b1")  # a shipped base carries its architecture
     # every stage loads it like any checkpoint (model.pretrained=base:b1)
     state = load_model(ModelConfig(arch="hardpos-demo", pretrained="base:b1")).model.state_dict()
     assert torch.equal(state["visual.conv1.weight"], load_file(str(tiny_ckpt / WEIGHTS_NAME))["visual.conv1.weight"].half().float())

@@ -7,10 +7,10 @@ import torch
 
 from benchmarks.calibrate_relations import RelationProbeConfig, relation_accuracy, relation_rows, run, training_world
 from hardpos.config import ConfigError, ModelConfig
-from hardpos.data.world import generate_world
-from hardpos.data.scene import WorldConfig
 from hardpos.data.grammar import parse, truth
-from hardpos.model import load_model, tokenize
+from hardpos.data.scene import WorldConfig
+from hardpos.data.world import generate_world
+from hardpos.models.clip import load_model, tokenize
 
 CFG = WorldConfig(min_objects=2, max_objects=3)
 

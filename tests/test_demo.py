@@ -107,7 +107,7 @@ def test_demo_runs_the_whole_pipeline_small(tracking_uri, tmp_path):
     from mlflow.tracking import MlflowClient
 
     from hardpos.config import ModelConfig, load_config
-    from hardpos.model import load_model
+    from hardpos.models.clip import load_model
     from hardpos.stages import demo
 
     args = [

@@ -13,6 +13,7 @@ import yaml
 
 from hardpos import runtime, tracking
 from hardpos.config import ConfigError, JobConfig, load_config
+from hardpos.config.paths import resolve_tracking_uri
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -155,12 +156,12 @@ def test_failed_stage_marks_the_run_failed(tmp_path, tracking_uri):
 def test_tracking_uri_resolution(monkeypatch, tmp_path):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
-    assert tracking.resolve_tracking_uri() == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"  # MLflow 3's own default
+    assert resolve_tracking_uri() == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"  # MLflow 3's own default
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
-    assert tracking.resolve_tracking_uri() == "http://127.0.0.1:5000"
+    assert resolve_tracking_uri() == "http://127.0.0.1:5000"
     # relative SQLite paths are made absolute where the config is read (workers run elsewhere)
-    assert tracking.resolve_tracking_uri("sqlite:///x.db") == f"sqlite:///{tmp_path.resolve() / 'x.db'}"
-    assert tracking.resolve_tracking_uri("sqlite:////abs/x.db") == "sqlite:////abs/x.db"
+    assert resolve_tracking_uri("sqlite:///x.db") == f"sqlite:///{tmp_path.resolve() / 'x.db'}"
+    assert resolve_tracking_uri("sqlite:////abs/x.db") == "sqlite:////abs/x.db"
 
 
 @pytest.mark.integration  # runs jobs/demo.py in a subprocess

@@ -683,7 +683,8 @@ def test_compose_publishes_on_loopback_only_and_every_variable_is_defined():
 
 def test_env_example_points_hardpos_at_the_stack(monkeypatch):
     """The host-side half of .env.example really steers HardPos's storage and tracking."""
-    from hardpos import storage, tracking
+    from hardpos import storage
+    from hardpos.config.paths import resolve_tracking_uri
 
     env = dotenv(INFRA / "compose" / ".env.example")
     services = compose()["services"]
@@ -695,7 +696,7 @@ def test_env_example_points_hardpos_at_the_stack(monkeypatch):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     s3 = storage.endpoint_url()
-    mlflow_uri = tracking.resolve_tracking_uri(None)
+    mlflow_uri = resolve_tracking_uri(None)
     assert s3 == "http://127.0.0.1:9000" and 9000 in published["minio"]
     assert mlflow_uri == "http://127.0.0.1:5000" and 5000 in published["mlflow"]
     # The host's S3 credentials are the stack's MinIO credentials.

@@ -20,7 +20,7 @@ from hardpos.interpolate import (
     load_pair,
     state_of,
 )
-from hardpos.model import load_model, save_checkpoint
+from hardpos.models.clip import load_model, save_checkpoint
 from tests.support import triplet_rows, write_image, write_rows
 
 

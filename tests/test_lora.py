@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hardpos.config import ConfigError, ModelConfig, load_config
-from hardpos.model import encode_image, encode_text, load_model
+from hardpos.models.clip import encode_image, encode_text, load_model
 from hardpos.train import lora
 from hardpos.train.checkpoint import load_train_state, save_train_checkpoint
 from hardpos.train.config import TrainConfig
@@ -170,7 +170,7 @@ def test_two_worker_lora_run_exports_a_plain_model_and_resumes(ray_session, tmp_
     from hardpos import runtime
     from tests.support import write_triplets
 
-    from hardpos.model import save_checkpoint
+    from hardpos.models.clip import save_checkpoint
 
     path, _ = write_triplets(tmp_path / "data", n=48)
     table = pq.read_table(path).to_pylist()

@@ -275,7 +275,7 @@ def test_shape_mismatch_is_a_clear_error():
 
 def test_gradients_reach_both_towers_and_the_scale():
     from hardpos.config import ModelConfig
-    from hardpos.model import encode_image, encode_text, load_model, tokenize
+    from hardpos.models.clip import encode_image, encode_text, load_model, tokenize
 
     torch.manual_seed(0)
     lm = load_model(ModelConfig(arch="hardpos-tiny"))
@@ -297,7 +297,7 @@ def test_gradients_reach_both_towers_and_the_scale():
 
 def test_logit_scale_clamp():
     from hardpos.config import ModelConfig
-    from hardpos.model import load_model
+    from hardpos.models.clip import load_model
     from hardpos.train.loss import clamp_logit_scale
 
     m = load_model(ModelConfig(arch="hardpos-tiny")).model

@@ -1,7 +1,7 @@
 """The MLflow internals HardPos still leans on, pinned: each test fails on an MLflow upgrade
 that moves or changes one, instead of the product failing at a user's site.
 
-* ``use_tracking_uri`` (``hardpos.tracking.store``) saves and restores MLflow's private
+* ``use_tracking_uri`` (``hardpos.models.uri``) saves and restores MLflow's private
   process-global tracking URI around ``log_model`` (the fluent API reads only that global);
 * ``get_artifact_repository`` (``hardpos.tracking.transport``) uploads an artifact straight
   to a store that is not behind the tracking server's artifact proxy.
@@ -14,7 +14,7 @@ import os
 import mlflow
 import pytest
 
-from hardpos.tracking.store import use_tracking_uri
+from hardpos.models.uri import use_tracking_uri
 
 
 def test_the_private_global_tracking_uri_is_where_use_tracking_uri_expects_it(monkeypatch, tmp_path):

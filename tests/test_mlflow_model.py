@@ -17,8 +17,8 @@ from PIL import Image
 
 from hardpos import tracking
 from hardpos.config import ModelConfig, TrackingConfig
-from hardpos.mlflow_model import PIP_REQUIREMENTS, log_model
-from hardpos.model import encode_image, encode_text, load_model, save_checkpoint, tokenize
+from hardpos.models.clip import encode_image, encode_text, load_model, save_checkpoint, tokenize
+from hardpos.models.pyfunc import PIP_REQUIREMENTS, log_model
 
 # Loads the model with the HardPos install taken off sys.path, predicts, and reports what it
 # imported. Runs in a fresh interpreter: nothing of the test process leaks in.

@@ -1,4 +1,4 @@
-"""hardpos.model (the one loader/encoder) and hardpos.mlflow_model (the logged model)."""
+"""hardpos.models.clip (the one loader/encoder) and hardpos.models.pyfunc (the logged model)."""
 from __future__ import annotations
 
 import json
@@ -7,9 +7,10 @@ import sys
 import pytest
 import torch
 
-from hardpos import preflight
 from hardpos.config import ConfigError, ModelConfig
-from hardpos.model import CONFIG_NAME, encode_text, load_model, save_checkpoint, tokenize, trim_tokens
+from hardpos.models import weights
+from hardpos.models.clip import encode_text, load_model, save_checkpoint, tokenize, trim_tokens
+from hardpos.models.source import CONFIG_NAME
 
 CAPTIONS = ["a red circle to the left of a blue square", "a dog", "two crimson triangles above a small green circle"]
 
@@ -69,7 +70,7 @@ def test_quick_gelu_is_automatic_for_openai_weights(monkeypatch):
         return real("hardpos-tiny", force_quick_gelu=force_quick_gelu)
 
     monkeypatch.setattr(open_clip, "create_model_and_transforms", fake)
-    monkeypatch.setattr(preflight, "hub_offline", lambda: False)  # the weights are faked, not fetched
+    monkeypatch.setattr(weights, "hub_offline", lambda: False)  # the weights are faked, not fetched
     lm = load_model(ModelConfig(arch="ViT-B-32", pretrained="openai"))  # no download: faked
     assert calls[-1] == ("ViT-B-32", "openai", True) and lm.model_cfg.get("quick_gelu") is True
     load_model(ModelConfig(arch="ViT-B-32-quickgelu", pretrained="openai"))
@@ -108,7 +109,7 @@ def test_mlflow_model_roundtrip_runs_registry_and_pyfunc(tmp_path, tracking_uri,
 
     from hardpos import tracking
     from hardpos.config import TrackingConfig
-    from hardpos.mlflow_model import log_model
+    from hardpos.models.pyfunc import log_model
 
     torch.manual_seed(2)
     lm = load_model(ModelConfig(arch="hardpos-tiny"))
@@ -138,7 +139,7 @@ def test_mlflow_model_roundtrip_runs_registry_and_pyfunc(tmp_path, tracking_uri,
     out = pyfunc.predict(df)
     assert out["error"].tolist()[:2] == ["", ""] and "gone.png" in out["error"][2]
     with torch.no_grad():
-        from hardpos.model import encode_image
+        from hardpos.models.clip import encode_image
 
         img = encode_image(lm.model.eval(), lm.preprocess_val(Image.open(tmp_path / "red.png").convert("RGB"))[None])
         txt = encode_text(lm.model, tokenize(lm.tokenizer, ["a red square", "a blue circle"]))
@@ -147,7 +148,7 @@ def test_mlflow_model_roundtrip_runs_registry_and_pyfunc(tmp_path, tracking_uri,
 
 
 def test_log_model_rejects_a_folder_without_a_checkpoint(tmp_path, tracking_uri):
-    from hardpos.mlflow_model import log_model
+    from hardpos.models.pyfunc import log_model
 
     with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
         log_model("0" * 32, tmp_path, tracking_uri)
@@ -219,7 +220,7 @@ def test_hf_hub_legacy_bin_weights_and_clear_errors(tmp_path, offline_hub):
     torch.save(lm.model.state_dict(), snap / "open_clip_pytorch_model.bin")
     assert _same_state(load_model(ModelConfig(pretrained="hf-hub:org/bin-clip")).model, lm.model)
 
-    from hardpos.model import HubModelError
+    from hardpos.models.clip import HubModelError
 
     with pytest.raises(HubModelError, match="hf-hub:org/absent.*HF_HUB_OFFLINE"):
         load_model(ModelConfig(pretrained="hf-hub:org/absent"))  # not cached, offline: no download

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from hardpos.config import ModelConfig
-from hardpos.model import load_model
+from hardpos.models.clip import load_model
 
 
 @dataclasses.dataclass
@@ -56,8 +56,8 @@ def registered(tmp_path_factory) -> Store:
     creating an MLflow SQLite store and logging a model take several seconds)."""
     from hardpos import tracking
     from hardpos.config import TrackingConfig
-    from hardpos.mlflow_model import log_model
-    from hardpos.model import save_checkpoint
+    from hardpos.models.pyfunc import log_model
+    from hardpos.models.clip import save_checkpoint
     from hardpos.stages import register as reg
 
     root = tmp_path_factory.mktemp("model-uri")
@@ -105,7 +105,7 @@ def test_models_and_runs_uris_load_the_registered_weights_from_the_configured_st
 def test_without_the_configured_uri_the_cwd_store_is_named_and_not_created(store):
     """The default (no tracking_uri, no $MLFLOW_TRACKING_URI) is <cwd>/mlflow.db (MLflow 3's own default): here it does
     not exist, so the error says so instead of creating an empty database."""
-    from hardpos.registry import ModelNotFoundError
+    from hardpos.models.uri import ModelNotFoundError
 
     expected = f"sqlite:///{store.cwd.resolve() / 'mlflow.db'}"
     with pytest.raises(ModelNotFoundError, match=re.escape(f"no MLflow store at {expected}")):
@@ -114,7 +114,7 @@ def test_without_the_configured_uri_the_cwd_store_is_named_and_not_created(store
 
 
 def test_unknown_models_aliases_versions_and_runs_name_the_store(store):
-    from hardpos.registry import ModelNotFoundError
+    from hardpos.models.uri import ModelNotFoundError
 
     cases = {
         "models:/no-such-model@champion":
@@ -144,7 +144,7 @@ def test_unknown_models_aliases_versions_and_runs_name_the_store(store):
 
 
 def test_relative_sqlite_uris_become_absolute_where_the_config_is_read(store):
-    from hardpos.tracking import resolve_tracking_uri
+    from hardpos.config.paths import resolve_tracking_uri
 
     assert resolve_tracking_uri("sqlite:///sub/x.db") == f"sqlite:///{store.cwd.resolve() / 'sub' / 'x.db'}"
     assert resolve_tracking_uri(store.uri) == store.uri
@@ -172,7 +172,7 @@ def test_evaluate_stage_loads_the_registered_model_from_its_tracking_uri(store, 
     assert registered["model"] == f"models:/{store.name}@champion"
     assert registered["metrics"]["colours/n_items"] == 6
     assert registered["metrics"] == direct["metrics"]
-    from hardpos.registry import mlflow_client
+    from hardpos.models.uri import mlflow_client
 
     logged = mlflow_client(store.uri).get_run(registered["mlflow_run_id"])  # the job tracked into the same store
     assert logged.data.params["model.pretrained"] == f"models:/{store.name}@champion"

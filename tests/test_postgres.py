@@ -32,9 +32,8 @@ def compose_backend_uri(port: int) -> str:
 
 
 def test_missing_driver_is_one_line_naming_the_extra():
-    from hardpos import preflight
     from hardpos.config import ConfigError, TrackingConfig
-    from hardpos.tracking import is_database_uri, missing_database_driver
+    from hardpos.tracking import check_tracking, is_database_uri, missing_database_driver
 
     assert is_database_uri("postgresql+psycopg://u:p@h/db") and not is_database_uri("http://h:5000")
     assert missing_database_driver("http://127.0.0.1:5000") is None
@@ -43,7 +42,7 @@ def test_missing_driver_is_one_line_naming_the_extra():
     if problem is None:
         pytest.skip("psycopg2 happens to be installed here")
     with pytest.raises(ConfigError) as err:
-        preflight.check_tracking(TrackingConfig(tracking_uri=f"postgresql+psycopg2://mlflow:{PASSWORD}@127.0.0.1:1/mlflow"))
+        check_tracking(TrackingConfig(tracking_uri=f"postgresql+psycopg2://mlflow:{PASSWORD}@127.0.0.1:1/mlflow"))
     assert "database driver is not installed" in str(err.value) and "psycopg2" in str(err.value)
 
 

@@ -85,7 +85,7 @@ def _local_scores(ckpt, images: list[bytes], captions: list[str]) -> np.ndarray:
 
     from hardpos.config import ModelConfig
     from hardpos.eval.pairs import similarity_matrix
-    from hardpos.model import load_model
+    from hardpos.models.clip import load_model
 
     loaded = load_model(ModelConfig(pretrained=str(ckpt)))
     pil = [Image.open(io.BytesIO(raw)) for raw in images]

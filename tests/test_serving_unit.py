@@ -120,7 +120,7 @@ def test_caption_errors_name_the_field(captions, message):
 def test_captions_ok_and_token_lengths():
     import open_clip
 
-    from hardpos.model import register_model_configs
+    from hardpos.models.clip import register_model_configs
 
     assert R.parse_score_payload({"image_b64": IMG, "captions": ["a", "b c"]}, LIM)[1] == ["a", "b c"]
     register_model_configs()
@@ -347,7 +347,7 @@ def test_compute_batch_matches_the_evaluator_and_rejects_a_bad_item_alone():
 
     from hardpos.config import ModelConfig
     from hardpos.eval.pairs import similarity_matrix
-    from hardpos.model import load_model
+    from hardpos.models.clip import load_model
 
     torch.manual_seed(0)
     loaded = load_model(ModelConfig(arch="hardpos-tiny"))

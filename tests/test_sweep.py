@@ -39,7 +39,7 @@ def _check_sweep(summary: dict, tracking_uri: str, out: Path) -> None:
     from mlflow.tracking import MlflowClient
 
     from hardpos.config import ModelConfig
-    from hardpos.model import encode_text, load_model, tokenize
+    from hardpos.models.clip import encode_text, load_model, tokenize
 
     assert summary["trials"] == 2 and summary["finished"] == 2 and summary["failed"] == []
     client = MlflowClient(tracking_uri)
@@ -107,8 +107,8 @@ def test_register_and_compare_stages_on_a_real_mlflow_server(tmp_path, mlflow_se
 
     from hardpos import tracking
     from hardpos.config import ModelConfig, TrackingConfig
-    from hardpos.mlflow_model import log_model
-    from hardpos.model import load_model, save_checkpoint
+    from hardpos.models.pyfunc import log_model
+    from hardpos.models.clip import load_model, save_checkpoint
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     torch.manual_seed(0)

@@ -5,9 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from hardpos import registry, report
-from hardpos.stages import compare, sweep
+from hardpos import report
 from hardpos.config import ConfigError
+from hardpos.models import registry
+from hardpos.stages import compare, sweep
 
 PAPER_SPACE = {"loss.w_neg": {"grid_search": [0.0, 0.25, 0.5, 0.75, 1.0]}, "loss.w_pos": 1.0}
 HN_ONLY = [{"loss.w_pos": 0.0, "loss.w_neg": 1.0}]

@@ -40,7 +40,7 @@ def test_plan_steps_and_schedule():
 
 def test_weight_decay_only_on_weight_matrices():
     from hardpos.config import ModelConfig
-    from hardpos.model import load_model
+    from hardpos.models.clip import load_model
 
     model = load_model(ModelConfig()).model
     decay, no_decay = param_groups(model, 0.1)
@@ -59,7 +59,7 @@ def test_fused_adamw_makes_the_same_update_as_the_per_parameter_loop():
     import torch
 
     from hardpos.config import ModelConfig
-    from hardpos.model import load_model
+    from hardpos.models.clip import load_model
 
     torch.manual_seed(0)
     fused_model = load_model(ModelConfig()).model
@@ -87,7 +87,7 @@ def test_train_step_clips_schedules_and_clamps():
     import math as _math
 
     from hardpos.config import ModelConfig
-    from hardpos.model import encode_text, load_model
+    from hardpos.models.clip import encode_text, load_model
     from hardpos.train.config import LossConfig
     from hardpos.train.step import TripletCLIP, build_scheduler, forward_loss, model_batch, train_step
 
@@ -174,7 +174,7 @@ def test_shipped_configs_load():
 
 def _preprocess_udf(base_dir):
     from hardpos.config import ModelConfig
-    from hardpos.model import load_model
+    from hardpos.models.clip import load_model
 
     lm = load_model(ModelConfig())
     return Preprocess(lm.preprocess_val, lm.tokenizer, 32, str(base_dir)), lm
@@ -217,7 +217,7 @@ def test_preprocess_reads_the_file_when_the_bytes_cell_is_null(tmp_path, null):
 
 
 def test_triplet_module_features_equal_separate_encoding(tmp_path):
-    from hardpos.model import encode_image, encode_text, tokenize
+    from hardpos.models.clip import encode_image, encode_text, tokenize
     from hardpos.train.step import TripletCLIP
 
     path, rows = write_triplets(tmp_path, n=6)
@@ -323,7 +323,7 @@ def test_logged_mlflow_model_loads_with_the_trained_weights(trained):
     from safetensors.torch import load_file
 
     from hardpos.config import ModelConfig
-    from hardpos.model import load_model
+    from hardpos.models.clip import load_model
 
     s = trained["summary"]
     assert s["model_uri"] == f"runs:/{s['mlflow_run_id']}/model"
@@ -398,7 +398,7 @@ def test_a_remote_checkpoint_is_read_from_a_private_copy_that_is_then_removed(tm
     # exactly, through a temporary folder of its own that is gone afterwards.
     import pyarrow.fs
 
-    from hardpos.model import ModelConfig, load_model
+    from hardpos.models.clip import ModelConfig, load_model
     from hardpos.train.checkpoint import load_remote_train_state, save_train_checkpoint
 
     lm = load_model(ModelConfig(arch="hardpos-tiny"), device="cpu")

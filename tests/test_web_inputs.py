@@ -22,7 +22,7 @@ from PIL import Image
 
 from hardpos.config import ModelConfig
 from hardpos.data.sources import SourceError, read_rows, resolve_files
-from hardpos.model import load_model
+from hardpos.models.clip import load_model
 from hardpos.train.data import DataError, Preprocess, read_triplets_dataset, row_seed
 from tests.support import free_port
 

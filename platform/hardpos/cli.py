@@ -15,7 +15,7 @@ import sys
 import traceback
 from typing import Any
 
-from hardpos import preflight, tracking
+from hardpos import tracking
 from hardpos.config import ConfigError, describe_config, dump_yaml, load_config, to_dict
 from hardpos.runtime import STAGES, execute, stage_module
 from hardpos.tracking import TrackingUnavailableError
@@ -150,21 +150,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     verbose = cfg.log_level == "debug"
     try:
-        # Cheap checks in order of cost (inputs, servers, weights) before anything is started
+        # execute runs the stage's check (inputs, servers, weights) before anything is started
         # or written: a user's mistake costs seconds and one line, not a traceback.
-        preflight.run_checks(stage, cfg)
-    except ConfigError as exc:
-        print(f"hardpos {stage}: {redact_text(str(exc))}", file=sys.stderr)
-        return 2
-    try:
         summary = execute(stage, cfg)
     except KeyboardInterrupt:
         print(f"hardpos {stage}: interrupted", file=sys.stderr)
         return 130
-    except ConfigError as exc:  # raised by a stage validating its inputs before work starts
+    except ConfigError as exc:  # the stage's check, or the stage validating its inputs before work starts
         if verbose:
             traceback.print_exc()
-        print(f"hardpos {stage}: config error: {redact_text(str(exc))}", file=sys.stderr)
+        print(f"hardpos {stage}: {redact_text(str(exc))}", file=sys.stderr)
         return 2
     except TrackingUnavailableError as exc:  # before any compute: one line, no traceback
         print(f"hardpos {stage}: {redact_text(str(exc))}", file=sys.stderr)

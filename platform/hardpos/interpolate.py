@@ -8,7 +8,7 @@ finetuned model's compositionality for the base's retention without training aga
 
 Pure and Ray-free: two state dicts in, one out (:func:`interpolate_state`); the checks that
 two models *can* be mixed (:func:`check_compatible`); and :func:`load_pair`, which loads
-both endpoints from any source :func:`hardpos.model.load_model` accepts (an open_clip tag,
+both endpoints from any source :func:`hardpos.models.clip.load_model` accepts (an open_clip tag,
 a local checkpoint, ``s3://``, ``runs:/<id>/model``, ``models:/<name>@<alias>``) and
 checks them.  The ``interpolate`` stage (:mod:`hardpos.stages.interpolate`) evaluates the
 mixes and tracks them.
@@ -29,7 +29,7 @@ from hardpos.config import ModelConfig
 if TYPE_CHECKING:  # tensors are only handled through their methods here: torch loads with the models
     import torch
 
-    from hardpos.model import LoadedModel
+    from hardpos.models.clip import LoadedModel
 
 
 class ArchitectureMismatch(ValueError):
@@ -124,17 +124,17 @@ def interpolate_state(base: Mapping[str, torch.Tensor], ft: Mapping[str, torch.T
 def state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A detached copy of ``model``'s state dict (so later in-place loads leave it intact)."""
     # lazy: the interpolate stage's Config validates with this module (check_alphas) at config load
-    from hardpos.model import unwrap
+    from hardpos.models.clip import unwrap
 
     return {k: v.detach().clone() for k, v in unwrap(model).state_dict().items()}
 
 
 def load_pair(base: ModelConfig, ft: ModelConfig, *, device: str = "cpu",
               tracking_uri: str | None = None) -> tuple[LoadedModel, LoadedModel]:
-    """Load both endpoints (any :func:`hardpos.model.load_model` source; MLflow URIs looked up
+    """Load both endpoints (any :func:`hardpos.models.clip.load_model` source; MLflow URIs looked up
     in ``tracking_uri``) and check that they can be mixed (:func:`check_compatible`, with
     their architecture names and model configs). Returns (base, finetuned)."""
-    from hardpos.model import load_model, unwrap  # lazy: see state_of
+    from hardpos.models.clip import load_model, unwrap  # lazy: see state_of
 
     lb = load_model(base, device=device, tracking_uri=tracking_uri)
     lf = load_model(ft, device=device, tracking_uri=tracking_uri)

@@ -109,7 +109,7 @@ COLUMNS = tuple(f"{g}/{f}" for g, _ in GROUPS for f in FIGURES)
 SUBSET_COLUMNS = tuple(f"{p}/{f}" for p in ("world_replace_attribute", "world_replace_relation")
                        for f in ("orig_acc", "aug_acc", "brittleness"))
 #: what "best model" means in the demo: mean augmented accuracy over REPLACE and SWAP
-#: (the sweep stage's default objective); ranked by :func:`hardpos.registry.rank`
+#: (the sweep stage's default objective); ranked by :func:`hardpos.models.registry.rank`
 OBJECTIVE = ("replace/aug_acc", "swap/aug_acc")
 PERCENT = ("orig_acc", "aug_acc", "brittleness")
 

@@ -4,11 +4,15 @@ A stage is a module ``hardpos.stages.<name>`` that defines
 
     @dataclass
     class Config(JobConfig): ...           # typed, documented, with defaults
+    def check(cfg: Config) -> None: ...    # cheap checks before any work (ConfigError: key=value: problem; fix)
     def run(cfg: Config, ctx: JobContext) -> dict: ...   # returns the summary
 
+Adding a stage is that module plus its name in :data:`STAGES` (the CLI's map).
 :func:`execute` wraps ``run`` with everything every stage must do, so stages never
 repeat it: make the config's relative paths absolute (they mean the directory the job
-started in, also in Ray workers and Tune trials: :mod:`hardpos.config.paths`), open an MLflow run
+started in, also in Ray workers and Tune trials: :mod:`hardpos.config.paths`), run the
+stage's ``check`` (inputs, servers, weights, cheapest first: :mod:`hardpos.preflight` has the
+shared helpers) before anything is started or written, open an MLflow run
 (params = the flattened config, the config itself as ``config.yaml``), call ``run``,
 log the summary, mark the run FINISHED (FAILED on an exception, which is re-raised),
 write ``summary.json`` to ``output_dir`` (its ``tracking`` section says whether every
@@ -27,7 +31,7 @@ from typing import Any, Callable
 
 from hardpos import logs, storage, tracking
 from hardpos.config import JobConfig, RayConfig, TrackingConfig, dump_yaml, to_dict
-from hardpos.config.paths import absolute_paths
+from hardpos.config.paths import absolute_paths, resolve_tracking_uri
 from hardpos.tracking.redact import redact
 
 # Ray Train's switch for its preemption watcher (ray.train.v2._internal.constants), off on a local Ray.
@@ -109,7 +113,7 @@ def reopen_run(cfg: TrackingConfig, run_id: str | None, spill_dir: str | None = 
     """
     if not cfg.enabled or not run_id or run_id.startswith(tracking.LOCAL_PREFIX):
         return None
-    uri = tracking.resolve_tracking_uri(cfg.tracking_uri)
+    uri = resolve_tracking_uri(cfg.tracking_uri)
     if tracking.probe(uri, cfg.request_timeout_s) is not None:
         return None
     # lazy: runtime is on `hardpos`'s import path (cli.py); mlflow takes seconds to import
@@ -147,6 +151,8 @@ def execute(
 ) -> dict[str, Any]:
     """Run one stage under the job contract and return its summary (also in summary.json).
 
+    run_fn: run this instead of the stage module's ``run`` (and skip its ``check``: the sweep's
+        trials, whose shared inputs the sweep checked once).
     resume_run_id: log into this existing MLflow run (see :func:`reopen_run`) instead of a new
         one. None: a stage module that defines ``resume_run_id(cfg) -> str | None`` (the sweep:
         the run of the interrupted sweep it resumes) is asked, when ``run_fn`` is not given.
@@ -158,6 +164,10 @@ def execute(
     # Relative paths mean this directory, also in Ray workers and Tune trials (which run elsewhere).
     cfg = absolute_paths(cfg)
     cfg = dataclasses.replace(cfg, output_dir=resolve_output_dir(cfg.output_dir))
+    if module is not None:
+        # A user's mistake (a missing file, a dead server, weights that cannot be fetched)
+        # costs seconds and one line, before anything is started or written.
+        module.check(cfg)
     storage.makedirs(cfg.output_dir)
     if resume_run_id is None and hasattr(module, "resume_run_id"):
         resume_run_id = module.resume_run_id(cfg)

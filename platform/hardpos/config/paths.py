@@ -12,12 +12,16 @@ What counts as a path is decided by the field's name (the last part of a dotted 
 (``model.pretrained: base:hardpos-base``, ``prompts: paper``) and are resolved only when the
 relative path exists from the job's directory. URIs (``s3://``, ``hf://``, ``runs:/``,
 ``models:/``, ``base:``) and absolute paths are left as they are.
+
+The tracking URI follows the same rule (:func:`resolve_tracking_uri`): a relative SQLite path
+means the job's directory, resolved once in the process that reads the config.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import re
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -84,3 +88,30 @@ def _replace_without_post_init(cfg: T, changes: dict[str, Any]) -> T:
     new.__dict__.update(cfg.__dict__)
     new.__dict__.update(changes)
     return new
+
+
+# --------------------------------------------------------------------------- the tracking store
+DEFAULT_DB = "mlflow.db"  # MLflow 3's default (`mlflow ui`, `mlflow server`)
+
+
+def default_tracking_uri() -> str:
+    return f"sqlite:///{Path.cwd().resolve() / DEFAULT_DB}"
+
+
+def resolve_tracking_uri(uri: str | None = None) -> str:
+    """Config value, else $MLFLOW_TRACKING_URI, else the local SQLite store.
+
+    A relative SQLite path (``sqlite:///mlflow.db``) is made absolute against the current
+    directory here, in the process that reads the config: Ray workers and Serve replicas
+    get the resolved URI and run in other working directories.
+    """
+    return _absolute_sqlite(uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri())
+
+
+def _absolute_sqlite(uri: str) -> str:
+    if not uri.startswith("sqlite:///"):
+        return uri
+    path, sep, query = uri[len("sqlite:///"):].partition("?")
+    if not path or path == ":memory:" or os.path.isabs(path):
+        return uri
+    return f"sqlite:///{(Path.cwd() / path).resolve()}{sep}{query}"

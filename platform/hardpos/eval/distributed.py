@@ -19,7 +19,7 @@ import torch
 from hardpos.config import ModelConfig
 from hardpos.eval.encoding import check_precision, encode_image_keys
 from hardpos.eval.spec import RayDataConfig
-from hardpos.model import load_model, unwrap
+from hardpos.models.clip import load_model, unwrap
 
 
 class _ImageEncoderActor:
@@ -47,7 +47,7 @@ def ray_image_encoder(model, arch: str, model_cfg: dict, cfg: RayDataConfig | No
                       ) -> Callable[[Sequence[tuple]], tuple[np.ndarray, dict[int, str]]]:
     """An ``image_encoder`` for :func:`hardpos.eval.evaluator.evaluate_benchmarks` that runs
     on Ray Data. ``model`` is the driver's model (its weights are shipped to the actors);
-    ``arch``/``model_cfg`` come from :class:`hardpos.model.LoadedModel`; ``precision`` is
+    ``arch``/``model_cfg`` come from :class:`hardpos.models.clip.LoadedModel`; ``precision`` is
     the actors' (pass the evaluator's). Ray must be initialised."""
     check_precision(precision)
     cfg = cfg or RayDataConfig()

@@ -19,7 +19,7 @@ import torch
 from hardpos.data.images import load_image
 from hardpos.eval.items import Crop
 from hardpos.eval.spec import PRECISIONS, Precision
-from hardpos.model import encode_image, encode_text, trim_tokens
+from hardpos.models.clip import encode_image, encode_text, trim_tokens
 
 ImageKey = tuple[str, Crop | None]
 PROGRESS_EVERY_S = 10.0  # a progress line at most this often while encoding images

@@ -14,7 +14,7 @@ repeats; each distinct ``(image, crop)`` and each distinct caption is encoded on
 batches, under ``torch.no_grad``, then every item's three scores are dot products of rows
 picked by index. Captions are sorted by token length before
 batching so each batch is trimmed to its own longest caption (see
-:func:`hardpos.model.encode_text`). Image decoding + preprocessing runs in a small thread
+:func:`hardpos.models.clip.encode_text`). Image decoding + preprocessing runs in a small thread
 pool one batch ahead of the model.
 
 Precision: scoring runs in fp32 on every device by default (``precision="fp32"``; on CUDA

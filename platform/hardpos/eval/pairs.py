@@ -14,7 +14,7 @@ from PIL import Image
 
 from hardpos.eval.encoding import check_precision, encode_captions, eval_mode, precision_context
 from hardpos.eval.spec import Precision
-from hardpos.model import encode_image
+from hardpos.models.clip import encode_image
 
 
 def similarity_matrix(model, preprocess: Callable, tokenizer: Callable, images: Sequence["Image.Image"],

@@ -32,7 +32,7 @@ from hardpos import storage
 from hardpos.data.triplets import resolve_image
 from hardpos.eval.encoding import check_precision, encode_captions, encode_image_keys, eval_mode, precision_context
 from hardpos.eval.spec import RetrievalSpec, ZeroShotSpec
-from hardpos.model import encode_text, trim_tokens
+from hardpos.models.clip import encode_text, trim_tokens
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
 CLASSNAME_SETS = ("imagenet", "folders")  # named values of ZeroShotSpec.classnames
@@ -161,7 +161,7 @@ def topk_hits(sims: np.ndarray, targets: np.ndarray, ks=(1, 5)) -> dict[int, np.
 class _TextTower:
     """The one method ``open_clip.build_zero_shot_classifier`` calls (``encode_text``),
     routed through HardPos's text path: tokens trimmed to the batch's longest prompt
-    (equal to the full context, see :func:`hardpos.model.encode_text`), the evaluator's
+    (equal to the full context, see :func:`hardpos.models.clip.encode_text`), the evaluator's
     ``precision``, float32 features."""
 
     def __init__(self, model, device, precision: str):

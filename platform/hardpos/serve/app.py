@@ -41,7 +41,8 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-from hardpos import tracking
+from hardpos.config.paths import resolve_tracking_uri
+from hardpos.eval.metrics import verdicts
 from hardpos.serve.config import BatchingConfig, DeploymentOptions, load_app_config
 from hardpos.serve.deployment import ScoringModel
 from hardpos.serve.docs import add_offline_docs
@@ -51,7 +52,6 @@ from hardpos.serve.requests import (check_image_header, is_multipart, parse_batc
 from hardpos.serve.schemas import (BatchRequest, BatchResponse, CompareForm, CompareRequest, CompareResponse,
                                    HealthResponse, ScoreForm, ScoreRequest, ScoreResponse, contract_document,
                                    error_responses, json_body, json_or_multipart, set_contract, validation_message)
-from hardpos.eval.metrics import verdicts
 from hardpos.serve.scoring import StageTimes, softmax as softmax_probs
 
 __all__ = ["ScoringAPI", "ScoringModel", "api", "build_app"]
@@ -349,7 +349,7 @@ def build_app(args: dict[str, Any] | None = None):
     """
     cfg = load_app_config(args)
     if cfg.model.startswith(("runs:/", "models:/", "mlflow-artifacts:")):
-        cfg = dataclasses.replace(cfg, tracking_uri=tracking.resolve_tracking_uri(cfg.tracking_uri))
+        cfg = dataclasses.replace(cfg, tracking_uri=resolve_tracking_uri(cfg.tracking_uri))
     token = os.environ.get(cfg.auth_token_env) if cfg.auth_token_env else None
     digest = token_digest(token) if token else None
     # What can change without restarting replicas (reload_token, batching) travels only in the

@@ -110,7 +110,7 @@ class ServeAppConfig:
         registry), ``runs:/<id>/model``, a checkpoint directory (local or s3://), or an
         open_clip pretrained tag (with ``arch``).
     arch: architecture for open_clip tags / random weights (checkpoints carry their own).
-    force_quick_gelu: None = automatic (see hardpos.model).
+    force_quick_gelu: None = automatic (see hardpos.models.clip).
     tracking_uri: MLflow tracking URI; None -> $MLFLOW_TRACKING_URI, else the local store
         (resolved when the app is built, so every replica uses the same one).
     reload_poll_s: every this many seconds each model replica checks whether the registry

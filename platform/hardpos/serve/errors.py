@@ -12,7 +12,7 @@ import hashlib
 import hmac
 from typing import Any
 
-from hardpos.registry import ModelNotFoundError
+from hardpos.models.uri import ModelNotFoundError
 
 class ServingError(Exception):
     """A request the service refuses: ``status`` (HTTP code) and a specific ``message``."""

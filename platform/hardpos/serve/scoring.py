@@ -3,7 +3,7 @@ embeddings, score a batch, and turn scores into the paper's per-item verdicts.
 
 * :func:`load_model`, :func:`current_version` -- the model a replica loads and the version
   its alias points at now, looked up in the config's ``tracking_uri`` only (the registry
-  work is :func:`hardpos.registry.pin_model_uri`; MLflow's global URI is never set).
+  work is :func:`hardpos.models.uri.pin_model_uri`; MLflow's global URI is never set).
 * :class:`ModelState`, :func:`load_state`, :func:`compute_batch` -- one loaded version and one batched forward
   pass over it (a bad item gets its own error; it never fails the batch).
 * :class:`LRUCache`, :func:`encode_with_cache` -- the bounded text-embedding cache.
@@ -25,10 +25,11 @@ from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import torch
 
-from hardpos import registry, tracking
 from hardpos.config import ModelConfig
-from hardpos.model import encode_image, encode_text, trim_tokens
-from hardpos.model import load_model as _load_model  # this module's load_model wraps it
+from hardpos.config.paths import resolve_tracking_uri
+from hardpos.models.clip import encode_image, encode_text, trim_tokens
+from hardpos.models.clip import load_model as _load_model  # this module's load_model wraps it
+from hardpos.models.uri import current_alias_version, pin_model_uri, split_registry_uri
 from hardpos.serve.config import ServeAppConfig, ServingLimits
 from hardpos.serve.errors import ServingError
 from hardpos.serve.requests import open_image
@@ -37,21 +38,21 @@ from hardpos.serve.requests import open_image
 
 
 def _store(cfg: ServeAppConfig) -> str:
-    return tracking.resolve_tracking_uri(cfg.tracking_uri)
+    return resolve_tracking_uri(cfg.tracking_uri)
 
 
 def load_model(cfg: ServeAppConfig, device: Any = "cpu") -> tuple[Any, dict[str, Any]]:
-    """(the :class:`hardpos.model.LoadedModel` in eval mode, registry facts for ``/v1/model``):
+    """(the :class:`hardpos.models.clip.LoadedModel` in eval mode, registry facts for ``/v1/model``):
     what a model replica loads for ``cfg`` on ``device``.
 
     A registry alias is pinned to its current version first, so the facts name the version
     actually loaded. MLflow sources resolve in ``cfg.tracking_uri`` (None: the environment's
-    store). Raises :class:`hardpos.registry.ModelNotFoundError` for an unknown model.
+    store). Raises :class:`hardpos.models.uri.ModelNotFoundError` for an unknown model.
     """
-    if registry.split_registry_uri(cfg.model) is None:
+    if split_registry_uri(cfg.model) is None:
         uri, info = cfg.model, {"source": cfg.model}  # no store needed (checkpoint, tag, runs:/)
     else:
-        uri, info = registry.pin_model_uri(cfg.model, _store(cfg))
+        uri, info = pin_model_uri(cfg.model, _store(cfg))
     loaded = _load_model(ModelConfig(arch=cfg.arch, pretrained=None if uri in ("", "random") else uri,
                               force_quick_gelu=cfg.force_quick_gelu),
                   device=device, tracking_uri=cfg.tracking_uri)
@@ -61,9 +62,9 @@ def load_model(cfg: ServeAppConfig, device: Any = "cpu") -> tuple[Any, dict[str,
 
 def current_version(cfg: ServeAppConfig) -> str | None:
     """The version the configured alias points at now (None: the source is not an alias)."""
-    if registry.split_registry_uri(cfg.model) is None:
+    if split_registry_uri(cfg.model) is None:
         return None
-    return registry.current_alias_version(cfg.model, _store(cfg))
+    return current_alias_version(cfg.model, _store(cfg))
 
 
 # --------------------------------------------------------------------------- cache / stats

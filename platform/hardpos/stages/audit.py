@@ -28,6 +28,7 @@ import re
 import sys
 from typing import Literal
 
+from hardpos import preflight, tracking
 from hardpos import storage
 from hardpos.config import ConfigError, JobConfig, require
 from hardpos.data.blind_audit import (FORMATS, GRAMMAR_RULES, POLARITIES, AuditError, AuditSettings, NoEditsError,
@@ -118,6 +119,18 @@ def sources(cfg: Config) -> list[AuditSource]:
 def _metric_key(*parts: str) -> str:
     """An MLflow metric name (letters, digits, ``_-./`` and spaces only)."""
     return "/".join(re.sub(r"[^A-Za-z0-9_.\- ]", "_", p) for p in parts)
+
+
+def check(cfg: Config) -> None:
+    """Before any work: every source exists (its format and contents are read by ``run``, before
+    any classifier is fitted), then the tracking server."""
+    paths = ([("input", cfg.input)] if cfg.input else []) + [(f"inputs.{i}.path", s.path) for i, s in enumerate(cfg.inputs)]
+    preflight.check_s3_endpoint([p for _, p in paths] + [cfg.output_dir])
+    for key, path in paths:
+        if path and not storage.exists(path):
+            preflight.fail(key, path, "source not found",
+                           "give a triplet file, a caption file with negatives or a benchmark folder")
+    tracking.check_tracking(cfg.tracking)
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:

@@ -22,13 +22,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hardpos import explorer, registry, report, storage, tracking
+from hardpos import explorer, report, storage, tracking
 from hardpos.config import ConfigError, JobConfig
+from hardpos.config.paths import resolve_tracking_uri
 from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.items import BenchmarkError
 from hardpos.explorer import ExplorerConfig, ExplorerError
-from hardpos.model_uri import mlflow_client
+from hardpos.models.uri import mlflow_client
 from hardpos.report import SCORES_FILE
 from hardpos.runtime import JobContext
 from hardpos.stages import evaluate as evaluate_stage
@@ -50,9 +51,14 @@ class Config(JobConfig):
     explorer: ExplorerConfig = dataclasses.field(default_factory=ExplorerConfig)
 
 
+def check(cfg: Config) -> None:
+    """Before any work: the tracking server (this stage's inputs are read, and named in its errors, by ``run``)."""
+    tracking.check_tracking(cfg.tracking)
+
+
 def run(cfg: Config, ctx: JobContext) -> dict:
     experiment = cfg.experiment or cfg.tracking.experiment
-    tracking_uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
+    tracking_uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
     rows = collect_runs(tracking_uri, experiment, cfg.parent_run_id)
     rows = [r for r in rows if r["status"] == "FINISHED" and any(k.endswith("/aug_acc") for k in r)]
     if not rows and not cfg.explorer.active:
@@ -73,7 +79,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
 def collect_runs(tracking_uri: str, experiment: str, parent_run_id: str | None = None) -> list[dict[str, Any]]:
     """One flat dict per finished or failed run, oldest first: ``run_id``, ``run_name``,
     ``status``, ``param:<key>`` for params and the metric names as they are."""
-    client = registry.mlflow_client(tracking_uri)
+    client = mlflow_client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return []

@@ -53,14 +53,16 @@ from typing import Any, Literal
 
 import pyarrow.parquet as pq
 
-from hardpos import bases, registry, storage, tracking
 from hardpos import report as R
 from hardpos import signs as S
+from hardpos import storage, tracking
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig
-from hardpos.data.world import load_world
+from hardpos.config.paths import resolve_tracking_uri
 from hardpos.data.scene import BENCHMARKS, WorldConfig
+from hardpos.data.world import load_world
 from hardpos.eval.spec import RetrievalSpec
 from hardpos.interpolate import check_alphas
+from hardpos.models import bases, registry
 from hardpos.runtime import JobContext, execute, init_ray
 from hardpos.stages import evaluate as ev
 from hardpos.stages import generate as gen
@@ -200,7 +202,7 @@ class Config(JobConfig):
     pretrain_only: make a base and stop: the world(s), the pretraining phase(s) (resumable:
         a stopped run continues from its latest checkpoint, a finished phase is kept), the
         base's evaluation, and the base written as float16 weights + manifest
-        (:mod:`hardpos.bases`) under ``ship_to``.
+        (:mod:`hardpos.models.bases`) under ``ship_to``.
     base_name: the base's name (its folder and ``<base_name>.json`` manifest).
     ship_to: where pretrain_only writes the base (None: <output_dir>/base; the package's
         bases folder is ``platform/hardpos/resources/bases``).
@@ -208,7 +210,7 @@ class Config(JobConfig):
         base that ships with the package (``base:hardpos-base``, pretrained once on this
         world by ``jobs/configs/demo-base.yaml``), or any checkpoint (a local dir, s3://,
         runs:/ or models:/ URI; e.g. an earlier demo's <output_dir>/pretrain/model). None
-        pretrains here from scratch. A base with a manifest (:mod:`hardpos.bases`) must have
+        pretrains here from scratch. A base with a manifest (:mod:`hardpos.models.bases`) must have
         been pretrained on ``world``, and its weights must match the manifest's hash.
     from_scratch: pretrain the base here (``curriculum`` then ``pretrain``: the shipped base's
         recipe, about 10 minutes on 2 cores) instead of starting from ``pretrained``; needed
@@ -556,6 +558,11 @@ def instructions(uri: str, cfg: Config, best: str, registered: dict, files: dict
     return "\n".join(lines)
 
 
+def check(cfg: Config) -> None:
+    """Before any work: the tracking server (this stage's inputs are read, and named in its errors, by ``run``)."""
+    tracking.check_tracking(cfg.tracking)
+
+
 # --------------------------------------------------------------------------- the job
 def run(cfg: Config, ctx: JobContext) -> dict:
     started = time.time()
@@ -657,7 +664,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     if ctx.run is not None:
         ctx.run.set_tags({"hardpos.champion": best, "hardpos.champion_run_id": models[best]["run_id"] or ""})
 
-    uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
+    uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
     elapsed = time.time() - started
     print("\n" + md)
     experiment_id = None
@@ -708,7 +715,7 @@ def pretrain(cfg: Config, ctx: JobContext, p: Pipeline, world_dir: str, *, resum
 
 def pretrain_base(cfg: Config, ctx: JobContext, p: Pipeline, world_dir: str, started: float) -> dict:
     """``pretrain_only``: pretrain (resumably), evaluate the base on the demo's world, write it
-    as a shippable base (float16 weights + manifest, :func:`hardpos.bases.write_base`)."""
+    as a shippable base (float16 weights + manifest, :func:`hardpos.models.bases.write_base`)."""
     pre = pretrain(cfg, ctx, p, world_dir, resumable=True)
     ev_base = p.evaluate("pretrained", pre["checkpoint"], world_dir)
     row = R.table_row(ev_base["metrics"])

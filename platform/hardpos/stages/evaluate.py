@@ -19,19 +19,22 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
+from hardpos import preflight
 from hardpos import storage, tracking
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig, require
+from hardpos.config.paths import resolve_tracking_uri
 from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.eval.items import BenchmarkError
 from hardpos.eval.spec import BenchmarkSpec, Precision, RayDataConfig, RetrievalSpec, ZeroShotSpec
-from hardpos.model_uri import source_run_tags
+from hardpos.models import weights
+from hardpos.models.uri import source_run_tags
 from hardpos.runtime import JobContext, init_ray
 
 if TYPE_CHECKING:
     import torch
 
     from hardpos.eval.evaluator import EvalReport
-    from hardpos.model import LoadedModel
+    from hardpos.models.clip import LoadedModel
 
 # The CLI imports this module for its Config (--help, the checks before a job starts): torch,
 # open_clip and Ray load inside the functions that use them (`# lazy:` below), once a job runs.
@@ -190,13 +193,26 @@ def evaluate_model(model: torch.nn.Module, lm: LoadedModel, specs: Sequence[Benc
     return report, retention
 
 
+def check(cfg: Config) -> None:
+    """Before any work, cheapest first: the S3 endpoint, the world folder and benchmark files,
+    the tracking server, then the model's weights."""
+    specs = list(cfg.benchmarks)
+    preflight.check_s3_endpoint([s.path for s in specs] + [cfg.model.pretrained, cfg.world_dir, cfg.output_dir])
+    if cfg.world_dir and not storage.exists(cfg.world_dir):
+        preflight.fail("world_dir", cfg.world_dir, "world folder not found", "run `hardpos world` first, or fix the path")
+    for spec in specs:
+        preflight.benchmark(f"benchmarks.{spec.name}", spec, allow_empty=cfg.allow_empty)
+    tracking.check_tracking(cfg.tracking)
+    weights.check_model("model", cfg.model.arch, cfg.model.pretrained)
+
+
 def run(cfg: Config, ctx: JobContext) -> dict:
     # lazy: see the module's imports
     import torch
 
     from hardpos import report as R
     from hardpos.eval.distributed import ray_image_encoder
-    from hardpos.model import load_model
+    from hardpos.models.clip import load_model
 
     specs = resolve_specs(cfg)
     device = resolve_device(cfg.device)
@@ -204,7 +220,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     lm = load_model(cfg.model, device=device, tracking_uri=cfg.tracking.tracking_uri)  # MLflow sources: this job's store
     model_name = cfg.model_name or (cfg.model.pretrained or f"random {lm.arch}")
     # a model trained on REPLACE's own substitutions: its REPLACE numbers are contaminated
-    seen = source_run_tags(cfg.model.pretrained or "", tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)).get(
+    seen = source_run_tags(cfg.model.pretrained or "", resolve_tracking_uri(cfg.tracking.tracking_uri)).get(
         SEEN_SUBSTITUTIONS_TAG)
     if seen:
         model_name += " [seen substitutions: REPLACE numbers contaminated]"

@@ -13,6 +13,7 @@ from typing import Literal
 
 import pyarrow.parquet as pq
 
+from hardpos import preflight, tracking
 from hardpos import storage
 from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
 from hardpos.data.captions import CaptionSourceError
@@ -228,11 +229,35 @@ def _summary(cfg: Config, *, model: str, src_name: str, source_uri: str, world_d
     return summary
 
 
+def check(cfg: Config) -> None:
+    """Before any work (no Ray, no output): the prompts and engine settings, the S3 endpoint, the
+    caption source (exists, one readable format, not empty unless ``allow_empty``), the LLM
+    endpoint for ``engine.kind=http``, then the tracking server."""
+    # lazy: see the module's imports
+    from hardpos.generate import source
+
+    check_config(cfg, load_prompts(cfg.prompts, cfg.kinds or None))
+    preflight.check_s3_endpoint([cfg.input, cfg.output_dir])
+    if not storage.exists(cfg.input) and not storage.has_glob(cfg.input):
+        preflight.fail("input", cfg.input, "caption source not found",
+                       "check the path (a file, a folder, a glob or a world folder)")
+    uri, _ = resolve_input(cfg)
+    try:
+        files = source.resolve_source(uri).files
+    except (CaptionSourceError, FileNotFoundError, ValueError) as exc:
+        preflight.fail("input", cfg.input, str(exc).splitlines()[0], "give jsonl/parquet/json/tsv/csv captions of one format")
+    if not cfg.allow_empty and not preflight.caption_rows_present("input", files):
+        preflight.fail("input", cfg.input, "the caption source has no captions",
+                       "give a non-empty file, or allow_empty=true to run on nothing")
+    if cfg.engine.kind == "http":
+        preflight.check_endpoint("engine.http.url", cfg.engine.http.url)
+    tracking.check_tracking(cfg.tracking)
+
+
 def run(cfg: Config, ctx: JobContext) -> dict:
     from hardpos.generate import engine_config, engines, http_engine, pipeline, source  # lazy: see the module's imports
 
-    templates = load_prompts(cfg.prompts, cfg.kinds or None)
-    check_config(cfg, templates)
+    templates = load_prompts(cfg.prompts, cfg.kinds or None)  # checked by check(cfg) before run
     source_uri, world_dir = resolve_input(cfg)
     try:
         files = source.resolve_source(source_uri)  # file heads only: bad input fails before Ray starts
@@ -240,11 +265,11 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         raise ConfigError(str(exc)) from exc
     # an unusable endpoint is a clear error before any work or output (one request per
     # prompt mode, on a fixed caption every bundled prompt applies to: no rows needed)
-    preflight = None
+    http_probe = None
     if cfg.engine.kind == "http" and cfg.engine.http.preflight:
         probe = [{"kind": t.kind, "caption": PREFLIGHT_CAPTION} for t in templates]
-        preflight = http_engine.preflight_requests(cfg.engine.http, {t.kind: t for t in templates}, probe,
-                                               cfg.engine.sampling)
+        http_probe = http_engine.preflight_requests(cfg.engine.http, {t.kind: t for t in templates}, probe,
+                                                    cfg.engine.sampling)
     try:
         init_ray(cfg.ray)
         blocks = source.read_source(files, limit=cfg.limit, image_root=cfg.image_root)
@@ -326,8 +351,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
                        templates=templates, num_shards=num_shards, done=done, done_before=done_before,
                        n_input_files=len(files.files), num_captions=blocks.num_captions, stats=stats,
                        total=total, run_counts=run_counts, outputs=outputs, complete=complete)
-    if preflight is not None:
-        summary["http_preflight"] = preflight
+    if http_probe is not None:
+        summary["http_preflight"] = http_probe
     ctx.log_metrics({
         "inputs": summary["inputs"], "accepted": summary["accepted"], "rejected": summary["rejected"],
         "accept_rate": summary["accept_rate"], "captions_per_s": summary["this_run"]["captions_per_s"],

@@ -33,18 +33,23 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from hardpos import registry, storage, tracking
+from hardpos import preflight
 from hardpos import report as R
+from hardpos import storage, tracking
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig, require
+from hardpos.config.paths import resolve_tracking_uri
 from hardpos.eval.spec import BenchmarkSpec, Precision
 from hardpos.interpolate import check_alphas, interpolate_state, load_pair, state_of
+from hardpos.models import registry
+from hardpos.models import weights
+from hardpos.models.uri import mlflow_client
 from hardpos.runtime import JobContext, execute
 from hardpos.stages import evaluate as ev
 
 if TYPE_CHECKING:
     import torch
 
-    from hardpos.model import LoadedModel
+    from hardpos.models.clip import LoadedModel
 
 # The CLI imports this module for its Config: torch and open_clip load inside the functions
 # that use them (`# lazy:` below), once a job runs.
@@ -154,7 +159,7 @@ def curve_markdown(points: Sequence[Mapping[str, Any]], columns: Sequence[tuple[
 def _save_mix(model: torch.nn.Module, lm: LoadedModel, out_dir: str, meta: dict[str, Any], tmp: str) -> tuple[Path, str]:
     """Write the mixed checkpoint to a local folder and to ``<out_dir>/model`` (local or
     s3://); returns (local folder, its output URI)."""
-    from hardpos.model import save_checkpoint  # lazy: see the module's imports
+    from hardpos.models.clip import save_checkpoint  # lazy: see the module's imports
 
     local = save_checkpoint(model, lm.model_cfg, Path(tmp) / "model", meta=meta)
     target = storage.join(out_dir, "model")
@@ -167,7 +172,7 @@ def _one_alpha(alpha: float, model: torch.nn.Module, lf: LoadedModel, states: tu
                specs: Sequence[BenchmarkSpec], device: str, provenance: dict[str, str]):
     """The child run of one alpha (a ``run_fn`` for :func:`hardpos.runtime.execute`)."""
     # lazy: see the module's imports
-    from hardpos.model import unwrap
+    from hardpos.models.clip import unwrap
 
     def run_child(cfg: Config, ctx: JobContext) -> dict:
         unwrap(model).load_state_dict(interpolate_state(*states, alpha))
@@ -187,12 +192,23 @@ def _one_alpha(alpha: float, model: torch.nn.Module, lf: LoadedModel, states: tu
                     copy = Path(tmp) / uri.rsplit("/", 1)[-1]
                     copy.write_bytes(storage.read_bytes(uri))
                     ctx.log_artifact(copy)
-                if not ctx.run.local:  # a locally recorded run has no id to log a model under yet
-                    model_uri = tracking.log_model_now(ctx.run.tracking_uri, ctx.run.run_id, str(local),
-                                                       ctx.run.options.request_timeout_s)
+                model_uri, _ = ctx.run.log_model(local, durable_dir=checkpoint)
         return {"alpha": alpha, "metrics": metrics, "checkpoint": checkpoint, "model_uri": model_uri, "files": files}
 
     return run_child
+
+
+def check(cfg: Config) -> None:
+    """Before any work: like the evaluate stage's check, for both endpoints of the mix."""
+    preflight.check_s3_endpoint([s.path for s in cfg.benchmarks]
+                                + [cfg.base.pretrained, cfg.finetuned.pretrained, cfg.world_dir])
+    if cfg.world_dir and not storage.exists(cfg.world_dir):
+        preflight.fail("world_dir", cfg.world_dir, "world folder not found", "run `hardpos world` first, or fix the path")
+    for spec in cfg.benchmarks:
+        preflight.benchmark(f"benchmarks.{spec.name}", spec, allow_empty=cfg.allow_empty)
+    tracking.check_tracking(cfg.tracking)
+    weights.check_model("base", cfg.base.arch, cfg.base.pretrained)
+    weights.check_model("finetuned", cfg.finetuned.arch, cfg.finetuned.pretrained)
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:
@@ -244,12 +260,12 @@ def run(cfg: Config, ctx: JobContext) -> dict:
 
 def register_point(cfg: Config, points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Register ``cfg.register_alpha``'s child-run model as ``register_name@register_alias``
-    (:func:`hardpos.registry.register`), the provenance tags on the version."""
+    (:func:`hardpos.models.registry.register`), the provenance tags on the version."""
     point = next(p for p in points if math.isclose(p["alpha"], cfg.register_alpha))
     if not point.get("run_id") or not point.get("model_uri"):
         raise RuntimeError(f"alpha={cfg.register_alpha:g} has no tracked model to register (tracking disabled, or "
                            "the run was recorded locally); register it later with the register stage")
-    client = registry.mlflow_client(tracking.resolve_tracking_uri(cfg.tracking.tracking_uri))
+    client = mlflow_client(resolve_tracking_uri(cfg.tracking.tracking_uri))
     run = client.get_run(point["run_id"])
     provenance = {k: run.data.tags[k] for k in PROVENANCE if k in run.data.tags}
     reg = registry.register(client, run, cfg.register_name, cfg.register_alias, extra_tags=provenance)

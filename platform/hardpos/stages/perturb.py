@@ -33,6 +33,7 @@ import time
 from typing import Literal
 
 from hardpos import storage
+from hardpos import tracking
 from hardpos.config import ConfigError, JobConfig
 from hardpos.data.captions import CaptionSourceError, read_captions
 from hardpos.data.lexicon import benchmark_substitution, seen_substitutions_tag
@@ -150,6 +151,11 @@ def _perturb_chunk(captions: list[str], seed: int, kinds: list[str], want_neg: b
     rules = cached_perturber(seed, world_dir, include_benchmark_pairs)
     out = [pick_triplet(rules, caption, seed, kinds, want_neg, want_pos) for caption in captions]
     return out, time.process_time() - cpu0
+
+
+def check(cfg: Config) -> None:
+    """Before any work: the tracking server (this stage's inputs are read, and named in its errors, by ``run``)."""
+    tracking.check_tracking(cfg.tracking)
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:

@@ -5,8 +5,8 @@ Pareto front, and the best model registered as ``champion``.
 
 What a trial is (the search space, its overrides, the objective) is plain Python here; Ray
 Tune runs the trials; the comparison is the compare stage's (:mod:`hardpos.stages.compare`),
-and "best" and its registration are :func:`hardpos.registry.rank` /
-:func:`hardpos.registry.register_ranked` (shared with the register stage and the demo: ties
+and "best" and its registration are :func:`hardpos.models.registry.rank` /
+:func:`hardpos.models.registry.register_ranked` (shared with the register stage and the demo: ties
 go to the earlier trial).
 
 Search space (YAML, any train config key, dotted)::
@@ -41,9 +41,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from hardpos import logs, preflight, registry, runtime, storage, tracking
+from hardpos import logs, preflight, runtime, storage, tracking
 from hardpos.config import ConfigError, JobConfig, from_dict, load_config, set_dotted, to_dict
-from hardpos.config.paths import absolute_paths, absolute_value
+from hardpos.config.paths import absolute_paths, absolute_value, resolve_tracking_uri
+from hardpos.models import registry
+from hardpos.models import weights
+from hardpos.models.uri import mlflow_client
 from hardpos.runtime import JobContext
 from hardpos.stages import compare
 
@@ -354,17 +357,26 @@ def run_trial(tune_config: dict[str, Any], *, base: dict[str, Any], output_dir: 
                     resume_run_id=_trial_run_to_resume(tracking_cfg, parent_run_id, name))
 
 
+def check(cfg: Config) -> None:
+    """Before any trial: the trials' shared train config (file + overrides) loads, and what every
+    trial reads passes the train stage's data check once (not the same failure in each trial);
+    then the tracking server and the weights."""
+    base = from_dict(train_module().Config, trial_base(cfg))
+    preflight.check_s3_endpoint([base.data.train_path, base.data.val_path, base.model.pretrained, cfg.output_dir])
+    train_module().check_data(base, allow_empty=cfg.allow_empty, key_prefix="train_overrides.")
+    tracking.check_tracking(cfg.tracking)
+    weights.check_model("train_overrides.model", base.model.arch, base.model.pretrained)
+
+
 # --------------------------------------------------------------------------- the stage
 def run(cfg: Config, ctx: JobContext) -> dict:
     from ray import tune  # lazy: see the module's imports
 
     base = trial_base(cfg)
     n_trials = validate_space(cfg, base)
-    # Once, before any trial: a missing file is one error here, not the same failure in every trial.
-    preflight.sweep_data(from_dict(train_module().Config, base), allow_empty=cfg.allow_empty)
     runtime.init_ray(cfg.ray)
     tracking_cfg = {
-        "tracking_uri": tracking.resolve_tracking_uri(cfg.tracking.tracking_uri),
+        "tracking_uri": resolve_tracking_uri(cfg.tracking.tracking_uri),
         "experiment": cfg.tracking.experiment,
         "enabled": cfg.tracking.enabled,
         # The sweep checked the server when it started; a trial that starts during an outage
@@ -457,7 +469,7 @@ def _report(cfg: Config, ctx: JobContext, grid: Any, n_trials: int, tracking_cfg
         print(f"WARNING: the comparison comes from the trials' summary.json files and no model was registered: "
               f"{tracking_down}", file=sys.stderr)
     if cfg.register and ranked and not tracking_down:
-        client = registry.mlflow_client(tracking_cfg["tracking_uri"])
+        client = mlflow_client(tracking_cfg["tracking_uri"])
         summary.update(registry.register_ranked(client, ranked, cfg.model_name, "champion", "challenger", metric=cfg.metric))
         print(f"champion: {ranked[0]['run_name']} ({cfg.metric}={ranked[0][cfg.metric]:.4f}) -> {summary['model_uri']}")
     return summary

@@ -16,8 +16,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from hardpos import preflight
 from hardpos import storage, tracking
 from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
+from hardpos.models import weights
 from hardpos.runtime import JobContext
 from hardpos.train.config import TrainConfig as Config
 
@@ -37,29 +39,6 @@ def _checkpoint_uri(checkpoint) -> str:
     if fs is not None and getattr(fs, "type_name", "") == "s3":
         return f"s3://{checkpoint.path}"
     return str(checkpoint.path)
-
-
-def _log_final_model(run, local: Path, final_dir: str) -> tuple[str | None, bool]:
-    """Log the final checkpoint as the run's MLflow model now, or defer it when the
-    tracking server does not answer -> (``runs:/<run_id>/model``, deferred?).
-
-    A deferred model is logged when the run closes if the server is back by then, else by
-    ``hardpos track replay`` (summary.json's ``tracking`` section says which); its URI is
-    the one it will have. A run recorded locally has no run id yet: URI None.
-    """
-    if not run.local and run.reachable():
-        try:
-            # The registry finds a run's model through the hardpos.model_uri tag (set here too).
-            return tracking.log_model_now(run.tracking_uri, run.run_id, str(local),
-                                                run.options.request_timeout_s), False
-        except Exception as exc:  # noqa: BLE001 - the server went away mid-upload: defer, do not fail the job
-            log.warning("tracking: logging the model failed (%s); deferred", str(exc).splitlines()[0][:200])
-    keep = final_dir
-    if storage.is_s3(final_dir):  # the deferred upload needs a local copy that outlives this job
-        keep = str(Path(run._queue().spill_dir) / "models" / run.run_id / local.name)
-        shutil.copytree(local, keep, dirs_exist_ok=True)
-    run.defer_model(keep)
-    return (None if run.local else f"runs:/{run.run_id}/model"), True
 
 
 def seen_substitutions(train_path: str) -> str | None:
@@ -88,6 +67,29 @@ def result_line(steps: int, metrics: dict[str, float], final_dir: str) -> str:
     figures = [f"{label} {metrics[key]:.4f}" for key, label in (("loss/total", "final loss/total"), ("val/loss", "val/loss"))
                if key in metrics]
     return f"trained {steps} steps" + (f"; {', '.join(figures)}" if figures else "") + f"; model: {final_dir}"
+
+
+def check_data(cfg: Config, *, allow_empty: bool, key_prefix: str = "") -> None:
+    """What the workers read: the triplet files (exist, not empty unless ``allow_empty``, the
+    triplet columns, a first image that opens) and the per-epoch benchmarks. The sweep checks its
+    trials' shared train config with this once (``key_prefix="train_overrides."``)."""
+    data = cfg.data
+    preflight.check_table(f"{key_prefix}data.train_path", data.train_path, columns=preflight.TRIPLET_COLUMNS,
+                          what="triplet file", allow_empty=allow_empty, image_root=data.image_root)
+    if data.val_path:
+        preflight.check_table(f"{key_prefix}data.val_path", data.val_path, columns=preflight.TRIPLET_COLUMNS,
+                              what="triplet file", allow_empty=True, image_root=data.image_root)
+    for i, spec in enumerate(cfg.eval_benchmarks):
+        preflight.benchmark(f"{key_prefix}eval_benchmarks.{i}", spec, allow_empty=allow_empty)
+
+
+def check(cfg: Config) -> None:
+    """Before any work, cheapest first: the S3 endpoint, the triplet files and benchmarks, the
+    tracking server, then the model's weights."""
+    preflight.check_s3_endpoint([cfg.data.train_path, cfg.data.val_path, cfg.model.pretrained, cfg.output_dir])
+    check_data(cfg, allow_empty=cfg.allow_empty)
+    tracking.check_tracking(cfg.tracking)
+    weights.check_model("model", cfg.model.arch, cfg.model.pretrained)
 
 
 def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = (), step_hook: StepHook | None = None) -> dict:
@@ -126,7 +128,7 @@ def run(cfg: Config, ctx: JobContext, callbacks: Sequence[Any] = (), step_hook: 
                     shutil.rmtree(final_dir)
                 storage.upload_dir(local, final_dir)
             if ctx.run is not None:
-                model_uri, model_deferred = _log_final_model(ctx.run, local, final_dir)
+                model_uri, model_deferred = ctx.run.log_model(local, durable_dir=final_dir)
     metrics = _numeric(result.metrics)
     steps = int(metrics.get("step", 0))
     summary = {

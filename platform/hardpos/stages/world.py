@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from hardpos import preflight, tracking
 from hardpos.config import JobConfig
-from hardpos.data.world import generate_world
 from hardpos.data.scene import WorldConfig
+from hardpos.data.world import generate_world
 from hardpos.runtime import JobContext
 
 
@@ -42,6 +43,12 @@ class Config(WorldConfig, JobConfig):
 def world_config(cfg: Config) -> WorldConfig:
     """The WorldConfig part of the stage config."""
     return WorldConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(WorldConfig)})
+
+
+def check(cfg: Config) -> None:
+    """Before any work: the S3 endpoint (an s3:// output_dir) and the tracking server; a world reads nothing."""
+    preflight.check_s3_endpoint([cfg.output_dir])
+    tracking.check_tracking(cfg.tracking)
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:

@@ -33,15 +33,14 @@ class TrackingUnavailableError(RuntimeError):
 
 # public name -> the submodule that defines it
 _EXPORTS = {
-    **dict.fromkeys(["DEFAULT_DB", "default_tracking_uri", "ensure_experiment", "experiment_id_of", "is_database_uri",
-                     "missing_database_driver", "resolve_tracking_uri", "search_runs", "ui_runs_url",
-                     "use_tracking_uri"], "store"),
+    **dict.fromkeys(["check_tracking", "ensure_experiment", "experiment_id_of", "is_database_uri",
+                     "missing_database_driver", "search_runs", "ui_runs_url"], "store"),
     **dict.fromkeys(["RunLogger", "clean_params", "close_all", "end_run", "existing_queue", "last_logged_step",
                      "numeric_metrics", "queue_for", "queue_options", "spill_dir_for", "start_run"], "logger"),
     **dict.fromkeys(["DeliveryReport", "LOCAL_PREFIX", "QueueOptions", "RunQueue", "read_jsonl",
                      "undelivered_files"], "journal"),
     **dict.fromkeys(["ClientTransport", "HttpTransport", "Rejected", "Transient", "fail_fast_mlflow",
-                     "log_model_now", "next_unit", "probe"], "transport"),
+                     "next_unit", "probe"], "transport"),
     **dict.fromkeys(["ReplayReport", "replay"], "resend"),
     **dict.fromkeys(["mlflow_name", "mlflow_names"], "names"),
     **dict.fromkeys(["config_inputs", "dataset_input"], "inputs"),
@@ -74,8 +73,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ does th
                                          start_run)
     from hardpos.tracking.names import mlflow_name, mlflow_names  # noqa: F401
     from hardpos.tracking.resend import ReplayReport, replay  # noqa: F401
-    from hardpos.tracking.store import (DEFAULT_DB, default_tracking_uri, ensure_experiment,  # noqa: F401
-                                        experiment_id_of, is_database_uri, missing_database_driver,
-                                        resolve_tracking_uri, search_runs, ui_runs_url, use_tracking_uri)
+    from hardpos.tracking.store import (check_tracking, ensure_experiment, experiment_id_of,  # noqa: F401
+                                        is_database_uri, missing_database_driver, search_runs, ui_runs_url)
     from hardpos.tracking.transport import (ClientTransport, HttpTransport, Rejected, Transient,  # noqa: F401
-                                            fail_fast_mlflow, log_model_now, next_unit, probe)
+                                            fail_fast_mlflow, next_unit, probe)

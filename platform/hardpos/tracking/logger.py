@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -26,14 +27,15 @@ from mlflow.tracking import MlflowClient
 
 from hardpos import storage
 from hardpos.config import TrackingConfig, flatten
+from hardpos.config.paths import resolve_tracking_uri
 from hardpos.tracking import TrackingUnavailableError
 # The module, not its names: tests swap transport.transport_for for a switchable one.
 from hardpos.tracking import transport
-from hardpos.tracking.journal import LOCAL_PREFIX, DeliveryReport, QueueOptions, RunQueue, ledger_step
+from hardpos.tracking.journal import LOCAL_PREFIX, DeliveryReport, QueueOptions, RunQueue, ledger_step, spill_folder
 from hardpos.tracking.names import mlflow_names
 from hardpos.tracking.redact import redact, redact_text
-from hardpos.tracking.store import ensure_experiment, resolve_tracking_uri
-from hardpos.tracking.transport import fail_fast_mlflow, probe
+from hardpos.tracking.store import ensure_experiment
+from hardpos.tracking.transport import fail_fast_mlflow, log_model_now, probe
 
 log = logging.getLogger("hardpos.tracking")
 
@@ -142,10 +144,29 @@ class RunLogger:
             path.write_text(redact_text(text))
             self.log_artifact(path)
 
-    def defer_model(self, checkpoint_dir: str | os.PathLike) -> None:
-        """Log ``checkpoint_dir`` as the run's model when it closes (if the server answers
-        then), else through ``hardpos track replay``. ``checkpoint_dir`` must outlive the job."""
-        self._queue().defer_model(str(checkpoint_dir))
+    def log_model(self, checkpoint_dir: str | os.PathLike, durable_dir: str | None = None) -> tuple[str | None, bool]:
+        """Log a checkpoint folder as the run's MLflow model (``hardpos.models.pyfunc``, with the
+        ``hardpos.model_uri`` tag the registry reads) -> (its ``runs:/<run_id>/model`` URI, deferred?).
+
+        Logged now when the server answers; otherwise (or when the upload fails midway) deferred:
+        logged when the run closes if the server is back by then, else by ``hardpos track
+        replay`` (summary.json's ``tracking`` section says which), under the URI returned now.
+        A deferred upload reads ``durable_dir`` (a local folder holding the same checkpoint that
+        outlives the job); without one, or when it is ``s3://``, the checkpoint is copied into
+        this run's journal folder first. A run recorded locally has no id yet: URI None.
+        """
+        if not self.local and self.reachable():
+            try:
+                return log_model_now(self.tracking_uri, self.run_id, str(checkpoint_dir),
+                                     self.options.request_timeout_s), False
+            except Exception as exc:  # noqa: BLE001 - the server went away mid-upload: defer, never fail the job
+                log.warning("tracking: logging the model failed (%s); deferred", str(exc).splitlines()[0][:200])
+        keep = durable_dir
+        if keep is None or storage.is_s3(keep):
+            keep = str(spill_folder(self.spill_dir) / "models" / self.run_id / Path(checkpoint_dir).name)
+            shutil.copytree(checkpoint_dir, keep, dirs_exist_ok=True)
+        self._queue().defer_model(str(keep))
+        return (None if self.local else f"runs:/{self.run_id}/model"), True
 
     def reachable(self) -> bool:
         """True when the tracking server answers now (one short request)."""

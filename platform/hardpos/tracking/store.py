@@ -1,4 +1,4 @@
-"""Where runs live: the tracking URI, experiments, and the reads that go to MLflow directly.
+"""Where runs live: experiments, the reads that go to MLflow directly, and the check that the store answers.
 
 Default store: ``sqlite:///<cwd>/mlflow.db`` with artifacts in ``<cwd>/mlartifacts``, the
 same place MLflow 3's own default puts them, so a plain ``mlflow ui`` started in the same
@@ -8,40 +8,15 @@ earlier HardPos (``mlruns.db``) stays readable with ``MLFLOW_TRACKING_URI=sqlite
 """
 from __future__ import annotations
 
-import contextlib
-import os
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
-import mlflow
 from mlflow.tracking import MlflowClient
-from mlflow.tracking._tracking_service import utils as mlflow_uri
 
-DEFAULT_DB = "mlflow.db"  # MLflow 3's default (`mlflow ui`, `mlflow server`)
-
-
-def default_tracking_uri() -> str:
-    return f"sqlite:///{Path.cwd().resolve() / DEFAULT_DB}"
-
-
-def resolve_tracking_uri(uri: str | None = None) -> str:
-    """Config value, else $MLFLOW_TRACKING_URI, else the local SQLite store.
-
-    A relative SQLite path (``sqlite:///mlflow.db``) is made absolute against the current
-    directory here, in the process that reads the config: Ray workers and Serve replicas
-    get the resolved URI and run in other working directories.
-    """
-    return _absolute_sqlite(uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri())
-
-
-def _absolute_sqlite(uri: str) -> str:
-    if not uri.startswith("sqlite:///"):
-        return uri
-    path, sep, query = uri[len("sqlite:///"):].partition("?")
-    if not path or path == ":memory:" or os.path.isabs(path):
-        return uri
-    return f"sqlite:///{(Path.cwd() / path).resolve()}{sep}{query}"
-
+from hardpos import preflight
+from hardpos.config import TrackingConfig
+from hardpos.config.paths import resolve_tracking_uri
+from hardpos.tracking.transport import probe
 
 #: URI schemes MLflow opens as a SQL database itself (SQLAlchemy), with or without a ``+driver``.
 DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
@@ -90,30 +65,6 @@ def _local_artifact_root(tracking_uri: str) -> str | None:
     if is_database_uri(tracking_uri):
         return (Path.cwd() / "mlartifacts").resolve().as_uri()
     return None
-
-
-@contextlib.contextmanager
-def use_tracking_uri(uri: str) -> Iterator[None]:
-    """Point MLflow's process-global tracking URI at ``uri`` for a block.
-
-    Only for the few MLflow *writes* that read global state (``log_model`` on the active
-    run, the SQL registry resolving a new version's ``models:/<model_id>`` source). Model
-    loading never uses it: :func:`hardpos.registry.download_model` passes the URI
-    explicitly, so a loader running in a thread (a Serve reload) or another process (a Ray
-    Train worker) cannot be redirected by this global. ``mlflow.set_tracking_uri`` also
-    writes ``$MLFLOW_TRACKING_URI`` (and *unsets* it when given None), so both the global
-    and the environment variable are restored exactly afterwards.
-    """
-    saved_global, saved_env = mlflow_uri._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
-    mlflow.set_tracking_uri(uri)
-    try:
-        yield
-    finally:
-        mlflow_uri._tracking_uri = saved_global
-        if saved_env is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = saved_env
 
 
 # What MLflow's UI shows a HardPos experiment as: a model-development experiment (its training
@@ -173,3 +124,24 @@ def search_runs(tracking_uri: str, experiment: str, filter_string: str = "", ord
     if exp is None:
         return []
     return client.search_runs([exp.experiment_id], filter_string=filter_string, order_by=list(order_by) or None, max_results=5000)
+
+
+def check_tracking(cfg: TrackingConfig, key: str = "tracking.tracking_uri") -> None:
+    """A database tracking URI has its driver installed; a required, enabled http(s)
+    tracking server answers (one probe, <= ~2 s). What every stage's ``check`` runs last but the
+    weights: ``key=value: problem; fix`` (:func:`hardpos.preflight.fail`)."""
+    if not cfg.enabled:
+        return
+    uri = resolve_tracking_uri(cfg.tracking_uri)
+    problem = missing_database_driver(uri)
+    if problem is not None:
+        preflight.fail(key, uri, problem[0], problem[1])
+    if not cfg.required:
+        return
+    if not uri.startswith(("http://", "https://")):
+        return
+    problem = probe(uri, min(preflight.PROBE_TIMEOUT_S, cfg.request_timeout_s))
+    if problem is not None:
+        preflight.fail(key, uri, f"the MLflow tracking server does not answer ({problem})",
+                       "start it or fix the URI; tracking.required=false records the run locally for `hardpos track replay`, "
+                       "tracking.enabled=false turns tracking off")

@@ -333,9 +333,9 @@ def next_unit(records: list[dict] | collections.deque, start: int = 0) -> int:
 
 def log_model_now(tracking_uri: str, run_id: str, checkpoint_dir: str, timeout_s: float) -> str:
     """``log_model`` + the ``hardpos.model_uri`` tag, failing fast when the server is away."""
-    # lazy: hardpos.mlflow_model loads torch, open_clip and mlflow.pyfunc (seconds); only a model
+    # lazy: hardpos.models.pyfunc loads torch, open_clip and mlflow.pyfunc (seconds); only a model
     # upload needs it, not every process that logs a metric.
-    from hardpos.mlflow_model import log_model
+    from hardpos.models.pyfunc import log_model
 
     fail_fast_mlflow()
     uri = log_model(run_id, checkpoint_dir, tracking_uri=tracking_uri)

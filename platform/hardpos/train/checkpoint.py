@@ -1,7 +1,7 @@
 """Training checkpoints: save, load, and find the one to resume from (no Ray).
 
 A training checkpoint is a folder holding ``model/`` (the open_clip local-dir format of
-:func:`hardpos.model.save_checkpoint`, loadable on its own as ``model.pretrained``) and
+:func:`hardpos.models.clip.save_checkpoint`, loadable on its own as ``model.pretrained``) and
 ``train_state.pt`` (``step``, ``epoch``, the optimiser's and the scheduler's state dicts and,
 for a LoRA run, the adapters under ``lora``; ``model/`` then holds the merged weights).
 Ray Train names the folders ``checkpoint_<zero-padded step>`` (:mod:`hardpos.train.worker`),
@@ -19,7 +19,8 @@ import torch
 from safetensors.torch import load_file
 
 from hardpos import storage
-from hardpos.model import WEIGHTS_NAME, save_checkpoint
+from hardpos.models.clip import save_checkpoint
+from hardpos.models.source import WEIGHTS_NAME
 from hardpos.train import lora
 
 STATE_NAME = "train_state.pt"

@@ -46,7 +46,7 @@ import torch
 from hardpos import storage
 from hardpos.data.sources import SourceError, fetch_all, read_rows
 from hardpos.data.triplets import resolve_image
-from hardpos.model import trim_tokens
+from hardpos.models.clip import trim_tokens
 from hardpos.train.config import DataConfig
 
 

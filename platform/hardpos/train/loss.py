@@ -86,7 +86,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hardpos.model import unwrap
+from hardpos.models.clip import unwrap
 from hardpos.train.config import LossConfig
 
 TERMS = ("contrastive", "hard_negative", "hard_positive", "pos_over_neg", "kl")

@@ -26,7 +26,7 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from hardpos.model import encode_image, encode_text
+from hardpos.models.clip import encode_image, encode_text
 from hardpos.train.config import LossConfig, OptimConfig
 from hardpos.train.loss import clamp_logit_scale, combined_loss, gather_features, own_rows_only, weighted_total
 
@@ -38,7 +38,7 @@ AutocastFactory = Callable[[], ContextManager[Any]]
 class TripletCLIP(torch.nn.Module):
     """One forward for a whole step: image, caption, negative and positive features.
 
-    The CLIP model is ``self.module`` so ``hardpos.model.unwrap`` reaches it through DDP and
+    The CLIP model is ``self.module`` so ``hardpos.models.clip.unwrap`` reaches it through DDP and
     this wrapper alike. Only valid negatives/positives are encoded; the others come back as
     zero rows (masked in the loss).
     """

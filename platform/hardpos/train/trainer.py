@@ -27,9 +27,10 @@ import ray
 import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from hardpos import logs, storage, tracking
+from hardpos import logs, storage
 from hardpos.config import ConfigError
-from hardpos.model import load_model
+from hardpos.config.paths import resolve_tracking_uri
+from hardpos.models.clip import load_model
 from hardpos.runtime import init_ray, resolve_output_dir
 from hardpos.train.checkpoint import find_resume_checkpoint
 from hardpos.train.config import TrainConfig
@@ -173,5 +174,5 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
                                  image_root=absolute(cfg.data.image_root)),
         checkpoint=dataclasses.replace(cfg.checkpoint, storage_path=absolute(cfg.checkpoint.storage_path)),
         resume_from=absolute(cfg.resume_from),
-        tracking=dataclasses.replace(cfg.tracking, tracking_uri=tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)),
+        tracking=dataclasses.replace(cfg.tracking, tracking_uri=resolve_tracking_uri(cfg.tracking.tracking_uri)),
     )

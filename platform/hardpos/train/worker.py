@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 from hardpos import logs, storage, tracking
 from hardpos.eval.evaluator import run_benchmarks
-from hardpos.model import load_model, unwrap
+from hardpos.models.clip import load_model, unwrap
 from hardpos.train import lora
 from hardpos.train.checkpoint import load_remote_train_state, save_train_checkpoint
 from hardpos.train.config import TrainConfig

@@ -1,14 +1,14 @@
 """The MLflow Model Registry side of HardPos: choose a run, register its model, set aliases.
 
 A trained HardPos model is logged by the train stage as an MLflow model (see
-:mod:`hardpos.mlflow_model`), whose URI the run records in the tag ``hardpos.model_uri``
+:mod:`hardpos.models.pyfunc`), whose URI the run records in the tag ``hardpos.model_uri``
 (falling back to ``runs:/<run_id>/model``).  Registering it makes
 ``models:/<name>@champion`` loadable by ``evaluate`` and the Serve app through
-:func:`hardpos.model.load_model`, with no training config files needed.
+:func:`hardpos.models.clip.load_model`, with no training config files needed.
 
-This module is the write side: THE ranking of "best model" and THE registration.  The read
-side (parsing, resolving, downloading and pinning model URIs in one store) lives in
-:mod:`hardpos.model_uri` and is re-exported here, so ``hardpos.registry.<name>`` keeps working.
+This module is the write side: THE ranking of "best model" and THE registration. The read
+side (parsing, resolving, downloading and pinning model URIs in one store) is
+:mod:`hardpos.models.uri`.
 """
 from __future__ import annotations
 
@@ -16,12 +16,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from hardpos import tracking
-# the read side, re-exported: importers and tests use hardpos.registry.<name>
-from hardpos.model_uri import (  # noqa: F401
-    ModelNotFoundError, RegistryRef, alias_version, current_alias_version, download_model, logged_model,
-    mlflow_client, model_version, pin_model_uri, resolve_model_uri, split_registry_uri,
-)
+from hardpos.models.uri import logged_model, use_tracking_uri
 
 MODEL_URI_TAG = "hardpos.model_uri"
 T = TypeVar("T")
@@ -126,7 +121,7 @@ def register(
     source, model_id = model_source(client, uri, run)
     # MLflow's SQL registry resolves models:/<model_id> sources through the *global*
     # tracking store, not the client's.
-    with tracking.use_tracking_uri(client.tracking_uri):
+    with use_tracking_uri(client.tracking_uri):
         version = client.create_model_version(name, source=source, run_id=run.info.run_id, model_id=model_id)
     tags: dict[str, Any] = {f"metric.{k}": f"{v:.6g}" for k, v in sorted(run.data.metrics.items()) if "/" in k and not k.startswith("loss/")}
     tags.update({f"param.{k}": v for k, v in run.data.params.items() if k.startswith(("data.", "model.", "loss."))})

@@ -1,9 +1,8 @@
 """Model URIs in one MLflow store: parse, resolve, download and pin ``models:/`` and ``runs:/`` URIs.
 
-The read side of the registry (:mod:`hardpos.registry` keeps the write side: ranking runs and
-registering the best; it re-exports every name here, so ``hardpos.registry.download_model``
-still works).  Split out because loading a model (:mod:`hardpos.model`, every worker and Serve
-replica) needs only this half.
+The read side of the registry (:mod:`hardpos.models.registry` is the write side: ranking runs and
+registering the best). Loading a model (:mod:`hardpos.models.clip`, in every worker and Serve
+replica) needs only this half, and nothing here imports torch.
 
 One store: a job's ``tracking.tracking_uri`` is both its tracking store and its model
 registry.  Every lookup here takes that URI explicitly (:func:`mlflow_client`,
@@ -12,14 +11,16 @@ tracking/registry URI: Ray Train workers and Serve replicas run in other process
 other working directories), so the URI travels with the config, not with the driver's
 global state.  MLflow's own ``models:/`` download resolves registered models through the
 *global* registry URI even when given ``tracking_uri=``, which is why
-:func:`resolve_model_uri` looks the version up itself.
+:func:`resolve_model_uri` looks the version up itself. The few MLflow *writes* that read the
+global (logging a model, registering a version) run inside :func:`use_tracking_uri`.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 _NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"
 
@@ -49,7 +50,7 @@ def mlflow_client(tracking_uri: str):
     ``mlflow.set_registry_uri`` when either is set; HardPos keeps runs and registered models
     in the one store the job names.
     """
-    # lazy: hardpos.model (every train/eval worker) and the Serve ingress import this module; mlflow costs seconds
+    # lazy: hardpos.models.clip (every train/eval worker) and the Serve ingress import this module; mlflow costs seconds
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
@@ -117,7 +118,7 @@ def model_version(tracking_uri: str, ref: RegistryRef):
     Raises :class:`ModelNotFoundError` (naming the store and what it does hold) when the
     model, alias or version does not exist.
     """
-    # lazy: hardpos.model (every train/eval worker) and the Serve ingress import this module; mlflow costs seconds
+    # lazy: hardpos.models.clip (every train/eval worker) and the Serve ingress import this module; mlflow costs seconds
     from mlflow.exceptions import MlflowException
 
     _require_store(tracking_uri)
@@ -168,7 +169,7 @@ def resolve_model_uri(uri: str, tracking_uri: str) -> str:
     ``tracking_uri=`` (creating ``./mlflow.db`` in the working directory when unset).
     Raises :class:`ModelNotFoundError` naming the store.
     """
-    # lazy: hardpos.model (every train/eval worker) and the Serve ingress import this module; mlflow costs seconds
+    # lazy: hardpos.models.clip (every train/eval worker) and the Serve ingress import this module; mlflow costs seconds
     from mlflow.exceptions import MlflowException
 
     if uri.startswith("runs:/"):
@@ -197,7 +198,7 @@ def resolve_model_uri(uri: str, tracking_uri: str) -> str:
 
 
 def _run_artifact_location(uri: str, tracking_uri: str) -> str:
-    # lazy: hardpos.model (every train/eval worker) and the Serve ingress import this module; mlflow costs seconds
+    # lazy: hardpos.models.clip (every train/eval worker) and the Serve ingress import this module; mlflow costs seconds
     from mlflow.exceptions import MlflowException
 
     run_id, _, path = uri[len("runs:/"):].strip("/").partition("/")
@@ -234,7 +235,7 @@ def download_model(uri: str, tracking_uri: str, dst_path: str | os.PathLike | No
     URIs).  A missing model, version, alias, run or artifact raises
     :class:`ModelNotFoundError` naming the store.
     """
-    # lazy: hardpos.model (every train/eval worker) and the Serve ingress import this module; mlflow costs seconds
+    # lazy: hardpos.models.clip (every train/eval worker) and the Serve ingress import this module; mlflow costs seconds
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -303,3 +304,31 @@ def current_alias_version(source: str, tracking_uri: str) -> str | None:
     if ref is None or ref.alias is None:
         return None
     return alias_version(tracking_uri, ref.name, ref.alias)
+
+
+@contextlib.contextmanager
+def use_tracking_uri(uri: str) -> Iterator[None]:
+    """Point MLflow's process-global tracking URI at ``uri`` for a block.
+
+    Only for the few MLflow *writes* that read global state (``log_model`` on the active
+    run, the SQL registry resolving a new version's ``models:/<model_id>`` source). Model
+    loading never uses it: :func:`hardpos.models.uri.download_model` passes the URI
+    explicitly, so a loader running in a thread (a Serve reload) or another process (a Ray
+    Train worker) cannot be redirected by this global. ``mlflow.set_tracking_uri`` also
+    writes ``$MLFLOW_TRACKING_URI`` (and *unsets* it when given None), so both the global
+    and the environment variable are restored exactly afterwards.
+    """
+    # lazy: mlflow takes seconds to import; loading a model never needs this
+    import mlflow
+    from mlflow.tracking._tracking_service import utils as mlflow_uri
+
+    saved_global, saved_env = mlflow_uri._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow_uri._tracking_uri = saved_global
+        if saved_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved_env

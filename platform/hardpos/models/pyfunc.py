@@ -9,10 +9,10 @@ Why ``mlflow.pyfunc`` with the checkpoint folder as an artifact, not ``mlflow.py
 * The legacy pickle format would make loading a registered model execute pickled code.
   Here the weights stay in the open_clip local-dir format (``open_clip_config.json`` +
   ``open_clip_model.safetensors`` + ``hardpos.json``: no pickle), stored as the pyfunc
-  artifact ``checkpoint``; ``hardpos.model.load_model(ModelConfig(pretrained=
+  artifact ``checkpoint``; ``hardpos.models.clip.load_model(ModelConfig(pretrained=
   "models:/name@alias" | "runs:/<id>/model"), tracking_uri=STORE)`` downloads the model
   from that store and finds ``open_clip_config.json`` below it.
-* The pyfunc itself is logged "from code" (``hardpos/train/pyfunc_model.py``), so the
+* The pyfunc itself is logged "from code" (``hardpos/models/pyfunc_entry.py``), so the
   MLmodel holds no cloudpickled Python object either.
 
 ``mlflow.pyfunc.load_model(uri).predict(df)`` scores (image, caption) pairs:
@@ -42,10 +42,12 @@ from mlflow.models import ModelSignature
 from mlflow.tracking import MlflowClient
 from mlflow.types import ColSpec, Schema
 
-from hardpos import tracking
 from hardpos.config import ModelConfig
+from hardpos.config.paths import resolve_tracking_uri
 from hardpos.data.images import load_image
-from hardpos.model import CONFIG_NAME, encode_image, encode_text, load_model, tokenize
+from hardpos.models.clip import encode_image, encode_text, load_model, tokenize
+from hardpos.models.source import CONFIG_NAME
+from hardpos.models.uri import use_tracking_uri
 
 ARTIFACT_PATH = "model"
 # What loading and predicting import (the model code is carried by code_paths, not pip):
@@ -117,7 +119,7 @@ NOT_SHIPPED = ("__pycache__", "*.pyc")
 
 def product_code(dest: Path) -> Path:
     """A copy of the HardPos package under ``dest`` without :data:`NOT_SHIPPED`; returns it."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
     out = dest / package.name
     shutil.copytree(package, out, ignore=shutil.ignore_patterns(*NOT_SHIPPED))
     return out
@@ -136,15 +138,14 @@ def log_model(run: Any, checkpoint_dir: str | os.PathLike, tracking_uri: str | N
         raise FileNotFoundError(f"{checkpoint_dir}: not a checkpoint folder (no {CONFIG_NAME})")
     run_id = run if isinstance(run, str) else run.run_id
     uri = tracking_uri or (None if isinstance(run, str) else run.tracking_uri)
-    uri = tracking.resolve_tracking_uri(uri)
+    uri = resolve_tracking_uri(uri)
     client = MlflowClient(uri)
     status = client.get_run(run_id).info.status
-    package = Path(__file__).resolve().parent
-    code = package / "train" / "pyfunc_model.py"
+    code = Path(__file__).resolve().parent / "pyfunc_entry.py"
     # log_model works on MLflow's global "active run": point the global tracking URI at this
     # run's store only for the call.
     with tempfile.TemporaryDirectory(prefix="hardpos-code-") as tmp, \
-            tracking.use_tracking_uri(uri), mlflow.start_run(run_id=run_id):
+            use_tracking_uri(uri), mlflow.start_run(run_id=run_id):
         mlflow.pyfunc.log_model(
             name=ARTIFACT_PATH,
             python_model=str(code),

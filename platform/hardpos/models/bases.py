@@ -3,7 +3,7 @@
 A base is two things side by side under a folder (the package's ``resources/bases`` for the
 ones that ship):
 
-* ``<name>/``      a HardPos checkpoint directory (:mod:`hardpos.model`'s format, so
+* ``<name>/``      a HardPos checkpoint directory (:mod:`hardpos.models.clip`'s format, so
                    ``pretrained=<folder>/<name>`` loads it like any other checkpoint), its
                    weights stored as float16 to keep the file small (a float16 weight widens
                    to float32 exactly when loaded);
@@ -28,12 +28,12 @@ from typing import Any
 
 from hardpos.config import ConfigError
 from hardpos.data.scene import WorldConfig
+from hardpos.models.source import BASE_PREFIX, CONFIG_NAME, META_NAME, WEIGHTS_NAME
 
 #: where the bases that ship with the package live
-BASES_DIR = Path(__file__).resolve().parent / "resources" / "bases"
+BASES_DIR = Path(__file__).resolve().parents[1] / "resources" / "bases"
 MANIFEST_VERSION = 1
 #: ``base:<name>`` names a base that ships with the package (``model.pretrained=base:hardpos-base``)
-SCHEME = "base:"
 #: the testbed's base, the demo's default ``pretrained``
 DEFAULT_BASE = "base:hardpos-base"
 
@@ -48,9 +48,9 @@ def resolve(pretrained: str) -> Path:
 
     Raises ValueError for a source without the ``base:`` scheme and FileNotFoundError,
     naming the bases that do ship, for an unknown name."""
-    if not pretrained.startswith(SCHEME):
-        raise ValueError(f"{pretrained!r} does not name a shipped base ({SCHEME}<name>)")
-    name = pretrained[len(SCHEME):].strip("/")
+    if not pretrained.startswith(BASE_PREFIX):
+        raise ValueError(f"{pretrained!r} does not name a shipped base ({BASE_PREFIX}<name>)")
+    name = pretrained[len(BASE_PREFIX):].strip("/")
     path = BASES_DIR / name
     if not name or "/" in name or not (path / "open_clip_config.json").is_file():
         raise FileNotFoundError(f"{pretrained}: no shipped base named {name!r} (shipped: {shipped() or 'none'}; "
@@ -99,8 +99,6 @@ def write_base(checkpoint_dir: str | Path, dest: str | Path, name: str, manifest
     import torch
     from safetensors.torch import load_file, save_file
 
-    from hardpos.model import CONFIG_NAME, META_NAME, WEIGHTS_NAME
-
     src = Path(checkpoint_dir)
     if not (src / CONFIG_NAME).is_file() or not (src / WEIGHTS_NAME).is_file():
         raise FileNotFoundError(f"{src}: not a HardPos checkpoint directory (needs {CONFIG_NAME} and {WEIGHTS_NAME})")
@@ -135,7 +133,7 @@ def local_base_dir(pretrained: str | None) -> Path | None:
     """The local folder ``pretrained`` names when it may be a base: a shipped base's
     (``base:<name>``, ConfigError when none ships by that name) or a local path; None for an
     MLflow/S3/hub source or nothing."""
-    if pretrained and pretrained.startswith(SCHEME):
+    if pretrained and pretrained.startswith(BASE_PREFIX):
         try:
             return resolve(pretrained)
         except FileNotFoundError as exc:

@@ -12,7 +12,7 @@ Model sources (``ModelConfig.pretrained``):
                                ``HF_HUB_CACHE``; ``HF_HUB_OFFLINE=1`` loads from the cache only)
 * ``models:/name@alias`` / ``runs:/id/path``   an MLflow model logged by HardPos, looked up
                                in the store ``load_model(..., tracking_uri=)`` names
-* ``base:<name>``               a base that ships with the package (:mod:`hardpos.bases`;
+* ``base:<name>``               a base that ships with the package (:mod:`hardpos.models.bases`;
                                ``base:hardpos-base`` is the testbed's pretrained CLIP)
 
 Checkpoint format (a directory): open_clip's own "local-dir" layout, so a plain
@@ -48,16 +48,16 @@ from open_clip.push_to_hf_hub import save_config_for_hf
 from open_clip.transformer import text_global_pool
 from safetensors.torch import save_file
 
-from hardpos import bases, preflight, storage, tracking
+from hardpos import storage
 from hardpos.config import ConfigError, ModelConfig
-from hardpos.registry import download_model
+from hardpos.config.paths import resolve_tracking_uri
+from hardpos.models import bases, weights
+from hardpos.models.source import (BASE_PREFIX, CONFIG_NAME, META_NAME, MLFLOW_PREFIXES, WEIGHTS_NAME,
+                                   WEIGHTS_SUFFIXES, hub_repo_id, is_hf_hub)
+from hardpos.models.uri import download_model
 
 log = logging.getLogger(__name__)
 
-CONFIG_NAME = "open_clip_config.json"
-WEIGHTS_NAME = "open_clip_model.safetensors"
-META_NAME = "hardpos.json"
-_CONFIG_DIR = Path(__file__).parent / "resources" / "model_configs"
 
 
 
@@ -78,17 +78,9 @@ class LoadedModel:
 
 
 # --------------------------------------------------------------------------- configs
-def register_model_configs() -> None:
-    """Register HardPos's bundled open_clip configs (idempotent, no I/O beyond the package)."""
-    known = set(open_clip.list_models())
-    for path in sorted(_CONFIG_DIR.glob("*.json")):
-        if path.stem not in known:
-            open_clip.add_model_config(path)
-
-
 def model_config_dict(arch: str, force_quick_gelu: bool = False) -> dict[str, Any]:
     """The open_clip model config of ``arch`` (a name, or ``hf-hub:org/name``: read from the hub repo)."""
-    register_model_configs()
+    weights.register_model_configs()
     if is_hf_hub(arch):
         cfg = _hub_model_config(arch)
     else:
@@ -113,25 +105,8 @@ def find_checkpoint_dir(root: Path) -> Path | None:
     return hits[0].parent if hits else None
 
 
-MLFLOW_PREFIXES = ("models:/", "runs:/", "mlflow-artifacts:")
-HF_HUB_PREFIX = "hf-hub:"  # open_clip's own schema for Hugging Face Hub models
-
-
 class HubModelError(RuntimeError):
     """An ``hf-hub:`` source could not be read (not in the cache while offline, no such repo, no config)."""
-
-
-def is_hf_hub(source: str | None) -> bool:
-    return bool(source) and str(source).startswith(HF_HUB_PREFIX)
-
-
-def hub_repo_id(source: str) -> str:
-    """``hf-hub:org/name`` -> ``org/name``; a malformed id is a ``ValueError`` naming the expected form."""
-    repo = source[len(HF_HUB_PREFIX):]
-    parts = repo.split("/")
-    if not repo or len(parts) > 2 or not all(parts) or any(c.isspace() for c in repo):
-        raise ValueError(f"{source!r}: expected hf-hub:<org>/<name> (a Hugging Face Hub model id)")
-    return repo
 
 
 def _hub_config_path(source: str) -> Path:
@@ -164,23 +139,23 @@ def resolve_source(pretrained: str, *, tracking_uri: str | None = None) -> Path 
         MLflow 3's own ``mlflow ui`` opens). MLflow's process-global URIs are neither read nor changed.
     ``hf-hub:org/name`` is returned unchanged (open_clip loads it through the Hugging Face
     cache); only its id's form is checked here (``ValueError``).
-    Raises :class:`hardpos.registry.ModelNotFoundError` (naming the store) for an unknown
+    Raises :class:`hardpos.models.uri.ModelNotFoundError` (naming the store) for an unknown
     registered model, alias, version or run; ``FileNotFoundError`` for a missing path.
     """
     if is_hf_hub(pretrained):
         hub_repo_id(pretrained)
         return pretrained
-    if pretrained.startswith(bases.SCHEME):
+    if pretrained.startswith(BASE_PREFIX):
         return bases.resolve(pretrained)
     if pretrained.startswith(MLFLOW_PREFIXES):
-        local = download_model(pretrained, tracking.resolve_tracking_uri(tracking_uri))
+        local = download_model(pretrained, resolve_tracking_uri(tracking_uri))
         found = find_checkpoint_dir(local)
         if found is None:
             raise FileNotFoundError(f"{pretrained}: no {CONFIG_NAME} found in the MLflow artifacts ({local})")
         return found
     if storage.is_s3(pretrained):
         # A single weights file, or a checkpoint directory (prefix).
-        if pretrained.endswith((".pt", ".pth", ".bin", ".safetensors")):
+        if pretrained.endswith(WEIGHTS_SUFFIXES):
             return storage.local_copy(pretrained)
         target = Path(tempfile.mkdtemp(prefix="hardpos-ckpt-"))
         storage.download_dir(pretrained, target)
@@ -196,7 +171,7 @@ def resolve_source(pretrained: str, *, tracking_uri: str | None = None) -> Path 
                 raise FileNotFoundError(f"{pretrained}: a directory without {CONFIG_NAME}")
             return found
         return path
-    if "/" in pretrained or pretrained.endswith((".pt", ".pth", ".bin", ".safetensors")):
+    if "/" in pretrained or pretrained.endswith(WEIGHTS_SUFFIXES):
         raise FileNotFoundError(f"model checkpoint not found: {pretrained}")
     return pretrained  # an open_clip pretrained tag
 
@@ -207,7 +182,7 @@ def load_model(cfg: ModelConfig, device: str | torch.device = "cpu", *, tracking
     tracking_uri: the MLflow store MLflow sources (``models:/``, ``runs:/``) resolve in;
         a stage passes its ``tracking.tracking_uri`` (see :func:`resolve_source`).
     """
-    register_model_configs()
+    weights.register_model_configs()
     source = resolve_source(cfg.pretrained, tracking_uri=tracking_uri) if cfg.pretrained else None
     meta: dict[str, Any] = {}
     tokenizer_name = cfg.arch
@@ -230,7 +205,7 @@ def load_model(cfg: ModelConfig, device: str | torch.device = "cpu", *, tracking
         is_tag = isinstance(source, str) and not Path(source).exists()
         if is_tag:
             # weights not in the cache on an offline machine: one line now, not the hub's retries
-            preflight.check_model("model", cfg.arch, source)
+            weights.check_model("model", cfg.arch, source)
         try:
             model, pp_train, pp_val = open_clip.create_model_and_transforms(
                 cfg.arch,
@@ -241,7 +216,7 @@ def load_model(cfg: ModelConfig, device: str | torch.device = "cpu", *, tracking
             )
         except RuntimeError as exc:
             if is_tag and "Failed to download" in str(exc):
-                raise ConfigError(f"model.pretrained={source}: {preflight.weights_message(cfg.arch, source)}") from exc
+                raise ConfigError(f"model.pretrained={source}: {weights.weights_message(cfg.arch, source)}") from exc
             raise
     if cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
