@@ -44,6 +44,7 @@ from typing import Any
 
 from hardpos import storage
 from hardpos.data.blind_text import CrossValidation, cross_validate
+from hardpos.data.rules.text import wants_an
 from hardpos.data.textnorm import normalise, words
 
 KINDS = ("replace_attribute", "replace_relation", "replace_object", "replace", "swap_attribute", "swap_object", "swap",
@@ -239,15 +240,6 @@ _PHRASE_END = frozenset({"and", "or", "with", "on", "in", "at", "by", "near", "u
                          "while", "the", "a", "an", "sitting", "standing", "holding", "looking", "eating", "playing"})
 
 
-def _wants_an(word: str) -> bool:
-    """Whether ``word`` takes "an" (by its first sound; the usual exceptions)."""
-    if word.startswith(("uni", "use", "usu", "uti", "eu", "one", "once", "ura", "ure", "uri")):
-        return False  # "a unicorn", "a one-way street", "a urinal"; but "an urban area"
-    if word.startswith(("hour", "honest", "honor", "heir")) or (word[:1] == "x" and word[1:2] not in "aeiou"):
-        return True  # "an hour", "an Xbox"
-    return word[:1] in "aeiou"
-
-
 @functools.lru_cache(maxsize=1)
 def _noun_numbers() -> tuple[frozenset[str], frozenset[str]]:
     """(nouns the lexicon knows only as singular, only as plural)."""
@@ -275,7 +267,7 @@ def _ends_phrase(toks: list[str], i: int) -> bool:
 
 def _article(toks: list[str]) -> int:
     return sum(1 for a, w in zip(toks, toks[1:]) if w[:1].isalpha() and len(w) > 1 and (
-        (a == "a" and _wants_an(w)) or (a == "an" and not _wants_an(w) and not w.startswith("h"))))
+        (a == "a" and wants_an(w)) or (a == "an" and not wants_an(w) and not w.startswith("h"))))
 
 
 def _doubled_word(toks: list[str]) -> int:

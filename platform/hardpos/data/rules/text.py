@@ -72,13 +72,15 @@ def stable_seed(*parts: object) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
-def _wants_an(word: str) -> bool:
+def wants_an(word: str) -> bool:
+    """Whether ``word`` takes "an" (by its first sound, with the usual exceptions): the one
+    rule the perturber writes articles by and the blind audit counts article slips by."""
     w = word.lower()
-    if w.startswith(("uni", "use", "usu", "eu", "one", "once", "ur")):
-        return False
-    if w.startswith(("hour", "honest", "honor", "heir")):
-        return True
-    return w[:1] in "aeiou" and w[:1] != ""
+    if w.startswith(("uni", "use", "usu", "uti", "eu", "one", "once", "ura", "ure", "uri")):
+        return False  # "a unicorn", "a one-way street", "a urinal"; but "an urban area"
+    if w.startswith(("hour", "honest", "honor", "heir")) or (w[:1] == "x" and w[1:2] not in "aeiou"):
+        return True  # "an hour", "an Xbox"
+    return w[:1] != "" and w[:1] in "aeiou"
 
 
 def case_like(new: str, old: str) -> str:
@@ -114,7 +116,7 @@ def _fix_article(text: str, pos: int) -> str:
     if not word_m:
         return text
     art = m.group(1)
-    want = "an" if _wants_an(word_m.group(0)) else "a"
+    want = "an" if wants_an(word_m.group(0)) else "a"
     if art.lower() == want:
         return text
     new = case_like(want, art) if art != "A" else want.capitalize()
