@@ -4,7 +4,9 @@ that moves or changes one, instead of the product failing at a user's site.
 * ``use_tracking_uri`` (``hardpos.models.uri``) saves and restores MLflow's private
   process-global tracking URI around ``log_model`` (the fluent API reads only that global);
 * ``get_artifact_repository`` (``hardpos.tracking.transport``) uploads an artifact straight
-  to a store that is not behind the tracking server's artifact proxy.
+  to a store that is not behind the tracking server's artifact proxy;
+* ``get_default_host_creds`` + ``http_request`` (``hardpos.tracking.transport``): the REST
+  client MLflow's own ``MlflowClient`` uses, with the credentials it would use for a host.
 Everything else talks to MLflow through ``MlflowClient`` or the public REST API.
 """
 from __future__ import annotations
@@ -49,3 +51,16 @@ def test_mlflows_http_settings_are_the_documented_environment_variables(name):
     from mlflow import environment_variables as env
 
     assert getattr(env, name).name == name  # fail_fast_mlflow sets these by name
+
+
+def test_mlflows_rest_client_takes_the_arguments_the_transport_passes(monkeypatch):
+    import inspect
+
+    from mlflow.tracking._tracking_service.utils import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    params = inspect.signature(http_request).parameters
+    assert {"max_retries", "backoff_factor", "timeout", "raise_on_status", "extra_headers"} <= set(params)
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "t0k")
+    creds = get_default_host_creds("http://127.0.0.1:1")
+    assert (creds.host, creds.token) == ("http://127.0.0.1:1", "t0k")

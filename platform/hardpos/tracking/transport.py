@@ -6,12 +6,12 @@ fix: the record is dropped and counted). The retrying lives in
 :mod:`hardpos.tracking.journal`, not here, so that a dead server costs one short request
 per backoff step.
 
-An ``mlflow server`` is spoken to over its public REST API with ``requests`` (an explicit
-timeout, no retries), with MLflow's documented client settings: ``MLFLOW_TRACKING_TOKEN``
-(bearer) or ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` (basic),
-``MLFLOW_TRACKING_INSECURE_TLS``, ``MLFLOW_TRACKING_SERVER_CERT_PATH`` and
-``MLFLOW_TRACKING_CLIENT_CERT_PATH``. Any other store (sqlite, PostgreSQL, ...) goes
-through ``MlflowClient``.
+An ``mlflow server`` is spoken to over its public REST API through MLflow's own REST client
+(an explicit timeout, no retries) with the credentials MLflow's client would use: its
+documented settings (``MLFLOW_TRACKING_TOKEN``, ``MLFLOW_TRACKING_USERNAME`` /
+``MLFLOW_TRACKING_PASSWORD``, an ``MLFLOW_TRACKING_AUTH`` plugin, ``MLFLOW_TRACKING_INSECURE_TLS``,
+``MLFLOW_TRACKING_SERVER_CERT_PATH``, ``MLFLOW_TRACKING_CLIENT_CERT_PATH``). Any other store
+(sqlite, PostgreSQL, ...) goes through ``MlflowClient``.
 
 The few synchronous MLflow calls a job makes through ``MlflowClient`` (creating its run,
 reading a metric's history, ``log_model``) come after a probe, and :func:`fail_fast_mlflow`
@@ -49,6 +49,8 @@ import requests
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 from mlflow.tracking import MlflowClient
+from mlflow.tracking._tracking_service.utils import get_default_host_creds
+from mlflow.utils.rest_utils import http_request
 
 # MLflow's log_batch limits (per request).
 MAX_METRICS, MAX_PARAMS, MAX_TAGS, MAX_ENTITIES = 1000, 100, 100, 1000
@@ -89,25 +91,16 @@ def fail_fast_mlflow() -> None:
             _FAIL_FAST_SET = True
 
 
-def _truthy(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
-
-
 def rest(base_uri: str, endpoint: str, method: str, timeout_s: float, **kwargs) -> requests.Response:
-    """One request to ``base_uri`` + ``endpoint`` with MLflow's documented client auth and TLS
-    settings (module docstring), ``timeout_s`` for connect and read, and no retries."""
-    headers = dict(kwargs.pop("headers", None) or {})
-    auth = None
-    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
-        headers["Authorization"] = f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}"
-    elif os.environ.get("MLFLOW_TRACKING_USERNAME") and os.environ.get("MLFLOW_TRACKING_PASSWORD"):
-        auth = (os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"])
-    verify: bool | str = not _truthy("MLFLOW_TRACKING_INSECURE_TLS")
-    if verify and os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"):
-        verify = os.environ["MLFLOW_TRACKING_SERVER_CERT_PATH"]
-    url = base_uri.rstrip("/") + "/" + endpoint.lstrip("/")
-    return requests.request(method, url, headers=headers, auth=auth, verify=verify, timeout=timeout_s,
-                            cert=os.environ.get("MLFLOW_TRACKING_CLIENT_CERT_PATH") or None, **kwargs)
+    """One request to ``base_uri`` + ``endpoint`` through MLflow's own REST client
+    (``mlflow.utils.rest_utils.http_request``) with the credentials MLflow's client would use
+    for that host (token, basic auth, an ``MLFLOW_TRACKING_AUTH`` plugin, TLS settings, request
+    header providers): ``timeout_s`` for connect and read, no retries (the journal retries), and
+    the response returned whatever its status (the caller sorts transient from rejected)."""
+    headers = kwargs.pop("headers", None)
+    return http_request(get_default_host_creds(base_uri.rstrip("/")), "/" + endpoint.lstrip("/"), method,
+                        max_retries=0, backoff_factor=0, timeout=timeout_s, raise_on_status=False,
+                        extra_headers=headers, **kwargs)
 
 
 def artifacts_url(artifact_uri: str, tracking_uri: str) -> str:
