@@ -34,7 +34,7 @@ from hardpos.data.rules.perturber import RulePerturber
 from hardpos.data.rules.validate import validate
 from hardpos.generate.engine_config import SamplingConfig
 from hardpos.generate.http_engine import chat_payload
-from hardpos.generate.pipeline import base_kind, rule_negative
+from hardpos.generate.join import base_kind, rule_negative
 from hardpos.generate.prompts import load_prompts
 from hardpos.runtime import execute
 from tests.support.openai_stub import OpenAIStub

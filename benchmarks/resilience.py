@@ -54,7 +54,7 @@ from ray._private import state as ray_state
 from benchmarks.simcluster import SimCluster, in_thread, kill_when, scoped_environ, wait_for  # noqa: F401 (re-exported)
 from hardpos import runtime
 from hardpos.config import ModelConfig, load_config
-from hardpos.generate import pipeline
+from hardpos.generate import planning, shard_files
 from hardpos.generate.prompts import load_prompts
 from hardpos.models.clip import load_model, save_checkpoint
 from hardpos.runtime import stage_module
@@ -203,14 +203,14 @@ def generate_scenario(sim: SimCluster, workdir: Path, quick: bool) -> dict[str, 
         f"output_dir={out}", f"input={src}", "engine.kind=rules", f"shard_size={shard_size}",
         "tracking.enabled=false", "join.enabled=false",
     ])
-    captions = pipeline.load_inputs(str(src))
-    shards = pipeline.plan(captions, load_prompts(cfg.prompts, None), shard_size, "rule")
+    captions = planning.load_inputs(str(src))
+    shards = planning.plan(captions, load_prompts(cfg.prompts, None), shard_size, "rule")
     expected = [r["request_id"] for s in shards for r in (*s.requests, *s.input_rejects)]
     kill_after = max(2, len(shards) // 6)
     seen: dict[str, Any] = {}
 
     def ready() -> bool:
-        seen["shards"] = len(pipeline.done_shards(str(out)))
+        seen["shards"] = len(shard_files.done_shards(str(out)))
         return seen["shards"] >= kill_after
 
     def work():

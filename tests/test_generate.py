@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hardpos.config import ConfigError, load_config
-from hardpos.generate import engine_config, http_engine, pipeline, vllm_engine
+from hardpos.generate import engine_config, http_engine, join, pipeline, planning, shard_files, vllm_engine
 from hardpos.generate.prompts import load_prompts
 from tests.support import free_port
 from tests.support.openai_stub import OpenAIStub, behaviour, canned
@@ -40,7 +40,7 @@ def http_overrides(stub, *extra):
 
 
 def merged(out_dir, what):
-    return pipeline.read_parquet_rows(os.path.join(out_dir, f"{what}.parquet"))
+    return shard_files.read_parquet_rows(os.path.join(out_dir, f"{what}.parquet"))
 
 
 # --------------------------------------------------------------------------- prompts
@@ -189,7 +189,7 @@ def test_plan_shards_requests_and_input_rejects():
     templates = load_prompts("paper")
     caps = [{"index": i, "caption_id": f"c{i}", "caption": c, "image": None, "negatives": []} for i, c in enumerate(
         ["A cat and a dog.", "A red bus.", "", "Bad \ufffd bytes.", "Two men and a horse on a long road."])]
-    shards = pipeline.plan(caps, templates, 2, "rule")
+    shards = planning.plan(caps, templates, 2, "rule")
     assert [len(s.captions) for s in shards] == [2, 2, 1]
     assert [r["request_id"] for r in shards[0].requests] == ["0:replace", "0:swap", "1:replace"]
     assert [(r["reason"], r["kind"]) for r in shards[1].input_rejects] == [("empty", "input"), ("non_text", "input")]
@@ -199,18 +199,18 @@ def test_plan_shards_requests_and_input_rejects():
 
 def test_write_shard_refuses_duplicates_and_gaps(tmp_path):
     caps = [{"index": 0, "caption_id": "0", "caption": "A red bus.", "image": None, "negatives": []}]
-    shard = pipeline.plan(caps, load_prompts("paper"), 10, "rule")[0]
+    shard = planning.plan(caps, load_prompts("paper"), 10, "rule")[0]
     row = {**shard.requests[0], "raw_output": "A crimson bus.", "engine_error": None, "engine_detail": None,
            "prompt_tokens": 0, "completion_tokens": 0, "source": "rule"}
-    good = pipeline.judge(row)
+    good = planning.judge(row)
     assert good["status"] == "accepted" and good["text"] == "A crimson bus."
     with pytest.raises(RuntimeError, match="duplicates 1"):
-        pipeline.write_shard(str(tmp_path), shard, [good, good], None)
+        shard_files.write_shard(str(tmp_path), shard, [good, good], None)
     with pytest.raises(RuntimeError, match="missing"):
-        pipeline.write_shard(str(tmp_path), shard, [], None)
-    assert pipeline.done_shards(str(tmp_path)) == set()
-    counts = pipeline.write_shard(str(tmp_path), shard, [good], None)
-    assert counts["accepted"] == 1 and pipeline.done_shards(str(tmp_path)) == {0}
+        shard_files.write_shard(str(tmp_path), shard, [], None)
+    assert shard_files.done_shards(str(tmp_path)) == set()
+    counts = shard_files.write_shard(str(tmp_path), shard, [good], None)
+    assert counts["accepted"] == 1 and shard_files.done_shards(str(tmp_path)) == {0}
 
 
 def test_join_takes_negatives_from_dataset_then_llm_then_rules():
@@ -228,7 +228,7 @@ def test_join_takes_negatives_from_dataset_then_llm_then_rules():
     accepted = [acc(0, "replace", "positive", "A red coach on a street."),
                 acc(1, "replace", "positive", "A guy holding a red umbrella."),
                 acc(1, "replace_negative", "negative", "A man holding a green umbrella.")]
-    auto = pipeline.join_triplets(caps, accepted, pipeline.NegativePicker("auto", 0, "src"))
+    auto = join.join_triplets(caps, accepted, join.NegativePicker("auto", 0, "src"))
     by_id = {t["caption_id"]: t for t in auto}
     assert by_id["a"]["hard_negative"] == "A blue bus on a street." and by_id["a"]["negative_source"] == "dataset:src"
     assert by_id["b"]["hard_negative"] == "A man holding a green umbrella." and by_id["b"]["negative_source"] == "llm:m"
@@ -236,10 +236,10 @@ def test_join_takes_negatives_from_dataset_then_llm_then_rules():
     # no positive for "c": one hard-negative-only row from the rule engine
     assert by_id["c"]["hard_positive"] is None and by_id["c"]["negative_source"] == "rule"
     assert by_id["c"]["hard_negative"] and by_id["c"]["hard_negative"] != caps[2]["caption"]
-    rules_only = pipeline.join_triplets(caps, accepted, pipeline.NegativePicker("rules", 0, "src"), keep_unmatched=False)
+    rules_only = join.join_triplets(caps, accepted, join.NegativePicker("rules", 0, "src"), keep_unmatched=False)
     assert [t["caption_id"] for t in rules_only] == ["a", "b"]
     assert all(t["negative_source"] == "rule" for t in rules_only)
-    none = pipeline.join_triplets(caps, accepted, pipeline.NegativePicker("none", 0, "src"))
+    none = join.join_triplets(caps, accepted, join.NegativePicker("none", 0, "src"))
     assert [t["hard_negative"] for t in none] == [None, None]  # unmatched captions need a negative to be kept
 
 
@@ -325,7 +325,7 @@ def test_http_engine_end_to_end_on_real_negclip_captions(ray_session, shared_dat
     # NegCLIP carries its own negatives: the join uses them (except those that are whole-conjunct
     # swaps, which keep the meaning: such a caption falls back to a rule negative), and images
     # resolve absolutely
-    from hardpos.generate.pipeline import dataset_negatives
+    from hardpos.generate.join import dataset_negatives
 
     by_caption = {c["caption_id"]: c for c in captions}
     for t in triplets:
@@ -399,7 +399,7 @@ def test_rules_engine_on_a_synthetic_world_uses_its_lexicon_and_rule_negatives(r
 
     rules = RulePerturber(seed=0, lexicon=rule_lexicon(str(world)))
     for t in triplets:
-        assert t["hard_negative"] == pipeline.rule_negative(rules, t["caption"], pipeline.base_kind(t["kind"]))
+        assert t["hard_negative"] == join.rule_negative(rules, t["caption"], join.base_kind(t["kind"]))
     # images were written resolved, so the train stage finds them from the output folder
     assert all(os.path.isabs(t["image"]) and os.path.exists(t["image"]) for t in triplets)
     assert resolve_image(triplets[0]["image"], summary["output_dir"]) == triplets[0]["image"]
@@ -416,7 +416,7 @@ def test_resume_after_interruption_is_exactly_once(ray_session, shared_data, tmp
         out = first["output_dir"]
 
         # crash in the middle of the next run, after one more shard was committed
-        real_write, calls = pipeline.write_shard, {"n": 0}
+        real_write, calls = shard_files.write_shard, {"n": 0}
 
         def crashing(*args, **kwargs):
             result = real_write(*args, **kwargs)
@@ -425,23 +425,23 @@ def test_resume_after_interruption_is_exactly_once(ray_session, shared_data, tmp
                 raise KeyboardInterrupt("simulated interruption")
             return result
 
-        monkeypatch.setattr(pipeline, "write_shard", crashing)
+        monkeypatch.setattr(shard_files, "write_shard", crashing)
         with pytest.raises(KeyboardInterrupt):
             run_stage(gen_config(tmp_path, *base, *http_overrides(stub)))
-        monkeypatch.setattr(pipeline, "write_shard", real_write)
-        done = pipeline.done_shards(out)
+        monkeypatch.setattr(shard_files, "write_shard", real_write)
+        done = shard_files.done_shards(out)
         assert len(done) == 3 and {0, 1} < done  # shards commit in completion order
         # a shard whose files were written but whose marker was not must be redone
         (extra,) = done - {0, 1}
-        os.remove(pipeline.shard_path(out, extra, "done.json"))
+        os.remove(shard_files.shard_path(out, extra, "done.json"))
 
         before = stub.requests
         final = run_stage(gen_config(tmp_path, *base, *http_overrides(stub)))
         redo_requests = stub.requests - before
 
     assert final["complete"] and final["shards_skipped"] == 2 and final["shards_this_run"] == 2
-    captions = pipeline.load_inputs(source, limit=40)
-    shards = pipeline.plan(captions, load_prompts("paper"), 10, "llm:stub-llm")
+    captions = planning.load_inputs(source, limit=40)
+    shards = planning.plan(captions, load_prompts("paper"), 10, "llm:stub-llm")
     planned = [r["request_id"] for s in shards for r in s.requests]
     # the finished shards 0-1 were not sent again (flaky rows answered by now need no retry)
     assert redo_requests == sum(len(s.requests) for s in shards[2:])
@@ -501,7 +501,7 @@ def test_s3_output_dir_resumes(ray_session, s3_env, tmp_path):
     assert final["inputs"] == 8 == final["accepted"] + final["rejected"] and final["accepted"] > 0
     from hardpos.data.triplets import read_triplets
 
-    rows = pipeline.read_parquet_rows(f"s3://{s3_env}/gen/accepted.parquet")
+    rows = shard_files.read_parquet_rows(f"s3://{s3_env}/gen/accepted.parquet")
     assert sorted(r["caption_id"] for r in rows) == sorted({r["caption_id"] for r in rows})  # once each
     triplets = read_triplets(f"s3://{s3_env}/gen/triplets.parquet")
     assert triplets and all(t["image"] == str(tmp_path / t["image"].rsplit("/", 1)[-1]) for t in triplets)
@@ -550,8 +550,8 @@ def test_webdataset_shard_follows_ray_read_webdataset_layout(tmp_path):
              "hard_positive": None, "kind": "replace", "source": "rule", "negative_source": None},
             {"image": str(tmp_path / "im1.JPEG"), "caption": "a dog", "caption_id": "c2", "hard_negative": None,
              "hard_positive": "a puppy", "kind": "swap", "source": "rule", "negative_source": None}]
-    assert pipeline.write_webdataset(str(tmp_path / "out"), 3, rows) == (2, 1)
-    with tarfile.open(pipeline.webdataset_path(str(tmp_path / "out"), 3)) as tar:
+    assert shard_files.write_webdataset(str(tmp_path / "out"), 3, rows) == (2, 1)
+    with tarfile.open(shard_files.webdataset_path(str(tmp_path / "out"), 3)) as tar:
         names = tar.getnames()
         files = {n: tar.extractfile(n).read() for n in names}
     assert names == ["00003-000000.png", "00003-000000.txt", "00003-000000.json",
@@ -569,22 +569,22 @@ def test_merge_streams_shards_with_unified_triplet_schema(tmp_path):
     out = str(tmp_path)
     caps = [{"index": i, "caption_id": f"c{i}", "caption": "A red bus.", "image": None, "negatives": []}
             for i in range(4)]
-    shards = pipeline.plan(caps, load_prompts("paper", ["replace"]), 2, "rule")
+    shards = planning.plan(caps, load_prompts("paper", ["replace"]), 2, "rule")
     for s in shards:
-        rows = [pipeline.judge({**r, "raw_output": "A crimson bus.", "engine_error": None, "engine_detail": None,
+        rows = [planning.judge({**r, "raw_output": "A crimson bus.", "engine_error": None, "engine_detail": None,
                                 "prompt_tokens": 0, "completion_tokens": 0, "source": "rule"}) for r in s.requests]
-        pipeline.write_shard(out, s, rows, None)
+        shard_files.write_shard(out, s, rows, None)
     # the second shard's extra column is all null: its parquet type is null, the first one's int64
     write_triplets([make_triplet(image="/a.png", caption="A", kind="replace", source="rule", caption_id="c0",
-                                 positive_index=0)], pipeline.shard_path(out, 0, "triplets.parquet"))
+                                 positive_index=0)], shard_files.shard_path(out, 0, "triplets.parquet"))
     write_triplets([make_triplet(image="/b.png", caption="B", kind="replace", source="rule", caption_id="c2",
-                                 positive_index=None)], pipeline.shard_path(out, 1, "triplets.parquet"))
-    merged_out = pipeline.merge_outputs(out, 2, True, "triplets.parquet")
-    assert [r["request_id"] for r in pipeline.read_parquet_rows(merged_out["accepted"])] == [
+                                 positive_index=None)], shard_files.shard_path(out, 1, "triplets.parquet"))
+    merged_out = shard_files.merge_outputs(out, 2, True, "triplets.parquet")
+    assert [r["request_id"] for r in shard_files.read_parquet_rows(merged_out["accepted"])] == [
         "0:replace", "1:replace", "2:replace", "3:replace"]
     assert [(t["caption_id"], t["positive_index"]) for t in read_triplets(merged_out["triplets"])] == [
         ("c0", 0), ("c2", None)]
-    as_jsonl = pipeline.merge_outputs(out, 2, True, "triplets.jsonl")["triplets"]
+    as_jsonl = shard_files.merge_outputs(out, 2, True, "triplets.jsonl")["triplets"]
     assert [t["caption"] for t in read_triplets(as_jsonl)] == ["A", "B"]
     assert not [n for n in os.listdir(out) if n.startswith(".merge-")]  # no temp file left behind
 
@@ -698,4 +698,4 @@ def test_a_failed_overwrite_run_leaves_nothing_that_looks_complete(ray_session, 
     # the first run's summary ("complete": true) must not outlive the outputs it describes
     left = sorted(os.listdir(out))
     assert "summary.json" not in left and not {"accepted.parquet", "rejects.parquet", "triplets.parquet"} & set(left)
-    assert pipeline.done_shards(str(out)) == set()
+    assert shard_files.done_shards(str(out)) == set()

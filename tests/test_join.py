@@ -12,7 +12,7 @@ import pytest
 
 from hardpos.config import load_config
 from hardpos.data.rules.perturber import RulePerturber
-from hardpos.generate import pipeline
+from hardpos.generate import join, shard_files
 
 CAPTION = "A black dog and a white cat."
 POSITIVES = {"replace": "A black hound and a white cat.", "swap": "A white cat and a black dog."}
@@ -33,50 +33,50 @@ def two_positives(index=0):
 
 
 def seeds_choosing(kind_index: int, caption_id: str = "c0") -> list[int]:
-    return [s for s in range(64) if pipeline.positive_choice(s, caption_id, 2) == kind_index]
+    return [s for s in range(64) if join.positive_choice(s, caption_id, 2) == kind_index]
 
 
 def test_one_gives_one_seeded_row_and_all_gives_every_positive():
     for seed in range(8):
         rules = RulePerturber(seed=seed)  # the picker's rule engine is seeded with the stage's seed
-        picker = pipeline.NegativePicker("rules", seed, "src")
-        (row,) = pipeline.join_triplets([cap()], two_positives(), picker)  # "one" is the default
-        again = pipeline.join_triplets([cap()], list(reversed(two_positives())),
-                                       pipeline.NegativePicker("rules", seed, "src"), positives="one")
+        picker = join.NegativePicker("rules", seed, "src")
+        (row,) = join.join_triplets([cap()], two_positives(), picker)  # "one" is the default
+        again = join.join_triplets([cap()], list(reversed(two_positives())),
+                                       join.NegativePicker("rules", seed, "src"), positives="one")
         assert again == [row]  # same seed, any answer order: the same row
-        kind = ["replace", "swap"][pipeline.positive_choice(seed, "c0", 2)]
+        kind = ["replace", "swap"][join.positive_choice(seed, "c0", 2)]
         assert row["kind"] == kind and row["hard_positive"] == POSITIVES[kind] and row["source"] == "llm:m"
         assert (row["n_positives"], row["positive_kinds"], row["positive_index"]) == (2, "replace,swap",
                                                                                       ["replace", "swap"].index(kind))
         # the hard negative is the rule engine's for the chosen positive's kind
-        assert row["hard_negative"] == pipeline.rule_negative(rules, CAPTION, kind) and row["negative_source"] == "rule"
+        assert row["hard_negative"] == join.rule_negative(rules, CAPTION, kind) and row["negative_source"] == "rule"
     # another seed may pick the other positive: both picks occur, and both are valid rows (checked above)
     assert seeds_choosing(0) and seeds_choosing(1)
     s_replace, s_swap = seeds_choosing(0)[0], seeds_choosing(1)[0]
-    got = {s: pipeline.join_triplets([cap()], two_positives(), pipeline.NegativePicker("rules", s, "src"))[0]["kind"]
+    got = {s: join.join_triplets([cap()], two_positives(), join.NegativePicker("rules", s, "src"))[0]["kind"]
            for s in (s_replace, s_swap)}
     assert got == {s_replace: "replace", s_swap: "swap"}
 
     rules = RulePerturber(seed=0)
-    negatives = [pipeline.rule_negative(rules, CAPTION, k) for k in ("replace", "swap")]
+    negatives = [join.rule_negative(rules, CAPTION, k) for k in ("replace", "swap")]
     assert negatives[0] != negatives[1]  # so matching the negative to the positive's kind is checked
-    every = pipeline.join_triplets([cap()], two_positives(), pipeline.NegativePicker("rules", 0, "src"), positives="all")
+    every = join.join_triplets([cap()], two_positives(), join.NegativePicker("rules", 0, "src"), positives="all")
     assert [(t["kind"], t["hard_positive"], t["positive_index"]) for t in every] == [
         ("replace", POSITIVES["replace"], 0), ("swap", POSITIVES["swap"], 1)]
     assert [t["hard_negative"] for t in every] == negatives
     with pytest.raises(ValueError, match="positives must be one of"):
-        pipeline.join_triplets([cap()], two_positives(), pipeline.NegativePicker("rules", 0, "src"), positives="first")
+        join.join_triplets([cap()], two_positives(), join.NegativePicker("rules", 0, "src"), positives="first")
 
 
 def test_positive_choice_is_the_documented_hash():
     for seed, caption_id, n in [(0, "c0", 2), (7, "391895", 2), (3, "x", 3), (1, "c0", 1)]:
         h = int.from_bytes(hashlib.sha256(f"{seed}\x00{caption_id}\x00positive".encode()).digest()[:4], "little")
-        assert pipeline.positive_choice(seed, caption_id, n) == h % n
-    assert pipeline.positive_choice(5, "any", 1) == 0
+        assert join.positive_choice(seed, caption_id, n) == h % n
+    assert join.positive_choice(5, "any", 1) == 0
     with pytest.raises(ValueError, match="at least one positive"):
-        pipeline.positive_choice(0, "c0", 0)
+        join.positive_choice(0, "c0", 0)
     # over many captions both positives are picked about equally often (no kind is favoured)
-    picks = collections.Counter(pipeline.positive_choice(0, str(i), 2) for i in range(2000))
+    picks = collections.Counter(join.positive_choice(0, str(i), 2) for i in range(2000))
     assert 900 < picks[0] < 1100
 
 
@@ -85,10 +85,10 @@ def test_llm_negative_follows_the_chosen_positive_kind():
                               acc(0, "swap_negative", "A white dog and a black cat.", "negative")]
     want = {"replace": "A black dog and a white horse.", "swap": "A white dog and a black cat."}
     for seed in (seeds_choosing(0)[0], seeds_choosing(1)[0]):
-        (row,) = pipeline.join_triplets([cap()], rows, pipeline.NegativePicker("auto", seed, "src"))
+        (row,) = join.join_triplets([cap()], rows, join.NegativePicker("auto", seed, "src"))
         assert row["hard_negative"] == want[row["kind"]] and row["negative_source"] == "llm:m"
     # a dataset negative wins under "auto" whatever the positive (NegCLIP's neg_caption)
-    (row,) = pipeline.join_triplets([cap(negatives=["A cat and a dog."])], rows, pipeline.NegativePicker("auto", 0, "neg"))
+    (row,) = join.join_triplets([cap(negatives=["A cat and a dog."])], rows, join.NegativePicker("auto", 0, "neg"))
     assert row["hard_negative"] == "A cat and a dog." and row["negative_source"] == "dataset:neg"
 
 
@@ -96,30 +96,30 @@ def test_join_counts_per_caption():
     caps = [cap(0, "a"), cap(1, "b", "A red bus on a street."), cap(2, "c", "A man holding a red umbrella."),
             cap(3, "d", "   ")]
     accepted = two_positives(0) + [acc(1, "replace", "A red coach on a street.")]
-    picker = pipeline.NegativePicker("rules", 0, "src")
-    one = pipeline.join_by_caption(caps, accepted, picker)
+    picker = join.NegativePicker("rules", 0, "src")
+    one = join.join_by_caption(caps, accepted, picker)
     assert [len(rows) for rows in one] == [1, 1, 1, 0]  # "c" keeps a negative-only row, the blank caption none
     assert one[2][0]["hard_positive"] is None and one[2][0]["n_positives"] == 0 and one[2][0]["positive_index"] is None
-    assert pipeline.join_counts(one) == {
+    assert join.join_counts(one) == {
         "triplets_per_caption": {"0": 1, "1": 3}, "positives_per_caption": {"0": 2, "1": 1, "2": 1},
         "captions_with_positive": 2, "captions_with_several_positives": 1, "positives_unused": 1}
-    every = pipeline.join_by_caption(caps, accepted, picker, positives="all")
-    assert pipeline.join_counts(every) == {
+    every = join.join_by_caption(caps, accepted, picker, positives="all")
+    assert join.join_counts(every) == {
         "triplets_per_caption": {"0": 1, "1": 2, "2": 1}, "positives_per_caption": {"0": 2, "1": 1, "2": 1},
         "captions_with_positive": 2, "captions_with_several_positives": 1, "positives_unused": 0}
     # the flat form is the per-caption lists in caption order
-    assert pipeline.join_triplets(caps, accepted, picker) == [t for rows in one for t in rows]
+    assert join.join_triplets(caps, accepted, picker) == [t for rows in one for t in rows]
 
 
 def test_rows_do_not_depend_on_sharding_or_answer_order():
     rng = random.Random(0)
     caps = [cap(i, f"id{i}") for i in range(40)]
     accepted = [r for i in range(40) for r in two_positives(i)]
-    picker = pipeline.NegativePicker("none", 3, "src")
-    whole = pipeline.join_triplets(caps, accepted, picker)
+    picker = join.NegativePicker("none", 3, "src")
+    whole = join.join_triplets(caps, accepted, picker)
     shuffled = accepted[:]
     rng.shuffle(shuffled)
-    sharded = [t for start in range(0, 40, 7) for t in pipeline.join_triplets(caps[start:start + 7], shuffled, picker)]
+    sharded = [t for start in range(0, 40, 7) for t in join.join_triplets(caps[start:start + 7], shuffled, picker)]
     assert sharded == whole and len(whole) == 40
     kinds = collections.Counter(t["kind"] for t in whole)
     assert kinds["replace"] > 0 and kinds["swap"] > 0  # the seeded rule spreads the picks
@@ -141,7 +141,7 @@ def test_stage_writes_one_row_per_real_negclip_caption(ray_session, shared_data,
     one = execute("generate", gen_config(tmp_path, "one", *base, "shard_size=25"), quiet=True)
     out = one["output_dir"]
     rows = read_triplets(os.path.join(out, "triplets.parquet"))
-    accepted = pipeline.read_parquet_rows(os.path.join(out, "accepted.parquet"))
+    accepted = shard_files.read_parquet_rows(os.path.join(out, "accepted.parquet"))
     n_pos = collections.Counter(r["caption_id"] for r in accepted if r["polarity"] == "positive")
     ids = [r["caption_id"] for r in rows]
     # NegCLIP gives every caption a negative, so every caption keeps exactly one row
@@ -163,7 +163,7 @@ def test_stage_writes_one_row_per_real_negclip_caption(ray_session, shared_data,
         if t["n_positives"]:
             kinds = sorted(texts[t["caption_id"]])
             assert t["positive_kinds"] == ",".join(kinds)
-            assert t["positive_index"] == pipeline.positive_choice(0, t["caption_id"], len(kinds))
+            assert t["positive_index"] == join.positive_choice(0, t["caption_id"], len(kinds))
             assert t["hard_positive"] == texts[t["caption_id"]][kinds[t["positive_index"]]]
             assert t["kind"] == kinds[t["positive_index"]]
 
@@ -185,9 +185,9 @@ def test_dataset_negatives_that_keep_the_meaning_are_never_picked():
     swapped = "A white cat and a black dog."  # a whole-conjunct swap: a positive, not a negative
     real = "A white dog and a black cat."    # a binding swap: a real hard negative
     c = cap(negatives=[swapped, real])
-    assert pipeline.dataset_negatives(c) == [real]
-    assert pipeline.meaning_kept_negatives([c, cap(negatives=[real])]) == 1
-    picker = pipeline.NegativePicker("auto", seed=0, dataset="negclip")
+    assert join.dataset_negatives(c) == [real]
+    assert join.meaning_kept_negatives([c, cap(negatives=[real])]) == 1
+    picker = join.NegativePicker("auto", seed=0, dataset="negclip")
     for seed in range(8):
         picker.seed = seed
         assert picker.pick(c, "replace", {}) == (real, "dataset:negclip")

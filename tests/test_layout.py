@@ -247,3 +247,17 @@ def test_every_stage_module_owns_its_check_and_run():
     stages = ast.literal_eval(runtime.split("STAGES = ", 1)[1].split("\n\n", 1)[0])
     assert sorted(stages) == names, "runtime.STAGES and the modules under hardpos/stages differ"
 
+
+
+@pytest.mark.parametrize("code, offenders", [
+    ("from a import x, y\n\nz = x\n", ["from a import y", "z = x"]),
+    ("from a import x\n\n__all__ = ['x']\n", ["from a import x"]),  # listing it is not using it
+    ("from a import x\n\n__all__ = ['f']\n\ndef f(v: 'x'):\n    return v\n", []),  # a string annotation is a use
+    ("from a import x as y\n\ndef f():\n    return y.z\n", []),
+    ("import json\n", []),  # plain imports may load a module for its side effects
+])
+def test_reexport_rule(tmp_path, code, offenders):
+    from tests.support import house_stats as H  # lazy: the measuring module is only these tests'
+
+    (tmp_path / "m.py").write_text(code)
+    assert [line.split(": ", 1)[1] for line in H.reexport_lines(tmp_path)] == offenders

@@ -13,8 +13,9 @@ import pytest
 
 from hardpos.data.lexicon import load_lexicon
 from hardpos.data.rules.agreement import new_problems, non_english, problems
+from hardpos.data.rules.conjuncts import is_conjunct_swap
 from hardpos.data.rules.perturber import RulePerturber
-from hardpos.data.rules.validate import is_conjunct_swap, validate
+from hardpos.data.rules.validate import validate
 
 
 @pytest.fixture(scope="module")

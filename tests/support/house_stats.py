@@ -12,9 +12,9 @@ commit exported with ``git archive``. It prints:
 * import cycles among module-level imports (goal 0), as strongly connected components, and
   the same counting imports inside functions too (a lazy import that closes a circle still
   ties two modules into one idea);
-* re-export-only lines (goal 0): module-level imports of names the module never uses itself,
-  and module-level aliases ``a = b`` of an imported name, kept only so callers find ``b`` under
-  another path;
+* re-export-only lines (goal 0): module-level imports of names the module never uses itself
+  (listing a name in ``__all__`` is no use), one line per name, and module-level aliases
+  ``a = b`` of an imported name, kept only so callers find ``b`` under another path;
 * the largest functions (goal: none over ~80 lines without a reason).
 
 The rules that keep the goals at 0 are tests in ``tests/test_layout.py``, which use the same
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -179,20 +180,35 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(out)
 
 
+def _all_names(tree: ast.Module) -> set[int]:
+    """ids of the nodes of the module's ``__all__ = [...]`` assignments (a name listed there
+    is not thereby used)."""
+    out: set[int] = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            out |= {id(n) for n in ast.walk(node)}
+    return out
+
+
 def reexport_lines(root: Path, mods: dict[str, tuple[Path, ast.Module]] | None = None) -> list[str]:
-    """Module-level lines that only re-export: an import of names the module never uses
-    itself (``__init__.py`` files, whose job is a package's public surface, excepted), and
-    ``alias = imported_name`` assignments."""
+    """Module-level imports of names the module never uses itself (``__init__.py`` files,
+    whose job is a package's public surface, excepted), one line per such name, and
+    ``alias = imported_name`` assignments. Listing a name in ``__all__`` is not a use: that
+    is exactly how a module re-exports."""
     mods = mods or parse(root)
     out = []
     for name, (path, tree) in mods.items():
         if path.name == "__init__.py":
             continue
-        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        listed = _all_names(tree)
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in listed}
         used |= {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
         # names a string annotation mentions count as used
         for n in ast.walk(tree):
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.isidentifier():
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.isidentifier() \
+                    and id(n) not in listed:
                 used.add(n.value)
         annotations = " ".join(ast.unparse(n.annotation) for n in ast.walk(tree)
                                if isinstance(n, (ast.arg, ast.AnnAssign)) and n.annotation is not None)
@@ -202,10 +218,12 @@ def reexport_lines(root: Path, mods: dict[str, tuple[Path, ast.Module]] | None =
         rel = path.relative_to(root.parent).as_posix()
         for node in tree.body:
             if isinstance(node, ast.ImportFrom) and node.module != "__future__":
-                names = [a.asname or a.name for a in node.names]
-                imported.update(names)
-                if all(n not in used and n not in annotations for n in names):
-                    out.extend(f"{rel}:{line}: {ast.unparse(node)}" for line in range(node.lineno, node.end_lineno + 1))
+                for alias in node.names:
+                    local = alias.asname or alias.name
+                    imported.add(local)
+                    if local not in used and not re.search(rf"\b{re.escape(local)}\b", annotations):
+                        out.append(f"{rel}:{node.lineno}: from {'.' * node.level}{node.module or ''} import {alias.name}"
+                                   + (f" as {alias.asname}" if alias.asname else ""))
             elif isinstance(node, ast.Import):
                 imported.update((a.asname or a.name).split(".")[0] for a in node.names)
         for node in tree.body:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import collections
 from typing import Any, Iterable, Mapping
 
+from hardpos.data.rules.conjuncts import is_conjunct_swap
 from hardpos.data.rules.perturber import RulePerturber
-from hardpos.data.rules.validate import is_conjunct_swap, validate
+from hardpos.data.rules.validate import validate
 from hardpos.data.triplets import make_triplet
 from hardpos.generate import rules_engine
 

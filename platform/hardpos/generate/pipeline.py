@@ -27,12 +27,10 @@ finished shards and redoes unfinished ones from scratch, so no row is lost or wr
 twice; a shard task that Ray retries (a node died) finds the marker and writes nothing.
 Conservation ``inputs == accepted + rejected`` is checked per shard and overall.
 
-Layout (one job per module, all re-exported here so ``hardpos.generate.pipeline`` keeps its
-names): :mod:`hardpos.generate.source` (reading sources), :mod:`hardpos.generate.planning`
-(inputs, shards, judging), :mod:`hardpos.generate.join` (the triplet join),
-:mod:`hardpos.generate.shard_files` (shard files, manifest, merge, counts); this module
-drives them. Commits go through the names here (``pipeline.write_shard``), so a test may
-replace one here.
+The pipeline's parts, one idea a module: :mod:`hardpos.generate.source` (reading sources),
+:mod:`hardpos.generate.planning` (inputs, shards, judging), :mod:`hardpos.generate.join` (the
+triplet join), :mod:`hardpos.generate.shard_files` (shard files, manifest, merge, counts); this
+module holds the shard jobs and the two ways of running them, and drives the others.
 """
 from __future__ import annotations
 
@@ -45,65 +43,11 @@ import pyarrow as pa
 import ray
 
 from hardpos import storage
-from hardpos.generate import engine_config, rules_engine
-from hardpos.generate.join import (
-    POSITIVES_MODES,
-    NegativePicker,
-    base_kind,
-    dataset_negatives,
-    join_by_caption,
-    join_caption,
-    join_counts,
-    join_triplets,
-    meaning_kept_negatives,
-    positive_choice,
-    rule_negative,
-    rule_negatives_of,
-)
-from hardpos.generate.planning import (
-    INPUT_KIND,
-    Shard,
-    dataset_name,
-    input_fingerprint,
-    judge,
-    judge_batch,
-    load_inputs,
-    plan,
-    plan_shard,
-    reject_row,
-    result_schema,
-)
+from hardpos.generate import engine_config, rules_engine, shard_files
+from hardpos.generate.join import NegativePicker, join_by_caption, join_counts, meaning_kept_negatives, rule_negatives_of
+from hardpos.generate.planning import Shard, judge_batch, plan_shard
 from hardpos.generate.prompts import PromptTemplate
-from hardpos.generate.shard_files import (
-    ACCEPTED_COLUMNS,
-    MANIFEST_KEYS,
-    MERGED,
-    REJECT_COLUMNS,
-    WEBDATASET_DIR,
-    aggregate,
-    check_manifest,
-    clear_output,
-    counts_of,
-    done_shards,
-    merge_outputs,
-    read_parquet_rows,
-    sample_rows,
-    shard_path,
-    webdataset_path,
-    write_shard,
-    write_webdataset,
-)
 from hardpos.generate.source import CaptionBlocks, caption_rows
-
-__all__ = [
-    "ACCEPTED_COLUMNS", "INPUT_KIND", "MANIFEST_KEYS", "MERGED", "POSITIVES_MODES", "REJECT_COLUMNS",
-    "NegativePicker", "RunStats", "Shard", "aggregate", "base_kind", "check_manifest", "clear_output", "counts_of",
-    "dataset_name", "dataset_negatives", "done_shards", "input_fingerprint", "join_by_caption", "join_caption",
-    "join_counts", "join_triplets", "judge", "judge_batch", "load_inputs", "meaning_kept_negatives", "merge_outputs",
-    "JoinSpec", "ShardJob", "commit_shard", "plan", "plan_shard", "run_driver_shards", "run_worker_shards",
-    "write_webdataset", "WEBDATASET_DIR", "webdataset_path", "shard_count", "positive_choice", "read_parquet_rows", "reject_row", "result_schema", "rule_negative",
-    "rule_negatives_of", "run_shards", "sample_rows", "shard_path", "write_shard",
-]
 
 
 # --------------------------------------------------------------------------- driver
@@ -197,7 +141,7 @@ class ShardJob:
 
 def commit_shard(job: ShardJob, shard: Shard, results: list[dict], picker: NegativePicker | None = None) -> dict:
     """Join ``results`` (every row of ``shard``: its input rejects and judged engine rows)
-    into triplets and write the shard (:func:`write_shard`, marker last); returns its counts."""
+    into triplets and write the shard (:func:`hardpos.generate.shard_files.write_shard`, marker last); returns its counts."""
     triplets, join_stats = None, None
     if job.join is not None:
         picker = picker or job.picker()
@@ -209,9 +153,9 @@ def commit_shard(job: ShardJob, shard: Shard, results: list[dict], picker: Negat
         if picker.mode in ("auto", "dataset"):
             join_stats["dataset_negatives_meaning_kept"] = meaning_kept_negatives(shard.captions)
         if job.join.webdataset:
-            join_stats["webdataset_samples"], join_stats["webdataset_skipped"] = write_webdataset(
+            join_stats["webdataset_samples"], join_stats["webdataset_skipped"] = shard_files.write_webdataset(
                 job.out_dir, shard.index, triplets)
-    return write_shard(job.out_dir, shard, results, triplets, join_stats)
+    return shard_files.write_shard(job.out_dir, shard, results, triplets, join_stats)
 
 
 def _shard_range(blocks: CaptionBlocks, index: int, shard_size: int) -> tuple[int, int, list[tuple[int, int, int]]]:
@@ -236,7 +180,7 @@ def rules_shard(job: ShardJob, index: int, start: int, pieces: list[tuple[int, i
 
     Idempotent: a shard whose marker exists (Ray retried this task after a node died, or
     rebuilt its lost result) is not written again; its recorded counts come back."""
-    marker = shard_path(job.out_dir, index, "done.json")
+    marker = shard_files.shard_path(job.out_dir, index, "done.json")
     if storage.exists(marker):
         return storage.read_json(marker)
     shard = plan_shard(caption_rows(tables, pieces, start), list(job.templates), index, job.source)

@@ -255,7 +255,8 @@ def check(cfg: Config) -> None:
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:
-    from hardpos.generate import engine_config, engines, http_engine, pipeline, source  # lazy: see the module's imports
+    # lazy: see the module's imports
+    from hardpos.generate import engine_config, engines, http_engine, join, pipeline, planning, shard_files, source
 
     templates = load_prompts(cfg.prompts, cfg.kinds or None)  # checked by check(cfg) before run
     source_uri, world_dir = resolve_input(cfg)
@@ -278,7 +279,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     src_name = engine_config.source_of(cfg.engine)
     model = engine_config.model_name(cfg.engine)
     num_shards = pipeline.shard_count(blocks.num_captions, cfg.shard_size)
-    picker = pipeline.NegativePicker(cfg.join.negatives, cfg.seed, pipeline.dataset_name(source_uri), world_dir)
+    picker = join.NegativePicker(cfg.join.negatives, cfg.seed, planning.dataset_name(source_uri), world_dir)
     # The join's rule negatives are computed on the workers, beside validation, when the join
     # can fall back to them (only a source whose every caption has its own negative never needs one).
     needs_rules = cfg.join.enabled and picker.wants_rule_negatives and (
@@ -287,12 +288,12 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         out_dir=ctx.output_dir, templates=tuple(templates), source=src_name, shard_size=cfg.shard_size, seed=cfg.seed,
         world_dir=world_dir, rule_negatives={"seed": cfg.seed, "world_dir": world_dir} if needs_rules else None,
         join=pipeline.JoinSpec(cfg.join.positives, cfg.join.negatives, cfg.join.keep_unmatched,
-                               pipeline.dataset_name(source_uri), cfg.join.webdataset) if cfg.join.enabled else None,
+                               planning.dataset_name(source_uri), cfg.join.webdataset) if cfg.join.enabled else None,
         include_benchmark_pairs=cfg.engine.rules.include_benchmark_pairs)
     out = ctx.output_dir
     if cfg.overwrite:
-        pipeline.clear_output(out, [cfg.join.output])
-    pipeline.check_manifest(out, {
+        shard_files.clear_output(out, [cfg.join.output])
+    shard_files.check_manifest(out, {
         "input": source_uri, "input_files": len(files.files), "input_fingerprint": blocks.fingerprint,
         "num_captions": blocks.num_captions, "shard_size": cfg.shard_size, "num_shards": num_shards,
         "prompts": cfg.prompts, "prompts_fingerprint": fingerprint(templates), "kinds": [t.kind for t in templates],
@@ -301,7 +302,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         "join": {"enabled": cfg.join.enabled, "positives": cfg.join.positives, "negatives": cfg.join.negatives,
                  "keep_unmatched": cfg.join.keep_unmatched, "webdataset": cfg.join.webdataset},
     })
-    done = done_before = pipeline.done_shards(out)
+    done = done_before = shard_files.done_shards(out)
     pending = [i for i in range(num_shards) if i not in done]
     if cfg.max_shards is not None:
         pending = pending[:cfg.max_shards]
@@ -322,7 +323,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
 
     def make_dataset(ds):
         ds = engines.apply_engine(ds, cfg.engine, by_kind, seed=cfg.seed, world_dir=world_dir)
-        return ds.map_batches(pipeline.judge_batch, batch_size=1024, num_cpus=0.25, batch_format="pyarrow",
+        return ds.map_batches(planning.judge_batch, batch_size=1024, num_cpus=0.25, batch_format="pyarrow",
                               fn_kwargs={"rule_negatives": job.rule_negatives,
                                          "validation": {k: t.validation for k, t in by_kind.items()}})
 
@@ -334,19 +335,19 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         stats = pipeline.run_driver_shards(job, blocks, pending, make_dataset, on_done)
 
     # Totals over every finished shard (this run and earlier ones), from the markers.
-    done = pipeline.done_shards(out)
-    all_counts = [storage.read_json(pipeline.shard_path(out, i, "done.json")) for i in sorted(done)]
-    total = pipeline.aggregate(all_counts)
-    run_counts = pipeline.aggregate(stats.counts)
+    done = shard_files.done_shards(out)
+    all_counts = [storage.read_json(shard_files.shard_path(out, i, "done.json")) for i in sorted(done)]
+    total = shard_files.aggregate(all_counts)
+    run_counts = shard_files.aggregate(stats.counts)
     complete = len(done) == num_shards
     if total.get("inputs", 0) != total.get("accepted", 0) + total.get("rejected", 0):
         raise RuntimeError(f"conservation violated: inputs {total.get('inputs')} != accepted "
                            f"{total.get('accepted')} + rejected {total.get('rejected')}")
     outputs = {"shards": storage.join(out, "shards")}
     if complete:
-        outputs.update(pipeline.merge_outputs(out, num_shards, cfg.join.enabled, cfg.join.output))
+        outputs.update(shard_files.merge_outputs(out, num_shards, cfg.join.enabled, cfg.join.output))
         if cfg.join.enabled and cfg.join.webdataset:
-            outputs["webdataset"] = storage.join(out, pipeline.WEBDATASET_DIR)
+            outputs["webdataset"] = storage.join(out, shard_files.WEBDATASET_DIR)
     summary = _summary(cfg, model=model, src_name=src_name, source_uri=source_uri, world_dir=world_dir,
                        templates=templates, num_shards=num_shards, done=done, done_before=done_before,
                        n_input_files=len(files.files), num_captions=blocks.num_captions, stats=stats,
@@ -367,7 +368,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         ctx.run.set_tags({"hardpos.engine": cfg.engine.kind, "hardpos.model": model,
                           **seen_substitutions_tag(cfg.engine.rules.include_benchmark_pairs)})
     if done:
-        samples = pipeline.sample_rows(out, sorted(done), cfg.samples)
+        samples = shard_files.sample_rows(out, sorted(done), cfg.samples)
         outputs["samples"] = storage.write_json(storage.join(out, "samples.json"), samples)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "samples.json")

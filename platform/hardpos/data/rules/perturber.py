@@ -46,10 +46,8 @@ from hardpos.data.lexicon import Lexicon, Sense, load_lexicon
 from hardpos.data.rules.agreement import new_problems
 from hardpos.data.rules.replace import ReplaceRulesMixin
 from hardpos.data.rules.swap import SwapRulesMixin
+from hardpos.data.rules.text import KINDS, POLARITIES, TOKEN, Match, Perturbation, Token, dedupe, stable_seed
 from hardpos.data.rules.validate import validate
-
-# re-exported (importers use hardpos.data.rules.perturber; stages.perturb reads stable_seed from perturb_text): noqa F401 on purpose
-from hardpos.data.rules.text import KINDS, POLARITIES, TOKEN, Match, Perturbation, Token, dedupe, stable_seed  # noqa: F401
 
 
 class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):

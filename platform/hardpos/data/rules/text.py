@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from hardpos.data.lexicon import Sense
-from hardpos.data.rules.validate import normalise
+from hardpos.data.textnorm import normalise
 
 TOKEN = re.compile(r"[A-Za-z]+(?:['\-][A-Za-z]+)*|\d+(?:\.\d+)?|[^\sA-Za-z\d]")
 BOUNDARY_PUNCT = {",", ".", ";", ":", "!", "?", "(", ")", '"'}

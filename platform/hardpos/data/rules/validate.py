@@ -61,11 +61,11 @@ case and punctuation, with whitespace collapsed.
 The SWAP-positive check takes its word classes (nouns, people and animals, adjectives,
 function words) from the shipped lexicon, loaded on first use and cached.
 
-Layout (one job per module): :mod:`hardpos.data.textnorm` (normalisation: :func:`normalise`,
-:func:`tokens`, :func:`words`), :mod:`hardpos.data.rules.wordclasses` (the lexicon's word classes
-and token predicates) and :mod:`hardpos.data.rules.conjuncts` (:func:`is_conjunct_swap`); this
-module holds the checks in order and re-exports those public names, so
-``from hardpos.data.rules.validate import ...`` keeps working for all of them.
+The checks lean on three modules, one idea each: :mod:`hardpos.data.textnorm` (normalisation:
+:func:`~hardpos.data.textnorm.normalise`, :func:`~hardpos.data.textnorm.words`),
+:mod:`hardpos.data.rules.wordclasses` (the lexicon's word classes and token predicates) and
+:mod:`hardpos.data.rules.conjuncts` (:func:`~hardpos.data.rules.conjuncts.is_conjunct_swap`);
+this module holds the checks, in order.
 """
 from __future__ import annotations
 
@@ -77,10 +77,10 @@ from dataclasses import dataclass
 
 from hardpos.data.rules.agreement import new_problems, non_english
 from hardpos.data.rules.conjuncts import is_conjunct_swap
-from hardpos.data.textnorm import fold_counted_plurals, normalise, tokens, words
+from hardpos.data.textnorm import fold_counted_plurals, normalise, words
 
 __all__ = ["KINDS", "LENGTH_SLACK_WORDS", "MAX_LENGTH_RATIO", "MAX_REPLACE_SPAN", "MIN_LENGTH_RATIO", "MODES", "REASONS",
-           "Verdict", "is_conjunct_swap", "normalise", "tokens", "words", "validate"]
+           "Verdict", "validate"]
 
 
 MODES = ("strict", "paper")

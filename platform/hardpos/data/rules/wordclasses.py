@@ -5,7 +5,7 @@ open classes (nouns, people and animals, adjectives, function words) come from t
 lexicon, loaded on first use and cached (:func:`word_classes`). :class:`Classify` answers
 token predicates ("is this a linker", "what shapes can this span have") over both. Pure,
 no I/O beyond the one lexicon read. Package-internal: the names keep their leading
-underscore; the public entry point is :func:`hardpos.data.rules.validate.is_conjunct_swap`.
+underscore; the public entry point is :func:`hardpos.data.rules.conjuncts.is_conjunct_swap`.
 """
 from __future__ import annotations
 
