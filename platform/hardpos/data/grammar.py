@@ -1,10 +1,10 @@
-"""The caption grammar of the synthetic world (split out of :mod:`hardpos.data.world`).
+"""The caption grammar of the synthetic world: how a scene is said, parsed and judged true.
 
 Contract: noun-phrase and list surface forms (:func:`np_text`, :func:`list_text`), the
 relation margin (:func:`relation_value`), the parser (:func:`parse`) and exact truth
 (:func:`truth`: True / False / None within the ambiguity margin), and the caption builders
-(:func:`canonical_caption`, :func:`noncanonical`, :func:`vague`, :func:`relation_twin`).  Pure functions of their
-arguments; :mod:`hardpos.data.world` re-exports every public name.
+(:func:`canonical_caption`, :func:`noncanonical`, :func:`vague`, :func:`relation_twin`).
+Pure functions of their arguments; :mod:`hardpos.data.world` captions its scenes with them.
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""The synthetic world's vocabulary, configuration and scenes (split out of :mod:`hardpos.data.world`).
+"""The synthetic world's vocabulary, configuration and scenes (what a world is made of).
 
 Contract: :class:`WorldConfig` (the world's knobs and its vocabulary checks), the word tables
 (``COLOR_RGB``, ``SYNONYMS``, ``RELATIONS``, ``SHAPES_ALL``, ``SIZE_SCALE``), the frozen
 :class:`Obj` / :class:`Scene` records, :func:`sample_scene` (pure given the ``rng``) and
-:func:`render` (a Pillow image of a scene).  No I/O; :mod:`hardpos.data.world` re-exports
-every public name, so importers keep using ``hardpos.data.world``.
+:func:`render` (a Pillow image of a scene).  No I/O: :mod:`hardpos.data.world` builds and
+writes worlds from these.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Contract: pure functions over ``str``; comparison forms only (lower case, whitespace
 collapsed, one trailing period dropped). The accepted text a caller keeps is never
-produced here. Re-exported by :mod:`hardpos.data.rules.validate`.
+produced here. Used by :mod:`hardpos.data.rules.validate` and :mod:`hardpos.data.rules.conjuncts`.
 """
 from __future__ import annotations
 

@@ -46,8 +46,7 @@ Image paths in the files are relative to the file's folder.  Deterministic by se
 
 Layout: this module builds benchmark items and writes / loads the world; the vocabulary,
 config and scenes live in :mod:`hardpos.data.scene` and the caption grammar in
-:mod:`hardpos.data.grammar`.  Every public name of both is re-exported here, so
-``from hardpos.data.world import WorldConfig, truth`` keeps working.
+:mod:`hardpos.data.grammar`; import those names from there.
 """
 from __future__ import annotations
 

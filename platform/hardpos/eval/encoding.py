@@ -3,8 +3,9 @@
 :func:`encode_image_keys` decodes + preprocesses images in a small thread pool one batch
 ahead of the model; :func:`encode_captions` batches captions in token-length order so each
 batch is trimmed to its own longest caption. Both return L2-normalised float32 features on
-the CPU, computed in ``precision`` (see :func:`precision_context`). Re-exported by
-:mod:`hardpos.eval.evaluator`, whose importers are unchanged.
+the CPU, computed in ``precision`` (see :func:`precision_context`). The evaluator
+(:mod:`hardpos.eval.evaluator`) and the Serve pair scoring (:mod:`hardpos.eval.pairs`) encode
+through these.
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ still cover them.
 
 Layout: this module holds the results, the metrics and the benchmark loop; image/caption
 encoding and precision live in :mod:`hardpos.eval.encoding`, the Serve pair scoring in
-:mod:`hardpos.eval.pairs` (both re-exported here).
+:mod:`hardpos.eval.pairs`.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Cosine similarities for in-memory PIL images and caption strings (the Serve path).
 
 Both functions go through exactly the evaluator's encoding (same preprocessing, batching
-and precision); Serve asserts equality with these. Re-exported by
-:mod:`hardpos.eval.evaluator`.
+and precision); Serve asserts equality with these.
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ Contract: one row per caption with the positive :func:`positive_choice` picks (s
 dependent on answer order), or one per accepted positive with ``positives="all"``; its hard
 negative from dataset > LLM > rule negative (:class:`NegativePicker`); dataset "negatives"
 that only swap whole conjuncts keep the meaning and are left out (:func:`dataset_negatives`).
-Pure apart from the rule engine the picker may run. Re-exported by
-:mod:`hardpos.generate.pipeline`.
+Pure apart from the rule engine the picker may run; :mod:`hardpos.generate.pipeline` joins
+each shard with it.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ writes it last, after checking that the results match the shard's requests exact
 that ``inputs == accepted + rejected``); :func:`check_manifest` refuses to resume over a
 run with different settings; :func:`merge_outputs` concatenates finished shards in shard
 order; :func:`aggregate` sums per-shard counts. Works on local paths and s3:// through
-:mod:`hardpos.storage`. Re-exported by :mod:`hardpos.generate.pipeline`.
+:mod:`hardpos.storage`. :mod:`hardpos.generate.pipeline` commits shards through it.
 """
 from __future__ import annotations
 

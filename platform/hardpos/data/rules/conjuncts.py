@@ -1,8 +1,7 @@
 """Is a candidate caption the original with two whole coordinated phrases exchanged?
 
-Contract: :func:`is_conjunct_swap` (pure, deterministic; re-exported by
-:mod:`hardpos.data.rules.validate`, which uses it for SWAP positives and to refuse
-meaning-keeping SWAP negatives). It searches every split ``P + X + S + Y + Q`` and accepts
+Contract: :func:`is_conjunct_swap` (pure, deterministic; :mod:`hardpos.data.rules.validate`
+uses it for SWAP positives and to refuse meaning-keeping SWAP negatives). It searches every split ``P + X + S + Y + Q`` and accepts
 only when X and Y pass the rules of :func:`_whole_conjuncts`; doubtful splits are rejected.
 Token predicates and word classes come from :mod:`hardpos.data.rules.wordclasses`.
 """

@@ -36,7 +36,7 @@ sentence-initial capitals move with the edit.
 Layout: this module holds :class:`RulePerturber` (construction, the public API and the
 shared token helpers); its REPLACE rules live in :mod:`hardpos.data.rules.replace`, its
 SWAP rules in :mod:`hardpos.data.rules.swap` (mixins), and tokens, records and text
-edits in :mod:`hardpos.data.rules.text`.  Public names of those are re-exported here.
+edits in :mod:`hardpos.data.rules.text`.
 """
 from __future__ import annotations
 

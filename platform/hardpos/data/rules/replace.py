@@ -1,11 +1,10 @@
-"""REPLACE rules of the rule perturber (split out of :mod:`hardpos.data.rules.perturber`).
+"""REPLACE rules of the rule perturber: one word or phrase exchanged for another of its lexicon class.
 
 Contract: :class:`ReplaceRulesMixin` holds the REPLACE rule (negatives: another group of
 the same lexicon class; positives: a synonym allowed by the sense rules in this context)
 and its context checks.  A mixin of :class:`hardpos.data.rules.perturber.RulePerturber`: it reads
 the state ``RulePerturber.__init__`` sets (``lexicon``, ``_determiners``, ``_linkers``,
-``_attr_adjs``) and its shared helpers (``_is_content``, ``_reading`` ...); methods moved
-verbatim, so behaviour is unchanged.
+``_attr_adjs``) and its shared helpers (``_is_content``, ``_reading`` ...).
 """
 from __future__ import annotations
 

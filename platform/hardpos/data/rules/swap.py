@@ -1,11 +1,11 @@
-"""SWAP rules of the rule perturber (split out of :mod:`hardpos.data.rules.perturber`).
+"""SWAP rules of the rule perturber: two attributes, nouns or conjuncts of a caption exchanged.
 
 Contract: :class:`SwapRulesMixin` holds the SWAP negatives (attributes or nouns exchanged
 between two nouns) and SWAP positives (conjuncts around "and" exchanged with their
 modifiers; every candidate must pass :func:`hardpos.data.rules.conjuncts.is_conjunct_swap`), plus
 the whole-clause fallback :func:`_clause_candidates`.  A mixin of
 :class:`hardpos.data.rules.perturber.RulePerturber`: it reads the state ``RulePerturber.__init__``
-sets and its shared helpers; methods moved verbatim, so behaviour is unchanged.
+sets and its shared helpers.
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Tokens, records and text edits shared by the rule perturber (split out of :mod:`hardpos.data.rules.perturber`).
+"""Tokens, records and text edits shared by the rule perturber's parts.
 
 Contract: the :class:`Perturbation` record (text, kind, slot), the tokenizer's regex and
 word sets, the internal token / lexicon-match records, the stable seed hash, and pure
 string edits (article fixing, span replacement, span swap, dedupe by normalised text).
-No state; :mod:`hardpos.data.rules.perturber` re-exports the public names.
+No state; :mod:`hardpos.data.rules.perturber` and its REPLACE and SWAP rules build on these.
 """
 from __future__ import annotations
 
