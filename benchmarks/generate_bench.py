@@ -29,7 +29,7 @@ import requests
 from benchmarks.harness import compare_alternating, reference_data_dir, time_call
 import hardpos.stages.generate as generate_stage
 from hardpos.config import load_config
-from hardpos.data.captions import read_captions
+from hardpos.data.captions.formats import read_captions
 from hardpos.data.rules.perturber import RulePerturber
 from hardpos.data.rules.validate import validate
 from hardpos.generate.engine_config import SamplingConfig

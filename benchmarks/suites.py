@@ -35,7 +35,7 @@ from benchmarks.harness import compare_alternating, format_table, reference_data
 from benchmarks.train_bench import bench_lora_step, bench_train_step
 from hardpos.cli import parse_args
 from hardpos.config import ConfigError, JobConfig, ModelConfig, describe_config, dump_yaml, load_config
-from hardpos.data.captions import read_captions
+from hardpos.data.captions.formats import read_captions
 from hardpos.models.clip import encode_text, load_model, tokenize
 from hardpos.runtime import JobContext, execute
 

@@ -81,7 +81,7 @@ def test_reference_data_dir_explicit_then_env_then_none(monkeypatch, tmp_path):
 
 def test_text_suite_reads_captions_from_data_dir(shared_data, monkeypatch):
     # the reference captions come from data_dir= (never a path guessed beside the repo)
-    from hardpos.data.captions import read_captions
+    from hardpos.data.captions.formats import read_captions
 
     monkeypatch.delenv("HARDPOS_REFERENCE_DATA", raising=False)
     monkeypatch.delenv("HARDPOS_SHARED_DATA", raising=False)

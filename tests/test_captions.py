@@ -5,7 +5,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hardpos.data.captions import CaptionSourceError, read_captions
+from hardpos.data.captions import CaptionSourceError
+from hardpos.data.captions.formats import read_captions
 
 
 def test_coco_captions_json(tmp_path):
@@ -118,7 +119,7 @@ def _jsonl(path, rows):
 
 
 def test_a_glob_folder_or_file_resolves_to_sorted_files_with_one_column_map(tmp_path):
-    from hardpos.generate.source import resolve_source
+    from hardpos.data.captions.stream import resolve_source
 
     (tmp_path / "caps").mkdir()
     for i in (2, 0, 1):
@@ -134,7 +135,7 @@ def test_a_glob_folder_or_file_resolves_to_sorted_files_with_one_column_map(tmp_
 
 
 def test_bad_sources_are_named_errors_before_any_work(tmp_path):
-    from hardpos.generate.source import resolve_source
+    from hardpos.data.captions.stream import resolve_source
 
     with pytest.raises(CaptionSourceError, match=r"glob .*nothing-\*\.jsonl matches no file"):
         resolve_source(str(tmp_path / "nothing-*.jsonl"))
@@ -165,7 +166,7 @@ def test_bad_sources_are_named_errors_before_any_work(tmp_path):
 
 
 def test_shard_slices_span_blocks_and_fill_missing_ids_with_the_index():
-    from hardpos.generate.source import CAPTION_SCHEMA, CaptionBlocks, caption_rows
+    from hardpos.data.captions.stream import CAPTION_SCHEMA, CaptionBlocks, caption_rows
 
     blocks = CaptionBlocks(refs=["r0", "r1", "r2"], rows=[3, 2, 4], fingerprint="f")
     assert blocks.num_captions == 9
@@ -183,8 +184,8 @@ def test_shard_slices_span_blocks_and_fill_missing_ids_with_the_index():
 
 
 def test_normalise_batch_maps_columns_resolves_images_and_parses_negatives(tmp_path):
-    from hardpos.data.captions import column_map
-    from hardpos.generate.source import normalise_batch
+    from hardpos.data.captions.formats import column_map
+    from hardpos.data.captions.stream import normalise_batch
 
     path = str(tmp_path / "caps.jsonl")
     batch = pa.table({"title": ["a cat", None], "filepath": ["im/c.jpg", ""], "neg_caption": ["['a dog']", None],

@@ -260,7 +260,7 @@ def expected_outcome(caption: str, kind: str) -> str:
 
 def test_http_engine_end_to_end_on_real_negclip_captions(ray_session, shared_data, tmp_path, tracking_uri):
     from hardpos import tracking
-    from hardpos.data.captions import read_captions
+    from hardpos.data.captions.formats import read_captions
     from hardpos.data.triplets import read_triplets
     from hardpos.generate.prompts import PROMPTS_DIR
 
@@ -344,7 +344,7 @@ def test_http_engine_end_to_end_on_real_negclip_captions(ray_session, shared_dat
 
 
 def test_rules_engine_over_all_negclip_captions_conserves_rows(ray_session, shared_data, tmp_path):
-    from hardpos.data.captions import read_captions
+    from hardpos.data.captions.formats import read_captions
     from hardpos.data.rules.perturber import RulePerturber
     from hardpos.data.triplets import read_triplets
 
@@ -653,7 +653,7 @@ def test_bad_sources_are_named_before_work_and_leave_no_output(tmp_path):
 
 
 def test_first_bad_json_line_names_file_and_line(tmp_path):
-    from hardpos.generate.source import first_bad_json_line
+    from hardpos.data.captions.stream import first_bad_json_line
 
     good = _caption_lines(tmp_path / "a.jsonl", [{"caption": f"a cat {i}"} for i in range(5)])
     broken = _caption_lines(tmp_path / "b.jsonl", [{"caption": "a dog"}, "", '{"caption": "cut off', "{}"])

@@ -153,7 +153,7 @@ def test_every_block_list_entry_has_a_test():
 
 
 def test_negclip_block_list_captions_are_real(shared_data):
-    from hardpos.data.captions import read_captions
+    from hardpos.data.captions.formats import read_captions
 
     real = {r["caption"] for r in read_captions(str(shared_data / "negclip" / "valid_neg_clip.tsv"))}
     used = {c for case in BLOCK_LIST for c in (case[1], case[3])}
@@ -235,7 +235,7 @@ def test_bad_rules_are_refused_with_the_entry_named(rule, match):
 # ---------------------------------------------------------------------------- measured on NegCLIP
 def test_replace_positive_coverage_on_negclip(shared_data, rules):
     from hardpos.data.audit import unique_captions
-    from hardpos.data.captions import read_captions
+    from hardpos.data.captions.formats import read_captions
 
     caps = unique_captions(r["caption"] for r in read_captions(str(shared_data / "negclip" / "valid_neg_clip.tsv")))
     covered = sum(rules.pick(c, "positive", "replace") is not None for c in caps)
@@ -247,7 +247,7 @@ def test_replace_positive_coverage_on_negclip(shared_data, rules):
 
 
 def test_clean_heldout_audit_is_what_the_default_engine_picks_and_meets_the_bar(shared_data):
-    from hardpos.data.captions import read_captions
+    from hardpos.data.captions.formats import read_captions
 
     held = read_audit(AUDITS / "rule_positives_heldout_clean.tsv")
     rates = audit_rates(held)

@@ -24,7 +24,7 @@ def default_rules():
 
 @pytest.fixture(scope="module")
 def negclip(shared_data):
-    from hardpos.data.captions import read_captions
+    from hardpos.data.captions.formats import read_captions
 
     return {r["caption"] for r in read_captions(str(shared_data / "negclip" / "valid_neg_clip.tsv"))}
 

@@ -21,7 +21,8 @@ import torch
 from PIL import Image
 
 from hardpos.config import ModelConfig
-from hardpos.data.sources import SourceError, read_rows, resolve_files
+from hardpos.data.captions import SourceError
+from hardpos.data.captions.training import read_rows, resolve_files
 from hardpos.models.clip import load_model
 from hardpos.train.data import DataError, Preprocess, read_triplets_dataset, row_seed
 from tests.support import free_port

@@ -21,7 +21,7 @@ import argparse
 import sys
 
 from hardpos.data.audit import read_audit, sample_rule_positives, write_audit
-from hardpos.data.captions import read_captions
+from hardpos.data.captions.formats import read_captions
 
 
 def main(argv: list[str] | None = None) -> int:

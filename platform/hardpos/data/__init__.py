@@ -3,7 +3,10 @@ perturbation engine and the synthetic world.
 
 Modules (import the one you need; nothing here is imported eagerly so the CLI stays fast):
 
-* :mod:`hardpos.data.captions`  -- ``read_captions(uri)`` for every supported caption format.
+* :mod:`hardpos.data.captions`  -- caption sources: :mod:`~hardpos.data.captions.formats` (every
+  caption format, ``read_captions(uri)``), :mod:`~hardpos.data.captions.stream` (a source at scale,
+  read by Ray Data: the generate stage's input), :mod:`~hardpos.data.captions.training` (captions
+  with their images for training and evaluation: triplet files, inline parquet, webdataset).
 * :mod:`hardpos.data.triplets`  -- the triplet row contract: make/read/write.
 * :mod:`hardpos.data.rules.validate`  -- accept/reject a generated hard positive/negative with a reason.
   Its parts: :mod:`hardpos.data.textnorm` (normalisation), :mod:`hardpos.data.rules.wordclasses`

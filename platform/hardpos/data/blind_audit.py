@@ -15,7 +15,7 @@ Sources (:func:`read_edits`, ``format="auto"`` tells them apart):
                    slot the rule engine records (``negative_slot`` / ``positive_slot`` / ``slot``:
                    ``attribute:``, ``relation:``, ``object:``, ``attributes:``, ``objects:``).
 * ``captions``     a caption source with negatives (NegCLIP tsv, SugarCrepe json, any file
-                   :func:`hardpos.data.captions.read_captions` reads with a negatives column):
+                   :func:`hardpos.data.captions.formats.read_captions` reads with a negatives column):
                    every negative against its caption; kind ``swap`` when it reorders the
                    caption's words, else ``replace``.
 * ``replace``, ``swap``, ``sugarcrepe``, ``sugarcrepe_pp``: the benchmark folders the evaluate
@@ -162,7 +162,8 @@ def _from_triplets(path: str) -> list[Edit]:
 
 def _from_captions(path: str) -> list[Edit]:
     # lazy: caption sources are one of several formats; their reader loads only when one is audited
-    from hardpos.data.captions import CaptionSourceError, read_captions
+    from hardpos.data.captions import CaptionSourceError
+    from hardpos.data.captions.formats import read_captions
 
     try:
         rows = read_captions(path)

@@ -1,6 +1,6 @@
 """Fetching and decoding one image: a local path, ``s3://`` or ``http(s)://`` URI -> RGB PIL image.
 
-Kept apart from :mod:`hardpos.data.sources` (Ray Data readers) so that what a logged MLflow
+Kept apart from :mod:`hardpos.data.captions.training` (Ray Data readers) so that what a logged MLflow
 model imports to score an image does not import Ray: a model served by ``mlflow models serve``
 installs only its logged requirements.
 """

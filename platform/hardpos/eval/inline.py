@@ -1,7 +1,7 @@
 """Benchmarks whose images travel inside the data: webdataset shards and parquet with image bytes.
 
 ``kind: triplets`` reads these too (:func:`is_inline_source` decides): the rows are read by
-Ray Data (:func:`hardpos.data.sources.read_rows`, the training reader), and each image's
+Ray Data (:func:`hardpos.data.captions.training.read_rows`, the training reader), and each image's
 bytes are written, in the Ray Data tasks and in parallel, to a content-addressed cache
 folder (``spec.cache_dir``; default ``$HARDPOS_IMAGE_CACHE`` or ``<tmp>/hardpos-image-cache``;
 a file named by the hash of its bytes is written once and reused).  Items then point at
@@ -22,7 +22,8 @@ from typing import Any
 import pyarrow as pa
 
 from hardpos import storage
-from hardpos.data.sources import SourceError, inline_column, layout_of, parquet_schema, read_rows, resolve_files
+from hardpos.data.captions import SourceError
+from hardpos.data.captions.training import inline_column, layout_of, parquet_schema, read_rows, resolve_files
 from hardpos.eval.items import Benchmark, BenchmarkError, Item
 from hardpos.eval.spec import BenchmarkSpec
 

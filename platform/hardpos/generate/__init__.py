@@ -6,12 +6,13 @@
   :mod:`~hardpos.generate.vllm_engine` (the pure builders of the ``ray.data.llm`` processor),
   :mod:`~hardpos.generate.http_engine` (OpenAI-compatible client),
   :mod:`~hardpos.generate.rules_engine` (the rule engine).
-* :mod:`hardpos.generate.source`   -- caption sources (files, folders, globs; local or s3://)
-  checked on the driver from their heads, read by Ray Data and kept in the cluster.
 * :mod:`hardpos.generate.pipeline` -- the driver, and every name of its parts:
   :mod:`~hardpos.generate.planning` (inputs, shards, judging), :mod:`~hardpos.generate.join`
   (the triplet join), :mod:`~hardpos.generate.shard_files` (sharded resumable output, the
   streamed merge, webdataset shards).
+
+The stage reads its captions with :mod:`hardpos.data.captions.stream` (files, folders, globs;
+local or s3://; checked on the driver from their heads, read by Ray Data and kept in the cluster).
 
 Its throughput benchmark is ``python -m benchmarks.generate_bench``, its scaling table
 ``python -m benchmarks.scaling`` (repository tools, not part of the package).

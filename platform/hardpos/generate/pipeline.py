@@ -2,8 +2,8 @@
 
 Flow (one shard plan for every engine; rows stay in the cluster)::
 
-    source.resolve_source(input)                 driver: file list + heads checked (no rows)
-      -> source.read_source()                    Ray Data readers -> normalised caption blocks in
+    stream.resolve_source(input)                 driver: file list + heads checked (no rows)
+      -> stream.read_source()                    Ray Data readers -> normalised caption blocks in
                                                  the object store; the driver keeps refs + counts
       -> shards of ``shard_size`` captions in source order (caption index // shard_size)
       -> rules engine: one Ray task per shard (:func:`run_worker_shards`): plan the shard's
@@ -27,10 +27,10 @@ finished shards and redoes unfinished ones from scratch, so no row is lost or wr
 twice; a shard task that Ray retries (a node died) finds the marker and writes nothing.
 Conservation ``inputs == accepted + rejected`` is checked per shard and overall.
 
-The pipeline's parts, one idea a module: :mod:`hardpos.generate.source` (reading sources),
-:mod:`hardpos.generate.planning` (inputs, shards, judging), :mod:`hardpos.generate.join` (the
-triplet join), :mod:`hardpos.generate.shard_files` (shard files, manifest, merge, counts); this
-module holds the shard jobs and the two ways of running them, and drives the others.
+The pipeline's parts, one idea a module: :mod:`hardpos.data.captions.stream` (reading the
+caption source), :mod:`hardpos.generate.planning` (inputs, shards, judging),
+:mod:`hardpos.generate.join` (the triplet join), :mod:`hardpos.generate.shard_files` (shard
+files, manifest, merge, counts); this module holds the shard jobs and the two ways of running them, and drives the others.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from hardpos.generate import engine_config, rules_engine, shard_files
 from hardpos.generate.join import NegativePicker, join_by_caption, join_counts, meaning_kept_negatives, rule_negatives_of
 from hardpos.generate.planning import Shard, judge_batch, plan_shard
 from hardpos.generate.prompts import PromptTemplate
-from hardpos.generate.source import CaptionBlocks, caption_rows
+from hardpos.data.captions.stream import CaptionBlocks, caption_rows
 
 
 # --------------------------------------------------------------------------- driver

@@ -4,8 +4,7 @@ Contract: :func:`load_inputs` reads caption rows (errors before any work starts)
 :func:`plan` splits them into shards in input order and expands each caption into one
 request per applicable prompt (bad input rows become rejects of kind "input"), pure;
 :func:`judge` / :func:`judge_batch` turn an engine row into a result row with the shared
-validator's verdict (and, on the workers, the join's rule negative). Re-exported by
-:mod:`hardpos.generate.pipeline`.
+validator's verdict (and, on the workers, the join's rule negative).
 """
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ import pyarrow as pa
 
 from hardpos import storage
 from hardpos.config import ConfigError
-from hardpos.data.captions import read_captions
+from hardpos.data.captions.formats import read_captions
 from hardpos.data.rules.validate import validate
 from hardpos.data.triplets import resolve_image
 from hardpos.generate import engine_config, rules_engine

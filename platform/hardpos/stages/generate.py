@@ -234,7 +234,7 @@ def check(cfg: Config) -> None:
     caption source (exists, one readable format, not empty unless ``allow_empty``), the LLM
     endpoint for ``engine.kind=http``, then the tracking server."""
     # lazy: see the module's imports
-    from hardpos.generate import source
+    from hardpos.data.captions import stream
 
     check_config(cfg, load_prompts(cfg.prompts, cfg.kinds or None))
     preflight.check_s3_endpoint([cfg.input, cfg.output_dir])
@@ -243,7 +243,7 @@ def check(cfg: Config) -> None:
                        "check the path (a file, a folder, a glob or a world folder)")
     uri, _ = resolve_input(cfg)
     try:
-        files = source.resolve_source(uri).files
+        files = stream.resolve_source(uri).files
     except (CaptionSourceError, FileNotFoundError, ValueError) as exc:
         preflight.fail("input", cfg.input, str(exc).splitlines()[0], "give jsonl/parquet/json/tsv/csv captions of one format")
     if not cfg.allow_empty and not preflight.caption_rows_present("input", files):
@@ -256,12 +256,13 @@ def check(cfg: Config) -> None:
 
 def run(cfg: Config, ctx: JobContext) -> dict:
     # lazy: see the module's imports
-    from hardpos.generate import engine_config, engines, http_engine, join, pipeline, planning, shard_files, source
+    from hardpos.data.captions import stream
+    from hardpos.generate import engine_config, engines, http_engine, join, pipeline, planning, shard_files
 
     templates = load_prompts(cfg.prompts, cfg.kinds or None)  # checked by check(cfg) before run
     source_uri, world_dir = resolve_input(cfg)
     try:
-        files = source.resolve_source(source_uri)  # file heads only: bad input fails before Ray starts
+        files = stream.resolve_source(source_uri)  # file heads only: bad input fails before Ray starts
     except CaptionSourceError as exc:
         raise ConfigError(str(exc)) from exc
     # an unusable endpoint is a clear error before any work or output (one request per
@@ -273,7 +274,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
                                                     cfg.engine.sampling)
     try:
         init_ray(cfg.ray)
-        blocks = source.read_source(files, limit=cfg.limit, image_root=cfg.image_root)
+        blocks = stream.read_source(files, limit=cfg.limit, image_root=cfg.image_root)
     except CaptionSourceError as exc:
         raise ConfigError(str(exc)) from exc
     src_name = engine_config.source_of(cfg.engine)

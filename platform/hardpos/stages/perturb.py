@@ -1,6 +1,6 @@
 """`hardpos perturb`: rule-based hard negatives and hard positives for a caption set.
 
-Input (``input=``): any caption source :func:`hardpos.data.captions.read_captions` reads
+Input (``input=``): any caption source :func:`hardpos.data.captions.formats.read_captions` reads
 (COCO captions json, jsonl/json, parquet, NegCLIP tsv, SugarCrepe json), a triplet file,
 or a synthetic world folder (its ``<split>.parquet``; the world's lexicon is then used so
 negatives stay in the world's vocabulary). Which world an input belongs to, its lexicon and
@@ -35,7 +35,8 @@ from typing import Literal
 from hardpos import storage
 from hardpos import tracking
 from hardpos.config import ConfigError, JobConfig
-from hardpos.data.captions import CaptionSourceError, read_captions
+from hardpos.data.captions import CaptionSourceError
+from hardpos.data.captions.formats import read_captions
 from hardpos.data.lexicon import benchmark_substitution, seen_substitutions_tag
 from hardpos.data.rules.perturber import pick_triplet
 from hardpos.data.triplets import TripletFileError, make_triplet, read_triplets, resolve_image, write_triplets

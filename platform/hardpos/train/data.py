@@ -1,7 +1,7 @@
 """The training input pipeline: triplet files or web-scale shards -> Ray Dataset -> model-ready batches.
 
 Driver side (:func:`build_datasets`):
-    read the source with :func:`hardpos.data.sources.read_rows` (local or s3://; a file, a
+    read the source with :func:`hardpos.data.captions.training.read_rows` (local or s3://; a file, a
     folder or a glob): triplet parquet/jsonl with one image path per row, parquet with the
     image bytes inline, or webdataset ``.tar`` shards -> one row schema -> deterministic
     train/val split by a hash of the row's image identity (its path, or a hash of its
@@ -44,7 +44,8 @@ import numpy as np
 import torch
 
 from hardpos import storage
-from hardpos.data.sources import SourceError, fetch_all, read_rows
+from hardpos.data.captions import SourceError
+from hardpos.data.captions.training import fetch_all, read_rows
 from hardpos.data.triplets import resolve_image
 from hardpos.models.clip import trim_tokens
 from hardpos.train.config import DataConfig
@@ -66,7 +67,7 @@ def _base_dir(path: str) -> str:
 
 
 def read_triplets_dataset(path: str, *, limit: int | None = None):
-    """A Ray Dataset of training rows (:data:`hardpos.data.sources.ROW_COLUMNS`: ``key``,
+    """A Ray Dataset of training rows (:data:`hardpos.data.captions.training.ROW_COLUMNS`: ``key``,
     ``image``, ``image_bytes``, the three texts, ``kind``, ``error``) from any supported
     source; raises :class:`DataError` naming the file for bad input (before rows are read)."""
     return _read(path, limit=limit)[0]

@@ -1,4 +1,4 @@
-"""Caption sources for the perturb and generate stages.
+"""The caption formats and their columns: one file read whole into normalised caption rows.
 
 ``read_captions(uri)`` returns rows ``{"caption_id": str, "caption": str, "image": str | None,
 "negatives": list[str]}`` from any supported format, detected from the extension and then
@@ -23,8 +23,8 @@ The paper's released positives ``.txt`` (one hard positive per line, ``None`` wh
 absent) is *not* a caption source: it is refused with a clear message.
 
 Missing files, unknown formats, no caption column and non-UTF-8 bytes raise
-:class:`CaptionSourceError` naming the file, before any work.  Rows whose caption is
-empty are kept (as ``""``) so the caller can count them as rejects ("empty").
+:class:`hardpos.data.captions.CaptionSourceError` naming the file, before any work.  Rows
+whose caption is empty are kept (as ``""``) so the caller can count them as rejects ("empty").
 """
 from __future__ import annotations
 
@@ -38,15 +38,13 @@ from typing import Any, Iterable
 import pyarrow.parquet as pq
 
 from hardpos import storage
+from hardpos.data.captions import CaptionSourceError
+from hardpos.data.captions.files import decode_utf8
 
 CAPTION_COLUMNS = ("caption", "title", "text", "true_caption", "sentence")
 ID_COLUMNS = ("caption_id", "id", "idx", "image_id")
 IMAGE_COLUMNS = ("image", "filepath", "image_path", "filename", "file_name", "image_file")
 NEGATIVE_COLUMNS = ("hard_negative", "neg_caption", "negative_caption")
-
-
-class CaptionSourceError(ValueError):
-    """A caption source is missing, unreadable or has no caption column."""
 
 
 def _row(caption_id: Any, caption: Any, image: Any, negatives: Any = None) -> dict:
@@ -122,14 +120,6 @@ def _from_records(records: list[dict], uri: str, columns: Iterable[str] | None =
     columns = list(columns) if columns is not None else list(dict.fromkeys(k for r in records[:100] for k in r))
     cm = column_map(columns, uri)
     return [cm.row(rec, i) for i, rec in enumerate(records)]
-
-
-def _decode(data: bytes, uri: str) -> str:
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise CaptionSourceError(
-            f"{uri}: not UTF-8 text (invalid byte {data[exc.start:exc.start + 1]!r} at offset {exc.start})") from exc
 
 
 def _json(text: str, uri: str) -> list[dict]:
@@ -221,7 +211,7 @@ def read_captions(uri: str, *, limit: int | None = None) -> list[dict]:
             f"{uri}: .txt files are not a caption source (the paper's released positives file has one "
             "hard positive per line and no captions or images); give COCO json, jsonl, json, parquet or tsv")
     else:
-        text = _decode(data, uri)
+        text = decode_utf8(data, uri, CaptionSourceError)
         if low.endswith(".jsonl"):
             rows = _jsonl(text, uri)
         elif low.endswith(".json"):

@@ -1,4 +1,4 @@
-"""Streaming caption sources: files, folders or globs read by Ray Data on the workers.
+"""A caption source at scale: files, folders or globs read by Ray Data on the workers.
 
 Contract:
 
@@ -12,7 +12,7 @@ Contract:
 * :func:`read_source` reads the files with Ray Data (``read_json(lines=True)`` for
   .jsonl, ``read_parquet`` for .parquet; .json / .tsv / .csv, whose whole file is one
   document or needs the NegCLIP header rules, are read whole by
-  :func:`hardpos.data.captions.read_captions` in a Ray Data task, one file per task),
+  :func:`hardpos.data.captions.formats.read_captions` in a Ray Data task, one file per task),
   normalises every row to :data:`CAPTION_SCHEMA` on the workers, and materialises the
   result in the cluster's object store: the driver keeps block references and per-block
   row counts and content hashes, never the rows (:class:`CaptionBlocks`).
@@ -33,11 +33,12 @@ import os
 from typing import Any, Sequence
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import ray
 
 from hardpos import storage
-from hardpos.data.captions import CaptionSourceError, ColumnMap, column_map, read_captions
+from hardpos.data.captions import CaptionSourceError
+from hardpos.data.captions.files import decode_utf8, read_parquet_schema
+from hardpos.data.captions.formats import ColumnMap, column_map, read_captions
 from hardpos.data.triplets import resolve_image
 
 STREAM_FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}  # split by Ray Data's own readers
@@ -109,23 +110,13 @@ def _head_text(path: str) -> str:
     data = _head(path)
     if len(data) == HEAD_BYTES and b"\n" in data:
         data = data[: data.rindex(b"\n")]  # only whole lines (a multibyte character may be cut)
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise CaptionSourceError(
-            f"{path}: not UTF-8 text (invalid byte {data[exc.start:exc.start + 1]!r} at offset {exc.start})") from exc
+    return decode_utf8(data, path, CaptionSourceError)
 
 
 def _columns_of(path: str, fmt: str) -> list[str] | None:
     """The column names of a row-per-caption file from its head; None for an empty file."""
     if fmt == "parquet":
-        try:
-            if storage.is_s3(path):
-                fs, inner = storage.arrow_filesystem(path)
-                return pq.read_schema(inner, filesystem=fs).names
-            return pq.read_schema(path).names
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
-            raise CaptionSourceError(f"{path}: not a readable parquet file: {exc}") from exc
+        return read_parquet_schema(path, CaptionSourceError).names
     text = _head_text(path)
     if fmt == "jsonl":
         # the first 100 lines' keys (the head holds whole lines only; see _head_text)

@@ -1,4 +1,4 @@
-"""Training / evaluation inputs at web scale: one reader for three layouts, rows kept in Ray.
+"""Captions with their images for training and evaluation: one reader for three layouts, rows in Ray.
 
 Layouts (chosen from the files' extensions; one layout per source):
 
@@ -13,8 +13,9 @@ Layouts (chosen from the files' extensions; one layout per source):
   layout ``hardpos generate`` writes).
 
 ``path`` is a file, a folder (its files of the layout's extension) or a glob
-(``shards/train-*.tar``, ``s3://bucket/shards/*.tar``).  Bad input is a :class:`SourceError`
-naming the file before any rows are read: a glob matching nothing, extensions of two
+(``shards/train-*.tar``, ``s3://bucket/shards/*.tar``).  Bad input is a
+:class:`hardpos.data.captions.SourceError` naming the file before any rows are read: a glob
+matching nothing, extensions of two
 layouts, parquet files with different schemas, a file without a caption column, a shard
 whose first sample has no caption (``txt``) or image member.
 
@@ -38,11 +39,12 @@ from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import ray.data
 from PIL import Image
 
 from hardpos import storage
+from hardpos.data.captions import SourceError
+from hardpos.data.captions.files import read_parquet_schema
 from hardpos.data.images import decode_rgb, fetch_bytes
 
 ROW_COLUMNS = ("key", "image", "image_bytes", "caption", "hard_negative", "hard_positive", "kind", "error")
@@ -50,10 +52,6 @@ TEXT_COLUMNS = ("caption", "hard_negative", "hard_positive")
 IMAGE_MEMBERS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")  # webdataset image members, first present wins
 INLINE_COLUMNS = ("image_bytes", "image", "jpg", "png")  # parquet binary image columns, first present wins
 LAYOUT_OF_SUFFIX = {".tar": "webdataset", ".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl"}
-
-
-class SourceError(ValueError):
-    """An input source is missing, empty, malformed or mixes layouts/schemas (message names the file)."""
 
 
 # --------------------------------------------------------------------------- resolving files
@@ -110,13 +108,7 @@ def parquet_schema(files: Sequence[str]) -> pa.Schema:
     """The one schema of ``files`` (footers only); a SourceError names two files that differ."""
     first: pa.Schema | None = None
     for f in files:
-        fs, fs_path = storage.arrow_filesystem(f)
-        try:
-            with fs.open_input_file(fs_path) as handle:  # random access: only the footer is read
-                schema = pq.read_schema(handle)
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
-            raise SourceError(f"{f}: not a readable parquet file: {exc}") from exc
-        schema = schema.remove_metadata()
+        schema = read_parquet_schema(f).remove_metadata()
         if first is None:
             first, first_file = schema, f
         elif not schema.equals(first):
