@@ -65,6 +65,7 @@ def test_compose_uri_serves_mlflow_and_a_stage_logs_to_it(tmp_path, postgres, mo
     from mlflow.tracking import MlflowClient
 
     from hardpos import runtime, tracking
+    from hardpos.config import TrackingConfig
     from hardpos.stages.world import Config
 
     uri = compose_backend_uri(postgres.port)
@@ -75,9 +76,8 @@ def test_compose_uri_serves_mlflow_and_a_stage_logs_to_it(tmp_path, postgres, mo
         client = MlflowClient(server.url)
         client.search_experiments()
         small = dict(n_pretrain=12, n_finetune=4, n_benchmark=8)
-        summary = runtime.execute("world", Config(output_dir=str(tmp_path / "w"), **small,
-                                                  tracking=runtime.TrackingConfig(tracking_uri=server.url,
-                                                                                  experiment="pg")), quiet=True)
+        tracked = TrackingConfig(tracking_uri=server.url, experiment="pg")
+        summary = runtime.execute("world", Config(output_dir=str(tmp_path / "w"), **small, tracking=tracked), quiet=True)
         run = client.get_run(summary["mlflow_run_id"])
         assert run.info.status == "FINISHED" and run.data.params["n_pretrain"] == "12"
         assert "summary.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
@@ -86,9 +86,8 @@ def test_compose_uri_serves_mlflow_and_a_stage_logs_to_it(tmp_path, postgres, mo
         # psycopg 3, an absolute artifact root, and no password in any record.
         monkeypatch.chdir(tmp_path)
         direct = postgres.uri()
-        summary = runtime.execute("world", Config(output_dir=str(tmp_path / "d"), **small,
-                                                  tracking=runtime.TrackingConfig(tracking_uri=direct,
-                                                                                  experiment="pg-direct")), quiet=True)
+        tracked = TrackingConfig(tracking_uri=direct, experiment="pg-direct")
+        summary = runtime.execute("world", Config(output_dir=str(tmp_path / "d"), **small, tracking=tracked), quiet=True)
         exp = MlflowClient(direct).get_experiment_by_name("pg-direct")
         assert exp.artifact_location == (tmp_path / "mlartifacts").resolve().as_uri()
         run = MlflowClient(direct).get_run(summary["mlflow_run_id"])

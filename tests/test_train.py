@@ -398,7 +398,8 @@ def test_a_remote_checkpoint_is_read_from_a_private_copy_that_is_then_removed(tm
     # exactly, through a temporary folder of its own that is gone afterwards.
     import pyarrow.fs
 
-    from hardpos.models.clip import ModelConfig, load_model
+    from hardpos.config import ModelConfig
+    from hardpos.models.clip import load_model
     from hardpos.train.checkpoint import load_remote_train_state, save_train_checkpoint
 
     lm = load_model(ModelConfig(arch="hardpos-tiny"), device="cpu")
