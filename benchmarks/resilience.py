@@ -27,7 +27,7 @@ not replace another local Ray's. The cluster runs with ``RAY_AUTH_MODE=disabled`
 The environment variables the simulated cluster needs (``RAY_ADDRESS``, ``RAY_AUTH_MODE``, the train scenario's
 ``MLFLOW_TRACKING_URI``) are set only inside :func:`scoped_environ` and restored on exit, so
 a caller's ``os.environ`` is left as it was. The Serve app is :mod:`hardpos.serve.app`.
-The simulated cluster itself is :mod:`benchmarks.simcluster` (its names are re-exported here).
+The simulated cluster itself is :mod:`benchmarks.simcluster`.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ from PIL import Image
 from ray import serve
 from ray._private import state as ray_state
 
-from benchmarks.simcluster import SimCluster, in_thread, kill_when, scoped_environ, wait_for  # noqa: F401 (re-exported)
+from benchmarks.simcluster import SimCluster, in_thread, kill_when, scoped_environ, wait_for
 from hardpos import runtime
 from hardpos.config import ModelConfig, load_config
 from hardpos.generate import planning, shard_files

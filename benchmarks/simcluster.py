@@ -1,10 +1,9 @@
 """A multi-node Ray cluster simulated on one machine, and the thread/kill helpers of the
 resilience scenarios (:mod:`benchmarks.resilience`).
 
-This module
-owns the cluster (start, add a node, SIGKILL a node by the PIDs Ray recorded, tear down)
-and the process environment it needs (:func:`scoped_environ`); the scenarios and their
-checks stay in ``resilience``, which re-exports these names.
+This module owns the cluster (start, add a node, SIGKILL a node by the PIDs Ray recorded,
+tear down) and the process environment it needs (:func:`scoped_environ`); the scenarios and
+their checks are in :mod:`benchmarks.resilience`.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import free_port  # noqa: F401  (re-exported: `from conftest import free_port`)
+from tests.support import free_port
 from tests.support.mlflow_server import LocalMlflowServer
 
 REPO = Path(__file__).resolve().parent.parent

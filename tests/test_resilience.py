@@ -50,14 +50,14 @@ def test_failover_stats_around_a_kill():
 
 
 def test_a_scenario_refuses_to_share_an_existing_ray(ray_session):
-    from benchmarks.resilience import SimCluster
+    from benchmarks.simcluster import SimCluster
 
     with pytest.raises(RuntimeError, match="process without Ray"):
         SimCluster()
 
 
 def test_scoped_environ_restores_the_callers_environment(monkeypatch):
-    from benchmarks.resilience import scoped_environ
+    from benchmarks.simcluster import scoped_environ
 
     monkeypatch.setenv("HP_KEEP", "1")
     monkeypatch.setenv("HP_CHANGE", "before")

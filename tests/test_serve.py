@@ -13,8 +13,10 @@ import json
 
 import numpy as np
 import pytest
-from conftest import REPO, free_port
+from conftest import REPO
 from serve_util import b64, bomb_png, broken_checkpoint, png_bytes, register_checkpoint, tiny_checkpoint
+
+from tests.support import free_port
 
 MODEL_NAME = "hardpos-clip-test"
 LATE_MODEL = "registered-later"

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, free_port
+from conftest import REPO
+
+from tests.support import free_port
 
 pytestmark = pytest.mark.integration
 
