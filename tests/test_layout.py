@@ -32,10 +32,6 @@ TOOLING = {"benchmarks": REPO / "benchmarks", "tests": REPO / "tests" / "support
 #: Modules (and their submodules) that may be imported inside a function without a
 #: ``# lazy:`` comment: optional and heavy (seconds to import, often not installed).
 HEAVY_OPTIONAL = ("vllm", "matplotlib", "ray.data.llm")
-#: Modules still re-exporting another's names (each entry is a debt, not a rule):
-#: ``hardpos.registry`` hands on :mod:`hardpos.model_uri`'s names to their importers until the
-#: model modules become one package with one home per name.
-REEXPORTS_NOT_YET = {"hardpos/registry.py"}
 LAZY = re.compile(r"#\s*lazy:\s*\S")
 TESTS_PATH = re.compile(r"(^|[/\\])tests([/\\]|$)")
 
@@ -230,10 +226,7 @@ def test_modules_are_ideas_with_public_surfaces():
 
     mods = H.parse(PACKAGE)
     assert H.private_imports(PACKAGE, mods) == []
-    reexports = H.reexport_lines(PACKAGE, mods)
-    assert [line for line in reexports if line.split(":", 1)[0] not in REEXPORTS_NOT_YET] == []
-    paid = REEXPORTS_NOT_YET - {line.split(":", 1)[0] for line in reexports}
-    assert not paid, f"{sorted(paid)} re-export nothing now: take them out of REEXPORTS_NOT_YET"
+    assert H.reexport_lines(PACKAGE, mods) == []
     assert H.cycles(H.import_graph(PACKAGE, mods)) == []
     assert H.cycles(H.import_graph(PACKAGE, mods, lazy=True)) == []
 
