@@ -43,12 +43,14 @@ import torch
 from PIL import Image
 
 from benchmarks.calibrate_artefacts import ArtefactConfig, artefact_strength
-from hardpos import report as R
-from hardpos import signs as S
+from hardpos import plots
 from hardpos.config import ModelConfig, load_config
 from hardpos.eval.evaluator import run_benchmarks
 from hardpos.eval.spec import BenchmarkSpec
+from hardpos.markdown import table
 from hardpos.models.clip import load_model, tokenize
+from hardpos.paper import table1
+from hardpos.paper.signs import ALPHA, aggregate, floors_from, paper_signs, sanity_checks, signs_markdown
 from hardpos.runtime import execute
 from hardpos.stages import demo
 from hardpos.train.config import LossConfig, OptimConfig
@@ -192,7 +194,7 @@ def probe(cfg: ProbeConfig) -> dict[str, Any]:
         with torch.no_grad():
             m = run_benchmarks(model, lm.preprocess_val, lm.tokenizer, specs)
         model.train()
-        row = R.table_row(m)
+        row = table1.table_row(m)
         # each row as soon as it exists: a long probe that is stopped early still told something
         print(f"{name}: " + " ".join(f"{k} {100 * v:.1f}" for k, v in row.items() if k.endswith(
             ("orig_acc", "aug_acc", "brittleness"))), file=sys.stderr, flush=True)
@@ -222,7 +224,7 @@ def probe(cfg: ProbeConfig) -> dict[str, Any]:
                    [r["hard_positive"] for r in trip], lm.tokenizer, cfg.finetune_steps, cfg.finetune_batch,
                    cfg.finetune_lr, cfg.warmup, w_pos, w_neg, True, cfg.seed + 1)
         rows[name] = evaluate(lm.model, name)
-    print(R.markdown_table(rows, title=f"probe: {json.dumps(dataclasses.asdict(cfg))}"))
+    print(table1.markdown_table(rows, title=f"probe: {json.dumps(dataclasses.asdict(cfg))}"))
     if cfg.output:
         Path(cfg.output).write_text(json.dumps({"config": dataclasses.asdict(cfg), "rows": rows}, indent=2))
     return rows
@@ -266,9 +268,9 @@ def rescore(cfg: RescoreConfig) -> dict[str, dict[str, float]]:
         lm = load_model(ModelConfig(arch=cfg.arch, pretrained=ckpt))
         lm.model.eval()
         with torch.no_grad():
-            rows[name] = R.table_row(run_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, specs))
+            rows[name] = table1.table_row(run_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, specs))
         print(f"{name}: scored", file=sys.stderr, flush=True)
-    print(R.markdown_table(rows, title=f"rescore: {cfg.world_dir}"))
+    print(table1.markdown_table(rows, title=f"rescore: {cfg.world_dir}"))
     if cfg.output:
         Path(cfg.output).write_text(json.dumps({"config": dataclasses.asdict(cfg), "rows": rows}, indent=2))
     return rows
@@ -281,14 +283,14 @@ class SignsConfig:
 
     results: a ``results_seeds.json`` (its ``per_seed`` rows and ``seeds``).
     alpha: the one-sided paired t-test's level per check.
-    write_floors: also write the noise floors (:func:`hardpos.signs.floors_from`) here; the
+    write_floors: also write the noise floors (:func:`hardpos.paper.signs.floors_from`) here; the
         demo reads ``platform/hardpos/resources/signs_noise.json``.
     source: how the floors file names its measurement (default: the command and the seeds).
     output: also write the Markdown here.
     """
 
     results: str = "outputs/calibrate/results_seeds.json"
-    alpha: float = S.ALPHA
+    alpha: float = ALPHA
     write_floors: str | None = None
     source: str | None = None
     output: str | None = None
@@ -309,7 +311,7 @@ def sign_table(signs: list, sanity: list) -> str:
     claims: dict[tuple[str, str], dict[str, str]] = {}
     for s in [*signs, *sanity]:
         claims.setdefault((s.sign, s.claim), {})[s.benchmark] = cell(s)
-    return R.table(["check", "REPLACE", "SWAP"],
+    return table(["check", "REPLACE", "SWAP"],
                    [[f"{sign}. {claim}", c.get("REPLACE", ""), c.get("SWAP", "")] for (sign, claim), c in claims.items()])
 
 
@@ -320,20 +322,20 @@ def signs(cfg: SignsConfig) -> dict[str, Any]:
     per_seed = data.get("per_seed") or []
     if len(per_seed) < 2:
         raise ValueError(f"{cfg.results}: {len(per_seed)} seed(s) of per-seed rows; a paired test needs at least 2")
-    mean, std = R.aggregate(per_seed)
-    paper = S.paper_signs(mean, per_seed=per_seed, alpha=cfg.alpha)
-    sanity = S.sanity_checks(mean, per_seed=per_seed, alpha=cfg.alpha)
+    mean, std = aggregate(per_seed)
+    paper = paper_signs(mean, per_seed=per_seed, alpha=cfg.alpha)
+    sanity = sanity_checks(mean, per_seed=per_seed, alpha=cfg.alpha)
     seeds_ = data.get("seeds", list(range(len(per_seed))))
     md = (f"### The signs over {len(per_seed)} seeds {seeds_} ({cfg.results})\n\n"
-          + R.markdown_table(mean, std, per_seed=per_seed, signs=False) + "\n"
-          + S.signs_markdown(paper, sanity, alpha=cfg.alpha) + "\n" + sign_table(paper, sanity) + "\n")
+          + table1.markdown_table(mean, std, per_seed=per_seed, signs=False) + "\n"
+          + signs_markdown(paper, sanity, alpha=cfg.alpha) + "\n" + sign_table(paper, sanity) + "\n")
     print(md)
     if cfg.output:
         Path(cfg.output).write_text(md)
     floors = None
     if cfg.write_floors:
         source = cfg.source or f"python -m benchmarks.calibrate seeds, seeds {seeds_}"
-        floors = S.floors_from(per_seed, alpha=cfg.alpha, source=source)
+        floors = floors_from(per_seed, alpha=cfg.alpha, source=source)
         Path(cfg.write_floors).write_text(json.dumps(floors, indent=2) + "\n")
         print(f"noise floors of {len(floors['checks'])} checks written to {cfg.write_floors}", file=sys.stderr)
     return {"signs": paper, "sanity": sanity, "floors": floors, "markdown": md}
@@ -418,10 +420,10 @@ def artefact_line(found: list[dict[str, dict[str, float]]]) -> str:
 
 def _write_aggregate(out: Path, cfg: SeedsConfig, per_seed, summaries) -> dict[str, Any]:
 
-    mean, std = R.aggregate(per_seed)
+    mean, std = aggregate(per_seed)
     n = len(per_seed)
     title = f"mean ± std over {n} seed(s) {list(summaries)}"
-    md = R.markdown_table(mean, std, title=title, per_seed=per_seed)
+    md = table1.markdown_table(mean, std, title=title, per_seed=per_seed)
     artefacts = [a for a in (summaries[s].get("artefacts") for s in summaries) if a]
     if artefacts:
         md += "\n" + artefact_line(artefacts) + "\n"
@@ -430,7 +432,7 @@ def _write_aggregate(out: Path, cfg: SeedsConfig, per_seed, summaries) -> dict[s
               "artefacts": artefacts,
               "demo_overrides": cfg.demo}
     (out / "results_seeds.json").write_text(json.dumps(result, indent=2))
-    R.write_chart(mean, str(out / "results_seeds.png"), std, title=f"HardPos demo, {title}")
+    plots.write_chart(mean, str(out / "results_seeds.png"), std, title=f"HardPos demo, {title}")
     print(md)
     return result
 

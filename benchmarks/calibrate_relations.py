@@ -40,11 +40,11 @@ import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
-from hardpos import report as R
 from hardpos.config import ConfigError, ModelConfig, load_config
 from hardpos.data.grammar import canonical_caption, relation_negative, relation_twin
 from hardpos.data.scene import Scene, WorldConfig, render, sample_scene
 from hardpos.data.world import config_from_world
+from hardpos.markdown import table
 from hardpos.models.clip import encode_image, encode_text, load_model, tokenize
 from hardpos.train.config import LossConfig, OptimConfig
 from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch, train_step
@@ -204,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     curve = run(load_config(RelationProbeConfig, None, argv))
-    print(R.table(["step", "relation orig %", "loss"],
-                  [[p["step"], f"{100 * p['relation_orig_acc']:.1f}", f"{p['loss']:.3f}"] for p in curve]))
+    print(table(["step", "relation orig %", "loss"],
+                [[p["step"], f"{100 * p['relation_orig_acc']:.1f}", f"{p['loss']:.3f}"] for p in curve]))
     return 0
 
 

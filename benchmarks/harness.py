@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from hardpos.report import table
+from hardpos.markdown import table
 
 REFERENCE_DATA_ENV = "HARDPOS_REFERENCE_DATA"
 

@@ -44,8 +44,8 @@ from benchmarks import child_env
 from benchmarks.load_client import LoadgenConfig, make_payloads, measure_level
 from hardpos import runtime
 from hardpos.config import ModelConfig
+from hardpos.markdown import table
 from hardpos.models.clip import load_model, save_checkpoint
-from hardpos.report import table
 from hardpos.serve.app import build_app
 from hardpos.serve.scoring import stage_means_ms
 from tests.support import free_port

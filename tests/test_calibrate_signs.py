@@ -7,12 +7,12 @@ import json
 import pytest
 
 from benchmarks.calibrate import SignsConfig, main, signs
-from hardpos import report as R
-from hardpos import signs as S
+from hardpos.paper import table1
+from hardpos.paper.signs import t_sf
 
 
 def _row(**cells):
-    row = {c: 0.5 for c in R.COLUMNS + R.SUBSET_COLUMNS}
+    row = {c: 0.5 for c in table1.COLUMNS + table1.SUBSET_COLUMNS}
     row.update({k.replace("__", "/"): v for k, v in cells.items()})
     return row
 
@@ -40,7 +40,7 @@ def test_signs_reanalyses_per_seed_rows_and_writes_floors(tmp_path, capsys):
     rep = got[("1", "HN-only orig above base", "REPLACE")]
     assert rep.held and rep.n == 5 and rep.p < 0.001
     swap = got[("1", "HN-only orig above base", "SWAP")]  # +1.0 +- 0.6 points: t = 3.5, 4 df
-    assert swap.held and swap.p == pytest.approx(S.t_sf(swap.t, 4), abs=1e-6)
+    assert swap.held and swap.p == pytest.approx(t_sf(swap.t, 4), abs=1e-6)
     assert not got[("3", "HP+HN aug above HN-only", "SWAP")].held  # no difference at all
     md = md_path.read_text()
     k = len(out["signs"])

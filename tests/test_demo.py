@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hardpos import report as R
+from hardpos import plots
+from hardpos.paper import signs, table1
 
 MODELS = ["pretrained", "captions-only", "hn-only", "hp+hn"]
 
@@ -24,8 +25,8 @@ def _metrics(orig: float, aug: float, brittle: float, s: float) -> dict[str, flo
 
 
 def test_table_row_replace_is_the_mean_of_its_subsets_and_swap_is_swap():
-    row = R.table_row(_metrics(0.5, 0.3, 0.2, 0.25))
-    assert set(R.COLUMNS) <= set(row)
+    row = table1.table_row(_metrics(0.5, 0.3, 0.2, 0.25))
+    assert set(table1.COLUMNS) <= set(row)
     assert row["replace/orig_acc"] == pytest.approx((0.5 + 0.6) / 2)
     assert row["swap/orig_acc"] == pytest.approx(0.7)
     assert row["replace/mean_s_p"] == pytest.approx((0.25 + 0.35) / 2)
@@ -38,18 +39,18 @@ def test_table_row_names_a_missing_metric():
     m = _metrics(0.5, 0.3, 0.2, 0.25)
     del m["world_swap/brittleness"]
     with pytest.raises(KeyError, match="world_swap/brittleness"):
-        R.table_row(m)
+        table1.table_row(m)
 
 
 def test_aggregate_mean_and_sample_std_over_seeds_and_markdown_shows_spread(tmp_path):
-    seeds = [{"a": R.table_row(_metrics(o, 0.3, 0.2, 0.25))} for o in (0.4, 0.5, 0.6)]
-    mean, std = R.aggregate(seeds)
+    seeds = [{"a": table1.table_row(_metrics(o, 0.3, 0.2, 0.25))} for o in (0.4, 0.5, 0.6)]
+    mean, std = signs.aggregate(seeds)
     assert mean["a"]["swap/orig_acc"] == pytest.approx(0.7)
     assert std["a"]["swap/orig_acc"] == pytest.approx(0.1)
     assert std["a"]["swap/aug_acc"] == pytest.approx(0.0)
-    md = R.markdown_table(mean, std, title="t")
+    md = table1.markdown_table(mean, std, title="t")
     assert "| a | 55.0 ± 10.0 | 30.0 ± 0.0 |" in md
-    png = R.write_chart(mean, str(tmp_path / "c.png"), std)
+    png = plots.write_chart(mean, str(tmp_path / "c.png"), std)
     assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -131,9 +132,9 @@ def test_demo_runs_the_whole_pipeline_small(tracking_uri, tmp_path):
     # every model trained and evaluated; every table cell present and a valid number
     assert list(summary["rows"]) == MODELS
     for model, row in summary["rows"].items():
-        for col in R.COLUMNS:
+        for col in table1.COLUMNS:
             assert math.isfinite(row[col]), (model, col)
-            if col.rsplit("/", 1)[1] in R.PERCENT:
+            if col.rsplit("/", 1)[1] in table1.PERCENT:
                 assert 0.0 <= row[col] <= 1.0, (model, col)
         assert row["replace/aug_acc"] <= row["replace/orig_acc"] + 1e-9
     out = Path(summary["output_dir"])

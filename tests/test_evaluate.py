@@ -7,8 +7,7 @@ import pytest
 import torch
 from eval_util import tiny_model
 
-from hardpos.eval import encoding
-from hardpos.eval import evaluator as E
+from hardpos.eval import encoding, evaluator
 from hardpos.eval.metrics import summarize
 from hardpos.eval.pairs import score_pairs
 from hardpos.eval.spec import BenchmarkSpec
@@ -38,13 +37,13 @@ def _direct_scores(lm, folder, rows):
 def test_run_benchmarks_matches_direct_scoring(lm, tmp_path):
     rows = triplet_rows(12, seed=1)
     path = write_rows(tmp_path / "b", rows)
-    report = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("world", "triplets", str(path))], batch_size=5)
+    report = evaluator.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("world", "triplets", str(path))], batch_size=5)
     res = report.results[0]
     ref = _direct_scores(lm, tmp_path / "b", rows)
     np.testing.assert_allclose(np.stack([res.s_c, res.s_n, res.s_p], 1), ref, atol=1e-5)
     assert res.n_distinct_images == len({r["image"] for r in rows}) <= 4
     expected = summarize(ref[:, 0], ref[:, 1], ref[:, 2])
-    metrics = E.run_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("world", "triplets", str(path))])
+    metrics = evaluator.run_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("world", "triplets", str(path))])
     for key, value in expected.items():
         assert metrics[f"world/{key}"] == pytest.approx(value, abs=1e-6)  # float32 features
     assert metrics["world/n_missing_images"] == 0
@@ -60,7 +59,7 @@ def test_missing_and_corrupt_images_are_excluded_and_listed(lm, tmp_path):
     rows.append({**rows[2], "hard_negative": None})  # unscorable row: rejected, not crashed
     write_rows(folder, rows)
     (folder / "images" / "nowhere.png").unlink()
-    res = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("t", "triplets", str(path))]).results[0]
+    res = evaluator.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("t", "triplets", str(path))]).results[0]
     assert sorted(res.excluded_items) == ["0", "1"]
     assert {m["image"].rsplit("/", 1)[1]: m["error"].split(":")[0] for m in res.missing_images} == {"nowhere.png": "missing", "broken.png": "corrupt"}
     assert res.metrics["t/n_items"] == 4 and res.metrics["t/n_excluded_items"] == 2 and res.metrics["t/n_missing_images"] == 2
@@ -74,7 +73,7 @@ def test_restores_training_mode_and_score_pairs_agree(lm, tmp_path):
     rows = triplet_rows(3, seed=3)
     path = write_rows(tmp_path / "b", rows)
     lm.model.train()
-    res = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("t", "triplets", str(path))]).results[0]
+    res = evaluator.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("t", "triplets", str(path))]).results[0]
     assert lm.model.training
     img = Image.open(tmp_path / "b" / rows[0]["image"])
     sims = score_pairs(lm.model, lm.preprocess_val, lm.tokenizer, [img, img, img],
@@ -95,9 +94,9 @@ def test_caption_batches_in_length_order_equal_one_by_one(lm):
 def test_fp32_is_the_default_and_bf16_autocast_is_opt_in(lm, tmp_path):
     rows = triplet_rows(8, seed=9)
     spec = [BenchmarkSpec("t", "triplets", str(write_rows(tmp_path / "b", rows)))]
-    default = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec)
-    fp32 = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, precision="fp32")
-    bf16 = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, precision="bf16")
+    default = evaluator.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec)
+    fp32 = evaluator.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, precision="fp32")
+    bf16 = evaluator.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, precision="bf16")
     assert default.precision == "fp32" and bf16.precision == "bf16"
     assert default.scores_table().schema.metadata[b"hardpos.precision"] == b"fp32"
     np.testing.assert_array_equal(default.results[0].s_c, fp32.results[0].s_c)
@@ -114,7 +113,7 @@ def test_fp32_is_the_default_and_bf16_autocast_is_opt_in(lm, tmp_path):
     assert not torch.equal(encoding.encode_captions(model, lm.tokenizer, caps, precision="bf16"),
                            encoding.encode_captions(model, lm.tokenizer, caps))
     with pytest.raises(ValueError, match="precision must be one of fp32, bf16, fp16"):
-        E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, precision="half")
+        evaluator.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, precision="half")
 
 
 def test_precision_context_dtypes_and_no_tf32_for_fp32_on_cuda():
@@ -149,17 +148,17 @@ def test_evaluate_stage_writes_recomputable_outputs_and_mlflow(tmp_path, trackin
     import mlflow
 
     from hardpos.config import load_config
-    from hardpos.report import recompute_metrics
+    from hardpos.eval.outputs import recompute_metrics
     from hardpos.runtime import execute
-    from hardpos.stages import evaluate as stage
+    from hardpos.stages import evaluate
 
     world = _world(tmp_path)
     rows = triplet_rows(5, seed=4)
     rows[0] = {**rows[0], "image": "images/gone.png"}
     custom = write_rows(tmp_path / "custom", rows)
     (tmp_path / "custom" / "images" / "gone.png").unlink()
-    cfg = load_config(stage.Config, None, [f"output_dir={tmp_path / 'out'}", f"world_dir={world}", "device=cpu",
-                                           f"benchmarks=[{{name: custom, kind: triplets, path: {custom}}}]", "batch_size=4"])
+    cfg = load_config(evaluate.Config, None, [f"output_dir={tmp_path / 'out'}", f"world_dir={world}", "device=cpu",
+                                              f"benchmarks=[{{name: custom, kind: triplets, path: {custom}}}]", "batch_size=4"])
     summary = execute("evaluate", cfg, quiet=True)
     out = tmp_path / "out"
     on_disk = json.loads((out / "summary.json").read_text())
@@ -200,14 +199,14 @@ def test_evaluate_stage_config_errors(tmp_path):
 
 def test_zero_shot_config_errors_name_the_key():
     from hardpos.config import ConfigError, load_config
-    from hardpos.stages import evaluate as stage
+    from hardpos.stages import evaluate
 
-    cfg = load_config(stage.Config, None, ["retention.zeroshot=[{name: inet, root: /data/val, classnames: nosuch.txt}]"])
+    cfg = load_config(evaluate.Config, None, ["retention.zeroshot=[{name: inet, root: /data/val, classnames: nosuch.txt}]"])
     assert cfg.retention.zeroshot[0].templates == "openai"
     with pytest.raises(ConfigError, match=r"retention.zeroshot.inet: classnames: 'nosuch.txt' is neither"):
-        stage.resolve_specs(cfg)
+        evaluate.resolve_specs(cfg)
     with pytest.raises(ConfigError, match="'fp64' is not one of 'fp32', 'bf16', 'fp16'"):
-        load_config(stage.Config, None, ["precision=fp64"])
+        load_config(evaluate.Config, None, ["precision=fp64"])
 
 
 def test_ray_data_engine_equals_local_engine_and_retention(tmp_path, ray_session, tracking_uri):
@@ -217,7 +216,7 @@ def test_ray_data_engine_equals_local_engine_and_retention(tmp_path, ray_session
 
     from hardpos.config import load_config
     from hardpos.runtime import execute
-    from hardpos.stages import evaluate as stage
+    from hardpos.stages import evaluate
 
     rows = triplet_rows(10, seed=5)
     rows[3] = {**rows[3], "image": "images/absent.png"}
@@ -227,8 +226,8 @@ def test_ray_data_engine_equals_local_engine_and_retention(tmp_path, ray_session
         write_image(tmp_path / "zs" / colour / "x.png")
     common = ["device=cpu", "seed=3", "precision=bf16", f"benchmarks=[{{name: t, path: {path}}}]",
               f"retention.zeroshot=[{{name: zs, root: {tmp_path / 'zs'}, classnames: folders, templates: ['a {{}} photo']}}]"]
-    local = execute("evaluate", load_config(stage.Config, None, [f"output_dir={tmp_path / 'local'}", *common]), quiet=True)
-    dist = execute("evaluate", load_config(stage.Config, None, [
+    local = execute("evaluate", load_config(evaluate.Config, None, [f"output_dir={tmp_path / 'local'}", *common]), quiet=True)
+    dist = execute("evaluate", load_config(evaluate.Config, None, [
         f"output_dir={tmp_path / 'ray'}", "engine=ray_data", "ray_data.num_cpus=0.5", "ray_data.batch_size=3", *common]), quiet=True)
     a = pq.read_table(tmp_path / "local" / "scores.parquet").to_pydict()
     b = pq.read_table(tmp_path / "ray" / "scores.parquet").to_pydict()
@@ -245,14 +244,14 @@ def test_shipped_configs_parse():
     from pathlib import Path
 
     from hardpos.config import load_config
-    from hardpos.stages import evaluate as stage
+    from hardpos.stages import evaluate
 
     jobs = Path(__file__).resolve().parent.parent / "jobs" / "configs"
-    paper = load_config(stage.Config, jobs / "evaluate_paper.yaml")
+    paper = load_config(evaluate.Config, jobs / "evaluate_paper.yaml")
     assert [(b.name, b.kind) for b in paper.benchmarks] == [("replace", "replace"), ("swap", "swap"), ("sugarcrepe", "sugarcrepe"),
                                                                 ("sugarcrepe_pp", "sugarcrepe_pp")]
     assert paper.model.arch == "ViT-B-32-quickgelu" and paper.model.pretrained == "openai"
-    default = load_config(stage.Config, jobs / "evaluate.yaml")
+    default = load_config(evaluate.Config, jobs / "evaluate.yaml")
     assert default.world_dir == "outputs/world" and default.model.arch == "hardpos-tiny"
 
 
@@ -269,7 +268,7 @@ def test_bench_naive_and_efficient_agree(shared_data):
 def test_every_image_missing_scores_nothing_and_does_not_crash(lm, tmp_path):
     rows = triplet_rows(3, seed=6)
     path = write_rows(tmp_path / "b", rows, images=False)
-    res = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("t", "triplets", str(path))]).results[0]
+    res = evaluator.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("t", "triplets", str(path))]).results[0]
     assert res.metrics["t/n_items"] == 0 and "t/orig_acc" not in res.metrics
     assert res.metrics["t/n_excluded_items"] == 3 and len(res.missing_images) == len({r["image"] for r in rows})
 
@@ -282,8 +281,8 @@ def test_benchmark_and_images_on_s3(lm, tmp_path, s3_env):
     prefix = f"s3://{s3_env}/bench"
     storage.upload_dir(tmp_path / "b", prefix)
     spec = BenchmarkSpec("s3", "triplets", f"{prefix}/bench.jsonl")
-    remote = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [spec]).results[0]
-    local = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("s3", "triplets", str(tmp_path / "b" / "bench.jsonl"))]).results[0]
+    remote = evaluator.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [spec]).results[0]
+    local = evaluator.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, [BenchmarkSpec("s3", "triplets", str(tmp_path / "b" / "bench.jsonl"))]).results[0]
     assert remote.metrics["s3/n_items"] == 4 and remote.metrics["s3/n_missing_images"] == 0
     np.testing.assert_allclose(remote.s_c, local.s_c, atol=1e-6)
 
@@ -331,10 +330,10 @@ def test_cuda_fp32_scores_equal_cpu_and_bf16_is_close(tmp_path):
     path = write_rows(tmp_path / "b", rows)
     spec = [BenchmarkSpec("t", "triplets", str(path))]
     lm = tiny_model(seed=0)
-    cpu = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec).results[0]
+    cpu = evaluator.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec).results[0]
     lm.model.cuda()
-    gpu = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, device="cuda").results[0]
+    gpu = evaluator.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, device="cuda").results[0]
     np.testing.assert_allclose(gpu.s_c, cpu.s_c, atol=1e-5)  # fp32 by default, no TF32
-    bf16 = E.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, device="cuda", precision="bf16").results[0]
+    bf16 = evaluator.evaluate_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, spec, device="cuda", precision="bf16").results[0]
     np.testing.assert_allclose(bf16.s_c, cpu.s_c, atol=2e-2)
     assert gpu.metrics["t/n_items"] == 16

@@ -52,12 +52,12 @@ def test_alphas_are_checked():
     for bad, match in (([], "at least one"), ([1.5], r"\[0, 1\]"), ([float("nan")], r"\[0, 1\]"), ([0.5, 0.5], "unique")):
         with pytest.raises(ValueError, match=match):
             check_alphas(bad)
-    from hardpos.stages import interpolate as stage
+    import hardpos.stages.interpolate
 
     with pytest.raises(ConfigError, match=r"\[0, 1\]"):
-        load_config(stage.Config, None, ["alphas=[0, 2]"])
+        load_config(hardpos.stages.interpolate.Config, None, ["alphas=[0, 2]"])
     with pytest.raises(ConfigError, match="register_alpha must be one of alphas"):
-        load_config(stage.Config, None, ["alphas=[0, 1]", "register_alpha=0.5"])
+        load_config(hardpos.stages.interpolate.Config, None, ["alphas=[0, 1]", "register_alpha=0.5"])
 
 
 def test_mismatches_name_the_first_difference():
@@ -158,7 +158,7 @@ def test_the_plot_draws_what_its_titles_say():
     """The accuracy panel draws original AND augmented accuracy of every benchmark with hard
     positives (its title says both); a benchmark without positives: original only."""
     from hardpos.eval.spec import BenchmarkSpec
-    from hardpos.report import curve_panels
+    from hardpos.plots import curve_panels
     from hardpos.stages.interpolate import curve_columns
 
     metrics = {f"{b}/{f}": 0.5 for b in ("r", "s") for f in ("orig_acc", "aug_acc", "brittleness")}

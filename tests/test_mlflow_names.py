@@ -49,7 +49,7 @@ def test_report_md_shows_markup_as_text():
 
     from hardpos.eval.evaluator import BenchmarkResult, EvalReport
     from hardpos.eval.metrics import benchmark_metrics
-    from hardpos.report import markdown_report
+    from hardpos.eval.outputs import markdown_report
 
     kind = "<script>alert(1)</script>"
     subsets = [kind, kind, "attribute", "attribute"]

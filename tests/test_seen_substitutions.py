@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 
-from hardpos import report, runtime
+from hardpos import runtime
 from hardpos.config import load_config
+from hardpos.paper import table3
 from hardpos.stages import perturb
 from hardpos.stages.train import seen_substitutions
 
@@ -40,11 +41,11 @@ def test_perturb_counts_benchmark_substitutions_only_when_asked(tmp_path):
 def test_comparison_table_flags_contaminated_replace_numbers():
     rows = [{"run_name": "clean", "replace/aug_acc": 0.5, "swap/aug_acc": 0.4},
             {"run_name": "leaky", "replace/aug_acc": 0.6, "swap/aug_acc": 0.4, "seen_substitutions": "replace"}]
-    text = report.comparison_table(rows)
+    text = table3.comparison_table(rows)
     lines = text.splitlines()
     assert "| clean | 50.0 | 40.0 |" in lines and "| leaky | 60.0 (seen) | 40.0 |" in lines
     assert "contaminated" in text
-    assert "(seen)" not in report.comparison_table(rows[:1])
+    assert "(seen)" not in table3.comparison_table(rows[:1])
 
 
 def test_generate_counts_and_tags_benchmark_substitutions(ray_session, tmp_path, tracking_uri):

@@ -161,17 +161,17 @@ def test_evaluate_stage_reports_logs_and_recomputes(shared_data, tmp_path, track
     import pyarrow.parquet as pq
 
     from hardpos.config import load_config
-    from hardpos.report import recompute_metrics
+    from hardpos.eval.outputs import recompute_metrics
     from hardpos.runtime import execute
-    from hardpos.stages import evaluate as stage
+    from hardpos.stages import evaluate
 
     coco = tmp_path / "coco"
     specs = [BenchmarkSpec("scpp", "sugarcrepe_pp", str(shared_data / "sugarcrepe_pp"), image_root=str(coco), limit=3),
              BenchmarkSpec("sc", "sugarcrepe", str(shared_data / "sugar_crepe"), image_root=str(coco), limit=2)]
     stand_in_images(coco, {it.image.rsplit("/", 1)[1] for s in specs for it in load_benchmark(s).items})
     benches = ", ".join(f"{{name: {s.name}, kind: {s.kind}, path: {s.path}, image_root: {coco}, limit: {s.limit}}}" for s in specs)
-    cfg = load_config(stage.Config, None, [f"output_dir={tmp_path / 'out'}", "device=cpu", "batch_size=8",
-                                           "model.arch=hardpos-tiny", f"benchmarks=[{benches}]"])
+    cfg = load_config(evaluate.Config, None, [f"output_dir={tmp_path / 'out'}", "device=cpu", "batch_size=8",
+                                              "model.arch=hardpos-tiny", f"benchmarks=[{benches}]"])
     summary = execute("evaluate", cfg, quiet=True)
     m = json.loads((tmp_path / "out" / "summary.json").read_text())["metrics"]
     for key in ("orig_acc", "aug_acc", "brittleness", "text_only_acc", "mean_s_p"):
@@ -197,7 +197,7 @@ def test_without_images_the_text_only_figures_are_still_reported(tmp_path, lm):
     """SugarCrepe++ with none of its COCO images (and with some): the text-only task needs
     no image, so its figures cover every item; report.md keeps the benchmark under the
     hard-positive headings and puts the missing count beside the figures."""
-    from hardpos.report import markdown_report
+    from hardpos.eval.outputs import markdown_report
 
     folder = _write_folder(tmp_path / "scpp")
     spec = BenchmarkSpec("scpp", "sugarcrepe_pp", str(folder), image_root=str(tmp_path / "no-images"))

@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from hardpos import report
 from hardpos.config import ConfigError
 from hardpos.models import registry
+from hardpos.paper import table3
 from hardpos.stages import compare, sweep
 
 PAPER_SPACE = {"loss.w_neg": {"grid_search": [0.0, 0.25, 0.5, 0.75, 1.0]}, "loss.w_pos": 1.0}
@@ -67,7 +67,7 @@ def test_pareto_front_max_aug_min_brittleness():
 
 
 def test_comparison_table_shows_percentages():
-    table = report.comparison_table([{"loss.w_neg": 0.25, "replace/aug_acc": 0.555}],
+    table = table3.comparison_table([{"loss.w_neg": 0.25, "replace/aug_acc": 0.555}],
                                     columns=[("w_neg", "loss.w_neg"), ("aug", "replace/aug_acc")])
     assert table.splitlines()[-1] == "| 0.25 | 55.5 |"
 

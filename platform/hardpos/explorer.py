@@ -56,11 +56,11 @@ import pyarrow.parquet as pq
 from hardpos import storage
 from hardpos.config import require
 from hardpos.data.images import load_image
-from hardpos.eval import metrics as M
+from hardpos.eval import metrics
 from hardpos.eval.items import Item
 from hardpos.eval.metrics import TEXT_COLUMNS, text_only_correct, verdicts
+from hardpos.eval.outputs import SCORES_FILE
 from hardpos.eval.spec import BenchmarkSpec
-from hardpos.report import SCORES_FILE
 
 INDEX_FILE = "index.html"
 IMAGES_DIR = "images"
@@ -164,7 +164,7 @@ def outcomes(s_c, s_n, s_p) -> np.ndarray:
     """:func:`outcome` for arrays of items (``s_p`` NaN without a positive), by the same
     per-item functions :func:`hardpos.eval.metrics.verdicts` uses; an array of names."""
     c, n, p = (np.asarray(x, dtype=np.float64).reshape(-1) for x in (s_c, s_n, s_p))
-    orig, aug, brit = M.orig_correct(c, n), M.aug_correct(c, n, p), M.brittle(c, n, p)
+    orig, aug, brit = metrics.orig_correct(c, n), metrics.aug_correct(c, n, p), metrics.brittle(c, n, p)
     named = np.where(aug, "correct", np.where(brit & orig, "brittle (P<N)", np.where(
         brit, "brittle (C<N)", np.where(orig, "tie (P=N)", "wrong")))).astype(object)
     no_p = np.isnan(p)

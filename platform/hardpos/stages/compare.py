@@ -13,7 +13,8 @@ parent run, or any runs of an experiment), so the comparison reflects what is tr
 what a process happened to hold in memory; when the tracking server cannot answer, a
 sweep's rows come from its trials' ``summary.json`` files instead (:func:`summary_rows`).
 The compare stage and the sweep stage (:mod:`hardpos.stages.sweep`) both end in :func:`compare_rows` and
-:func:`write_comparison`; the table and the plot are :mod:`hardpos.report`'s.
+:func:`write_comparison`; the table is :func:`hardpos.paper.table3.comparison_table`, the plot
+:func:`hardpos.plots.tradeoff_plot`.
 """
 from __future__ import annotations
 
@@ -22,17 +23,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hardpos import explorer, report, storage, tracking
+from hardpos import explorer, plots, storage, tracking
 from hardpos.config import ConfigError, JobConfig
 from hardpos.config.paths import resolve_tracking_uri
 from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.items import BenchmarkError
+from hardpos.eval.outputs import SCORES_FILE
 from hardpos.explorer import ExplorerConfig, ExplorerError
 from hardpos.models.uri import mlflow_client
-from hardpos.report import SCORES_FILE
+from hardpos.paper import table3
 from hardpos.runtime import JobContext
-from hardpos.stages import evaluate as evaluate_stage
+from hardpos.stages import evaluate
 
 
 @dataclasses.dataclass
@@ -159,7 +161,7 @@ def pareto_front(rows: list[dict[str, Any]], criteria: dict[str, str]) -> list[i
 def compare_rows(rows: list[dict[str, Any]], criteria: dict[str, str]) -> tuple[str, list[int]]:
     """(the Table-3-style Markdown with a Pareto column, the Pareto front's row indices)."""
     front = pareto_front(rows, criteria)
-    return report.comparison_table(rows, pareto=front), front
+    return table3.comparison_table(rows, pareto=front), front
 
 
 def write_comparison(rows: list[dict[str, Any]], table: str, ctx) -> list[str]:
@@ -167,7 +169,7 @@ def write_comparison(rows: list[dict[str, Any]], table: str, ctx) -> list[str]:
     (local or s3://) and logged to the job's MLflow run. Returns the written URIs."""
     local = Path(tempfile.mkdtemp(prefix="hardpos-compare-"))
     (local / "comparison.md").write_text(table + "\n")
-    report.tradeoff_plot(rows, local / "tradeoff.png")
+    plots.tradeoff_plot(rows, local / "tradeoff.png")
     written = storage.upload_dir(local, ctx.output_dir)
     for path in sorted(local.iterdir()):
         ctx.log_artifact(path)
@@ -181,7 +183,7 @@ def explorer_items(cfg: ExplorerConfig) -> dict[str, list]:
     if not cfg.benchmarks and not cfg.world_dir:
         raise ConfigError("explorer.benchmarks / explorer.world_dir: give the benchmarks the evaluations scored "
                           "(the page shows their images and captions)")
-    specs = evaluate_stage.resolve_specs(evaluate_stage.Config(benchmarks=list(cfg.benchmarks), world_dir=cfg.world_dir))
+    specs = evaluate.resolve_specs(evaluate.Config(benchmarks=list(cfg.benchmarks), world_dir=cfg.world_dir))
     try:
         return {s.name: load_benchmark(s).items for s in specs}
     except BenchmarkError as exc:

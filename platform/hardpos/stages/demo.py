@@ -53,9 +53,8 @@ from typing import Any, Literal
 
 import pyarrow.parquet as pq
 
-from hardpos import report as R
-from hardpos import signs as S
-from hardpos import storage, tracking
+import hardpos.stages.world
+from hardpos import plots, storage, tracking
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig
 from hardpos.config.paths import resolve_tracking_uri
 from hardpos.data.scene import BENCHMARKS, WorldConfig
@@ -63,12 +62,9 @@ from hardpos.data.world import load_world
 from hardpos.eval.spec import RetrievalSpec
 from hardpos.interpolate import check_alphas
 from hardpos.models import bases, registry
+from hardpos.paper import signs, table1
 from hardpos.runtime import JobContext, execute, init_ray
-from hardpos.stages import evaluate as ev
-from hardpos.stages import generate as gen
-from hardpos.stages import interpolate as wise
-from hardpos.stages import register as reg
-from hardpos.stages import world as world_stage
+from hardpos.stages import evaluate, generate, interpolate, register
 from hardpos.tracking.redact import redact_text
 from hardpos.train.config import (CheckpointSection, DataConfig, LoraSection, LossConfig, OptimConfig, ScalingSection,
                                    TrainConfig)
@@ -350,8 +346,8 @@ class Pipeline:
             say(f"{label}: reusing {world_dir} (its world.json matches the config)")
             self.timings.setdefault(label, 0.0)
             return world_dir, True
-        wcfg = world_stage.Config(**dataclasses.asdict(world), output_dir=world_dir,
-                                  tracking=self.tracking("world"), ray=cfg.ray)
+        wcfg = hardpos.stages.world.Config(**dataclasses.asdict(world), output_dir=world_dir,
+                                           tracking=self.tracking("world"), ray=cfg.ray)
         self.execute("world", wcfg, label)
         if not storage.exists(storage.join(world_dir, "world.json")):
             raise RuntimeError(f"world stage wrote no world.json under {world_dir}")
@@ -393,18 +389,18 @@ class Pipeline:
     # 3 ------------------------------------------------------------------ generate
     def generate(self, world_dir: str, regenerate: bool) -> dict:
         cfg = self.cfg
-        gcfg = gen.Config(output_dir=self.ctx.path("generate"), seed=cfg.seed, tracking=self.tracking("generate"),
-                          ray=cfg.ray, input=f"{world_dir}/finetune.parquet",
-                          engine=dataclasses.replace(gen.EngineConfig(), kind=cfg.generate_engine),
-                          # a new world invalidates earlier shards; an unchanged one resumes (nothing to do)
-                          overwrite=regenerate)
+        gcfg = generate.Config(output_dir=self.ctx.path("generate"), seed=cfg.seed, tracking=self.tracking("generate"),
+                               ray=cfg.ray, input=f"{world_dir}/finetune.parquet",
+                               engine=dataclasses.replace(generate.EngineConfig(), kind=cfg.generate_engine),
+                               # a new world invalidates earlier shards; an unchanged one resumes (nothing to do)
+                               overwrite=regenerate)
         return self.execute("generate", gcfg, "3/7 generate hard negatives + positives")
 
     # 4 (full) ---------------------------------------------------------- the w_neg grid
     def sweep(self, triplets: str, base_ckpt: str) -> dict:
         """The paper's w_neg grid (w_pos = 1) through the sweep stage, from the same base."""
         # lazy: the sweep stage imports Ray Tune (seconds); only full=true runs it
-        from hardpos.stages import sweep as sw
+        from hardpos.stages import sweep
 
         cfg, f = self.cfg, self.cfg.finetune
         overrides = {
@@ -418,10 +414,10 @@ class Pipeline:
             "eval_benchmarks": [{"name": n, "kind": "triplets", "path": f"{self.world_dir()}/benchmark/{s}.parquet",
                                  "limit": 300} for n, s in (("replace", "replace_attribute"), ("swap", "swap"))],
         }
-        scfg = sw.Config(output_dir=self.ctx.path("sweep"), seed=cfg.seed, tracking=self.tracking("sweep"), ray=cfg.ray,
-                         train_config=None, train_overrides=overrides,
-                         search_space={"loss.w_neg": {"grid_search": list(cfg.sweep_grid)}, "loss.w_pos": 1.0},
-                         extra_trials=[], register=False, max_concurrent_trials=1)
+        scfg = sweep.Config(output_dir=self.ctx.path("sweep"), seed=cfg.seed, tracking=self.tracking("sweep"), ray=cfg.ray,
+                            train_config=None, train_overrides=overrides,
+                            search_space={"loss.w_neg": {"grid_search": list(cfg.sweep_grid)}, "loss.w_pos": 1.0},
+                            extra_trials=[], register=False, max_concurrent_trials=1)
         summary = self.execute("sweep", scfg, "4/7 full: the paper's w_neg grid (sweep stage)")
         trials = []
         for row in summary.get("rows", []):  # finished trial runs (hardpos.stages.compare.collect_runs rows)
@@ -434,10 +430,10 @@ class Pipeline:
 
     # 5 ------------------------------------------------------------------ evaluate
     def evaluate(self, name: str, checkpoint: str, world_dir: str) -> dict:
-        ecfg = ev.Config(output_dir=self.ctx.path("eval", slug(name)), seed=self.cfg.seed,
-                         tracking=self.tracking(f"eval-{name}"), ray=self.cfg.ray,
-                         model=ModelConfig(arch=self.cfg.arch, pretrained=checkpoint), model_name=name,
-                         world_dir=world_dir, batch_size=self.cfg.eval_batch_size, device="auto")
+        ecfg = evaluate.Config(output_dir=self.ctx.path("eval", slug(name)), seed=self.cfg.seed,
+                               tracking=self.tracking(f"eval-{name}"), ray=self.cfg.ray,
+                               model=ModelConfig(arch=self.cfg.arch, pretrained=checkpoint), model_name=name,
+                               world_dir=world_dir, batch_size=self.cfg.eval_batch_size, device="auto")
         return self.execute("evaluate", ecfg, f"5/7 evaluate {name}")
 
     # 5 (full) ---------------------------------------------------------- WiSE-FT curves
@@ -445,13 +441,13 @@ class Pipeline:
         """The interpolate stage from the base (alpha 0) to ``name`` (alpha 1) on the world's
         benchmarks, with retrieval over pretraining pairs as the retention figure."""
         cfg = self.cfg
-        wcfg = wise.Config(output_dir=self.ctx.path("wise", slug(name)), seed=cfg.seed,
-                           tracking=self.tracking(f"wise-{name}"), ray=cfg.ray,
-                           base=ModelConfig(arch=cfg.arch, pretrained=base_ckpt),
-                           finetuned=ModelConfig(arch=cfg.arch, pretrained=checkpoint),
-                           base_name="pretrained", finetuned_name=name, alphas=list(cfg.wise_alphas), world_dir=world_dir,
-                           retention=ev.RetentionConfig(retrieval=[self.retrieval_set(world_dir)]),
-                           batch_size=cfg.eval_batch_size, device="auto")
+        wcfg = interpolate.Config(output_dir=self.ctx.path("wise", slug(name)), seed=cfg.seed,
+                                  tracking=self.tracking(f"wise-{name}"), ray=cfg.ray,
+                                  base=ModelConfig(arch=cfg.arch, pretrained=base_ckpt),
+                                  finetuned=ModelConfig(arch=cfg.arch, pretrained=checkpoint),
+                                  base_name="pretrained", finetuned_name=name, alphas=list(cfg.wise_alphas), world_dir=world_dir,
+                                  retention=evaluate.RetentionConfig(retrieval=[self.retrieval_set(world_dir)]),
+                                  batch_size=cfg.eval_batch_size, device="auto")
         return self.execute("interpolate", wcfg, f"5/7 full: WiSE-FT curve pretrained -> {name}")
 
     def retrieval_set(self, world_dir: str) -> RetrievalSpec:
@@ -614,7 +610,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     rows: dict[str, dict[str, float]] = {}
     for name, m in models.items():
         ev = p.evaluate(name, m["checkpoint"], world_dir)
-        rows[name] = R.table_row(ev["metrics"])
+        rows[name] = table1.table_row(ev["metrics"])
         m["eval_dir"] = ev["output_dir"]
     wise = {name: p.wise_curve(name, base_ckpt, models[name]["checkpoint"], world_dir)
             for name in (cfg.wise_variants if cfg.full else [])}
@@ -625,9 +621,9 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     if not ranked:
         raise RuntimeError(f"no finetuned model has a finite objective to register: {candidates}")
     best = ranked[0]
-    rcfg = reg.Config(output_dir=ctx.path("register"), seed=cfg.seed, tracking=p.tracking("register"), ray=cfg.ray,
-                      name=cfg.register_name, run_id=models[best]["run_id"], experiment=cfg.tracking.experiment,
-                      metric="objective", alias="champion", challenger_alias="")
+    rcfg = register.Config(output_dir=ctx.path("register"), seed=cfg.seed, tracking=p.tracking("register"), ray=cfg.ray,
+                           name=cfg.register_name, run_id=models[best]["run_id"], experiment=cfg.tracking.experiment,
+                           metric="objective", alias="champion", challenger_alias="")
     registered = p.execute("register", rcfg, f"6/7 register {best} as champion")
 
     # 7: the comparison
@@ -638,7 +634,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
              f"{cfg.world.n_finetune} finetune scenes; {base} + {cfg.finetune.steps} finetune steps, {how})")
     # ends with the paper's signs, each margin judged by the noise floor the calibration measured
     # (no floors file: every margin reads "no noise floor", never "held")
-    md = R.markdown_table(rows, title=title, floors=S.load_floors() or {"checks": {}})
+    md = table1.markdown_table(rows, title=title, floors=signs.load_floors() or {"checks": {}})
     if wise:
         md += "\n## WiSE-FT: mixing the base and a finetuned model (interpolate stage)\n\n" + "\n".join(
             storage.read_text(w["files"]["curve_md"]) for w in wise.values())
@@ -651,7 +647,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     files["results_json"] = storage.write_json(ctx.path("results.json"), results)
     if cfg.chart:
         with tempfile.TemporaryDirectory() as tmp:
-            local = R.write_chart(rows, str(Path(tmp) / "results.png"), title=title)  # the chart wraps it
+            local = plots.write_chart(rows, str(Path(tmp) / "results.png"), title=title)  # the chart wraps it
             storage.write_bytes(ctx.path("results.png"), Path(local).read_bytes())
             ctx.log_artifact(local)
         files["chart"] = ctx.path("results.png")
@@ -718,11 +714,11 @@ def pretrain_base(cfg: Config, ctx: JobContext, p: Pipeline, world_dir: str, sta
     as a shippable base (float16 weights + manifest, :func:`hardpos.models.bases.write_base`)."""
     pre = pretrain(cfg, ctx, p, world_dir, resumable=True)
     ev_base = p.evaluate("pretrained", pre["checkpoint"], world_dir)
-    row = R.table_row(ev_base["metrics"])
+    row = table1.table_row(ev_base["metrics"])
     curriculum_row = None
     if cfg.curriculum.steps:
         ev_c = p.evaluate("pretrained-on-curriculum-world", pre["checkpoint"], ctx.path("curriculum_world"))
-        curriculum_row = R.table_row(ev_c["metrics"])
+        curriculum_row = table1.table_row(ev_c["metrics"])
     manifest = {
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
         "git": bases.git_commit(),

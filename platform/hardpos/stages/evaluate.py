@@ -210,7 +210,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     # lazy: see the module's imports
     import torch
 
-    from hardpos import report as R
+    from hardpos.eval import outputs
     from hardpos.eval.distributed import ray_image_encoder
     from hardpos.models.clip import load_model
 
@@ -239,7 +239,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     bench_s = time.time() - started  # benchmarks and retention
 
     metrics = {**report.metrics, **retention}
-    paths = R.write_outputs(report, ctx.output_dir, model_name=model_name, retention=retention, device=device)
+    paths = outputs.write_outputs(report, ctx.output_dir, model_name=model_name, retention=retention, device=device)
     ctx.log_metrics(metrics)
     if ctx.run is not None:
         with tempfile.TemporaryDirectory() as tmp:  # artifacts from local copies (output_dir may be s3://)
@@ -259,7 +259,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         if n_total and len(r.excluded_items) / n_total > cfg.max_missing_fraction:
             raise RuntimeError(f"{r.name}: {len(r.excluded_items)} of {n_total} items lost their image "
                                f"(> max_missing_fraction={cfg.max_missing_fraction}); see {paths['missing_images']}")
-    print(R.markdown_report(report, model_name, retention, device=device).split("## Missing")[0])
+    print(outputs.markdown_report(report, model_name, retention, device=device).split("## Missing")[0])
     return {"model": model_name, "seen_substitutions": seen, "device": device, "precision": cfg.precision, "engine": cfg.engine,
             "benchmark_seconds": round(bench_s, 3),
             "metrics": metrics, "benchmarks": benchmarks, "files": paths}

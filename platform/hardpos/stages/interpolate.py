@@ -34,17 +34,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from hardpos import preflight
-from hardpos import report as R
-from hardpos import storage, tracking
+from hardpos import markdown, plots, storage, tracking
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig, require
 from hardpos.config.paths import resolve_tracking_uri
+from hardpos.eval import outputs
 from hardpos.eval.spec import BenchmarkSpec, Precision
 from hardpos.interpolate import check_alphas, interpolate_state, load_pair, state_of
 from hardpos.models import registry
 from hardpos.models import weights
 from hardpos.models.uri import mlflow_client
 from hardpos.runtime import JobContext, execute
-from hardpos.stages import evaluate as ev
+from hardpos.stages import evaluate
 
 if TYPE_CHECKING:
     import torch
@@ -95,7 +95,7 @@ class Config(JobConfig):
     alphas: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     benchmarks: list[BenchmarkSpec] = dataclasses.field(default_factory=list)
     world_dir: str | None = None
-    retention: ev.RetentionConfig = dataclasses.field(default_factory=ev.RetentionConfig)
+    retention: evaluate.RetentionConfig = dataclasses.field(default_factory=evaluate.RetentionConfig)
     device: str = "auto"
     precision: Precision = "fp32"
     batch_size: int = 256
@@ -149,10 +149,10 @@ def curve_columns(specs: Sequence[BenchmarkSpec], metrics: Mapping[str, float]) 
 
 
 def curve_markdown(points: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]], *, title: str) -> str:
-    """The trade-off table: one row per alpha, figures in percent (hardpos.report's writer)."""
-    rows = [[f"{p['alpha']:g}"] + [R.pct(p["metrics"].get(k)) for _, k in columns] for p in points]
+    """The trade-off table: one row per alpha, figures in percent (:func:`hardpos.markdown.table`)."""
+    rows = [[f"{p['alpha']:g}"] + [markdown.pct(p["metrics"].get(k)) for _, k in columns] for p in points]
     return "\n".join([f"### {title}", "", "alpha = 0 is the base, 1 the finetuned model; figures in %.", "",
-                      R.table(["alpha"] + [h for h, _ in columns], rows), ""])
+                      markdown.table(["alpha"] + [h for h, _ in columns], rows), ""])
 
 
 # --------------------------------------------------------------------------- the job
@@ -176,10 +176,10 @@ def _one_alpha(alpha: float, model: torch.nn.Module, lf: LoadedModel, states: tu
 
     def run_child(cfg: Config, ctx: JobContext) -> dict:
         unwrap(model).load_state_dict(interpolate_state(*states, alpha))
-        report, retention = ev.evaluate_model(model, lf, specs, cfg, device)
+        report, retention = evaluate.evaluate_model(model, lf, specs, cfg, device)
         metrics = {**report.metrics, **retention}
         name = f"{cfg.finetuned_name} alpha={alpha:g}"
-        files = R.write_outputs(report, ctx.output_dir, model_name=name, retention=retention, device=device)
+        files = outputs.write_outputs(report, ctx.output_dir, model_name=name, retention=retention, device=device)
         ctx.log_metrics({**metrics, "alpha": alpha})
         model_uri = None
         with tempfile.TemporaryDirectory(prefix="hardpos-wise-") as tmp:
@@ -212,8 +212,8 @@ def check(cfg: Config) -> None:
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:
-    specs = ev.resolve_specs(ev.Config(benchmarks=cfg.benchmarks, world_dir=cfg.world_dir, retention=cfg.retention))
-    device = ev.resolve_device(cfg.device)
+    specs = evaluate.resolve_specs(evaluate.Config(benchmarks=cfg.benchmarks, world_dir=cfg.world_dir, retention=cfg.retention))
+    device = evaluate.resolve_device(cfg.device)
     import torch  # lazy: see the module's imports
 
     torch.manual_seed(cfg.seed)  # random-weight endpoints are reproducible from the seed
@@ -241,7 +241,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
              "curve_json": storage.write_json(ctx.path("curve.json"), {"base": base_src, "finetuned": ft_src,
                                                                       "points": points})}
     with tempfile.TemporaryDirectory() as tmp:
-        local = R.curve_plot(points, columns, str(Path(tmp) / "curve.png"), title=title)
+        local = plots.curve_plot(points, columns, str(Path(tmp) / "curve.png"), title=title)
         files["curve_png"] = storage.write_bytes(ctx.path("curve.png"), Path(local).read_bytes())
         ctx.log_artifact(local)
         for key in ("curve_md", "curve_json"):

@@ -64,7 +64,7 @@ ALPHA = 0.05
 #: one-sided standard normal quantile at ALPHA: a single run's floor is Z x the per-seed std
 Z_ONE_SIDED = 1.6448536269514722
 #: the noise floors the demo's single run is judged by (written by ``python -m benchmarks.calibrate signs``)
-FLOORS_PATH = Path(__file__).parent / "resources" / "signs_noise.json"
+FLOORS_PATH = Path(__file__).parents[1] / "resources" / "signs_noise.json"
 
 #: The paper's Table 1 (CLIP ViT-B/32 finetuned on COCO): per model, per benchmark,
 #: (original acc., augmented acc., brittleness) in %. Keys are the demo's model names.
@@ -130,6 +130,26 @@ def t_sf(t: float, df: float) -> float:
         return 0.0 if t > 0 else 1.0
     tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
     return tail if t > 0 else 1.0 - tail
+
+
+def aggregate(per_seed: Sequence[Mapping[str, Mapping[str, float]]]) -> tuple[dict, dict]:
+    """Mean and (sample) standard deviation over seeds: (model -> col -> mean, model -> col -> std).
+
+    Models present in every seed only; std is 0.0 for a single seed."""
+    if not per_seed:
+        raise ValueError("no seeds to aggregate")
+    models = [m for m in per_seed[0] if all(m in s for s in per_seed)]
+    mean: dict[str, dict[str, float]] = {}
+    std: dict[str, dict[str, float]] = {}
+    for m in models:
+        cols = [c for c in per_seed[0][m] if all(c in s[m] for s in per_seed)]
+        mean[m], std[m] = {}, {}
+        for c in cols:
+            vals = [float(s[m][c]) for s in per_seed]
+            mu = sum(vals) / len(vals)
+            mean[m][c] = mu
+            std[m][c] = math.sqrt(sum((v - mu) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return mean, std
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,7 +364,7 @@ def paper_signs(rows: Rows, spreads: Rows | None = None, *, per_seed: Sequence[R
                 base: str = "pretrained", hn_only: str = "hn-only", hp_hn: str = "hp+hn") -> list[Sign]:
     """Every one of the paper's signs (see the module doc) the rows can check, in order 1..5.
 
-    ``rows``: model -> :func:`hardpos.report.table_row` (fractions; over seeds their mean);
+    ``rows``: model -> :func:`hardpos.paper.table1.table_row` (fractions; over seeds their mean);
     ``per_seed``: the rows of each seed, for the paired test; ``floors``: check key ->
     ``{"floor": points, "held": bool}`` for a single run (:func:`load_floors`); ``spreads``:
     model -> the same keys' std over seeds, used only without ``per_seed`` and ``floors``.
@@ -436,8 +456,6 @@ def floors_from(per_seed: Sequence[Rows], *, alpha: float = ALPHA, source: str =
     the mean and whether the paired test held. Raises ValueError with fewer than 2 seeds."""
     if len(per_seed) < 2:
         raise ValueError(f"noise floors need at least 2 seeds, got {len(per_seed)}")
-    from hardpos.report import aggregate  # lazy: report imports this module
-
     mean, _ = aggregate(per_seed)
     checks = {}
     for s in paper_signs(mean, per_seed=per_seed, alpha=alpha) + sanity_checks(mean, per_seed=per_seed, alpha=alpha):
