@@ -43,12 +43,12 @@ from typing import Any
 import torch
 from open_clip.loss import ClipLoss
 
+import hardpos.train.step  # hardpos.train.step.train_step looked up per call: tests count the calls
 from benchmarks.harness import compare_alternating
 from benchmarks.tiny_step import synthetic_batch
 from hardpos.config import ModelConfig
 from hardpos.models.clip import encode_text, load_model
 from hardpos.train import lora
-from hardpos.train import step as training_step  # step.train_step looked up per call: tests count the calls
 from hardpos.train.config import LossConfig, OptimConfig
 from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch
 
@@ -85,7 +85,7 @@ def bench_train_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: 
         batch = model_batch(images, text, neg, pos)
 
         def step():
-            training_step.train_step(net, batch, loss_cfg, optimizer, schedulers[id(optimizer)], grad_clip=optim.grad_clip,
+            hardpos.train.step.train_step(net, batch, loss_cfg, optimizer, schedulers[id(optimizer)], grad_clip=optim.grad_clip,
                        autocast_ctx=autocast)
             sync()
         return step
@@ -163,7 +163,7 @@ def bench_lora_step(arch: str = "hardpos-tiny", batch_size: int = 32, repeats: i
         sched = build_scheduler(opt, optim.warmup_steps, 1_000_000)
 
         def step():
-            training_step.train_step(net, batch, loss_cfg, opt, sched, grad_clip=optim.grad_clip, autocast_ctx=autocast)
+            hardpos.train.step.train_step(net, batch, loss_cfg, opt, sched, grad_clip=optim.grad_clip, autocast_ctx=autocast)
             if cuda:
                 torch.cuda.synchronize()
         return step

@@ -75,14 +75,14 @@ def test_full_real_replace_with_stand_in_images(shared_data, tmp_path):
 
     from hardpos.config import load_config
     from hardpos.runtime import execute
-    from hardpos.stages import evaluate as stage
+    from hardpos.stages import evaluate
 
     root = tmp_path / "vg"
     bench = load_benchmark(BenchmarkSpec("replace", "replace", str(shared_data / "hard_positives"), image_root=str(root)))
     t0 = time.time()
     made = stand_in_images(root, [it.image[len(str(root)) + 1:] for it in bench.items], size=(4, 4))
     print(f"{made} stand-in images in {time.time() - t0:.1f}s")
-    cfg = load_config(stage.Config, None, [
+    cfg = load_config(evaluate.Config, None, [
         f"output_dir={tmp_path / 'out'}", "tracking.enabled=false", "device=cpu", "batch_size=512",
         f"benchmarks=[{{name: replace, kind: replace, path: {shared_data / 'hard_positives'}, image_root: {root}}}]"])
     summary = execute("evaluate", cfg, quiet=True)

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hardpos import explorer as X
+from hardpos import explorer
 from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.spec import BenchmarkSpec
 from tests.support.fixtures import PALETTE, draw_shape, write_rows
@@ -143,7 +143,7 @@ def _expected_combinations(evals: dict[str, Path]) -> dict[str, int]:
     ((0.3, 0.2, None), "correct"), ((0.2, 0.2, None), "wrong"),
 ])
 def test_outcome_names_each_verdict_triple(scores, name):
-    assert X.outcome(X.ItemScores("s", *scores)) == name
+    assert explorer.outcome(explorer.ItemScores("s", *scores)) == name
 
 
 def test_vectorised_outcomes_equal_the_per_item_outcome():
@@ -154,8 +154,8 @@ def test_vectorised_outcomes_equal_the_per_item_outcome():
     rng = np.random.default_rng(0)
     c, n, p = (rng.integers(0, 4, 3000) / 4 for _ in range(3))  # coarse grid: many ties
     p[::7] = np.nan
-    got = X.outcomes(c, n, p)
-    want = [X.outcome(X.ItemScores("s", a, b, None if np.isnan(d) else d)) for a, b, d in zip(c, n, p)]
+    got = explorer.outcomes(c, n, p)
+    want = [explorer.outcome(explorer.ItemScores("s", a, b, None if np.isnan(d) else d)) for a, b, d in zip(c, n, p)]
     assert list(got) == want
     assert set(want) == {"correct", "brittle (P<N)", "brittle (C<N)", "tie (P=N)", "wrong"}
 
@@ -164,39 +164,39 @@ def test_disagreements_of_three_models_by_hand():
     """A hand-made 3-model example: the rows are exactly the items whose outcomes differ
     between ANY two models; items some model lacks and benchmarks not every model scored
     are left out (and counted)."""
-    S = X.ItemScores
+    S = explorer.ItemScores
     ok, brittle_p, brittle_c, wrong = (S("a", 0.3, 0.2, 0.25), S("a", 0.3, 0.2, 0.1),
                                        S("r", 0.1, 0.2, 0.3), S("r", 0.1, 0.2, 0.15))
     a = {"b": {"1": ok, "2": ok, "3": brittle_p, "4": wrong, "5": ok, "6": ok}, "only_a": {"1": ok}}
     b = {"b": {"1": ok, "2": ok, "3": brittle_p, "4": wrong, "5": brittle_p, "7": ok}}
     c = {"b": {"1": ok, "2": brittle_c, "3": brittle_p, "4": ok, "5": brittle_p, "6": wrong}}
-    got = X.disagreements({"A": a, "B": b, "C": c})
+    got = explorer.disagreements({"A": a, "B": b, "C": c})
     assert list(got) == ["b"]
     t = got["b"]
     assert [r.item_id for r in t.rows] == ["2", "4", "5"]  # 1 and 3 agree; 6 and 7 are not scored by all
     assert (t.n_common, t.n_partial) == (5, 2)
     assert got["b"].rows[1].outcomes == ("wrong", "wrong", "correct")
     assert got["b"].rows[2].combination(["A", "B", "C"]) == "A: correct · B: brittle (P<N) · C: brittle (P<N)"
-    with pytest.raises(X.ExplorerError, match="at least two models"):
-        X.disagreements({"A": a})
-    with pytest.raises(X.ExplorerError, match="share no benchmark"):
-        X.disagreements({"A": {"x": {}}, "B": {"y": {}}})
+    with pytest.raises(explorer.ExplorerError, match="at least two models"):
+        explorer.disagreements({"A": a})
+    with pytest.raises(explorer.ExplorerError, match="share no benchmark"):
+        explorer.disagreements({"A": {"x": {}}, "B": {"y": {}}})
 
 
 def test_cap_rows_takes_every_combination_in_turn():
-    S = X.ItemScores
-    rows = [X.Row("b", str(i), "s", (S("s", 0, 0, 0),) * 2, ("correct", "wrong") if i < 9 else ("wrong", "correct"))
+    S = explorer.ItemScores
+    rows = [explorer.Row("b", str(i), "s", (S("s", 0, 0, 0),) * 2, ("correct", "wrong") if i < 9 else ("wrong", "correct"))
             for i in range(10)]
-    kept = X.cap_rows(rows, 4, ["A", "B"])
+    kept = explorer.cap_rows(rows, 4, ["A", "B"])
     assert [r.item_id for r in kept] == ["0", "1", "2", "9"]  # the single rare row is kept, input order kept
-    assert X.cap_rows(rows, 50, ["A", "B"]) == rows
+    assert explorer.cap_rows(rows, 50, ["A", "B"]) == rows
 
 
 def test_page_escapes_text_selects_disagreements_and_links_existing_images(tmp_path):
     specs, items = _fixture_benchmarks(tmp_path / "bench")
     evals = _evaluations(tmp_path, items)
-    models = {m: X.read_scores(str(d)) for m, d in evals.items()}
-    res = X.write_explorer(models, items, tmp_path / "explorer", max_rows_per_benchmark=7)
+    models = {m: explorer.read_scores(str(d)) for m, d in evals.items()}
+    res = explorer.write_explorer(models, items, tmp_path / "explorer", max_rows_per_benchmark=7)
     page = res.index.read_text(encoding="utf-8")
     expected = _expected_combinations(evals)
     n_dis = sum(expected.values())
@@ -230,19 +230,19 @@ def test_page_escapes_text_selects_disagreements_and_links_existing_images(tmp_p
 def test_missing_benchmark_and_missing_image_are_said_not_fatal(tmp_path):
     specs, items = _fixture_benchmarks(tmp_path / "bench")
     evals = _evaluations(tmp_path, items)
-    models = {m: X.read_scores(str(d)) for m, d in evals.items()}
+    models = {m: explorer.read_scores(str(d)) for m, d in evals.items()}
     for it in items["shapes"]:
         if "red_circle" in it.image:
             Path(it.image).unlink(missing_ok=True)
-    res = X.write_explorer(models, {"shapes": items["shapes"]}, tmp_path / "explorer")
+    res = explorer.write_explorer(models, {"shapes": items["shapes"]}, tmp_path / "explorer")
     page = res.index.read_text(encoding="utf-8")
     assert "scpp: not shown: no benchmark configured for it." in page
     assert "image unavailable" in page
     assert list(res.shown) == ["shapes"]
-    with pytest.raises(X.ExplorerError, match="none of the scored benchmarks"):
-        X.write_explorer(models, {"other": []}, tmp_path / "explorer2")
-    with pytest.raises(X.ExplorerError, match="no per-item scores"):
-        X.read_scores(str(tmp_path / "nowhere"))
+    with pytest.raises(explorer.ExplorerError, match="none of the scored benchmarks"):
+        explorer.write_explorer(models, {"other": []}, tmp_path / "explorer2")
+    with pytest.raises(explorer.ExplorerError, match="no per-item scores"):
+        explorer.read_scores(str(tmp_path / "nowhere"))
 
 
 def test_real_sugarcrepe_pp_items_with_stand_in_images(shared_data, tmp_path):
@@ -260,8 +260,8 @@ def test_real_sugarcrepe_pp_items_with_stand_in_images(shared_data, tmp_path):
     # text-only: "base" gets every item right, "tuned" none (its paraphrase is nearer the negative)
     text = {"base": [(0.9, 0.5, 0.4)] * len(its), "tuned": [(0.5, 0.6, 0.4)] * len(its)}
     evals = {m: _write_scores(tmp_path / m / "scores.parquet", rows, text[m]).parent for m, rows in scores.items()}
-    res = X.write_explorer({m: X.read_scores(str(d)) for m, d in evals.items()}, {"sugarcrepe_pp": its},
-                           tmp_path / "explorer")
+    res = explorer.write_explorer({m: explorer.read_scores(str(d)) for m, d in evals.items()}, {"sugarcrepe_pp": its},
+                                  tmp_path / "explorer")
     page = res.index.read_text(encoding="utf-8")
     assert res.counts["sugarcrepe_pp"]["items"] == 30
     assert res.counts["sugarcrepe_pp"]["disagreements"] == sum(_expected_combinations(evals).values())
@@ -279,7 +279,7 @@ def test_compare_stage_writes_and_logs_the_explorer_and_can_turn_it_off(tmp_path
 
     from hardpos.config import ConfigError, load_config
     from hardpos.runtime import execute
-    from hardpos.stages import compare as stage
+    from hardpos.stages import compare
 
     specs, items = _fixture_benchmarks(tmp_path / "bench")
     evals = _evaluations(tmp_path, items)
@@ -293,7 +293,7 @@ def test_compare_stage_writes_and_logs_the_explorer_and_can_turn_it_off(tmp_path
     evals_yaml = "{" + ", ".join(f"'{m}': '{d}'" for m, d in evals.items()) + "}"
     base = [f"tracking.experiment=h5-explorer-{tmp_path.name}", f"explorer.evaluations={evals_yaml}",
             f"explorer.benchmarks={bench_yaml}", "explorer.max_rows_per_benchmark=5"]
-    cfg = load_config(stage.Config, None, [f"output_dir={tmp_path / 'out'}", *base])
+    cfg = load_config(compare.Config, None, [f"output_dir={tmp_path / 'out'}", *base])
     summary = execute("compare", cfg, quiet=True)
     index = tmp_path / "out" / "explorer" / "index.html"
     assert summary["explorer"]["index"] == str(index) and index.is_file()
@@ -302,16 +302,16 @@ def test_compare_stage_writes_and_logs_the_explorer_and_can_turn_it_off(tmp_path
     assert summary["explorer"]["benchmarks"]["shapes"]["shown"] == 5
     logged = {a.path for a in mlflow.MlflowClient().list_artifacts(summary["mlflow_run_id"], "explorer")}
     assert "explorer/index.html" in logged and "explorer/images" in logged
-    off = load_config(stage.Config, None, [f"output_dir={tmp_path / 'off'}", *base, "explorer.enabled=false"])
+    off = load_config(compare.Config, None, [f"output_dir={tmp_path / 'off'}", *base, "explorer.enabled=false"])
     with pytest.raises(ConfigError, match="no finished runs"):
         execute("compare", off, quiet=True)
     assert not (tmp_path / "off" / "explorer").exists()
-    gone = load_config(stage.Config, None, [f"output_dir={tmp_path / 'gone'}", *base,
-                                            f"explorer.evaluations={{a: '{evals['HN-only']}', b: 'runs:/{'0' * 32}'}}"])
+    gone = load_config(compare.Config, None, [f"output_dir={tmp_path / 'gone'}", *base,
+                                              f"explorer.evaluations={{a: '{evals['HN-only']}', b: 'runs:/{'0' * 32}'}}"])
     with pytest.raises(ConfigError, match=f"cannot fetch scores.parquet of MLflow run {'0' * 32}"):
         execute("compare", gone, quiet=True)
     with pytest.raises(ConfigError, match="explorer.evaluations must name at least two models"):
-        load_config(stage.Config, None, [f"explorer.evaluations={{only: {tmp_path}}}"])
+        load_config(compare.Config, None, [f"explorer.evaluations={{only: {tmp_path}}}"])
 
 
 # --------------------------------------------------------------------------- a real browser
@@ -348,8 +348,8 @@ def test_page_in_headless_chromium_filters_rows_without_console_errors(tmp_path)
 
     specs, items = _fixture_benchmarks(tmp_path / "bench")
     evals = _evaluations(tmp_path, items, models=("HN-only", "HP+HN", "base"))
-    models = {m: X.read_scores(str(d)) for m, d in evals.items()}
-    res = X.write_explorer(models, items, tmp_path / "explorer", max_rows_per_benchmark=1000)
+    models = {m: explorer.read_scores(str(d)) for m, d in evals.items()}
+    res = explorer.write_explorer(models, items, tmp_path / "explorer", max_rows_per_benchmark=1000)
     expected = _expected_combinations(evals)  # no cap hit: every disagreement is on the page
     total = sum(expected.values())
     combo, n_combo = max(expected.items(), key=lambda kv: (kv[1], kv[0]))
@@ -367,7 +367,7 @@ def test_page_in_headless_chromium_filters_rows_without_console_errors(tmp_path)
             # the folder is self-contained: a copy elsewhere opens the same
             copied = shutil.copytree(res.index.parent, tmp_path / "copied" / "explorer")
             shutil.rmtree(res.index.parent)
-            page.goto((copied / X.INDEX_FILE).as_uri(), wait_until="load")
+            page.goto((copied / explorer.INDEX_FILE).as_uri(), wait_until="load")
             rows = page.locator("#items tbody tr")
             visible = "#items tbody tr:not([hidden])"
             assert rows.count() == total and page.locator(visible).count() == total
@@ -405,9 +405,9 @@ def _research_page(tmp_path: Path, n: int = 130):
 
     items = {"bench": [Item(str(i), ("replace_attribute", "replace_relation")[i % 2], str(tmp_path / f"{i}.png"),
                             f"caption {i} <i>", f"negative {i}", f"positive {i}") for i in range(n)]}
-    hn = {"bench": {str(i): X.ItemScores(items["bench"][i].subset, 0.5, 0.3, 0.3 - 0.001 * (i + 1)) for i in range(n)}}
-    hp = {"bench": {str(i): X.ItemScores(items["bench"][i].subset, 0.5, 0.3, 0.4) for i in range(n)}}
-    return X.write_explorer({"HN-only": hn, "HP+HN": hp}, items, tmp_path / "explorer")
+    hn = {"bench": {str(i): explorer.ItemScores(items["bench"][i].subset, 0.5, 0.3, 0.3 - 0.001 * (i + 1)) for i in range(n)}}
+    hp = {"bench": {str(i): explorer.ItemScores(items["bench"][i].subset, 0.5, 0.3, 0.4) for i in range(n)}}
+    return explorer.write_explorer({"HN-only": hn, "HP+HN": hp}, items, tmp_path / "explorer")
 
 
 def test_every_row_is_on_the_page_with_per_model_verdicts_and_margins(tmp_path):

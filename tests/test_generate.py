@@ -21,9 +21,9 @@ NEGCLIP = "negclip/valid_neg_clip.tsv"
 
 
 def gen_config(tmp_path, *overrides, name="out"):
-    import hardpos.stages.generate as g
+    from hardpos.stages import generate
 
-    return load_config(g.Config, None, [f"output_dir={tmp_path / name}", "tracking.enabled=false", *overrides])
+    return load_config(generate.Config, None, [f"output_dir={tmp_path / name}", "tracking.enabled=false", *overrides])
 
 
 def run_stage(cfg):

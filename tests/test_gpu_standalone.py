@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import child_env, suites
-from benchmarks import gpu_standalone as gs
+from benchmarks import child_env, gpu_standalone, suites
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--arch", "hardpos-tiny", "--batch", "4", "--steps", "1", "--warmup", "0", "--eval-rows", "8",
@@ -69,23 +68,23 @@ def test_suite_rows_from_the_json(cpu_run):
 ])
 def test_config_rejects_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        gs.GpuSuiteConfig(**kwargs)
+        gpu_standalone.GpuSuiteConfig(**kwargs)
 
 
 def test_cli_flags_map_to_the_config():
-    cfg, out = gs.parse_args(TINY + ["--sections", "train,serve", "--out", "x.json"])
+    cfg, out = gpu_standalone.parse_args(TINY + ["--sections", "train,serve", "--out", "x.json"])
     assert (cfg.arch, cfg.batch, cfg.steps, cfg.warmup, cfg.device) == ("hardpos-tiny", 4, 1, 0, "cpu")
     assert cfg.serve_batches == (1, 2) and cfg.image_size == (40, 30) and cfg.sections == ("train", "serve")
     assert out == "x.json"
     with pytest.raises(SystemExit):
-        gs.parse_args(["--image-size", "big"])
+        gpu_standalone.parse_args(["--image-size", "big"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_cuda_without_a_gpu_says_so():
-    assert gs.resolve_device("auto") == "cpu"
+    assert gpu_standalone.resolve_device("auto") == "cpu"
     with pytest.raises(RuntimeError, match="no CUDA device"):
-        gs.resolve_device("cuda")
+        gpu_standalone.resolve_device("cuda")
 
 
 def test_device_script_runs_the_cpu_path(tmp_path):
@@ -102,8 +101,8 @@ def test_device_script_runs_the_cpu_path(tmp_path):
 
 @pytest.mark.slow  # torch.compile's tracing takes ~15 CPU-s even with the eager backend
 def test_compile_section_times_the_compiled_step_against_eager():
-    cfg = gs.GpuSuiteConfig(arch="hardpos-tiny", batch=4, steps=1, warmup=0, device="cpu", sections=("compile",),
-                            compile_backend="eager")
-    fig = gs.run(cfg)["compile"]
+    cfg = gpu_standalone.GpuSuiteConfig(arch="hardpos-tiny", batch=4, steps=1, warmup=0, device="cpu", sections=("compile",),
+                                        compile_backend="eager")
+    fig = gpu_standalone.run(cfg)["compile"]
     assert fig["backend"] == "eager" and fig["first_call_s"] > 0
     assert fig["compiled_samples_per_s"] > 0 and fig["eager_samples_per_s"] > 0 and fig["compiled_over_eager"] > 0

@@ -127,9 +127,9 @@ def test_rows_do_not_depend_on_sharding_or_answer_order():
 
 # --------------------------------------------------------------------------- the stage on Ray
 def gen_config(tmp_path, name, *overrides):
-    import hardpos.stages.generate as g
+    from hardpos.stages import generate
 
-    return load_config(g.Config, None, [f"output_dir={tmp_path / name}", "tracking.enabled=false", *overrides])
+    return load_config(generate.Config, None, [f"output_dir={tmp_path / name}", "tracking.enabled=false", *overrides])
 
 
 def test_stage_writes_one_row_per_real_negclip_caption(ray_session, shared_data, tmp_path):

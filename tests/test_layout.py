@@ -222,13 +222,13 @@ def test_modules_are_ideas_with_public_surfaces():
     re-exported, and the import graph has no cycle, counting the imports inside functions
     too: a cycle through a lazy import does not fail at import time but still ties the two
     modules into one (the numbers ``python tests/support/house_stats.py`` prints, held at zero)."""
-    from tests.support import house_stats as H  # lazy: the measuring module is only this test's
+    from tests.support import house_stats  # lazy: the measuring module is only this test's
 
-    mods = H.parse(PACKAGE)
-    assert H.private_imports(PACKAGE, mods) == []
-    assert H.reexport_lines(PACKAGE, mods) == []
-    assert H.cycles(H.import_graph(PACKAGE, mods)) == []
-    assert H.cycles(H.import_graph(PACKAGE, mods, lazy=True)) == []
+    mods = house_stats.parse(PACKAGE)
+    assert house_stats.private_imports(PACKAGE, mods) == []
+    assert house_stats.reexport_lines(PACKAGE, mods) == []
+    assert house_stats.cycles(house_stats.import_graph(PACKAGE, mods)) == []
+    assert house_stats.cycles(house_stats.import_graph(PACKAGE, mods, lazy=True)) == []
 
 
 def test_every_stage_module_owns_its_check_and_run():

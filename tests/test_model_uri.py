@@ -56,9 +56,9 @@ def registered(tmp_path_factory) -> Store:
     creating an MLflow SQLite store and logging a model take several seconds)."""
     from hardpos import tracking
     from hardpos.config import TrackingConfig
-    from hardpos.models.pyfunc import log_model
     from hardpos.models.clip import save_checkpoint
-    from hardpos.stages import register as reg
+    from hardpos.models.pyfunc import log_model
+    from hardpos.stages import register
 
     root = tmp_path_factory.mktemp("model-uri")
     (root / "a").mkdir()
@@ -72,7 +72,7 @@ def registered(tmp_path_factory) -> Store:
         run.set_tags({"hardpos.model_uri": log_model(run, ckpt), "hardpos.stage": "train"})
         tracking.end_run(run)
         name = f"uri-test-{uuid.uuid4().hex[:8]}"
-        out = reg.register_best(reg.Config(name=name, run_id=run.run_id, challenger_alias=""), uri, "uri-tests")
+        out = register.register_best(register.Config(name=name, run_id=run.run_id, challenger_alias=""), uri, "uri-tests")
         assert out["model_uri"] == f"models:/{name}@champion" and out["champion"]["version"] == "1"
         assert not list((root / "setup").iterdir())
     state = {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
@@ -158,16 +158,16 @@ def test_evaluate_stage_loads_the_registered_model_from_its_tracking_uri(store, 
     from a directory without a store: same metrics as evaluating the checkpoint folder."""
     from hardpos.config import load_config
     from hardpos.runtime import execute
-    from hardpos.stages import evaluate as stage
+    from hardpos.stages import evaluate
     from tests.support import triplet_rows, write_rows
 
     bench = write_rows(tmp_path / "bench", triplet_rows(6, seed=2))
     common = ["device=cpu", "batch_size=4", f"benchmarks=[{{name: colours, kind: triplets, path: {bench}}}]",
               f"tracking.tracking_uri={store.uri}"]
-    registered = execute("evaluate", load_config(stage.Config, None, [
+    registered = execute("evaluate", load_config(evaluate.Config, None, [
         *common, f"output_dir={tmp_path / 'eval-registered'}", f"model.pretrained=models:/{store.name}@champion"]),
         quiet=True)
-    direct = execute("evaluate", load_config(stage.Config, None, [
+    direct = execute("evaluate", load_config(evaluate.Config, None, [
         *common, f"output_dir={tmp_path / 'eval-direct'}", f"model.pretrained={store.ckpt}"]), quiet=True)
     assert registered["model"] == f"models:/{store.name}@champion"
     assert registered["metrics"]["colours/n_items"] == 6
@@ -181,22 +181,20 @@ def test_evaluate_stage_loads_the_registered_model_from_its_tracking_uri(store, 
 
 # --------------------------------------------------------------------------- serve
 def test_serve_loader_resolves_in_the_app_config_tracking_uri(store):
-    from hardpos.serve import config as C
-    from hardpos.serve import errors as E
-    from hardpos.serve import scoring as SC
+    from hardpos.serve import config, errors, scoring
 
-    cfg = C.load_app_config({"model": f"models:/{store.name}@champion", "tracking_uri": store.uri})
-    loaded, info = SC.load_model(cfg, "cpu")
+    cfg = config.load_app_config({"model": f"models:/{store.name}@champion", "tracking_uri": store.uri})
+    loaded, info = scoring.load_model(cfg, "cpu")
     assert _same_weights(loaded.model, store.state) and not loaded.model.training
     assert (info["name"], info["alias"], info["version"], info["run_id"]) == (store.name, "champion", "1", store.run_id)
-    assert SC.current_version(cfg) == "1"
-    by_run, info = SC.load_model(C.load_app_config({"model": f"runs:/{store.run_id}/model", "tracking_uri": store.uri}))
+    assert scoring.current_version(cfg) == "1"
+    by_run, info = scoring.load_model(config.load_app_config({"model": f"runs:/{store.run_id}/model", "tracking_uri": store.uri}))
     assert _same_weights(by_run.model, store.state) and info == {"source": f"runs:/{store.run_id}/model"}
 
-    missing = C.load_app_config({"model": "models:/not-registered@champion", "tracking_uri": store.uri})
+    missing = config.load_app_config({"model": "models:/not-registered@champion", "tracking_uri": store.uri})
     with pytest.raises(LookupError) as exc:
-        SC.load_model(missing)
-    err = E.classify_load_error(missing.model, exc.value)
+        scoring.load_model(missing)
+    err = errors.classify_load_error(missing.model, exc.value)
     assert err.status == 404 and store.uri in err.message and "'not-registered' not found" in err.message
     _no_store_in_cwd(store)
 
@@ -204,17 +202,17 @@ def test_serve_loader_resolves_in_the_app_config_tracking_uri(store):
 def test_serve_replica_loads_from_the_store_build_app_resolved(store, tmp_path, monkeypatch):
     """build_app (the driver) resolves tracking_uri once, a relative sqlite path included; the
     replica, constructed in another working directory with no environment, loads from it."""
-    from hardpos.serve import app as serve_app
+    from hardpos.serve import app
 
     relative = os.path.relpath(store.uri[len("sqlite:///"):], store.cwd)  # ../../model-uri0/a/mlruns.db
-    built = serve_app.build_app({"model": f"models:/{store.name}@champion", "tracking_uri": f"sqlite:///{relative}",
-                                 "device": "cpu", "reload_poll_s": 0})
+    built = app.build_app({"model": f"models:/{store.name}@champion", "tracking_uri": f"sqlite:///{relative}",
+                           "device": "cpu", "reload_poll_s": 0})
     handle, config, _ = built._bound_deployment.init_args  # ScoringAPI(None, config, digest): one deployment
     assert handle is None  # the default app's replicas hold the model themselves (ScoringModel's code)
     assert config["tracking_uri"] == store.uri
     (tmp_path / "replica").mkdir()
     monkeypatch.chdir(tmp_path / "replica")
-    replica = serve_app.ScoringModel.func_or_class(config)
+    replica = app.ScoringModel.func_or_class(config)
     assert replica._error is None and replica._state is not None
     assert _same_weights(replica._state.loaded.model, store.state)
     assert replica._state.info["version"] == "1" and replica._current_version() == "1"

@@ -170,14 +170,14 @@ def test_the_generate_stage_judges_the_paper_preset_as_the_paper(ray_session, sh
     """The http engine against the OpenAI-compatible stub on 127.0.0.1 with prompts=paper: the
     stub's multi-edit answers are accepted as generated; its chatter is rejected, like anything
     that cannot be a caption."""
-    import hardpos.stages.generate as g
+    from hardpos.stages import generate
     from hardpos.config import load_config
     from hardpos.runtime import execute
     from tests.support.openai_stub import OpenAIStub, behaviour
 
     source = str(shared_data / "negclip" / "valid_neg_clip.tsv")
     with OpenAIStub() as stub:
-        cfg = load_config(g.Config, None, [
+        cfg = load_config(generate.Config, None, [
             f"output_dir={tmp_path / 'out'}", "tracking.enabled=false", f"input={source}", "limit=60",
             "shard_size=30", "prompts=paper", "engine.kind=http", f"engine.http.url={stub.url}",
             "engine.http.model=stub-llm", "engine.http.retry_wait_s=0.01", "engine.http.preflight=false"])

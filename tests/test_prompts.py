@@ -224,7 +224,7 @@ def test_parse_completions_reply_reads_choice_text():
 def test_http_stage_sends_raw_prompts_to_completions_and_chat_to_chat(ray_session, tmp_path):
     """A prompt file mixing the paper's raw kinds with a chat kind, run by the generate
     stage against the stub: every request lands on its route with the exact body."""
-    import hardpos.stages.generate as g
+    from hardpos.stages import generate
     from hardpos.runtime import execute
 
     src = tmp_path / "captions.jsonl"
@@ -234,7 +234,7 @@ def test_http_stage_sends_raw_prompts_to_completions_and_chat_to_chat(ray_sessio
                            "    user: |-\n      Change one word so the meaning changes.\n      Sentence: {caption}\n")
     templates = {t.kind: t for t in load_prompts(str(prompt_file))}
     with OpenAIStub() as stub:
-        cfg = load_config(g.Config, None, [
+        cfg = load_config(generate.Config, None, [
             f"input={src}", f"output_dir={tmp_path / 'out'}", "tracking.enabled=false", f"prompts={prompt_file}",
             "engine.kind=http", f"engine.http.url={stub.url}", "engine.http.model=stub-llm",
             "engine.http.retry_wait_s=0.01", "engine.http.concurrency=1", "engine.sampling.max_tokens=48"])
@@ -253,7 +253,7 @@ def test_http_stage_sends_raw_prompts_to_completions_and_chat_to_chat(ray_sessio
     for body in by_route["completions"]:
         kind = raw_kinds[body["prompt"].split(" ", 1)[0]]
         # the job's captions, or the fixed caption of the stage's preflight probe (sent before Ray starts)
-        caption = next(c for c in [*CAPTIONS, g.PREFLIGHT_CAPTION] if body["prompt"] == templates[kind].raw_prompt(c))
+        caption = next(c for c in [*CAPTIONS, generate.PREFLIGHT_CAPTION] if body["prompt"] == templates[kind].raw_prompt(c))
         release = RELEASE_REPLACE if kind == "replace" else RELEASE_SWAP
         assert body == {"model": "stub-llm", "prompt": release.format(example=caption).strip(), **PAPER_SAMPLING[kind]}
     for body in by_route["chat"]:

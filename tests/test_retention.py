@@ -9,7 +9,7 @@ import pytest
 import torch
 from eval_util import tiny_model
 
-from hardpos.eval import retention as RT
+from hardpos.eval import retention
 from tests.support import PALETTE, write_image
 
 
@@ -22,7 +22,7 @@ def test_topk_hits_strict_ranks():
     sims = np.array([[0.9, 0.1, 0.2],    # target 0 best          -> rank 0
                      [0.5, 0.5, 0.1],    # target 1 tied with 0   -> rank 1 (tie counts against)
                      [0.3, 0.2, 0.1]])   # target 2 worst         -> rank 2
-    hits = RT.topk_hits(sims, np.array([0, 1, 2]), ks=(1, 2, 3))
+    hits = retention.topk_hits(sims, np.array([0, 1, 2]), ks=(1, 2, 3))
     assert hits[1].tolist() == [True, False, False]
     assert hits[2].tolist() == [True, True, False]
     assert hits[3].tolist() == [True, True, True]
@@ -38,8 +38,8 @@ def _image_folder(root):
 
 def test_zero_shot_matches_a_direct_computation(tmp_path, lm):
     root = _image_folder(tmp_path / "folder")
-    spec = RT.ZeroShotSpec("colours", str(root), classnames="folders", templates=["a photo of a {}.", "a {} thing"])
-    out = RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, spec, batch_size=3)
+    spec = retention.ZeroShotSpec("colours", str(root), classnames="folders", templates=["a photo of a {}.", "a {} thing"])
+    out = retention.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, spec, batch_size=3)
     assert out["zeroshot/colours/n_images"] == 8 and out["zeroshot/colours/n_classes"] == 4
     assert out["zeroshot/colours/top5"] == 1.0  # 4 classes: always within the top 5
     # reference: per-template full-context encoding, mean, renormalise; argmax
@@ -55,30 +55,30 @@ def test_zero_shot_matches_a_direct_computation(tmp_path, lm):
                 f = model.encode_image(lm.preprocess_val(Image.open(root / c / f"{k}.png").convert("RGB"))[None], normalize=True)
                 correct += int((f @ cls.T).argmax() == ci)
     assert out["zeroshot/colours/top1"] == pytest.approx(correct / 8)
-    with pytest.raises(RT.RetentionError, match="2 class names for 4"):
-        RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, RT.ZeroShotSpec("x", str(root), classnames=["a", "b"]))
-    with pytest.raises(RT.RetentionError, match="no class folders"):
-        RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, RT.ZeroShotSpec("x", str(tmp_path / "empty")))
-    with pytest.raises(RT.RetentionError, match="1000 class names for 4 class folders"):  # the ImageNet default
-        RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, RT.ZeroShotSpec("x", str(root)))
+    with pytest.raises(retention.RetentionError, match="2 class names for 4"):
+        retention.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, retention.ZeroShotSpec("x", str(root), classnames=["a", "b"]))
+    with pytest.raises(retention.RetentionError, match="no class folders"):
+        retention.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, retention.ZeroShotSpec("x", str(tmp_path / "empty")))
+    with pytest.raises(retention.RetentionError, match="1000 class names for 4 class folders"):  # the ImageNet default
+        retention.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, retention.ZeroShotSpec("x", str(root)))
 
 
 def test_zero_shot_defaults_are_open_clips_imagenet_names_and_openai_templates():
     import open_clip
     from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES, SIMPLE_IMAGENET_TEMPLATES
 
-    spec = RT.ZeroShotSpec("imagenet", "/data/imagenet/val")
+    spec = retention.ZeroShotSpec("imagenet", "/data/imagenet/val")
     assert (spec.classnames, spec.templates) == ("imagenet", "openai")
-    names, templates = RT.resolve_classnames(spec.classnames), RT.resolve_templates(spec.templates)
+    names, templates = retention.resolve_classnames(spec.classnames), retention.resolve_templates(spec.templates)
     assert len(names) == 1000 and names == list(open_clip.IMAGENET_CLASSNAMES)
     assert names[0] == "tench" and names[999] == "toilet paper"
     assert len(templates) == 80 and templates[0] == "a bad photo of a {}."
     # the format strings give exactly open_clip's prompts (its templates are callables)
     for name in ("tench", "great white shark", "toilet paper"):
         assert [t.format(name) for t in templates] == [f(name) for f in OPENAI_IMAGENET_TEMPLATES]
-    assert [t.format("x") for t in RT.resolve_templates("simple")] == [f("x") for f in SIMPLE_IMAGENET_TEMPLATES]
+    assert [t.format("x") for t in retention.resolve_templates("simple")] == [f("x") for f in SIMPLE_IMAGENET_TEMPLATES]
     assert len(SIMPLE_IMAGENET_TEMPLATES) == 7
-    assert RT.resolve_classnames("folders") is None
+    assert retention.resolve_classnames("folders") is None
 
 
 def test_class_embeddings_equal_open_clips_zero_shot_classifier(lm):
@@ -88,7 +88,7 @@ def test_class_embeddings_equal_open_clips_zero_shot_classifier(lm):
 
     names = list(open_clip.IMAGENET_CLASSNAMES[:5])
     model = lm.model.eval()
-    ours = RT.class_embeddings(model, lm.tokenizer, names, RT.resolve_templates("openai"), batch_size=170)  # 2 classes/pass
+    ours = retention.class_embeddings(model, lm.tokenizer, names, retention.resolve_templates("openai"), batch_size=170)  # 2 classes/pass
     ref = open_clip.build_zero_shot_classifier(model, lm.tokenizer, names, open_clip.OPENAI_IMAGENET_TEMPLATES,
                                                num_classes_per_batch=None, device="cpu").T
     assert ours.shape == (5, 64) and ours.dtype == torch.float32
@@ -96,21 +96,21 @@ def test_class_embeddings_equal_open_clips_zero_shot_classifier(lm):
     torch.testing.assert_close(ours.norm(dim=-1), torch.ones(5))
     # and it is the mean of the normalised template embeddings, renormalised
     with torch.no_grad():
-        per = model.encode_text(lm.tokenizer([t.format(names[2]) for t in RT.resolve_templates("openai")]), normalize=True)
+        per = model.encode_text(lm.tokenizer([t.format(names[2]) for t in retention.resolve_templates("openai")]), normalize=True)
     torch.testing.assert_close(ours[2], torch.nn.functional.normalize(per.mean(0), dim=0), atol=1e-5, rtol=0)
 
 
 def test_folder_layouts_map_to_class_indices():
     wnids = [f"n{i:08d}" for i in range(1000)]
-    assert RT.folder_class_indices(sorted(wnids), 1000, require_wnids=True) == list(range(1000))
-    assert RT.folder_class_indices(sorted(["0", "10", "2", "999"]), 1000) == [0, 10, 2, 999]  # numeric, not text order
-    assert RT.folder_class_indices(["b", "a"], 2) == [0, 1]
-    with pytest.raises(RT.RetentionError, match="out of range"):
-        RT.folder_class_indices(["0", "5"], 5)
-    with pytest.raises(RT.RetentionError, match="3 class names for 2 class folders"):
-        RT.folder_class_indices(["a", "b"], 3)
-    with pytest.raises(RT.RetentionError, match="wnid"):
-        RT.folder_class_indices(sorted(wnids[:-1] + ["toilet_paper"]), 1000, require_wnids=True)
+    assert retention.folder_class_indices(sorted(wnids), 1000, require_wnids=True) == list(range(1000))
+    assert retention.folder_class_indices(sorted(["0", "10", "2", "999"]), 1000) == [0, 10, 2, 999]  # numeric, not text order
+    assert retention.folder_class_indices(["b", "a"], 2) == [0, 1]
+    with pytest.raises(retention.RetentionError, match="out of range"):
+        retention.folder_class_indices(["0", "5"], 5)
+    with pytest.raises(retention.RetentionError, match="3 class names for 2 class folders"):
+        retention.folder_class_indices(["a", "b"], 3)
+    with pytest.raises(retention.RetentionError, match="wnid"):
+        retention.folder_class_indices(sorted(wnids[:-1] + ["toilet_paper"]), 1000, require_wnids=True)
 
 
 def test_zero_shot_default_spec_on_imagenet_style_folders(tmp_path, lm, monkeypatch):
@@ -124,37 +124,37 @@ def test_zero_shot_default_spec_on_imagenet_style_folders(tmp_path, lm, monkeypa
     monkeypatch.setattr(meta, "IMAGENET_CLASSNAMES", tuple(names))
     for cls, colour in (("1", "red"), ("4", "blue"), ("5", "green")):
         write_image(tmp_path / "val" / cls / "a.png", PALETTE[colour])
-    out = RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, RT.ZeroShotSpec("inet", str(tmp_path / "val")), batch_size=200)
+    out = retention.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer, retention.ZeroShotSpec("inet", str(tmp_path / "val")), batch_size=200)
     assert out["zeroshot/inet/n_classes"] == 6 and out["zeroshot/inet/n_templates"] == 80 and out["zeroshot/inet/n_images"] == 3
     model = lm.model.eval()
-    cls = RT.class_embeddings(model, lm.tokenizer, names, RT.resolve_templates("openai"))
+    cls = retention.class_embeddings(model, lm.tokenizer, names, retention.resolve_templates("openai"))
     with torch.no_grad():
         feats = torch.cat([model.encode_image(lm.preprocess_val(Image.open(tmp_path / "val" / c / "a.png").convert("RGB"))[None],
                                               normalize=True) for c in ("1", "4", "5")])
     sims = (feats @ cls.T).numpy()
     assert out["zeroshot/inet/top1"] == pytest.approx(np.mean(sims.argmax(1) == [1, 4, 5]))
-    assert out["zeroshot/inet/top5"] == pytest.approx(np.mean(RT.topk_hits(sims, np.array([1, 4, 5]), ks=(5,))[5]))
+    assert out["zeroshot/inet/top5"] == pytest.approx(np.mean(retention.topk_hits(sims, np.array([1, 4, 5]), ks=(5,))[5]))
 
 
 def test_custom_class_names_and_templates_from_lists_and_files(tmp_path, lm):
     root = _image_folder(tmp_path / "folder")
     names = ["sky", "leaf", "crimson", "lemon"]  # one per sorted folder: blue, green, red, yellow
-    listed = RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer,
-                          RT.ZeroShotSpec("c", str(root), classnames=names, templates=["a {} patch", "{}"]))
+    listed = retention.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer,
+                                 retention.ZeroShotSpec("c", str(root), classnames=names, templates=["a {} patch", "{}"]))
     (tmp_path / "names.txt").write_text("\n".join(names) + "\n\n")
     (tmp_path / "templates.json").write_text(json.dumps(["a {} patch", "{}"]))
-    from_files = RT.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer,
-                              RT.ZeroShotSpec("c", str(root), classnames=str(tmp_path / "names.txt"),
-                                              templates=str(tmp_path / "templates.json")))
+    from_files = retention.zero_shot(lm.model, lm.preprocess_val, lm.tokenizer,
+                                     retention.ZeroShotSpec("c", str(root), classnames=str(tmp_path / "names.txt"),
+                                                                   templates=str(tmp_path / "templates.json")))
     assert from_files == listed and listed["zeroshot/c/n_classes"] == 4 and listed["zeroshot/c/n_templates"] == 2
-    assert RT.resolve_classnames(str(tmp_path / "names.txt")) == names
+    assert retention.resolve_classnames(str(tmp_path / "names.txt")) == names
     for bad, match in [("imagenet21k", "neither one of imagenet, folders"), ([], "empty list")]:
-        with pytest.raises(RT.RetentionError, match=match):
-            RT.resolve_classnames(bad)
+        with pytest.raises(retention.RetentionError, match=match):
+            retention.resolve_classnames(bad)
     for bad, match in [("a photo of a {}.", "as a list"), ("openia", "neither one of openai, simple"),
                        (["no placeholder"], "exactly one"), (["{} and {}"], "exactly one")]:
-        with pytest.raises(RT.RetentionError, match=match):
-            RT.resolve_templates(bad)
+        with pytest.raises(retention.RetentionError, match=match):
+            retention.resolve_templates(bad)
 
 
 def test_retrieval_recalls_and_missing_images(tmp_path, lm):
@@ -166,7 +166,7 @@ def test_retrieval_recalls_and_missing_images(tmp_path, lm):
                  {"image": f"img/{colour}.png", "caption": f"something {colour}"}]
     rows.append({"image": "img/missing.png", "caption": "never scored"})
     (folder / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = RT.retrieval(lm.model, lm.preprocess_val, lm.tokenizer, RT.RetrievalSpec("toy", str(folder / "captions.jsonl")))
+    out = retention.retrieval(lm.model, lm.preprocess_val, lm.tokenizer, retention.RetrievalSpec("toy", str(folder / "captions.jsonl")))
     assert out["retrieval/toy/n_images"] == 4 and out["retrieval/toy/n_captions"] == 8 and out["retrieval/toy/n_missing_images"] == 1
     for k in (1, 5, 10):
         assert 0.0 <= out[f"retrieval/toy/i2t_r{k}"] <= 1.0 and 0.0 <= out[f"retrieval/toy/t2i_r{k}"] <= 1.0
@@ -189,19 +189,19 @@ def test_retrieval_reads_coco_captions(tmp_path):
     coco = {"images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}],
             "annotations": [{"image_id": 1, "caption": "x"}, {"image_id": 2, "caption": "y"}, {"image_id": 1, "caption": "z"}]}
     (tmp_path / "c.json").write_text(json.dumps(coco))
-    assert RT.read_caption_pairs(str(tmp_path / "c.json")) == [("a.jpg", "x"), ("b.jpg", "y"), ("a.jpg", "z")]
+    assert retention.read_caption_pairs(str(tmp_path / "c.json")) == [("a.jpg", "x"), ("b.jpg", "y"), ("a.jpg", "z")]
     (tmp_path / "bad.json").write_text("[]")
-    with pytest.raises(RT.RetentionError, match="COCO captions"):
-        RT.read_caption_pairs(str(tmp_path / "bad.json"))
+    with pytest.raises(retention.RetentionError, match="COCO captions"):
+        retention.read_caption_pairs(str(tmp_path / "bad.json"))
 
 
 def test_retrieval_reads_jsonl_pairs_and_names_bad_lines(tmp_path):
     good = tmp_path / "c.jsonl"
     good.write_text('{"image": "a.jpg", "caption": "x"}\n\n{"image": "b.jpg", "caption": "y"}\n')
-    assert RT.read_caption_pairs(str(good)) == [("a.jpg", "x"), ("b.jpg", "y")]
+    assert retention.read_caption_pairs(str(good)) == [("a.jpg", "x"), ("b.jpg", "y")]
     for name, text, match in [("bad.jsonl", '{"image": "a.jpg", "caption": "x"}\n{oops\n', "line 2 is not JSON"),
                               ("list.jsonl", '["a.jpg", "x"]\n', "line 1 is not a JSON object"),
                               ("nocap.jsonl", '{"image": "a.jpg", "caption": ""}\n', "row 1 needs non-empty")]:
         (tmp_path / name).write_text(text)
-        with pytest.raises(RT.RetentionError, match=match):
-            RT.read_caption_pairs(str(tmp_path / name))
+        with pytest.raises(retention.RetentionError, match=match):
+            retention.read_caption_pairs(str(tmp_path / name))

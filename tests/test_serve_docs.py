@@ -96,20 +96,19 @@ def test_the_page_shows_the_models_that_validate_the_bodies():
 
     from serve_util import png_bytes
 
-    from hardpos.serve import requests as R
-    from hardpos.serve import schemas as S
+    from hardpos.serve import requests, schemas
     from hardpos.serve.config import ServingLimits
     from hardpos.serve.errors import ServingError
 
     paths = api.openapi()["paths"]
-    for path, model, form in (("/v1/score", S.ScoreRequest, S.ScoreForm), ("/v1/score/batch", S.BatchRequest, None),
-                              ("/v1/compare", S.CompareRequest, S.CompareForm)):
+    for path, model, form in (("/v1/score", schemas.ScoreRequest, schemas.ScoreForm), ("/v1/score/batch", schemas.BatchRequest, None),
+                              ("/v1/compare", schemas.CompareRequest, schemas.CompareForm)):
         content = paths[path]["post"]["requestBody"]["content"]
-        assert content["application/json"]["schema"] == _without_nulls(S.inline_schema(model)), path
+        assert content["application/json"]["schema"] == _without_nulls(schemas.inline_schema(model)), path
         if form is not None:
             multipart = content["multipart/form-data"]["schema"]
             assert set(multipart["properties"]) == {"image", *form.model_fields} and "image_b64" not in multipart["properties"]
-            assert multipart["required"] == ["image", *S.inline_schema(form).get("required", [])]
+            assert multipart["required"] == ["image", *schemas.inline_schema(form).get("required", [])]
     score = paths["/v1/score"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert list(score["properties"]) == ["image_b64", "captions", "softmax"] and score["required"] == ["image_b64", "captions"]
     assert score["additionalProperties"] is False and score["properties"]["captions"]["minItems"] == 1
@@ -118,7 +117,7 @@ def test_the_page_shows_the_models_that_validate_the_bodies():
                           ({"image_b64": image, "captions": []}, "captions is empty: give 1..64 captions"),
                           ({"image_b64": image, "captions": ["a"], "x": 1}, "request: unknown field(s) 'x'; allowed: captions, image_b64, softmax")):
         with pytest.raises(ServingError) as info:
-            R.parse_score_payload(body, ServingLimits())
+            requests.parse_score_payload(body, ServingLimits())
         assert info.value.status == 400 and info.value.message == message
 
 

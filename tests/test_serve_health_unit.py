@@ -8,8 +8,7 @@ import asyncio
 import pytest
 
 from hardpos.config import ConfigError
-from hardpos.serve import config as C
-from hardpos.serve import scoring as SC
+from hardpos.serve import config, scoring
 
 
 def test_check_health_fails_while_no_model_is_loaded(tmp_path):
@@ -40,25 +39,25 @@ def test_check_health_fails_while_no_model_is_loaded(tmp_path):
 
 
 def test_new_config_fields_are_validated():
-    cfg = C.load_app_config({"load_retries": 0, "torch_threads": 2,
-                             "model_deployment": {"health_check_period_s": 1.5}})
+    cfg = config.load_app_config({"load_retries": 0, "torch_threads": 2,
+                                  "model_deployment": {"health_check_period_s": 1.5}})
     assert cfg.load_retries == 0 and cfg.torch_threads == 2 and cfg.model_deployment.health_check_period_s == 1.5
     for bad, key in [({"load_retries": -1}, "load_retries"), ({"torch_threads": 0}, "torch_threads"),
                      ({"ingress_deployment": {"health_check_timeout_s": 0}}, "ingress_deployment.health_check_timeout_s")]:
         with pytest.raises(ConfigError, match=key):
-            C.load_app_config(bad)
+            config.load_app_config(bad)
 
 
 def test_build_app_passes_health_check_options_to_serve():
     from hardpos.serve.app import _deployment_kwargs
 
-    opts = C.DeploymentOptions(health_check_period_s=2.0)
+    opts = config.DeploymentOptions(health_check_period_s=2.0)
     kwargs = _deployment_kwargs(opts, 64)
     assert kwargs["health_check_period_s"] == 2.0 and "health_check_timeout_s" not in kwargs
 
 
 def test_stage_times_and_means():
-    times = SC.StageTimes()
+    times = scoring.StageTimes()
     before = times.snapshot()
     times.add("decode", 0.004, 2)
     times.add("forward", 0.010)
@@ -66,9 +65,9 @@ def test_stage_times_and_means():
         pass
     after = times.snapshot()
     assert after["decode"] == {"s": 0.004, "n": 2} and after["forward"]["n"] == 2
-    means = SC.stage_means_ms(before, after)
+    means = scoring.stage_means_ms(before, after)
     assert means["decode"] == pytest.approx(2.0) and 5.0 <= means["forward"] < 6.0
-    assert SC.stage_means_ms(after, after) == {}  # nothing happened in between
+    assert scoring.stage_means_ms(after, after) == {}  # nothing happened in between
 
 
 def test_level_report_ratios_against_the_peer():
@@ -118,7 +117,7 @@ def test_loadgen_targets_and_the_cpus_they_need():
     apps = _serve_apps(LoadgenConfig(targets=["batched", "two_deployments", "scaled", "unbatched", "colocated"]),
                        "random", ["batched", "two_deployments", "scaled", "unbatched", "colocated"])
     assert "colocate_model" not in apps["batched"]  # the documented default, whatever it is
-    assert C.load_app_config(apps["batched"]).colocate_model is True
+    assert config.load_app_config(apps["batched"]).colocate_model is True
     assert apps["two_deployments"]["colocate_model"] is False
     assert apps["scaled"]["model_deployment"]["num_replicas"] == 2
     assert apps["unbatched"]["batching"] == {"enabled": False}

@@ -16,16 +16,13 @@ from serve_util import bomb_png, png_bytes
 
 from hardpos.config import ConfigError
 from hardpos.eval.metrics import verdicts
-from hardpos.serve import config as C
-from hardpos.serve import errors as E
-from hardpos.serve import requests as R
-from hardpos.serve import scoring as SC
+from hardpos.serve import config, errors, requests, scoring
 
-LIM = C.ServingLimits(max_image_bytes=100_000, max_image_pixels=250_000, max_captions=4, max_caption_chars=50)
+LIM = config.ServingLimits(max_image_bytes=100_000, max_image_pixels=250_000, max_captions=4, max_caption_chars=50)
 
 
 def _status(fn, *args, **kwargs) -> tuple[int, str]:
-    with pytest.raises(E.ServingError) as info:
+    with pytest.raises(errors.ServingError) as info:
         fn(*args, **kwargs)
     return info.value.status, info.value.message
 
@@ -34,11 +31,11 @@ def _status(fn, *args, **kwargs) -> tuple[int, str]:
 def test_decode_base64_variants():
     raw = png_bytes(0)
     text = base64.b64encode(raw).decode()
-    assert R.decode_base64_image(text, LIM) == raw
-    assert R.decode_base64_image("data:image/png;base64," + text, LIM) == raw
+    assert requests.decode_base64_image(text, LIM) == raw
+    assert requests.decode_base64_image("data:image/png;base64," + text, LIM) == raw
     wrapped = "\n".join(text[i:i + 76] for i in range(0, len(text), 76))  # MIME line wrapping
-    assert R.decode_base64_image(wrapped, LIM) == raw
-    assert R.decode_base64_image(base64.urlsafe_b64encode(b"\xfb\xff" * 10).decode(), LIM) == b"\xfb\xff" * 10
+    assert requests.decode_base64_image(wrapped, LIM) == raw
+    assert requests.decode_base64_image(base64.urlsafe_b64encode(b"\xfb\xff" * 10).decode(), LIM) == b"\xfb\xff" * 10
 
 
 @pytest.mark.parametrize("value,status,message", [
@@ -51,7 +48,7 @@ def test_decode_base64_variants():
     ("A" * 200_000, 413, "the limit is 100000 bytes"),
 ])
 def test_decode_base64_errors(value, status, message):
-    got_status, got_message = _status(R.decode_base64_image, value, LIM)
+    got_status, got_message = _status(requests.decode_base64_image, value, LIM)
     assert got_status == status and message in got_message
 
 
@@ -59,11 +56,11 @@ def test_open_image_accepts_modes_and_returns_rgb():
     from PIL import Image
 
     for mode in ("RGB", "RGBA", "L", "P"):
-        img = R.open_image(png_bytes(1, size=20, mode=mode), LIM)
+        img = requests.open_image(png_bytes(1, size=20, mode=mode), LIM)
         assert img.mode == "RGB" and img.size == (20, 20)
     buf = io.BytesIO()
     Image.new("RGB", (30, 10), "red").save(buf, format="JPEG")
-    assert R.open_image(buf.getvalue(), LIM).getpixel((5, 5))[0] > 200
+    assert requests.open_image(buf.getvalue(), LIM).getpixel((5, 5))[0] > 200
 
 
 @pytest.mark.parametrize("raw,status,message", [
@@ -74,7 +71,7 @@ def test_open_image_accepts_modes_and_returns_rgb():
     (bomb_png(100_000, 100_000), 413, "pixels"),  # header-only bomb: refused before any decode
 ])
 def test_open_image_errors(raw, status, message):
-    got_status, got_message = _status(R.open_image, raw, LIM)
+    got_status, got_message = _status(requests.open_image, raw, LIM)
     assert got_status == status and message in got_message
 
 
@@ -82,7 +79,7 @@ def test_decompression_bomb_is_refused_from_its_header_fast():
     raw = bomb_png(20_000, 20_000, rows=200)  # 1.2 GB of pixels if decoded
     assert len(raw) < 100_000
     start = time.perf_counter()
-    status, _ = _status(R.open_image, raw, C.ServingLimits())
+    status, _ = _status(requests.open_image, raw, config.ServingLimits())
     assert status == 413 and time.perf_counter() - start < 0.5
 
 
@@ -91,8 +88,8 @@ def test_format_allowlist():
 
     buf = io.BytesIO()
     Image.new("RGB", (8, 8)).save(buf, format="BMP")
-    assert R.open_image(buf.getvalue(), LIM).size == (8, 8)
-    status, message = _status(R.open_image, buf.getvalue(), C.ServingLimits(formats=["PNG"]))
+    assert requests.open_image(buf.getvalue(), LIM).size == (8, 8)
+    status, message = _status(requests.open_image, buf.getvalue(), config.ServingLimits(formats=["PNG"]))
     assert status == 400 and "accepted formats: PNG" in message
 
 
@@ -113,7 +110,7 @@ IMG = base64.b64encode(png_bytes(0)).decode()
     (["x" * 51], "captions[0] is too long: 51 characters; the limit is 50"),
 ])
 def test_caption_errors_name_the_field(captions, message):
-    status, got = _status(R.parse_score_payload, {"image_b64": IMG, "captions": captions}, LIM)
+    status, got = _status(requests.parse_score_payload, {"image_b64": IMG, "captions": captions}, LIM)
     assert status == 400 and got == message
 
 
@@ -122,53 +119,53 @@ def test_captions_ok_and_token_lengths():
 
     from hardpos.models.clip import register_model_configs
 
-    assert R.parse_score_payload({"image_b64": IMG, "captions": ["a", "b c"]}, LIM)[1] == ["a", "b c"]
+    assert requests.parse_score_payload({"image_b64": IMG, "captions": ["a", "b c"]}, LIM)[1] == ["a", "b c"]
     register_model_configs()
     tok = open_clip.get_tokenizer("hardpos-tiny")
-    assert R.token_count(tok, "a red circle") == 5  # 3 BPE tokens + start + end
-    R.check_token_lengths(tok, ["a red circle"], 32)
-    status, message = _status(R.check_token_lengths, tok, ["ok", " ".join(["dog"] * 31)], 32)
+    assert requests.token_count(tok, "a red circle") == 5  # 3 BPE tokens + start + end
+    requests.check_token_lengths(tok, ["a red circle"], 32)
+    status, message = _status(requests.check_token_lengths, tok, ["ok", " ".join(["dog"] * 31)], 32)
     assert status == 400 and message == "captions[1] is too long: 33 tokens; this model's context length is 32"
-    assert R.token_count(object(), "x") is None  # tokenizers that cannot count are not checked
+    assert requests.token_count(object(), "x") is None  # tokenizers that cannot count are not checked
 
 
 # --------------------------------------------------------------------------- payloads
 def test_parse_payloads():
     img = base64.b64encode(png_bytes(0)).decode()
-    raw, caps, soft = R.parse_score_payload({"image_b64": img, "captions": ["a"], "softmax": True}, LIM)
+    raw, caps, soft = requests.parse_score_payload({"image_b64": img, "captions": ["a"], "softmax": True}, LIM)
     assert raw == png_bytes(0) and caps == ["a"] and soft is True
-    status, message = _status(R.parse_score_payload, {"image_b64": img, "captions": ["a"], "extra": 1}, LIM)
+    status, message = _status(requests.parse_score_payload, {"image_b64": img, "captions": ["a"], "extra": 1}, LIM)
     assert status == 400 and "unknown field(s) 'extra'" in message
-    _, texts = R.parse_compare_payload({"image_b64": img, "caption": "c", "hard_negative": "n", "hard_positive": None}, LIM)
+    _, texts = requests.parse_compare_payload({"image_b64": img, "caption": "c", "hard_negative": "n", "hard_positive": None}, LIM)
     assert texts == ["c", "n"]
-    items, soft = R.parse_batch_payload({"items": [{"image_b64": img, "captions": ["a"]}, {"image_b64": img}]}, LIM)
+    items, soft = requests.parse_batch_payload({"items": [{"image_b64": img, "captions": ["a"]}, {"image_b64": img}]}, LIM)
     assert items[0] == (png_bytes(0), ["a"]) and soft is False
-    assert isinstance(items[1], E.ServingError) and items[1].message.startswith("items[1].captions is missing")
+    assert isinstance(items[1], errors.ServingError) and items[1].message.startswith("items[1].captions is missing")
     score = {"image_b64": img, "captions": ["a"]}
-    assert _status(R.parse_score_payload, {**score, "softmax": "perhaps"}, LIM)[1] == (
+    assert _status(requests.parse_score_payload, {**score, "softmax": "perhaps"}, LIM)[1] == (
         "softmax must be a boolean (true or false), got 'perhaps'")
-    assert [R.parse_score_payload({**score, "softmax": v}, LIM)[2] for v in (True, False)] == [True, False]
+    assert [requests.parse_score_payload({**score, "softmax": v}, LIM)[2] for v in (True, False)] == [True, False]
     # JSON says what the schema says: a boolean, nothing else (null and 0/1 and "true" were accepted before)
     for value, shown in ((None, "null"), ("true", "'true'"), (0, "0"), (1, "1")):
-        for parse, body in ((R.parse_score_payload, score),
-                            (R.parse_batch_payload, {"items": [score]})):
+        for parse, body in ((requests.parse_score_payload, score),
+                            (requests.parse_batch_payload, {"items": [score]})):
             assert _status(parse, {**body, "softmax": value}, LIM) == (
                 400, f"softmax must be a boolean (true or false), got {shown}")
     # a multipart form's fields are text: there the text true / false (an empty field: false)
     form = {"captions": ["a"]}
-    assert [R.parse_score_payload({**form, "softmax": v}, LIM, image=b"raw")[2] for v in ("true", "false", "")] == [
+    assert [requests.parse_score_payload({**form, "softmax": v}, LIM, image=b"raw")[2] for v in ("true", "false", "")] == [
         True, False, False]
     for value in ("1", "yes", "True"):
-        assert _status(R.parse_score_payload, {**form, "softmax": value}, LIM, image=b"raw") == (
+        assert _status(requests.parse_score_payload, {**form, "softmax": value}, LIM, image=b"raw") == (
             400, f"softmax must be true or false, got {value!r}")
 
 
 def test_query_flag_is_true_or_false_only():
-    assert R.parse_flag_query([], "force") is False
-    assert R.parse_flag_query(["true"], "force") is True and R.parse_flag_query(["false"], "force") is False
+    assert requests.parse_flag_query([], "force") is False
+    assert requests.parse_flag_query(["true"], "force") is True and requests.parse_flag_query(["false"], "force") is False
     for values, message in ((["null"], "must be true or false, got 'null'"), ([""], "got ''"), (["1"], "got '1'"),
                             (["true", "false"], "given 2 times")):
-        status, got = _status(R.parse_flag_query, values, "force")
+        status, got = _status(requests.parse_flag_query, values, "force")
         assert status == 400 and got.startswith("query parameter force") and message in got
 
 
@@ -189,22 +186,22 @@ def test_query_flag_is_true_or_false_only():
      "too many captions: 99 in captions; the limit is 4"),
 ])
 def test_score_payload_errors_name_the_field(payload, message):
-    status, got = _status(R.parse_score_payload, payload, LIM)
+    status, got = _status(requests.parse_score_payload, payload, LIM)
     assert status == 400 and got == message
 
 
 def test_compare_and_batch_payload_errors():
-    status, message = _status(R.parse_compare_payload, {"image_b64": IMG, "caption": "c", "hard_positive": ""}, LIM)
+    status, message = _status(requests.parse_compare_payload, {"image_b64": IMG, "caption": "c", "hard_positive": ""}, LIM)
     assert status == 400 and message == ("hard_negative is missing: expected a minimal edit of the caption that no "
                                          "longer describes the image | hard_positive is an empty caption")
-    lim = C.ServingLimits(max_batch_items=4, max_captions=2)
-    assert _status(R.parse_batch_payload, {"items": [{}] * 5}, lim)[1] == "too many items: 5 in items; the limit is 4"
-    assert _status(R.parse_batch_payload, {"items": {}}, lim)[1] == "items must be a list of objects, got dict"
-    assert _status(R.parse_batch_payload, {"items": []}, lim)[1] == "items is empty: give 1..4 items"
-    assert _status(R.parse_batch_payload, {}, lim)[1] == "items is missing: expected 1..4 {image_b64, captions} objects"
-    assert _status(R.parse_batch_payload, {"items": [{"image_b64": IMG, "captions": ["a"]}], "softmax": "x"},
+    lim = config.ServingLimits(max_batch_items=4, max_captions=2)
+    assert _status(requests.parse_batch_payload, {"items": [{}] * 5}, lim)[1] == "too many items: 5 in items; the limit is 4"
+    assert _status(requests.parse_batch_payload, {"items": {}}, lim)[1] == "items must be a list of objects, got dict"
+    assert _status(requests.parse_batch_payload, {"items": []}, lim)[1] == "items is empty: give 1..4 items"
+    assert _status(requests.parse_batch_payload, {}, lim)[1] == "items is missing: expected 1..4 {image_b64, captions} objects"
+    assert _status(requests.parse_batch_payload, {"items": [{"image_b64": IMG, "captions": ["a"]}], "softmax": "x"},
                    lim)[1] == "softmax must be a boolean (true or false), got 'x'"  # the envelope fails the whole request
-    items, soft = R.parse_batch_payload({"items": [
+    items, soft = requests.parse_batch_payload({"items": [
         {"image_b64": IMG, "captions": ["a"]}, [1], {"image_b64": IMG, "captions": ["a", ""], "q": 1},
         {"image_b64": "!!", "captions": ["a"]}], "softmax": True}, lim)
     assert soft is True and items[0] == (png_bytes(0), ["a"])
@@ -216,11 +213,11 @@ def test_compare_and_batch_payload_errors():
 
 def test_multipart_fields_are_validated_by_the_form_models():
     """A multipart upload's text fields go through ScoreForm / CompareForm (the image is the file)."""
-    assert R.parse_score_payload({"captions": ["a", "b"], "softmax": "true"}, LIM, image=b"raw") == (b"raw", ["a", "b"], True)
-    assert _status(R.parse_score_payload, {"captions": ["a"], "image_b64": "x"}, LIM, image=b"raw")[1] == (
+    assert requests.parse_score_payload({"captions": ["a", "b"], "softmax": "true"}, LIM, image=b"raw") == (b"raw", ["a", "b"], True)
+    assert _status(requests.parse_score_payload, {"captions": ["a"], "image_b64": "x"}, LIM, image=b"raw")[1] == (
         "multipart form: unknown field(s) 'image_b64'; allowed: captions, softmax")
-    assert R.parse_compare_payload({"caption": "c", "hard_negative": "n"}, LIM, image=b"raw") == (b"raw", ["c", "n"])
-    assert _status(R.parse_compare_payload, {"caption": ["c", "d"], "hard_negative": "n"}, LIM, image=b"raw")[1] == (
+    assert requests.parse_compare_payload({"caption": "c", "hard_negative": "n"}, LIM, image=b"raw") == (b"raw", ["c", "n"])
+    assert _status(requests.parse_compare_payload, {"caption": ["c", "d"], "hard_negative": "n"}, LIM, image=b"raw")[1] == (
         "caption must be a string, got list")  # a scalar field sent twice
 
 
@@ -232,13 +229,13 @@ def test_multipart_fields_are_validated_by_the_form_models():
     (b'{"softmax": ' + b"1" * 5000 + b"}", "the request body is not usable JSON: a number has more than 4300 digits"),
 ])
 def test_json_body_errors_are_400s(body, message):
-    status, got = _status(R.parse_json_body, body)
+    status, got = _status(requests.parse_json_body, body)
     assert status == 400 and got.startswith(message)
 
 
 # --------------------------------------------------------------------------- cache / stats
 def test_lru_cache_evicts_least_recently_used():
-    cache = SC.LRUCache(2)
+    cache = scoring.LRUCache(2)
     cache.put("a", 1)
     cache.put("b", 2)
     assert cache.get("a") == 1  # a is now the most recent
@@ -246,13 +243,13 @@ def test_lru_cache_evicts_least_recently_used():
     assert "b" not in cache and cache.get("a") == 1 and cache.get("c") == 3
     assert cache.get("b") is None
     assert cache.stats() == {"entries": 2, "max_entries": 2, "hits": 3, "misses": 1, "hit_rate": 0.75}
-    off = SC.LRUCache(0)
+    off = scoring.LRUCache(0)
     off.put("a", 1)
     assert len(off) == 0
 
 
 def test_lru_cache_is_bounded_under_threads():
-    cache = SC.LRUCache(50)
+    cache = scoring.LRUCache(50)
 
     def work(offset):
         for i in range(500):
@@ -268,21 +265,21 @@ def test_lru_cache_is_bounded_under_threads():
 
 
 def test_encode_with_cache_encodes_each_distinct_miss_once():
-    cache = SC.LRUCache(10)
+    cache = scoring.LRUCache(10)
     calls = []
 
     def encode(keys):
         calls.append(list(keys))
         return [k.upper() for k in keys]
 
-    assert SC.encode_with_cache(cache, ["a", "b", "a"], encode) == ["A", "B", "A"]
-    assert SC.encode_with_cache(cache, ["b", "c", "a", "c"], encode) == ["B", "C", "A", "C"]
+    assert scoring.encode_with_cache(cache, ["a", "b", "a"], encode) == ["A", "B", "A"]
+    assert scoring.encode_with_cache(cache, ["b", "c", "a", "c"], encode) == ["B", "C", "A", "C"]
     assert calls == [["a", "b"], ["c"]]
-    assert SC.encode_with_cache(cache, ["a"], encode) == ["A"] and len(calls) == 2
+    assert scoring.encode_with_cache(cache, ["a"], encode) == ["A"] and len(calls) == 2
 
 
 def test_batch_stats_summary():
-    stats = SC.BatchStats()
+    stats = scoring.BatchStats()
     for size in (1, 4, 4, 16):
         stats.record(size)
     assert stats.summary() == {"batches": 4, "items": 25, "max_batch_size_seen": 16, "mean_batch_size": 6.25,
@@ -296,9 +293,9 @@ def test_softmax_matches_numpy():
     scores = [0.31, 0.29, -0.1]
     logits = 100 * np.array(scores)
     want = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
-    assert SC.softmax(scores, 100.0) == pytest.approx(list(want))
-    assert sum(SC.softmax([5.0, 5.0], 1000.0)) == pytest.approx(1.0)
-    assert SC.softmax([], 1.0) == []
+    assert scoring.softmax(scores, 100.0) == pytest.approx(list(want))
+    assert sum(scoring.softmax([5.0, 5.0], 1000.0)) == pytest.approx(1.0)
+    assert scoring.softmax([], 1.0) == []
 
 
 @pytest.mark.parametrize("s_c,s_n,s_p,orig,aug,brittle", [
@@ -353,10 +350,10 @@ def test_compute_batch_matches_the_evaluator_and_rejects_a_bad_item_alone():
     loaded = load_model(ModelConfig(arch="hardpos-tiny"))
     loaded.model.eval()
     ref = {"name": "m", "version": "3", "source": "models:/m@champion", "alias": "champion"}
-    state = SC.ModelState(loaded, torch.device("cpu"), False, SC.LRUCache(100), {**ref, "tags": {}}, 100.0)
+    state = scoring.ModelState(loaded, torch.device("cpu"), False, scoring.LRUCache(100), {**ref, "tags": {}}, 100.0)
     caps = ["a red circle", "a blue square", "two dogs"]
     items = [(png_bytes(1), caps[:2]), (b"not an image", caps), (png_bytes(2), caps)]
-    out = SC.compute_batch(state, items, C.ServingLimits())
+    out = scoring.compute_batch(state, items, config.ServingLimits())
     assert out[1] == {"error": {"status": 400, "detail": out[1]["error"]["detail"]}}
     assert "not a decodable image" in out[1]["error"]["detail"]
     want = similarity_matrix(loaded.model, loaded.preprocess_val, loaded.tokenizer,
@@ -365,46 +362,46 @@ def test_compute_batch_matches_the_evaluator_and_rejects_a_bad_item_alone():
     np.testing.assert_allclose(out[2]["scores"], want[1], atol=1e-5)
     assert out[0]["model"] == ref and out[2]["logit_scale"] == 100.0
     assert state.cache.stats()["entries"] == 3  # 5 caption slots, 3 distinct captions
-    again = SC.compute_batch(state, [(png_bytes(2), caps)], C.ServingLimits())
+    again = scoring.compute_batch(state, [(png_bytes(2), caps)], config.ServingLimits())
     np.testing.assert_allclose(again[0]["scores"], want[1], atol=1e-5)
     assert state.cache.hits == 3
 
 
 # --------------------------------------------------------------------------- auth / errors / config
 def test_check_bearer():
-    digest = E.token_digest("t0k")
-    E.check_bearer(None, None)  # auth off
-    E.check_bearer("Bearer t0k", digest)
-    E.check_bearer("bearer  t0k ", digest)
+    digest = errors.token_digest("t0k")
+    errors.check_bearer(None, None)  # auth off
+    errors.check_bearer("Bearer t0k", digest)
+    errors.check_bearer("bearer  t0k ", digest)
     for header, message in [(None, "missing bearer token"), ("Basic abc", "malformed"), ("Bearer", "malformed"),
                             ("Bearer nope", "invalid bearer token")]:
-        status, got = _status(E.check_bearer, header, digest)
+        status, got = _status(errors.check_bearer, header, digest)
         assert status == 401 and message in got
 
 
 def test_classify_load_error():
     from mlflow.exceptions import MlflowException
 
-    assert E.classify_load_error("x", FileNotFoundError("model checkpoint not found: x")).status == 404
+    assert errors.classify_load_error("x", FileNotFoundError("model checkpoint not found: x")).status == 404
     exc = MlflowException("Registered model alias champion not found.", error_code="RESOURCE_DOES_NOT_EXIST")
-    err = E.classify_load_error("models:/m@champion", exc)
+    err = errors.classify_load_error("models:/m@champion", exc)
     assert err.status == 404 and "models:/m@champion" in err.message
-    err = E.classify_load_error("ckpt", RuntimeError("Error(s) in loading state_dict: size mismatch"))
+    err = errors.classify_load_error("ckpt", RuntimeError("Error(s) in loading state_dict: size mismatch"))
     assert err.status == 503 and "could not be loaded" in err.message
 
 
 def test_app_config_validation():
-    cfg = C.load_app_config({"batching": {"max_batch_size": 8}, "limits": {"max_captions": 3}})
+    cfg = config.load_app_config({"batching": {"max_batch_size": 8}, "limits": {"max_captions": 3}})
     assert cfg.batching.max_batch_size == 8 and cfg.limits.max_captions == 3
-    assert C.load_app_config({"batching": {"enabled": False}}).batching.effective_max_batch_size == 1
+    assert config.load_app_config({"batching": {"enabled": False}}).batching.effective_max_batch_size == 1
     with pytest.raises(ConfigError, match="limits.max_captions must be > 0"):
-        C.load_app_config({"limits": {"max_captions": 0}})
+        config.load_app_config({"limits": {"max_captions": 0}})
     with pytest.raises(ConfigError, match="max_ongoing_requests"):
-        C.load_app_config({"batching": {"max_batch_size": 32}, "model_deployment": {"max_ongoing_requests": 8}})
+        config.load_app_config({"batching": {"max_batch_size": 32}, "model_deployment": {"max_ongoing_requests": 8}})
     with pytest.raises(ConfigError):
-        C.load_app_config({"modle": "typo"})
+        config.load_app_config({"modle": "typo"})
     with pytest.raises(ConfigError):
-        C.load_app_config({"device": "tpu"})
+        config.load_app_config({"device": "tpu"})
 
 
 def test_serve_config_yaml_is_a_valid_deploy_config():
@@ -415,7 +412,7 @@ def test_serve_config_yaml_is_a_valid_deploy_config():
     ServeDeploySchema.model_validate(data)
     app = data["applications"][0]
     assert app["import_path"] == "hardpos.serve.app:build_app"
-    cfg = C.load_app_config(app["args"])
+    cfg = config.load_app_config(app["args"])
     assert cfg.model == "models:/hardpos-clip@champion"
     assert (cfg.model_deployment.max_ongoing_requests or 0) >= cfg.batching.max_batch_size
 
@@ -450,19 +447,19 @@ def test_loadgen_payloads_are_valid_requests():
     from benchmarks.loadgen import LoadgenConfig, make_payloads
 
     payloads = make_payloads(LoadgenConfig(images=3, image_size=40, captions_per_request=3, caption_pool=10))
-    lim = C.ServingLimits()
+    lim = config.ServingLimits()
     for body in payloads[:6]:
-        raw, caps, _ = R.parse_score_payload(body, lim)
-        assert R.open_image(raw, lim).size == (40, 40) and len(caps) == 3 and len(set(caps)) == 3
+        raw, caps, _ = requests.parse_score_payload(body, lim)
+        assert requests.open_image(raw, lim).size == (40, 40) and len(caps) == 3 and len(set(caps)) == 3
 
 
 def test_check_image_header_decodes_nothing():
-    assert R.check_image_header(png_bytes(0, size=30), LIM) == (30, 30)
+    assert requests.check_image_header(png_bytes(0, size=30), LIM) == (30, 30)
     # A truncated file passes the header check (its pixels are never read here)...
-    assert R.check_image_header(png_bytes(2)[:100], LIM) == (48, 48)
+    assert requests.check_image_header(png_bytes(2)[:100], LIM) == (48, 48)
     # ...while size, format and pixel-count limits are enforced.
-    assert _status(R.check_image_header, b"nope", LIM)[0] == 400
-    assert _status(R.check_image_header, bomb_png(100_000, 100_000), LIM)[0] == 413
+    assert _status(requests.check_image_header, b"nope", LIM)[0] == 400
+    assert _status(requests.check_image_header, bomb_png(100_000, 100_000), LIM)[0] == 413
 
 
 def test_the_app_is_importable_from_the_package_and_the_entry_module():
@@ -486,7 +483,7 @@ def test_openapi_document_states_the_configured_limits_and_auth():
     from hardpos.serve.schemas import LIMIT_MARKER, openapi_document
 
     base = api.openapi()
-    lim = C.ServingLimits(max_captions=3, max_caption_chars=9, max_batch_items=2)
+    lim = config.ServingLimits(max_captions=3, max_caption_chars=9, max_batch_items=2)
     doc = openapi_document(base, lim, auth=False)
     assert LIMIT_MARKER not in json.dumps(doc) and LIMIT_MARKER in json.dumps(base)  # base untouched
     score = doc["paths"]["/v1/score"]["post"]

@@ -133,16 +133,16 @@ def test_fail_once_hook_raises_once_on_the_last_rank(tmp_path):
 def test_step_benchmark_times_the_training_step(monkeypatch):
     """The train_step benchmark suite times train_step itself, not a copy of it."""
     from benchmarks.train_bench import bench_train_step
-    from hardpos.train import step as step_module
+    from hardpos.train import step
 
     calls = []
-    real = step_module.train_step
+    real = step.train_step
 
     def counting(*args, **kwargs):
         calls.append(kwargs.get("grad_clip"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(step_module, "train_step", counting)
+    monkeypatch.setattr(step, "train_step", counting)
     out = bench_train_step("hardpos-tiny", batch_size=4, repeats=1, warmup=0)
     # combined_vs_clip 1 + combined_padding 2 + fused_adamw 2 steps, clipped as in training
     assert calls == [OptimConfig().grad_clip] * 5
@@ -359,7 +359,7 @@ def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_e
     import functools
 
     from hardpos import runtime, storage
-    from hardpos.stages import train as train_stage
+    from hardpos.stages import train
     from tests.support.faults import FailOnce
 
     bucket = s3_env
@@ -372,7 +372,7 @@ def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_e
     spe = (40 // 2) // 8
     # the fault comes from a test hook passed to the stage, not from the production config
     marker = tmp_path / "fault_injected"
-    run_fn = functools.partial(train_stage.run, step_hook=FailOnce(at_step=spe + 1, marker=str(marker)))
+    run_fn = functools.partial(train.run, step_hook=FailOnce(at_step=spe + 1, marker=str(marker)))
     s = runtime.execute("train", cfg, run_fn=run_fn, quiet=True)
     assert marker.read_text().startswith(f"failed once at step {spe + 1}")
     assert s["final_metrics"]["resumed_from_step"] == spe  # restarted from the epoch-1 checkpoint

@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from hardpos.eval import sugarcrepe_pp as SCPP
+from hardpos.eval import sugarcrepe_pp
 from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.encoding import ImageKey, check_precision, encode_captions, encode_image_keys, eval_mode
 from hardpos.eval.items import Benchmark
@@ -180,10 +180,10 @@ def evaluate_loaded(model, preprocess: Callable, tokenizer: Callable, bench: Ben
                for i, err in sorted(failures.items())]
     result_metrics = benchmark_metrics(bench.name, subsets, s_c, s_n, s_p, bench.aggregate)
     text_sims: dict[str, np.ndarray] = {}
-    if bench.kind == SCPP.KIND:
+    if bench.kind == sugarcrepe_pp.KIND:
         # SugarCrepe++'s text-only task: cosines between the already-encoded captions. It needs
         # no image, so its figures cover every item, those whose image is missing included.
-        all_sims = SCPP.text_similarities(txt_feats, c_idx, p_idx, n_idx)
+        all_sims = sugarcrepe_pp.text_similarities(txt_feats, c_idx, p_idx, n_idx)
         result_metrics.update(text_only_metrics(bench.name, [it.subset for it in items], all_sims, bench.aggregate))
         text_sims = {k: v[ok] for k, v in all_sims.items()}  # the scores file's rows: the scored items
     result_metrics[f"{bench.name}/n_missing_images"] = len(missing)
