@@ -39,7 +39,8 @@ How a check is decided (margins in percentage points, the paper's own margin bes
 A "lowest / highest of the grid" check compares with the closest competitor (by mean). A range
 check holds when the mean lies in the range. A check whose models are not in the rows is left
 out. Pure functions over the rows; the t distribution is computed here (regularized
-incomplete beta), no SciPy.
+incomplete beta), no SciPy, and so is the mean ± std over seeds of every cell
+(:func:`aggregate`, what the tables of several seeds show).
 """
 from __future__ import annotations
 
