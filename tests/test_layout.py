@@ -257,7 +257,7 @@ def test_every_stage_module_owns_its_check_and_run():
     ("import json\n", []),  # plain imports may load a module for its side effects
 ])
 def test_reexport_rule(tmp_path, code, offenders):
-    from tests.support import house_stats as H  # lazy: the measuring module is only these tests'
+    from tests.support import house_stats  # lazy: the measuring module is only these tests'
 
     (tmp_path / "m.py").write_text(code)
-    assert [line.split(": ", 1)[1] for line in H.reexport_lines(tmp_path)] == offenders
+    assert [line.split(": ", 1)[1] for line in house_stats.reexport_lines(tmp_path)] == offenders
