@@ -71,7 +71,7 @@ class ProbeConfig:
     warmup: warmup steps of both phases.
     variants: name -> [w_pos, w_neg] (captions-only uses w = [0, 0] on captions without negatives).
     threads: torch CPU threads.
-    pretrained: start from this checkpoint (e.g. a demo's <output_dir>/pretrain/model) and
+    pretrained: start from this checkpoint (e.g. a --from-scratch demo's <output_dir>/base/pretrain/model) and
         skip the pretraining phase.
     output: also write the rows (model -> table row) as JSON here (for aggregating seeds).
     keep_pairs: when the pretraining file has a ``pair`` column (a world with
@@ -372,7 +372,7 @@ def seeds(cfg: SeedsConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     per_seed, summaries = [], {}
     for s in cfg.seeds:
-        # string values may name the seed: demo.pretrained=outputs/calibrate/seed{seed}/pretrain/model
+        # string values may name the seed: demo.pretrained=outputs/calibrate/seed{seed}/base/pretrain/model
         overrides = [f"{k}={json.dumps(v) if not isinstance(v, str) else v.replace('{seed}', str(s))}"
                      for k, v in cfg.demo.items()]
         overrides += [f"seed={s}", f"output_dir={out / f'seed{s}'}"]

@@ -10,14 +10,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hardpos.config import ConfigError, ModelConfig
+from hardpos.compose import PhaseConfig, latest_checkpoint, phase_key
+from hardpos.config import ConfigError, ModelConfig, load_config
 from hardpos.data.scene import WorldConfig
 from hardpos.data.world import generate_world
 from hardpos.models import bases
 from hardpos.models.clip import load_model, save_checkpoint
 from hardpos.models.source import WEIGHTS_NAME
 from hardpos.stages import demo
-from hardpos.stages.demo import latest_checkpoint, phase_key
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
@@ -85,23 +87,39 @@ def test_demo_refuses_a_base_pretrained_on_another_world(tiny_ckpt: Path, tmp_pa
     assert demo.Config(pretrained=str(tiny_ckpt), world=WorldConfig(seed=3)).pretrained == str(tiny_ckpt)
 
 
-def test_demo_base_config_errors_are_specific():
+def test_base_and_demo_config_errors_are_specific():
+    from hardpos.stages import base
+
     with pytest.raises(ConfigError, match="curriculum: steps must be >= 0"):
-        demo.Config(curriculum=demo.PhaseConfig(steps=-1))
+        demo.Config(curriculum=PhaseConfig(steps=-1))
+    with pytest.raises(ConfigError, match="curriculum: steps must be >= 0"):
+        base.Config(curriculum=PhaseConfig(steps=-1))
     with pytest.raises(ConfigError, match="checkpoint_every must be >= 0"):
-        demo.PhaseConfig(checkpoint_every=-5)
-    with pytest.raises(ConfigError, match="pretrain_only=true pretrains a base from scratch; drop pretrained=outputs/x"):
-        demo.Config(pretrain_only=True, pretrained="outputs/x")
+        PhaseConfig(checkpoint_every=-5)
     with pytest.raises(ConfigError, match="from_scratch=true pretrains a base from scratch; drop pretrained=outputs/x"):
         demo.Config(from_scratch=True, pretrained="outputs/x")
-    with pytest.raises(ConfigError, match="base_name"):
-        demo.Config(base_name="a/b")
+    with pytest.raises(ConfigError, match="name='a/b': must be a plain file name"):
+        base.Config(name="a/b")
+    with pytest.raises(ConfigError, match="pretrain_only"):  # the base is its own stage now: hardpos base
+        load_config(demo.Config, None, ["pretrain_only=true"])
+
+
+def test_the_base_stage_recipe_is_the_demos_from_scratch_recipe_and_the_shipped_bases():
+    """One recipe: the demo's --from-scratch passes its phases to the base stage, whose defaults
+    are jobs/configs/base.yaml's, and that file's world is the demo's (the shipped base's)."""
+    from hardpos.stages import base
+
+    shipped = load_config(base.Config, str(REPO / "jobs" / "configs" / "base.yaml"), [])
+    assert shipped.world == demo.Config().world == base.Config().world
+    assert (shipped.curriculum, shipped.pretrain) == (base.Config().curriculum, base.Config().pretrain)
+    d = demo.Config()
+    assert [(p.steps, p.lr, p.batch_size) for p in (d.curriculum, d.pretrain)] == \
+        [(p.steps, p.lr, p.batch_size) for p in (shipped.curriculum, shipped.pretrain)]
 
 
 def test_from_scratch_drops_the_default_base_and_any_world_is_then_accepted():
     cfg = demo.Config(from_scratch=True, world=WorldConfig(seed=3))
     assert cfg.pretrained is None
-    assert demo.Config(pretrain_only=True).pretrained is None
 
 
 def test_a_shipped_base_is_named_base_colon_name(monkeypatch: pytest.MonkeyPatch, tiny_ckpt: Path, tmp_path: Path):
@@ -128,10 +146,10 @@ def test_a_shipped_base_is_named_base_colon_name(monkeypatch: pytest.MonkeyPatch
 
 
 def test_phase_key_and_latest_checkpoint(tmp_path: Path):
-    p = demo.PhaseConfig(steps=10)
+    p = PhaseConfig(steps=10)
     k = phase_key("a", 0, p, "d.parquet", None)
-    assert k == phase_key("a", 0, demo.PhaseConfig(steps=10), "d.parquet", None)
-    assert k != phase_key("a", 0, demo.PhaseConfig(steps=11), "d.parquet", None)
+    assert k == phase_key("a", 0, PhaseConfig(steps=10), "d.parquet", None)
+    assert k != phase_key("a", 0, PhaseConfig(steps=11), "d.parquet", None)
     assert k != phase_key("a", 0, p, "d.parquet", "start/model")
     assert latest_checkpoint(str(tmp_path / "absent")) is None
     (tmp_path / "run" / "checkpoint_000001").mkdir(parents=True)

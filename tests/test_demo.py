@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hardpos import plots
+from hardpos import compose, plots
 from hardpos.paper import signs, table1
 
 MODELS = ["pretrained", "captions-only", "hn-only", "hp+hn"]
@@ -77,9 +77,9 @@ def test_every_demo_invocation_trains_under_ray_train_names_of_its_own(tmp_path)
     for _ in range(2):
         pipeline = demo.Pipeline(demo.Config(output_dir=str(tmp_path)), ctx=None)
         pipeline.execute = lambda stage, cfg, label: names.append(cfg.run_name) or {}
-        pipeline.train("hp+hn", "finetune", str(tmp_path / "t.parquet"), demo.PhaseConfig(steps=1, batch_size=1),
+        pipeline.train("hp+hn", "finetune", str(tmp_path / "t.parquet"), compose.PhaseConfig(steps=1, batch_size=1),
                        pretrained=None, w_pos=1.0, w_neg=1.0, negclip_columns=False, output_dir=str(tmp_path / "ft"))
-    assert len(set(names)) == 2 and all(n.startswith(demo.slug("hp+hn") + "-") for n in names)
+    assert len(set(names)) == 2 and all(n.startswith(compose.slug("hp+hn") + "-") for n in names)
 
 
 # Seven stages with five Ray Train runs: ~3-4 min on an idle 2-core machine, but over 600 s
@@ -166,9 +166,9 @@ def test_demo_runs_the_whole_pipeline_small(tracking_uri, tmp_path):
     assert {r.info.run_name for r in children if r.data.tags["hardpos.stage"] == "train"} == set(MODELS)
 
     # a second demo reuses the world (same config) and regenerates it when the config changes
-    assert demo.world_matches(summary["world_dir"], cfg.world)
-    assert not demo.world_matches(summary["world_dir"], dataclasses.replace(cfg.world, seed=cfg.world.seed + 1))
-    assert not demo.world_matches(str(tmp_path / "absent"), cfg.world)
+    assert compose.world_matches(summary["world_dir"], cfg.world)
+    assert not compose.world_matches(summary["world_dir"], dataclasses.replace(cfg.world, seed=cfg.world.seed + 1))
+    assert not compose.world_matches(str(tmp_path / "absent"), cfg.world)
 
 
 def test_epochs_for_reads_the_row_count_on_every_supported_python(tmp_path):
@@ -254,20 +254,26 @@ def test_run_orders_the_steps_and_adds_the_wise_curves_in_full_mode(tmp_path, mo
 
     def wise_curve(self, name, base, ckpt, world):
         steps.append(("wise", name, base, ckpt))
-        path = tmp_path / f"curve-{demo.slug(name)}.md"
+        path = tmp_path / f"curve-{compose.slug(name)}.md"
         path.write_text(f"### WiSE-FT: pretrained (alpha=0) -> {name} (alpha=1)\n")
         return {"files": {"curve_md": str(path)}, "mlflow_run_id": f"wise-{name}", "output_dir": "o", "points": []}
 
     monkeypatch.setattr(demo.Pipeline, "wise_curve", wise_curve)
-    monkeypatch.setattr(demo.Pipeline, "execute", lambda self, stage, cfg, label: steps.append((stage, cfg.run_id)) or {
-        "model_uri": "models:/hardpos-clip@champion", "champion": {"version": "1"}})
+    def execute(self, stage, cfg, label):
+        steps.append((stage, getattr(cfg, "run_id", None)))
+        if stage == "base":  # --from-scratch: the base stage, not shipped
+            assert cfg.ship is False and cfg.world == self.cfg.world and cfg.curriculum == self.cfg.curriculum
+            return {"checkpoint": "ckpt/pretrained", "mlflow_run_id": "run-pretrained", "model_uri": None}
+        return {"model_uri": "models:/hardpos-clip@champion", "champion": {"version": "1"}}
+
+    monkeypatch.setattr(demo.Pipeline, "execute", execute)
 
     cfg = demo.Config(output_dir=str(tmp_path), full=True, chart=False, from_scratch=from_scratch)
     summary = demo.run(cfg, JobContext("demo", str(tmp_path), None))
-    pretraining = [s for s in steps if s[0] == "train" and s[1].startswith("pretrained")]
+    pretraining = [s for s in steps if s[0] == "base" or (s[0] == "train" and s[1].startswith("pretrained"))]
     # --full adds the paper's Table 1(d): HP+HN with the positives of one kind only
     assert [s[1] for s in steps if s[0] == "train" and s[1].startswith("hp")] == ["hp+hn", "hp-replace+hn", "hp-swap+hn"]
-    assert pretraining == ([("train", "pretrained-curriculum"), ("train", "pretrained")] if from_scratch else [])
+    assert pretraining == ([("base", None)] if from_scratch else [])  # the base stage pretrains it
     assert [s for s in steps if s[0] == "wise"] == [("wise", "hp+hn", base, "ckpt/hp+hn"),
                                                     ("wise", "hn-only", base, "ckpt/hn-only")]
     assert steps.index(("sweep", base)) < steps.index(("evaluate", "pretrained"))

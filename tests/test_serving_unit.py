@@ -117,7 +117,7 @@ def test_caption_errors_name_the_field(captions, message):
 def test_captions_ok_and_token_lengths():
     import open_clip
 
-    from hardpos.models.clip import register_model_configs
+    from hardpos.models.weights import register_model_configs
 
     assert requests.parse_score_payload({"image_b64": IMG, "captions": ["a", "b c"]}, LIM)[1] == ["a", "b c"]
     register_model_configs()

@@ -38,7 +38,7 @@ from hardpos.tracking.redact import redact
 NO_PREEMPTION_WATCHER = ("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 STAGES = ("world", "perturb", "generate", "train", "evaluate", "sweep", "compare", "register", "demo", "interpolate",
-          "audit")
+          "audit", "base")
 
 
 @dataclasses.dataclass

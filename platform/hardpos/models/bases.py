@@ -187,10 +187,10 @@ def check_world(manifest: dict[str, Any], world: WorldConfig | dict, *, source: 
     """Raise ConfigError, naming every differing key, unless ``world`` is exactly the world
     the base of ``manifest`` was pretrained on."""
     if "world" not in manifest:
-        raise ConfigError(f"{source}: its manifest records no world config; re-create it with the demo's pretrain_only=true")
+        raise ConfigError(f"{source}: its manifest records no world config; re-create it with the base stage (`hardpos base`)")
     diff = world_differences(manifest, world)
     if diff:
         shown = "; ".join(f"world.{k}={got!r} but the base was pretrained on {want!r}" for k, (want, got) in diff.items())
         raise ConfigError(f"{source} ({manifest.get('name', '?')}) was pretrained on another world: {shown}. "
                           f"Use the base's world (drop these overrides), or pretrain a base for this world "
-                          f"(the demo's --from-scratch; pretrain_only=true makes one to ship)")
+                          f"(the demo's --from-scratch; `hardpos base` makes one to ship)")
