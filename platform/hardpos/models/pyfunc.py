@@ -52,7 +52,7 @@ from hardpos.models.uri import use_tracking_uri
 ARTIFACT_PATH = "model"
 # What loading and predicting import (the model code is carried by code_paths, not pip):
 # the scorer (torch, open_clip and its image transforms), checkpoint I/O, image reading
-# (local or s3://) and the HardPos modules' own top-level imports. tests/test_model.py checks
+# (local or s3://) and the HardPos modules' own top-level imports. tests/test_models_clip.py checks
 # that a load + predict in a fresh process imports nothing these do not install.
 PIP_REQUIREMENTS = ("torch", "torchvision", "open_clip_torch", "safetensors", "pillow", "pandas", "numpy",
                     "pyarrow", "pyyaml", "requests", "boto3", "mlflow")

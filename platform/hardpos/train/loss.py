@@ -74,7 +74,7 @@ contrastive gradient is dL_con/d(its own rows) once instead of ``world_size`` ti
 after DDP's average the contrastive term weighs 1/W of its full-batch gradient. TSVLC
 computes its negative and positive terms per GPU, so they keep full weight: here they stay
 on the with-gradient gather (:func:`hardpos.train.step.forward_loss` builds ``total`` from
-both). tests/test_loss.py checks both settings' gradients on 2 gloo ranks against the
+both). tests/test_train_loss.py checks both settings' gradients on 2 gloo ranks against the
 analytic expectation (the full gradient; 1/W of the contrastive part + the rest).
 """
 from __future__ import annotations
