@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 import pyarrow.parquet as pq
 
+import hardpos.stages.base
 from hardpos import compose, plots, storage, tracking
 from hardpos.compose import PhaseConfig, default_curriculum_world, default_world, epochs_for, slug
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig
@@ -58,7 +59,6 @@ from hardpos.interpolate import check_alphas
 from hardpos.models import bases, registry
 from hardpos.paper import signs, table1
 from hardpos.runtime import JobContext, init_ray
-from hardpos.stages import base as base_stage
 from hardpos.stages import evaluate, generate, interpolate, register
 from hardpos.tracking.redact import redact_text
 
@@ -221,10 +221,11 @@ class Pipeline(compose.Pipeline):
         """A base pretrained from scratch by the base stage (its recipe from the demo's
         config; not shipped: the demo finetunes its full-precision checkpoint)."""
         cfg = self.cfg
-        bcfg = base_stage.Config(output_dir=self.ctx.path("base"), seed=cfg.seed, tracking=self.tracking("base"),
-                                 ray=cfg.ray, world=cfg.world, world_dir=world_dir, arch=cfg.arch,
-                                 curriculum=cfg.curriculum, curriculum_world=cfg.curriculum_world,
-                                 pretrain=cfg.pretrain, ship=False, resume=False, eval_batch_size=cfg.eval_batch_size)
+        bcfg = hardpos.stages.base.Config(output_dir=self.ctx.path("base"), seed=cfg.seed, tracking=self.tracking("base"),
+                                          ray=cfg.ray, world=cfg.world, world_dir=world_dir, arch=cfg.arch,
+                                          curriculum=cfg.curriculum, curriculum_world=cfg.curriculum_world,
+                                          pretrain=cfg.pretrain, ship=False, resume=False,
+                                          eval_batch_size=cfg.eval_batch_size)
         return self.execute("base", bcfg, "2/7 pretrain a base from scratch (base stage)")
 
     # 3 ------------------------------------------------------------------ generate
