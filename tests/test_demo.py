@@ -160,10 +160,14 @@ def test_demo_runs_the_whole_pipeline_small(tracking_uri, tmp_path):
     exp = demo_run.info.experiment_id
     children = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{demo_run.info.run_id}'")
     stages = sorted(r.data.tags["hardpos.stage"] for r in children)
-    assert stages == sorted(["world", "train", "generate", "train", "train", "train", "evaluate", "evaluate",
+    assert stages == sorted(["world", "base", "generate", "train", "train", "train", "evaluate", "evaluate",
                              "evaluate", "evaluate", "register"])
     assert all(r.info.status == "FINISHED" for r in children)
-    assert {r.info.run_name for r in children if r.data.tags["hardpos.stage"] == "train"} == set(MODELS)
+    assert {r.info.run_name for r in children if r.data.tags["hardpos.stage"] == "train"} == set(MODELS[1:])
+    # --from-scratch: the base stage pretrained the base, its train run a child of the base run
+    (base_run,) = [r for r in children if r.data.tags["hardpos.stage"] == "base"]
+    pretraining = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{base_run.info.run_id}'")
+    assert sorted((r.data.tags["hardpos.stage"], r.info.run_name) for r in pretraining) == [("train", "pretrained")]
 
     # a second demo reuses the world (same config) and regenerates it when the config changes
     assert compose.world_matches(summary["world_dir"], cfg.world)

@@ -93,13 +93,15 @@ def jsonl_head(key: str, path: str) -> dict | None:
 def check_table(key: str, value: str, *, columns: Sequence[Sequence[str]], what: str, allow_empty: bool = False,
                 image_root: str | None = None, image_column: str | None = "image") -> None:
     """A parquet/jsonl input exists, has each column group of ``columns`` (one of each group),
-    and rows unless ``allow_empty``; its first row's image path (when relative or local) exists.
+    and rows unless ``allow_empty``; and when its first rows name local images, at least one of
+    them exists: a wrong ``image_root`` misses them all, while a file with a few missing or
+    corrupt images (which the readers count and skip) passes.
     """
     files = input_files(key, value, suffixes=(".parquet", ".jsonl", ".json", ".tar"), what=what)
     if all(f.lower().endswith(".tar") for f in files):
         return  # webdataset shards: the reader checks their first sample's members
     names: list[str] = []
-    rows, first = 0, None
+    rows = 0
     for f in files:
         if f.lower().endswith(".parquet"):
             names, n = parquet_head(key, f)
@@ -107,7 +109,7 @@ def check_table(key: str, value: str, *, columns: Sequence[Sequence[str]], what:
         elif f.lower().endswith((".jsonl", ".json")):
             row = jsonl_head(key, f)
             if row is not None:
-                names, first = list(row), first or row
+                names = list(row)
                 rows += 1
         if rows and names:
             break
@@ -119,31 +121,47 @@ def check_table(key: str, value: str, *, columns: Sequence[Sequence[str]], what:
         if not any(c in names for c in group):
             want = group[0] if len(group) == 1 else " or ".join(group)
             fail(key, value, f"lacks column {want!r} (has {names})", f"rename the column to {group[0]!r}")
-    if image_column and image_column in names and first is None and files[0].lower().endswith(".parquet"):
-        first = first_parquet_row(files[0], image_column)
-    image = (first or {}).get(image_column) if image_column else None
-    if isinstance(image, str) and image and "://" not in image:
-        base = image_root or (os.path.dirname(os.path.abspath(files[0])) if not storage.is_s3(files[0]) else None)
-        if base is not None and not storage.is_s3(base):
-            resolved = image if os.path.isabs(image) else os.path.join(base, image)
-            if not os.path.exists(resolved):
-                fail(key, value, f"the first row's image {image!r} does not exist ({resolved})",
-                     "set image_root to the folder the image paths are relative to, or fix the paths")
+    if not image_column or image_column not in names:
+        return
+    base = image_root or (os.path.dirname(os.path.abspath(files[0])) if not storage.is_s3(files[0]) else None)
+    if base is None or storage.is_s3(base):
+        return
+    local = [im for im in head_images(files[0], image_column) if "://" not in im]
+    resolved = [im if os.path.isabs(im) else os.path.join(base, im) for im in local]
+    if resolved and not any(os.path.exists(r) for r in resolved):
+        fail(key, value, f"none of the first {len(resolved)} rows' images exist (e.g. {local[0]!r}: {resolved[0]})",
+             "set image_root to the folder the image paths are relative to, or fix the paths")
 
 
-def first_parquet_row(path: str, column: str) -> dict:
-    """The first row's ``column`` of a parquet file (one row group's column is read)."""
-    # lazy: pyarrow.parquet only for parquet inputs
-    import pyarrow.parquet as pq
+#: how many leading rows' image paths :func:`check_table` looks at
+IMAGE_SAMPLE = 16
 
-    fs, fs_path = storage.arrow_filesystem(path)
-    with fs.open_input_file(fs_path) as handle:
-        pf = pq.ParquetFile(handle)
-        if pf.metadata.num_row_groups == 0:
-            return {}
-        col = pf.read_row_group(0, columns=[column]).column(0)
-        value = col[0].as_py() if len(col) else None
-    return {column: value if isinstance(value, str) else None}
+
+def head_images(path: str, column: str, n: int = IMAGE_SAMPLE) -> list[str]:
+    """The non-empty string values of ``column`` in the first ``n`` rows of a parquet or jsonl file."""
+    if path.lower().endswith(".parquet"):
+        # lazy: pyarrow.parquet only for parquet inputs
+        import pyarrow.parquet as pq
+
+        fs, fs_path = storage.arrow_filesystem(path)
+        with fs.open_input_file(fs_path) as handle:
+            pf = pq.ParquetFile(handle)
+            if pf.metadata.num_row_groups == 0:
+                return []
+            values = pf.read_row_group(0, columns=[column]).column(0).slice(0, n).to_pylist()
+    else:
+        fs, fs_path = storage.arrow_filesystem(path)
+        with fs.open_input_stream(fs_path) as handle:
+            head = handle.read(1 << 20).decode("utf-8", errors="replace")
+        values = []
+        for line in head.splitlines():
+            if line.strip() and len(values) < n:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    break  # a line cut by the 1 MB head, or bad JSON: the reader names it
+                values.append(row.get(column) if isinstance(row, dict) else None)
+    return [v for v in values if isinstance(v, str) and v]
 
 
 # --------------------------------------------------------------------------- 3. servers
