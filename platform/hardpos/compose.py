@@ -75,6 +75,19 @@ class PhaseConfig:
         DataConfig(shuffle_buffer=self.shuffle_buffer)
 
 
+def check_base_recipe(pretrain: PhaseConfig, curriculum: PhaseConfig, curriculum_world: WorldConfig) -> None:
+    """The rules a base's recipe obeys wherever it is configured (the base stage, the demo's
+    ``--from-scratch``): ConfigError naming the phase otherwise."""
+    if pretrain.steps < 1 or pretrain.batch_size < 1 or pretrain.num_workers < 1:
+        raise ConfigError("pretrain: steps, batch_size and num_workers must be >= 1")
+    c = curriculum
+    if c.steps < 0 or c.batch_size < 1 or c.num_workers < 1:
+        raise ConfigError(f"curriculum: steps must be >= 0 (0: no curriculum), batch_size and num_workers >= 1, "
+                          f"got steps={c.steps} batch_size={c.batch_size} num_workers={c.num_workers}")
+    if c.steps and curriculum_world.n_pretrain < 1:
+        raise ConfigError("curriculum_world.n_pretrain must be >= 1 when curriculum.steps > 0")
+
+
 def default_world() -> WorldConfig:
     """The demo's world, the one the shipped base was pretrained on."""
     # The calibrated embedded default (README "Calibration"): vague "web" captions (half of the

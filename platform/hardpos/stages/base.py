@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from hardpos import storage, tracking
-from hardpos.compose import PhaseConfig, Pipeline, default_curriculum_world, default_world, phase_key
+from hardpos.compose import (PhaseConfig, Pipeline, check_base_recipe, default_curriculum_world, default_world,
+                             phase_key)
 from hardpos.config import ConfigError, JobConfig, TrackingConfig
 from hardpos.data.scene import WorldConfig
 from hardpos.models import bases
@@ -82,14 +83,7 @@ class Config(JobConfig):
     eval_batch_size: int = 256
 
     def __post_init__(self) -> None:
-        if self.pretrain.steps < 1 or self.pretrain.batch_size < 1 or self.pretrain.num_workers < 1:
-            raise ConfigError("pretrain: steps, batch_size and num_workers must be >= 1")
-        c = self.curriculum
-        if c.steps < 0 or c.batch_size < 1 or c.num_workers < 1:
-            raise ConfigError(f"curriculum: steps must be >= 0 (0: no curriculum), batch_size and num_workers >= 1, "
-                              f"got steps={c.steps} batch_size={c.batch_size} num_workers={c.num_workers}")
-        if c.steps and self.curriculum_world.n_pretrain < 1:
-            raise ConfigError("curriculum_world.n_pretrain must be >= 1 when curriculum.steps > 0")
+        check_base_recipe(self.pretrain, self.curriculum, self.curriculum_world)
         if not self.name or "/" in self.name or self.name.startswith("."):
             raise ConfigError(f"name={self.name!r}: must be a plain file name (no '/', not hidden)")
 

@@ -50,7 +50,8 @@ import pyarrow.parquet as pq
 
 import hardpos.stages.base
 from hardpos import compose, plots, storage, tracking
-from hardpos.compose import PhaseConfig, default_curriculum_world, default_world, epochs_for, slug
+from hardpos.compose import (PhaseConfig, check_base_recipe, default_curriculum_world, default_world, epochs_for,
+                             slug)
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig
 from hardpos.config.paths import resolve_tracking_uri
 from hardpos.data.scene import WorldConfig
@@ -177,16 +178,10 @@ class Config(JobConfig):
         for v in self.variants:
             if not v.name or "/" in v.name:
                 raise ConfigError(f"variants: name {v.name!r} must be non-empty without '/'")
-        for phase in ("pretrain", "finetune"):
-            p = getattr(self, phase)
-            if p.steps < 1 or p.batch_size < 1 or p.num_workers < 1:
-                raise ConfigError(f"{phase}: steps, batch_size and num_workers must be >= 1")
-        c = self.curriculum
-        if c.steps < 0 or c.batch_size < 1 or c.num_workers < 1:
-            raise ConfigError(f"curriculum: steps must be >= 0 (0: no curriculum), batch_size and num_workers >= 1, "
-                              f"got steps={c.steps} batch_size={c.batch_size} num_workers={c.num_workers}")
-        if c.steps and self.curriculum_world.n_pretrain < 1:
-            raise ConfigError("curriculum_world.n_pretrain must be >= 1 when curriculum.steps > 0")
+        check_base_recipe(self.pretrain, self.curriculum, self.curriculum_world)
+        f = self.finetune
+        if f.steps < 1 or f.batch_size < 1 or f.num_workers < 1:
+            raise ConfigError("finetune: steps, batch_size and num_workers must be >= 1")
         if self.from_scratch:
             if self.pretrained not in (None, bases.DEFAULT_BASE):
                 raise ConfigError(f"from_scratch=true pretrains a base from scratch; drop pretrained={self.pretrained}")
