@@ -59,5 +59,6 @@ def test_the_sweeps_trials_get_absolute_paths_and_its_data_is_checked_once(tmp_p
     elsewhere.mkdir(parents=True)
     monkeypatch.chdir(elsewhere)  # what Tune does to a trial
     assert module.trial_train_config(base, {"loss.w_neg": 0.5}).data.train_path == str(tmp_path / "data/t.parquet")
+    # the sweep stage's check, which the runtime runs before the sweep starts any trial
     with pytest.raises(ConfigError, match=r"train_overrides\.data\.train_path.*t\.parquet"):
-        module.run(cfg, runtime.JobContext(stage="sweep", output_dir=str(tmp_path / "out"), run=None))
+        module.check(cfg)
