@@ -1,21 +1,22 @@
-"""Cheap checks a stage runs before any heavy work, in order of cost.
+"""The checks stages share, run before any heavy work, in order of cost.
 
 A user's first mistakes (a missing or empty file, a wrong column, a dead server, weights that
 cannot be fetched offline) should cost seconds and one line, not a minute of retries and three
 tracebacks. Each check here raises :class:`hardpos.config.ConfigError` whose message names the
-key, its value and the fix; the CLI prints it as one line and exits 2.
+key, its value and the fix (:func:`fail`); the CLI prints it as one line and exits 2.
 
-The order a stage's ``preflight(cfg)`` follows (cheapest first, so the first problem reported
-is the one that costs nothing to find):
+Each stage composes them in its own ``check(cfg)`` (``hardpos/stages/<stage>.py``), which
+:func:`hardpos.runtime.execute` calls before anything is started or written, cheapest first
+(so the first problem reported is the one that costs nothing to find):
 
 1. the config itself (already checked by the loader and the dataclasses' ``__post_init__``);
 2. local / ``s3://`` inputs: they exist, are not empty, and their head has the expected schema
-   (parquet footer, the first jsonl line, a COCO json's keys);
-3. servers the stage will need: the MLflow tracking server (when ``tracking.required``), an
-   S3 endpoint override, an LLM endpoint -- one TCP/HTTP probe each with a ~2 s timeout;
+   (parquet footer, the first jsonl line, the first rows' image paths): here;
+3. servers the stage will need: an S3 endpoint override, an LLM endpoint (here), the MLflow
+   tracking server (:func:`hardpos.tracking.check_tracking`) -- one TCP/HTTP probe each with a
+   ~2 s timeout;
 4. model weights: the architecture exists, a pretrained tag is known for it, and weights that
-   are not in the local cache can be fetched (``HF_HUB_OFFLINE`` or a failed 2 s probe of the
-   hub host means they cannot, reported at once instead of after the hub client's retries).
+   are not in the local cache can be fetched (:func:`hardpos.models.weights.check_model`).
 """
 from __future__ import annotations
 
