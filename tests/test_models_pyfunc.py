@@ -75,7 +75,7 @@ def test_logged_model_loads_and_predicts_without_hardpos_installed(tmp_path, tra
     assert (model_dir / "input_example.json").is_file()
     requirements = (model_dir / "requirements.txt").read_text().split()
     assert all("==" in r for r in requirements if not r.startswith("mlflow")), requirements  # pinned
-    assert (model_dir / "code" / "hardpos" / "model.py").is_file()
+    assert (model_dir / "code" / "hardpos" / "models" / "clip.py").is_file()
     # only the product travels: the package as installed, without byte-code caches
     code = model_dir / "code"
     assert sorted(p.name for p in code.iterdir()) == ["hardpos"]

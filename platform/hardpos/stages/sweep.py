@@ -358,10 +358,12 @@ def run_trial(tune_config: dict[str, Any], *, base: dict[str, Any], output_dir: 
 
 
 def check(cfg: Config) -> None:
-    """Before any trial: the trials' shared train config (file + overrides) loads, and what every
-    trial reads passes the train stage's data check once (not the same failure in each trial);
-    then the tracking server and the weights."""
-    base = from_dict(train_module().Config, trial_base(cfg))
+    """Before any trial: the trials' shared train config (file + overrides) loads and the search
+    space names its keys, then what every trial reads passes the train stage's data check once
+    (not the same failure in each trial); then the tracking server and the weights."""
+    trials = trial_base(cfg)
+    validate_space(cfg, trials)  # the config itself first: a typo in the search space costs nothing to find
+    base = from_dict(train_module().Config, trials)
     preflight.check_s3_endpoint([base.data.train_path, base.data.val_path, base.model.pretrained, cfg.output_dir])
     train_module().check_data(base, allow_empty=cfg.allow_empty, key_prefix="train_overrides.")
     tracking.check_tracking(cfg.tracking)
