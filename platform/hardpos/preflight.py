@@ -241,3 +241,12 @@ def caption_rows_present(key: str, files: Sequence[str]) -> bool:
             if len(lines) > (1 if low.endswith((".tsv", ".csv")) else 0):  # a header alone is no row
                 return True
     return False
+
+
+def check_benchmarks(specs: Sequence[Any], world_dir: str | None, allow_empty: bool) -> None:
+    """The benchmarks a model is scored on (the evaluate and interpolate stages): the world
+    folder exists, and each benchmark file exists, is not empty and has its kind's columns."""
+    if world_dir and not storage.exists(world_dir):
+        fail("world_dir", world_dir, "world folder not found", "run `hardpos world` first, or fix the path")
+    for spec in specs:
+        benchmark(f"benchmarks.{spec.name}", spec, allow_empty=allow_empty)

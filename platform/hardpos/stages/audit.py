@@ -28,8 +28,7 @@ import re
 import sys
 from typing import Literal
 
-from hardpos import preflight, tracking
-from hardpos import storage
+from hardpos import preflight, storage, tracking
 from hardpos.config import ConfigError, JobConfig, require
 from hardpos.data.blind_audit import (FORMATS, GRAMMAR_RULES, POLARITIES, AuditError, AuditSettings, NoEditsError,
                                       audit_edits, markdown_table, read_edits)

@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
-from hardpos import preflight
-from hardpos import storage, tracking
+from hardpos import preflight, storage, tracking
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig, require
 from hardpos.config.paths import resolve_tracking_uri
 from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
@@ -198,10 +197,7 @@ def check(cfg: Config) -> None:
     the tracking server, then the model's weights."""
     specs = list(cfg.benchmarks)
     preflight.check_s3_endpoint([s.path for s in specs] + [cfg.model.pretrained, cfg.world_dir, cfg.output_dir])
-    if cfg.world_dir and not storage.exists(cfg.world_dir):
-        preflight.fail("world_dir", cfg.world_dir, "world folder not found", "run `hardpos world` first, or fix the path")
-    for spec in specs:
-        preflight.benchmark(f"benchmarks.{spec.name}", spec, allow_empty=cfg.allow_empty)
+    preflight.check_benchmarks(specs, cfg.world_dir, cfg.allow_empty)
     tracking.check_tracking(cfg.tracking)
     weights.check_model("model", cfg.model.arch, cfg.model.pretrained)
 

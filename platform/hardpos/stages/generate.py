@@ -13,8 +13,7 @@ from typing import Literal
 
 import pyarrow.parquet as pq
 
-from hardpos import preflight, tracking
-from hardpos import storage
+from hardpos import preflight, storage, tracking
 from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
 from hardpos.data.captions import CaptionSourceError
 from hardpos.data.lexicon import benchmark_substitution, seen_substitutions_tag

@@ -33,15 +33,13 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from hardpos import preflight
-from hardpos import markdown, plots, storage, tracking
+from hardpos import markdown, plots, preflight, storage, tracking
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig, require
 from hardpos.config.paths import resolve_tracking_uri
 from hardpos.eval import outputs
 from hardpos.eval.spec import BenchmarkSpec, Precision
 from hardpos.interpolate import check_alphas, interpolate_state, load_pair, state_of
-from hardpos.models import registry
-from hardpos.models import weights
+from hardpos.models import registry, weights
 from hardpos.models.uri import mlflow_client
 from hardpos.runtime import JobContext, execute
 from hardpos.stages import evaluate
@@ -202,10 +200,7 @@ def check(cfg: Config) -> None:
     """Before any work: like the evaluate stage's check, for both endpoints of the mix."""
     preflight.check_s3_endpoint([s.path for s in cfg.benchmarks]
                                 + [cfg.base.pretrained, cfg.finetuned.pretrained, cfg.world_dir])
-    if cfg.world_dir and not storage.exists(cfg.world_dir):
-        preflight.fail("world_dir", cfg.world_dir, "world folder not found", "run `hardpos world` first, or fix the path")
-    for spec in cfg.benchmarks:
-        preflight.benchmark(f"benchmarks.{spec.name}", spec, allow_empty=cfg.allow_empty)
+    preflight.check_benchmarks(cfg.benchmarks, cfg.world_dir, cfg.allow_empty)
     tracking.check_tracking(cfg.tracking)
     weights.check_model("base", cfg.base.arch, cfg.base.pretrained)
     weights.check_model("finetuned", cfg.finetuned.arch, cfg.finetuned.pretrained)

@@ -32,8 +32,7 @@ import os
 import time
 from typing import Literal
 
-from hardpos import storage
-from hardpos import tracking
+from hardpos import storage, tracking
 from hardpos.config import ConfigError, JobConfig
 from hardpos.data.captions import CaptionSourceError
 from hardpos.data.captions.formats import read_captions

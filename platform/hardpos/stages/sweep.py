@@ -44,8 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from hardpos import logs, preflight, runtime, storage, tracking
 from hardpos.config import ConfigError, JobConfig, from_dict, load_config, set_dotted, to_dict
 from hardpos.config.paths import absolute_paths, absolute_value, resolve_tracking_uri
-from hardpos.models import registry
-from hardpos.models import weights
+from hardpos.models import registry, weights
 from hardpos.models.uri import mlflow_client
 from hardpos.runtime import JobContext
 from hardpos.stages import compare

@@ -16,8 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from hardpos import preflight
-from hardpos import storage, tracking
+from hardpos import preflight, storage, tracking
 from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.models import weights
 from hardpos.runtime import JobContext
