@@ -11,6 +11,7 @@ from hardpos import logs
 def test_raylet_worker_start_warnings_are_dropped_unless_verbose(monkeypatch):
     sink = io.StringIO()
     monkeypatch.setattr(sys, "stdout", sink)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
     logs.quiet_raylet("info")
     print("(raylet) WARNING: 18 PYTHON worker processes have been started on node: abc with address: x, which is 9x")
     print("[hardpos] train finished")
@@ -20,9 +21,33 @@ def test_raylet_worker_start_warnings_are_dropped_unless_verbose(monkeypatch):
 
     loud = io.StringIO()
     monkeypatch.setattr(sys, "stdout", loud)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
     logs.quiet_raylet("debug")
     print("(raylet) WARNING: 18 PYTHON worker processes have been started on node: abc")
     assert "worker processes" in loud.getvalue()
+
+
+def test_the_gcs_successful_kill_error_is_dropped_and_other_kill_failures_are_not(monkeypatch):
+    """Ray's log monitor prints the GCS's error lines to the driver's stderr; the one that
+    reports a kill whose socket closed (the kill succeeding) is dropped unless verbose."""
+    kill = ("[2026-11-26 18:43:28,127 E 12944 12944] (gcs_server) gcs_actor_scheduler.cc:538: Failed to kill actor "
+            "bde8e325896f45c89f5053d101000000, return status: Invalid: KillActor RPC failed for actor "
+            "bde8e325896f45c89f5053d101000000: RpcError: RPC error: Socket closed rpc_code: 14")
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    monkeypatch.setattr(sys, "stderr", err)
+    logs.quiet_raylet("info")
+    print(kill, file=sys.stderr)
+    print(kill.replace("Socket closed", "Deadline Exceeded"), file=sys.stderr)
+    print("[hardpos] evaluate finished", file=sys.stderr)
+    assert err.getvalue().splitlines() == [kill.replace("Socket closed", "Deadline Exceeded"),
+                                           "[hardpos] evaluate finished"]
+
+    loud = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", loud)
+    logs.quiet_raylet("debug")
+    print(kill, file=sys.stderr)
+    assert loud.getvalue() == kill + "\n"
 
 
 def test_rays_exclude_resources_deprecation_is_filtered_in_ray_processes():

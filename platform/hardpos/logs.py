@@ -127,6 +127,12 @@ def ray_init_kwargs(level: str) -> dict[str, Any]:
 # cores (every Ray Data job on a 2-core machine). Hidden unless verbose.
 RAY_DEPRECATION_NOISE = "`ExecutionOptions.exclude_resources` is deprecated"
 RAYLET_NOISE = re.compile(r"worker processes have been started on node")
+# The GCS logs an error when it asks an actor's worker to exit and that worker has already
+# gone: the closed socket *is* the kill succeeding (ray-project/ray#53412, #58544). Only that
+# exact line, with that status; any other kill failure still reaches the console.
+GCS_KILL_NOISE = re.compile(r"\(gcs_server\) gcs_actor_scheduler\.cc:\d+: Failed to kill actor \w+, return status: "
+                            r"Invalid: KillActor RPC failed for actor \w+: RpcError: RPC error: Socket closed "
+                            r"rpc_code: 14\s*$")
 
 
 def ray_warning_filters(level: str) -> str:
@@ -167,11 +173,15 @@ class _DropLines:
 
 
 def quiet_raylet(level: str) -> None:
-    """Unless verbose, the driver's stdout drops the raylet's worker-start warnings (Ray prints
-    the raylet's messages there). Idempotent."""
-    if verbose(level) or isinstance(sys.stdout, _DropLines):
+    """Unless verbose, the driver's stdout drops the raylet's worker-start warnings and its
+    stderr the GCS's successful-kill error (Ray's log monitor prints the raylet's and the GCS's
+    lines to the driver's ``sys.stdout`` and ``sys.stderr``). Idempotent."""
+    if verbose(level):
         return
-    sys.stdout = _DropLines(sys.stdout, RAYLET_NOISE)  # type: ignore[assignment]
+    if not isinstance(sys.stdout, _DropLines):
+        sys.stdout = _DropLines(sys.stdout, RAYLET_NOISE)  # type: ignore[assignment]
+    if not isinstance(sys.stderr, _DropLines):
+        sys.stderr = _DropLines(sys.stderr, GCS_KILL_NOISE)  # type: ignore[assignment]
 
 
 def quiet_ray_data(level: str) -> None:
