@@ -6,7 +6,10 @@ or a synthetic world folder (its ``<split>.parquet``; the world's lexicon is the
 negatives stay in the world's vocabulary). Which world an input belongs to, its lexicon and
 the rule engine's seed are decided exactly as the generate stage's rule engine decides them
 (:func:`hardpos.data.world.world_dir_of`, :func:`hardpos.generate.rules_engine.cached_perturber`),
-so both stages perturb a caption of the same world alike.
+so both stages make the same candidates for a caption of the same world, and the same picks
+with ``balanced_picks=false``. By default this stage balances its picks over the whole caption
+set (:mod:`hardpos.data.rules.balance`), which the generate stage, streaming one batch at a
+time, does not.
 
 Output (``output_dir``):
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import time
 from typing import Literal
 
@@ -37,7 +41,9 @@ from hardpos.config import ConfigError, JobConfig
 from hardpos.data.captions import CaptionSourceError
 from hardpos.data.captions.formats import read_captions
 from hardpos.data.lexicon import benchmark_substitution, seen_substitutions_tag
-from hardpos.data.rules.perturber import pick_triplet
+from hardpos.data.rules.balance import NgramBalance
+from hardpos.data.rules.perturber import pick_from, pick_triplet
+from hardpos.data.rules.text import stable_seed
 from hardpos.data.triplets import TripletFileError, make_triplet, read_triplets, resolve_image, write_triplets
 from hardpos.data.world import world_dir_of
 from hardpos.generate.rules_engine import cached_perturber
@@ -64,6 +70,10 @@ class Config(JobConfig):
     image_root: folder/URI that relative image paths of caption sources are relative to.
     output_format: "parquet" or "jsonl".
     num_workers: 0 perturbs in this process; N > 0 splits the captions over N Ray tasks.
+    balanced_picks: inside each drawn REPLACE/SWAP family, pick the candidate that keeps the
+        picked edits' word 1-2 gram counts closest to their captions' (a text-only reader then
+        finds no word that marks an edit); false: the seeded-random pick. The candidates are made
+        in parallel, the picks in one process in a seeded order.
     """
 
     input: str = ""
@@ -78,6 +88,7 @@ class Config(JobConfig):
     image_root: str | None = None
     output_format: Literal["parquet", "jsonl"] = "parquet"
     num_workers: int = 0
+    balanced_picks: bool = True
 
 
 TRIPLET_INPUT_COLUMNS = {"caption", "hard_negative", "hard_positive", "kind", "source", "caption_id"}
@@ -153,6 +164,40 @@ def _perturb_chunk(captions: list[str], seed: int, kinds: list[str], want_neg: b
     return out, time.process_time() - cpu0
 
 
+def _candidates_chunk(captions: list[str], seed: int, kinds: list[str], want_neg: bool, want_pos: bool,
+                      world_dir: str | None, include_benchmark_pairs: bool = False) -> tuple[list, float]:
+    """Every (negative, positive) candidate of each caption, of ``kinds`` (in-process or in a
+    Ray task), and the CPU seconds spent: what the balanced picks choose from."""
+    cpu0 = time.process_time()
+    rules = cached_perturber(seed, world_dir, include_benchmark_pairs)
+    out = [([p for p in rules.hard_negatives(c) if p.kind in kinds] if want_neg else [],
+            [p for p in rules.hard_positives(c) if p.kind in kinds] if want_pos else []) for c in captions]
+    return out, time.process_time() - cpu0
+
+
+def _balanced_picks(captions: list[str], candidates: list, cfg: Config) -> tuple[list[dict], dict]:
+    """The picks of every caption, made in one seeded order with the negatives' and positives'
+    n-gram balances (:mod:`hardpos.data.rules.balance`); and, per polarity, the n-gram imbalance
+    per pick of these picks and of the seeded-random picks from the same candidates."""
+    order = list(range(len(captions)))
+    random.Random(stable_seed(cfg.seed, "balanced-picks")).shuffle(order)
+    balanced = (NgramBalance(), NgramBalance())
+    unbalanced = (NgramBalance(), NgramBalance())  # what the seeded-random picks would leave: the comparison
+    results: list[dict | None] = [None] * len(captions)
+    for i in order:
+        negs, poss = candidates[i]
+        args = (captions[i], negs, poss, cfg.seed, cfg.seed, cfg.kinds, cfg.negatives, cfg.positives)
+        results[i] = pick_from(*args, balance=balanced)
+        plain = pick_from(*args)
+        for bal, key in zip(unbalanced, ("neg", "pos")):
+            if plain[key] is not None:
+                bal.add(captions[i], plain[key])
+    info = {"ngram_imbalance_per_pick": {
+        polarity: {"balanced": round(b.imbalance, 3), "seeded_random": round(u.imbalance, 3)}
+        for polarity, b, u in zip(("negatives", "positives"), balanced, unbalanced)}}
+    return results, info  # type: ignore[return-value]
+
+
 def check(cfg: Config) -> None:
     """Before any work: the tracking server (this stage's inputs are read, and named in its errors, by ``run``)."""
     tracking.check_tracking(cfg.tracking)
@@ -180,18 +225,26 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     cpu_s = 0.0
     captions = [r["caption"] for r in keep]
     args = (cfg.seed, list(cfg.kinds), cfg.negatives, cfg.positives, world_dir, cfg.include_benchmark_pairs)
+    work = _candidates_chunk if cfg.balanced_picks else _perturb_chunk
     if cfg.num_workers > 0 and captions:
         import ray  # lazy: the CLI imports this module for its Config; Ray loads once a job fans out
 
         init_ray(cfg.ray)
-        task = ray.remote(num_cpus=1)(_perturb_chunk)
+        task = ray.remote(num_cpus=1)(work)
         size = -(-len(captions) // cfg.num_workers)
         refs = [task.remote(captions[i:i + size], *args) for i in range(0, len(captions), size)]
         chunks = ray.get(refs)
-        results = [x for chunk, _ in chunks for x in chunk]
+        made = [x for chunk, _ in chunks for x in chunk]
         cpu_s = sum(c for _, c in chunks)
     else:
-        results, cpu_s = _perturb_chunk(captions, *args)
+        made, cpu_s = work(captions, *args)
+    balance_info: dict = {}
+    if cfg.balanced_picks:
+        cpu0 = time.process_time()
+        results, balance_info = _balanced_picks(captions, made, cfg)
+        cpu_s += time.process_time() - cpu0
+    else:
+        results = made
     rule_s = time.perf_counter() - t0
 
     out_rows = []
@@ -231,6 +284,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         "captions_per_cpu_s_rules": round(n / cpu_s, 1) if cpu_s > 0 else None,
         "captions_per_s_end_to_end": round(len(rows) / total_s, 1) if total_s > 0 else None,
         "rule_seconds": round(rule_s, 3), "output": out_uri, "rejects": ctx.path("rejects.jsonl"),
+        "balanced_picks": cfg.balanced_picks, **balance_info,
         # test-set hygiene: positives that are the REPLACE benchmark's own substitutions
         "include_benchmark_pairs": cfg.include_benchmark_pairs,
         "positives_with_benchmark_substitutions": sum(

@@ -44,6 +44,7 @@ import random
 
 from hardpos.data.lexicon import Lexicon, Sense, load_lexicon
 from hardpos.data.rules.agreement import new_problems
+from hardpos.data.rules.balance import NgramBalance
 from hardpos.data.rules.replace import ReplaceRulesMixin
 from hardpos.data.rules.swap import SwapRulesMixin
 from hardpos.data.rules.text import KINDS, POLARITIES, TOKEN, Match, Perturbation, Token, dedupe, stable_seed
@@ -89,29 +90,15 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
         """Every hard positive the rules can make for ``caption`` (deterministic order, no duplicates)."""
         return list(self._both(caption)[1])
 
-    def pick(self, caption: str, polarity: str, kind: str | None = None) -> Perturbation | None:
+    def pick(self, caption: str, polarity: str, kind: str | None = None,
+             balance: NgramBalance | None = None) -> Perturbation | None:
         """One seeded choice among the perturbations of ``polarity`` ("negative" | "positive"),
         optionally restricted to ``kind`` ("replace" | "swap"); None when there is none.
-
-        The choice first draws a slot family (attribute / relation / object / conjuncts ...)
-        uniformly, then a perturbation inside it, so frequent families (colours) do not
-        crowd out rare ones.
-        """
+        See :func:`draw`; ``balance`` is read, not updated."""
         if polarity not in POLARITIES:
             raise ValueError(f"polarity must be one of {POLARITIES}, got {polarity!r}")
-        if kind is not None and kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS} or None, got {kind!r}")
         options = self.hard_negatives(caption) if polarity == "negative" else self.hard_positives(caption)
-        if kind is not None:
-            options = [p for p in options if p.kind == kind]
-        if not options:
-            return None
-        families: dict[str, list[Perturbation]] = {}
-        for p in options:
-            families.setdefault(p.slot.split(" ", 1)[0].split(":", 1)[0] + "/" + p.kind, []).append(p)
-        rng = random.Random(stable_seed(self.seed, polarity, kind, caption))
-        family = rng.choice(sorted(families))
-        return rng.choice(families[family])
+        return draw(caption, options, self.seed, polarity, kind, balance)
 
     # ------------------------------------------------------------------ internals
     def _both(self, caption: str) -> tuple[list[Perturbation], list[Perturbation]]:
@@ -219,14 +206,47 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
         return True
 
 
+def draw(caption: str, options: list[Perturbation], seed: int, polarity: str, kind: str | None = None,
+         balance: NgramBalance | None = None) -> Perturbation | None:
+    """One choice among ``options`` (a caption's perturbations of ``polarity``), optionally
+    restricted to ``kind`` ("replace" | "swap"); None when there is none.
+
+    The choice first draws a slot family (attribute / relation / object / conjuncts ...)
+    uniformly, then a perturbation inside it, so frequent families (colours) do not crowd out
+    rare ones; both draws are seeded by ``(seed, polarity, kind, caption)``. With ``balance``
+    the perturbation inside the family is the one that keeps the picks' n-gram counts closest
+    to their captions' (:meth:`NgramBalance.best`; the seeded draw wins ties); the family draw
+    is the same either way.
+    """
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS} or None, got {kind!r}")
+    if kind is not None:
+        options = [p for p in options if p.kind == kind]
+    if not options:
+        return None
+    families: dict[str, list[Perturbation]] = {}
+    for p in options:
+        families.setdefault(p.slot.split(" ", 1)[0].split(":", 1)[0] + "/" + p.kind, []).append(p)
+    rng = random.Random(stable_seed(seed, polarity, kind, caption))
+    family = families[rng.choice(sorted(families))]
+    drawn = rng.choice(family)
+    if balance is None or len(family) == 1:
+        return drawn
+    best = balance.best(caption, [p.text for p in family], drawn.text)
+    return next(p for p in family if p.text == best)
+
+
 def pick_triplet(rules: RulePerturber, caption: str, seed: int, kinds: list[str] | tuple[str, ...] = KINDS,
-                 negatives: bool = True, positives: bool = True) -> dict:
+                 negatives: bool = True, positives: bool = True,
+                 balance: tuple[NgramBalance, NgramBalance] | None = None) -> dict:
     """The hard negative and hard positive the ``perturb`` stage writes for ``caption``.
 
     One kind per row, so both members of the triplet come from the same REPLACE/SWAP family:
     a kind is drawn (seeded by ``(seed, "kind", caption)``) among those with both a negative and
-    a positive (or, when none has both, either), then :meth:`RulePerturber.pick` picks inside
-    it. A picked output the shared validator rejects is never returned (defence in depth).
+    a positive (or, when none has both, either), then :func:`draw` picks inside it (seeded by
+    the rules' seed). A picked output the shared validator rejects is never returned (defence
+    in depth). ``balance``: the (negatives', positives') n-gram balances of the picks so far,
+    which the picks use and are added to (:mod:`hardpos.data.rules.balance`).
 
     Returns ``{"kind", "neg", "neg_slot", "pos", "pos_slot", "cov"}``: texts and slots are None
     where nothing was picked; ``cov`` maps ``neg_<kind>`` / ``pos_<kind>`` to whether the rules
@@ -234,6 +254,15 @@ def pick_triplet(rules: RulePerturber, caption: str, seed: int, kinds: list[str]
     """
     negs = [p for p in rules.hard_negatives(caption) if p.kind in kinds] if negatives else []
     poss = [p for p in rules.hard_positives(caption) if p.kind in kinds] if positives else []
+    return pick_from(caption, negs, poss, seed, rules.seed, kinds, negatives, positives, balance)
+
+
+def pick_from(caption: str, negs: list[Perturbation], poss: list[Perturbation], seed: int, rules_seed: int,
+              kinds: list[str] | tuple[str, ...] = KINDS, negatives: bool = True, positives: bool = True,
+              balance: tuple[NgramBalance, NgramBalance] | None = None) -> dict:
+    """:func:`pick_triplet` on a caption's candidates already made (``negs`` / ``poss``, of
+    ``kinds`` only): the perturb stage makes them in parallel and picks in one process, in
+    order, when the picks are balanced."""
     cov = {f"neg_{k}": any(p.kind == k for p in negs) for k in kinds}
     cov.update({f"pos_{k}": any(p.kind == k for p in poss) for k in kinds})
     both = [k for k in kinds if (not negatives or cov[f"neg_{k}"]) and (not positives or cov[f"pos_{k}"])]
@@ -243,11 +272,18 @@ def pick_triplet(rules: RulePerturber, caption: str, seed: int, kinds: list[str]
     neg = pos = None
     if pool:
         kind = random.Random(stable_seed(seed, "kind", caption)).choice(pool)
-        neg = rules.pick(caption, "negative", kind) if negatives and cov.get(f"neg_{kind}") else None
-        pos = rules.pick(caption, "positive", kind) if positives and cov.get(f"pos_{kind}") else None
+        neg_balance, pos_balance = balance if balance is not None else (None, None)
+        neg = draw(caption, negs, rules_seed, "negative", kind, neg_balance) \
+            if negatives and cov.get(f"neg_{kind}") else None
+        pos = draw(caption, poss, rules_seed, "positive", kind, pos_balance) \
+            if positives and cov.get(f"pos_{kind}") else None
         if neg is not None and not validate(caption, neg.text, kind + "_negative").accepted:
             neg = None
         if pos is not None and not validate(caption, pos.text, kind).accepted:
             pos = None
+        if neg is not None and neg_balance is not None:
+            neg_balance.add(caption, neg.text)
+        if pos is not None and pos_balance is not None:
+            pos_balance.add(caption, pos.text)
     return {"kind": kind, "neg": neg.text if neg else None, "neg_slot": neg.slot if neg else None,
             "pos": pos.text if pos else None, "pos_slot": pos.slot if pos else None, "cov": cov}
