@@ -65,7 +65,8 @@ def test_a_run_lists_its_inputs_and_its_experiment_is_model_development(tmp_path
 def test_the_mlflow_ui_shows_a_runs_datasets_and_source_in_chromium(tmp_path, mlflow_server, monkeypatch):
     """A stage's run as a user browses it (`mlflow ui` on the store, the demo's link): the
     experiment opens on its runs table (model training, not GenAI), whose Dataset column names
-    the triplet file with its digest and whose Source column names the stage."""
+    the triplet file with its digest, whose Source column names the stage and whose Models
+    column links the model the run logged."""
     from tests.test_explorer import CHROMIUM, CHROMIUM_ARGS, _need_browser
 
     _need_browser()
@@ -81,9 +82,21 @@ def test_the_mlflow_ui_shows_a_runs_datasets_and_source_in_chromium(tmp_path, ml
     cfg = load_config(runtime.stage_module("train").Config, None, [
         "output_dir=out", "data.train_path=data/triplets.parquet", f"tracking.tracking_uri={mlflow_server.url}",
         "tracking.experiment=hardpos-ui", "tracking.run_name=hp+hn"])
-    summary = runtime.execute("train", cfg, run_fn=lambda c, ctx: {}, quiet=True)  # the job contract, no training
-    run = MlflowClient(mlflow_server.url).get_run(summary["mlflow_run_id"])
+    from tests.serve_util import tiny_checkpoint
+
+    ckpt = tiny_checkpoint(tmp_path / "ckpt", seed=0)
+
+    def log_a_model(c, ctx):  # the job contract and a logged model, no training
+        uri, deferred = ctx.run.log_model(ckpt)
+        return {"model_uri": uri, "deferred": deferred}
+
+    summary = runtime.execute("train", cfg, run_fn=log_a_model, quiet=True)
+    assert summary["deferred"] is False
+    client = MlflowClient(mlflow_server.url)
+    run = client.get_run(summary["mlflow_run_id"])
     digest = run.inputs.dataset_inputs[0].dataset.digest
+    (logged,) = client.search_logged_models(experiment_ids=[run.info.experiment_id])
+    assert logged.source_run_id == run.info.run_id
     problems: list[str] = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
@@ -96,6 +109,10 @@ def test_the_mlflow_ui_shows_a_runs_datasets_and_source_in_chromium(tmp_path, ml
             assert "hp+hn" in body and "Training" in body and "hardpos train" in body
             assert "/runs" in page.url and "workflowType=machine_learning" in page.url
             assert "Token Usage" not in body  # not the GenAI overview
+            # the Models column links the run's logged model to its page
+            link = page.locator(f"a[href*='{logged.model_id}']").first
+            link.wait_for(timeout=60_000)
+            assert link.inner_text().strip() == logged.name
         finally:
             browser.close()
     assert problems == []
