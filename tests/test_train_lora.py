@@ -161,6 +161,32 @@ def test_positive_kinds_drop_the_other_kinds_positives(tmp_path):
     assert swaps["has_neg"].tolist() == every["has_neg"].tolist()  # negatives and captions stay
 
 
+def test_positive_kinds_that_no_row_has_stop_before_training(tmp_path, ray_session):
+    """The driver counts the rows with a positive of the asked kinds (a batch mask, so Ray Data
+    prints no "use expr" warning): none -> a DataError naming the key; some -> datasets."""
+    import warnings
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hardpos.train.config import DataConfig
+    from hardpos.train.data import DataError, build_datasets
+    from tests.support import write_triplets
+
+    lm = load_model(ModelConfig())
+    path, rows = write_triplets(tmp_path, n=6)
+    rows = [{**r, "hard_positive": "a positive" if i < 4 else None, "kind": "replace"} for i, r in enumerate(rows)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(DataError, match=r"no training row has a hard positive of kind \['swap'\]"):
+        build_datasets(DataConfig(train_path=str(path), val_fraction=0.0, positive_kinds=["swap"]),
+                       lm.preprocess_train, lm.preprocess_val, lm.tokenizer, 32)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*instead of 'fn'")
+        ds = build_datasets(DataConfig(train_path=str(path), val_fraction=0.5, positive_kinds=["replace"]),
+                            lm.preprocess_train, lm.preprocess_val, lm.tokenizer, 32)
+    assert ds.train_rows + ds.val_rows == 6 and ds.val_rows > 0
+
+
 # --------------------------------------------------------------------------- Ray Train
 @pytest.mark.integration
 def test_two_worker_lora_run_exports_a_plain_model_and_resumes(ray_session, tmp_path):

@@ -90,6 +90,29 @@ def split_of(image: Any, val_fraction: float) -> bool:
 
 
 # --------------------------------------------------------------------------- preprocessing
+def _rows_where(ds: Any, keep: Callable[[Any], list[bool]]) -> Any:
+    """The rows of the Ray dataset ``ds`` for which ``keep(table)`` (one bool per row of a
+    pyarrow batch) is true. A batch mask, not ``Dataset.filter`` with a row function: that has
+    Ray Data warn on the console that an expression would be faster, and these predicates (a
+    hash of the key, a text check) are no expression. Arrow batches keep every column's type."""
+    return ds.map_batches(functools.partial(_take_rows, keep), batch_format="pyarrow")
+
+
+def _take_rows(keep: Callable[[Any], list[bool]], table: Any) -> Any:
+    import pyarrow as pa  # lazy: pyarrow comes with Ray Data; this runs in its tasks
+
+    return table.filter(pa.array(keep(table), type=pa.bool_()))
+
+
+def _in_split(frac: float, val: bool, table: Any) -> list[bool]:
+    return [split_of(key, frac) == val for key in table.column("key").to_pylist()]
+
+
+def _has_positive_of(kinds: frozenset, table: Any) -> list[bool]:
+    return [_clean_text(p) is not None and k in kinds
+            for p, k in zip(table.column("hard_positive").to_pylist(), table.column("kind").to_pylist())]
+
+
 def _clean_text(value: Any) -> str | None:
     if value is None or (isinstance(value, float) and value != value):
         return None
@@ -244,8 +267,8 @@ def build_datasets(cfg: DataConfig, preprocess_train: Callable, preprocess_val: 
     raw, layout = _read(cfg.train_path, limit=cfg.limit)
     frac = cfg.val_fraction if cfg.val_path is None else 0.0
     if frac > 0:
-        train_raw = raw.filter(lambda row: not split_of(row["key"], frac))
-        val_raw = raw.filter(lambda row: split_of(row["key"], frac))
+        train_raw = _rows_where(raw, functools.partial(_in_split, frac, False))
+        val_raw = _rows_where(raw, functools.partial(_in_split, frac, True))
         val_base = base
     elif cfg.val_path is not None:
         train_raw, val_raw, val_base = raw, read_triplets_dataset(cfg.val_path), _base_dir(cfg.val_path)
@@ -262,8 +285,7 @@ def build_datasets(cfg: DataConfig, preprocess_train: Callable, preprocess_val: 
         raise DataError(f"{cfg.train_path}: no training rows (after holding out val_fraction={frac})")
     if cfg.positive_kinds is not None and layout == "files":
         kinds = frozenset(cfg.positive_kinds)
-        kept = train_raw.filter(lambda row: _clean_text(row["hard_positive"]) is not None
-                                and row["kind"] in kinds).count()
+        kept = _rows_where(train_raw, functools.partial(_has_positive_of, kinds)).count()
         if kept == 0:
             raise DataError(f"{cfg.train_path}: no training row has a hard positive of kind {sorted(kinds)} "
                             f"(data.positive_kinds; the triplets' kind column names each positive's kind)")
