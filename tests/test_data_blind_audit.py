@@ -9,6 +9,10 @@
 * held out: 100 + 100 rows of other captions (seed 37), judged once; its three faults' classes
   were then fixed; a second held-out draw (seed 38) judged once after that: records (their
   counts and the engine's picks), not bars.
+
+These drew the seeded-random picks (``balanced_picks=false``); the second held-out draw was
+drawn again with the stage's default balanced picks and its changed rows judged
+(blind_heldout2_balanced.tsv).
 """
 from __future__ import annotations
 
@@ -43,16 +47,18 @@ def test_the_after_audit_is_what_the_stage_picks(shared_data):
     # docs/audits/README.md's command (docs/audits/sample_blind.py), in-process
     after = read_blind_audit(AUDITS / "blind_after.tsv")
     old = audit_captions(sorted(AUDITS.glob("rule_positives_*.tsv")) + sorted(AUDITS.glob("swap_positives_*.tsv")))
-    rows, drawn = sample_stage_picks(sugarcrepe_pp_captions([shared_data / "sugarcrepe_pp"]), n=200, seed=36, skip=old)
+    rows, drawn = sample_stage_picks(sugarcrepe_pp_captions([shared_data / "sugarcrepe_pp"]), n=200, seed=36, skip=old,
+                                     balanced=False)
     assert drawn == 364
     key = lambda r: (r["polarity"], r["caption"], r["edit"], r["kind"], r["slot"])  # noqa: E731
     assert [key(r) for r in rows] == [key(r) for r in after]
 
 
-def _picks(shared_data, skip_files: list[str], n: int, seed: int):
+def _picks(shared_data, skip_files: list[str], n: int, seed: int, balanced: bool = False):
     old = audit_captions(sorted(AUDITS.glob("rule_positives_*.tsv")) + sorted(AUDITS.glob("swap_positives_*.tsv"))
                          + [AUDITS / f for f in skip_files])
-    return sample_stage_picks(sugarcrepe_pp_captions([shared_data / "sugarcrepe_pp"]), n=n, seed=seed, skip=old)
+    return sample_stage_picks(sugarcrepe_pp_captions([shared_data / "sugarcrepe_pp"]), n=n, seed=seed, skip=old,
+                              balanced=balanced)
 
 
 def test_the_first_heldout_audit_holds_its_counts_and_the_fixes_it_led_to(shared_data):
@@ -78,7 +84,26 @@ def test_the_second_heldout_audit_is_what_the_stage_picks_and_holds_its_counts(s
     rows, drawn = _picks(shared_data, ["blind_before.tsv", "blind_after.tsv", "blind_heldout.tsv"], 100, 38)
     assert drawn == 190
     key = lambda r: (r["polarity"], r["caption"], r["edit"], r["kind"], r["slot"])  # noqa: E731
+    # one row moved since: the balanced re-draw found "with lights on" -> "with lights under" (an
+    # "on" with no object), that class was fixed, and this caption's seeded draw now lands elsewhere
+    moved = [(a["edit"], b["edit"]) for a, b in zip(held, rows) if key(a) != key(b)]
+    assert moved == [("A train with lights on carrying train tracks.", "A train with lights on pushing train tracks.")]
+
+
+def test_the_second_heldout_audit_with_balanced_picks_is_what_the_stage_picks(shared_data):
+    """The same draw as blind_heldout2 with the stage's default balanced picks (over all the
+    SugarCrepe++ captions): its changed rows judged, the rest carrying their verdicts."""
+    held = read_blind_audit(AUDITS / "blind_heldout2_balanced.tsv")
+    c = blind_counts(held)
+    assert c["negative"] == {"n": 100, "ok": 92, "ungrammatical": 1, "not_different": 0, "doubtful": 7}
+    assert c["positive"] == {"n": 100, "ok": 96, "changes_meaning": 0, "doubtful": 4}
+    rows, drawn = _picks(shared_data, ["blind_before.tsv", "blind_after.tsv", "blind_heldout.tsv"], 100, 38,
+                         balanced=True)
+    assert drawn == 190
+    key = lambda r: (r["polarity"], r["caption"], r["edit"], r["kind"], r["slot"])  # noqa: E731
     assert [key(r) for r in rows] == [key(r) for r in held]
+    before = {(r["polarity"], r["caption"]): r["edit"] for r in read_blind_audit(AUDITS / "blind_heldout2.tsv")}
+    assert sum(before[(r["polarity"], r["caption"])] != r["edit"] for r in held) == 47  # 43 negatives, 4 positives
 
 
 def test_a_blind_audit_file_names_its_bad_rows(tmp_path):

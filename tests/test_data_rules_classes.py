@@ -116,6 +116,7 @@ def test_a_mass_noun_is_replaced_by_one_that_can_be_a_mass(rules):
     ("Buses stop at the clock tower.", ["laptop tower"]),
     ("Men playing video games in a dimly lit room.", ["dimly unlit"]),
     ("A roasting pan full with apples and meat.", ["empty with"]),
+    ("A train with lights on traveling on train tracks.", ["lights under", "lights above"]),
 ])
 def test_negatives_keep_particles_compounds_and_idioms(rules, caption, never):
     made = " | ".join(negatives(rules, caption)).lower()

@@ -2,14 +2,15 @@
 """Draw the blind hand audit of the ``perturb`` stage's picked hard negatives and positives.
 
     python docs/audits/sample_blind.py OUT.tsv --source DIR_OR_FILES... [--n 200] [--seed 36]
-        [--rule-seed 0] [--previous LABELLED.tsv] [--exclude AUDIT.tsv ...]
+        [--rule-seed 0] [--previous LABELLED.tsv] [--exclude AUDIT.tsv ...] [--seeded-random]
 
 Captions: the original ``caption`` field of SugarCrepe++'s five files (``replace_att.json``,
 ``replace_obj.json``, ``replace_rel.json``, ``swap_att.json``, ``swap_obj.json``), read in that
 order; a folder stands for its five files. The draw shuffles the unique captions with
 ``--seed`` and keeps the first ``--n`` that get a picked negative and the first ``--n`` that get
 a picked positive (:func:`hardpos.data.audit.sample_stage_picks`: the stage's own pick, both
-kinds, the stage's default seed 0 as ``--rule-seed``).
+kinds, the stage's default seed 0 as ``--rule-seed``; its default balanced picks over all the
+captions, or with ``--seeded-random`` the picks of ``balanced_picks=false``).
 
 ``--previous``: an earlier labelled blind audit. Rows whose caption and polarity were in it are
 marked ``sample=same`` (else ``fresh``); a row whose edit is unchanged gets the earlier label
@@ -34,10 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rule-seed", type=int, default=0)
     ap.add_argument("--previous", default=None)
     ap.add_argument("--exclude", nargs="*", default=[])
+    ap.add_argument("--seeded-random", action="store_true", help="the picks of balanced_picks=false")
     args = ap.parse_args(argv)
 
     rows, drawn = sample_stage_picks(sugarcrepe_pp_captions(args.source), n=args.n, seed=args.seed,
-                                     rule_seed=args.rule_seed, skip=audit_captions(args.exclude))
+                                     rule_seed=args.rule_seed, skip=audit_captions(args.exclude),
+                                     balanced=not args.seeded_random)
     reused = 0
     if args.previous:
         before = {(r["polarity"], r["caption"]): r for r in read_blind_audit(args.previous)}

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from hardpos.data.rules.perturber import RulePerturber, pick_triplet
+from hardpos.data.rules.perturber import RulePerturber, pick_balanced, pick_triplet
 
 LABELS = ("ok", "wrong", "doubtful")
 COLUMNS = ("caption", "positive", "label", "why", "slot", "sample")
@@ -159,10 +159,12 @@ def audit_captions(paths: Iterable[str | Path]) -> set[str]:
 
 
 def sample_stage_picks(captions: Iterable[str], *, n: int = 200, seed: int = 36, rule_seed: int = 0,
-                       perturber=None, skip: Iterable[str] = ()) -> tuple[list[dict], int]:
-    """The hard negatives and positives the ``perturb`` stage would write (:func:`pick_triplet`,
-    both kinds), for captions in an order shuffled by ``seed``: the first ``n`` captions that
-    get a negative give the negative rows, the first ``n`` that get a positive the positive rows.
+                       perturber=None, skip: Iterable[str] = (), balanced: bool = True) -> tuple[list[dict], int]:
+    """The hard negatives and positives the ``perturb`` stage would write for ``captions`` as its
+    input (both kinds; ``balanced``: its default balanced picks over the whole list,
+    :func:`pick_balanced`, else the seeded-random :func:`pick_triplet`), for captions in an
+    order shuffled by ``seed``: the first ``n`` captions that get a negative give the negative
+    rows, the first ``n`` that get a positive the positive rows.
 
     Returns (rows, captions drawn). Rows ``{"polarity", "caption", "edit", "kind", "slot"}``:
     negatives first, then positives, each in draw order. The shuffle depends only on ``seed``
@@ -174,6 +176,14 @@ def sample_stage_picks(captions: Iterable[str], *, n: int = 200, seed: int = 36,
         raise ValueError(f"n must be >= 1, got {n}")
     if perturber is None:
         perturber = RulePerturber(seed=rule_seed)
+    captions = list(captions)
+    picks: dict[str, dict] = {}
+    if balanced:
+        kept = [c for c in captions if isinstance(c, str) and c.strip()]  # what the stage perturbs
+        made = [(perturber.hard_negatives(c), perturber.hard_positives(c)) for c in kept]
+        results, _ = pick_balanced(kept, made, rule_seed, perturber.seed)
+        for c, r in zip(kept, results):
+            picks.setdefault(c, r)  # a repeated caption: its first row, as the stage writes it first
     order = unique_captions(captions)
     random.Random(seed).shuffle(order)
     skipped = set(skip)
@@ -186,7 +196,7 @@ def sample_stage_picks(captions: Iterable[str], *, n: int = 200, seed: int = 36,
         if caption in skipped:
             continue
         drawn += 1
-        t = pick_triplet(perturber, caption, rule_seed)
+        t = picks[caption] if balanced else pick_triplet(perturber, caption, rule_seed)
         if t["neg"] is not None and len(negs) < n:
             negs.append({"polarity": "negative", "caption": caption, "edit": t["neg"], "kind": t["kind"],
                          "slot": t["neg_slot"]})

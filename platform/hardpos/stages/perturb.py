@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
 import time
 from typing import Literal
 
@@ -41,9 +40,7 @@ from hardpos.config import ConfigError, JobConfig
 from hardpos.data.captions import CaptionSourceError
 from hardpos.data.captions.formats import read_captions
 from hardpos.data.lexicon import benchmark_substitution, seen_substitutions_tag
-from hardpos.data.rules.balance import NgramBalance
-from hardpos.data.rules.perturber import pick_from, pick_triplet
-from hardpos.data.rules.text import stable_seed
+from hardpos.data.rules.perturber import pick_balanced, pick_triplet
 from hardpos.data.triplets import TripletFileError, make_triplet, read_triplets, resolve_image, write_triplets
 from hardpos.data.world import world_dir_of
 from hardpos.generate.rules_engine import cached_perturber
@@ -175,29 +172,6 @@ def _candidates_chunk(captions: list[str], seed: int, kinds: list[str], want_neg
     return out, time.process_time() - cpu0
 
 
-def _balanced_picks(captions: list[str], candidates: list, cfg: Config) -> tuple[list[dict], dict]:
-    """The picks of every caption, made in one seeded order with the negatives' and positives'
-    n-gram balances (:mod:`hardpos.data.rules.balance`); and, per polarity, the n-gram imbalance
-    per pick of these picks and of the seeded-random picks from the same candidates."""
-    order = list(range(len(captions)))
-    random.Random(stable_seed(cfg.seed, "balanced-picks")).shuffle(order)
-    balanced = (NgramBalance(), NgramBalance())
-    unbalanced = (NgramBalance(), NgramBalance())  # what the seeded-random picks would leave: the comparison
-    results: list[dict | None] = [None] * len(captions)
-    for i in order:
-        negs, poss = candidates[i]
-        args = (captions[i], negs, poss, cfg.seed, cfg.seed, cfg.kinds, cfg.negatives, cfg.positives)
-        results[i] = pick_from(*args, balance=balanced)
-        plain = pick_from(*args)
-        for bal, key in zip(unbalanced, ("neg", "pos")):
-            if plain[key] is not None:
-                bal.add(captions[i], plain[key])
-    info = {"ngram_imbalance_per_pick": {
-        polarity: {"balanced": round(b.imbalance, 3), "seeded_random": round(u.imbalance, 3)}
-        for polarity, b, u in zip(("negatives", "positives"), balanced, unbalanced)}}
-    return results, info  # type: ignore[return-value]
-
-
 def check(cfg: Config) -> None:
     """Before any work: the tracking server (this stage's inputs are read, and named in its errors, by ``run``)."""
     tracking.check_tracking(cfg.tracking)
@@ -241,7 +215,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     balance_info: dict = {}
     if cfg.balanced_picks:
         cpu0 = time.process_time()
-        results, balance_info = _balanced_picks(captions, made, cfg)
+        results, balance_info = pick_balanced(captions, made, cfg.seed, cfg.seed, cfg.kinds, cfg.negatives,
+                                              cfg.positives)
         cpu_s += time.process_time() - cpu0
     else:
         results = made

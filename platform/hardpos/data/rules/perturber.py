@@ -198,6 +198,8 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
             return True  # "on top of it"
         if k >= len(toks) or not self._is_content(toks[k]):
             return False
+        if self._is_ing_verb(toks[k]):
+            return False  # "on" without an object: "a train with lights on traveling on tracks"
         block = self.lexicon.on_blocklist
         while k < len(toks) and self._is_content(toks[k]):  # the whole compound: "a sport field"
             if toks[k].low in block or toks[k].low.rstrip("s") in block:
@@ -287,3 +289,32 @@ def pick_from(caption: str, negs: list[Perturbation], poss: list[Perturbation], 
             pos_balance.add(caption, pos.text)
     return {"kind": kind, "neg": neg.text if neg else None, "neg_slot": neg.slot if neg else None,
             "pos": pos.text if pos else None, "pos_slot": pos.slot if pos else None, "cov": cov}
+
+
+def pick_balanced(captions: list[str], candidates: list[tuple[list[Perturbation], list[Perturbation]]],
+                  seed: int, rules_seed: int, kinds: list[str] | tuple[str, ...] = KINDS, negatives: bool = True,
+                  positives: bool = True) -> tuple[list[dict], dict]:
+    """:func:`pick_from` for a whole caption set with balanced picks: every caption's picks
+    (in the order of ``captions``; ``candidates[i]`` are caption i's negatives and positives of
+    ``kinds``), made in one order shuffled by ``seed``, with one n-gram balance per polarity
+    (:mod:`hardpos.data.rules.balance`). What the ``perturb`` stage writes by default.
+
+    Also returns ``{"ngram_imbalance_per_pick": {polarity: {"balanced", "seeded_random"}}}``:
+    the picks' imbalance beside that of the seeded-random picks from the same candidates."""
+    order = list(range(len(captions)))
+    random.Random(stable_seed(seed, "balanced-picks")).shuffle(order)
+    balanced = (NgramBalance(), NgramBalance())
+    unbalanced = (NgramBalance(), NgramBalance())  # what the seeded-random picks would leave: the comparison
+    results: list[dict] = [{}] * len(captions)
+    for i in order:
+        negs, poss = candidates[i]
+        args = (captions[i], negs, poss, seed, rules_seed, kinds, negatives, positives)
+        results[i] = pick_from(*args, balance=balanced)
+        plain = pick_from(*args)
+        for bal, key in zip(unbalanced, ("neg", "pos")):
+            if plain[key] is not None:
+                bal.add(captions[i], plain[key])
+    info = {"ngram_imbalance_per_pick": {
+        polarity: {"balanced": round(b.imbalance, 3), "seeded_random": round(u.imbalance, 3)}
+        for polarity, b, u in zip(("negatives", "positives"), balanced, unbalanced)}}
+    return results, info
