@@ -81,7 +81,7 @@ def test_balanced_picks_are_harder_for_a_blind_reader_than_seeded_random_ones(sh
     assert acc_b < acc_p - 0.04, (acc_b, acc_p)
 
 
-def test_perturb_job_balances_alike_in_process_and_on_ray_workers(tmp_path, ray_session, shared_data):
+def test_perturb_job_balances_alike_in_process_and_on_ray_workers(tmp_path, ray_session, shared_data, tracking_uri):
     from hardpos import runtime
     from hardpos.config import TrackingConfig
     from hardpos.data.triplets import read_triplets
@@ -105,3 +105,10 @@ def test_perturb_job_balances_alike_in_process_and_on_ray_workers(tmp_path, ray_
     assert local["balanced_picks"] and imb["balanced"] < imb["seeded_random"]
     assert spread["ngram_imbalance_per_pick"] == local["ngram_imbalance_per_pick"]
     assert not plain["balanced_picks"] and "ngram_imbalance_per_pick" not in plain
+    from mlflow.tracking import MlflowClient
+
+    logged = runtime.execute("perturb", Config(input=str(src), output_dir=str(tmp_path / "d"),
+                                               tracking=TrackingConfig(tracking_uri=tracking_uri)), quiet=True)
+    metrics = MlflowClient(tracking_uri).get_run(logged["mlflow_run_id"]).data.metrics
+    assert metrics["ngram_imbalance_per_pick/negatives/balanced"] == imb["balanced"]
+    assert metrics["ngram_imbalance_per_pick/negatives/seeded_random"] == imb["seeded_random"]

@@ -24,8 +24,10 @@ Output (``output_dir``):
 
 Summary: coverage (share of non-empty captions with at least one negative / positive of
 each kind, from the full rule output), the share of written rows with a negative /
-positive, and throughput in captions/s (rule work only, and end to end).  With
-``num_workers > 0`` the captions are perturbed by that many Ray tasks.
+positive, and throughput in captions/s (rule work only, and end to end); with balanced
+picks, ``ngram_imbalance_per_pick`` per polarity (the L1 norm of the picked edits' word n-gram
+counts minus their captions', per pick) beside the seeded-random picks' (also MLflow metrics).
+With ``num_workers > 0`` the captions are perturbed by that many Ray tasks.
 """
 from __future__ import annotations
 
@@ -270,9 +272,16 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         ctx.run.set_tags(seen_substitutions_tag(True))
     ctx.log_metrics({**{f"coverage/{k}": v for k, v in coverage.items()},
                      "inputs": len(rows), "written": len(out_rows), "rejected": len(rejects),
-                     "captions_per_s": summary["captions_per_s_rules"] or 0.0})
+                     "captions_per_s": summary["captions_per_s_rules"] or 0.0,
+                     **{f"ngram_imbalance_per_pick/{polarity}/{how}": v
+                        for polarity, d in balance_info.get("ngram_imbalance_per_pick", {}).items()
+                        for how, v in d.items()}})
     print(f"perturb: {len(rows)} inputs -> {len(out_rows)} triplets + {len(rejects)} rejects; "
           f"{summary['captions_per_s_rules']} captions/s (rules, wall), {summary['captions_per_cpu_s_rules']} "
           f"captions per CPU-second, {summary['captions_per_s_end_to_end']} captions/s end to end")
     print("coverage (share of non-empty captions): " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in coverage.items()))
+    if balance_info:
+        print("balanced picks: word n-gram imbalance per pick " + ", ".join(
+            f"{polarity} {d['balanced']} (seeded-random: {d['seeded_random']})"
+            for polarity, d in balance_info["ngram_imbalance_per_pick"].items()))
     return summary
