@@ -123,6 +123,13 @@ def test_negatives_keep_particles_compounds_and_idioms(rules, caption, never):
     assert not any(n in made for n in never), made
 
 
+def test_on_before_a_noun_an_ing_word_modifies_is_still_replaced(rules):
+    """Only "on" right before an -ing verb has no object ("lights on traveling"); after an
+    article the -ing word modifies the noun, and "on" -> "under" stays a negative."""
+    made = " | ".join(negatives(rules, "A large cooked pizza on a dining table.")).lower()
+    assert "pizza under a dining table" in made, made
+
+
 @pytest.mark.parametrize("caption,never", [
     ("People kite flying on a windy beach.", "soaring"),
     ("A wood paneled kitchen with a table.", "wooden paneled"),

@@ -198,8 +198,10 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
             return True  # "on top of it"
         if k >= len(toks) or not self._is_content(toks[k]):
             return False
-        if self._is_ing_verb(toks[k]):
-            return False  # "on" without an object: "a train with lights on traveling on tracks"
+        if k == j and self._is_ing_verb(toks[k]):
+            # "on" without an object, a verb right after it: "a train with lights on traveling on
+            # tracks"; after an article the -ing word modifies a noun ("on a dining table")
+            return False
         block = self.lexicon.on_blocklist
         while k < len(toks) and self._is_content(toks[k]):  # the whole compound: "a sport field"
             if toks[k].low in block or toks[k].low.rstrip("s") in block:
