@@ -67,7 +67,7 @@ def test_balanced_picks_are_harder_for_a_blind_reader_than_seeded_random_ones(sh
     balanced, plain = (NgramBalance(), NgramBalance()), (NgramBalance(), NgramBalance())
     picked_b, picked_p = [], []
     for cap in caps:
-        negs, poss = rules.hard_negatives(cap), rules.hard_positives(cap)
+        negs, poss = rules.candidates(cap)
         b = pick_from(cap, negs, poss, 0, 0, balance=balanced)
         p = pick_from(cap, negs, poss, 0, 0)
         assert (b["kind"], b["neg"] is None, b["pos"] is None) == (p["kind"], p["neg"] is None, p["pos"] is None)

@@ -180,7 +180,7 @@ def sample_stage_picks(captions: Iterable[str], *, n: int = 200, seed: int = 36,
     picks: dict[str, dict] = {}
     if balanced:
         kept = [c for c in captions if isinstance(c, str) and c.strip()]  # what the stage perturbs
-        made = [(perturber.hard_negatives(c), perturber.hard_positives(c)) for c in kept]
+        made = [perturber.candidates(c) for c in kept]
         results, _ = pick_balanced(kept, made, rule_seed, perturber.seed)
         for c, r in zip(kept, results):
             picks.setdefault(c, r)  # a repeated caption: its first row, as the stage writes it first

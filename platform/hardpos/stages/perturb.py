@@ -169,8 +169,7 @@ def _candidates_chunk(captions: list[str], seed: int, kinds: list[str], want_neg
     Ray task), and the CPU seconds spent: what the balanced picks choose from."""
     cpu0 = time.process_time()
     rules = cached_perturber(seed, world_dir, include_benchmark_pairs)
-    out = [([p for p in rules.hard_negatives(c) if p.kind in kinds] if want_neg else [],
-            [p for p in rules.hard_positives(c) if p.kind in kinds] if want_pos else []) for c in captions]
+    out = [rules.candidates(c, kinds, want_neg, want_pos) for c in captions]
     return out, time.process_time() - cpu0
 
 

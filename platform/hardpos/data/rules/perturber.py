@@ -90,15 +90,21 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
         """Every hard positive the rules can make for ``caption`` (deterministic order, no duplicates)."""
         return list(self._both(caption)[1])
 
-    def pick(self, caption: str, polarity: str, kind: str | None = None,
-             balance: NgramBalance | None = None) -> Perturbation | None:
+    def pick(self, caption: str, polarity: str, kind: str | None = None) -> Perturbation | None:
         """One seeded choice among the perturbations of ``polarity`` ("negative" | "positive"),
         optionally restricted to ``kind`` ("replace" | "swap"); None when there is none.
-        See :func:`draw`; ``balance`` is read, not updated."""
+        See :func:`draw`."""
         if polarity not in POLARITIES:
             raise ValueError(f"polarity must be one of {POLARITIES}, got {polarity!r}")
         options = self.hard_negatives(caption) if polarity == "negative" else self.hard_positives(caption)
-        return draw(caption, options, self.seed, polarity, kind, balance)
+        return draw(caption, options, self.seed, polarity, kind)
+
+    def candidates(self, caption: str, kinds: list[str] | tuple[str, ...] = KINDS, negatives: bool = True,
+                   positives: bool = True) -> tuple[list[Perturbation], list[Perturbation]]:
+        """(hard negatives, hard positives) of ``kinds`` for ``caption``; an unwanted polarity is
+        empty. What :func:`pick_triplet` picks from, and what the perturb stage makes in parallel."""
+        return ([p for p in self.hard_negatives(caption) if p.kind in kinds] if negatives else [],
+                [p for p in self.hard_positives(caption) if p.kind in kinds] if positives else [])
 
     # ------------------------------------------------------------------ internals
     def _both(self, caption: str) -> tuple[list[Perturbation], list[Perturbation]]:
@@ -256,8 +262,7 @@ def pick_triplet(rules: RulePerturber, caption: str, seed: int, kinds: list[str]
     where nothing was picked; ``cov`` maps ``neg_<kind>`` / ``pos_<kind>`` to whether the rules
     make any of that kind for the caption.
     """
-    negs = [p for p in rules.hard_negatives(caption) if p.kind in kinds] if negatives else []
-    poss = [p for p in rules.hard_positives(caption) if p.kind in kinds] if positives else []
+    negs, poss = rules.candidates(caption, kinds, negatives, positives)
     return pick_from(caption, negs, poss, seed, rules.seed, kinds, negatives, positives, balance)
 
 
