@@ -34,7 +34,7 @@ def test_the_after_audit_meets_the_goals():
     assert neg["ungrammatical"] + neg["not_different"] <= 0.01 * neg["n"], neg
     assert pos["changes_meaning"] <= 0.01 * pos["n"] and pos["doubtful"] <= 0.03 * pos["n"], pos
     assert (neg["ungrammatical"], neg["not_different"], neg["doubtful"], pos["changes_meaning"], pos["doubtful"]) == (
-        0, 0, 11, 0, 1)
+        0, 0, 15, 0, 0)
 
 
 def test_the_before_audit_holds_the_reported_counts():
@@ -68,12 +68,17 @@ def test_the_first_heldout_audit_holds_its_counts_and_the_fixes_it_led_to(shared
     assert c["positive"] == {"n": 100, "ok": 97, "changes_meaning": 1, "doubtful": 2}
     rows, drawn = _picks(shared_data, ["blind_before.tsv", "blind_after.tsv"], 100, 37)
     assert drawn == 196
-    gone = {(r["polarity"], r["caption"], r["edit"]) for r in held} - {(r["polarity"], r["caption"], r["edit"]) for r in rows}
-    # exactly its three faults are no longer picked (adverb + "lit", "full with", pavement -> sidewalk)
-    assert {(p, e) for p, _, e in gone} == {
-        ("negative", "A group of gentleman playing video games in a dimly unlit room."),
-        ("negative", "A roasting pan empty with apples, carrots, potatoes, and meat"),
-        ("positive", "An airplane with wheels is barely off ground tilted slightly upward from the sidewalk to the blue sky.")}
+    now = {(r["polarity"], r["caption"], r["edit"]) for r in rows}
+    gone = [r for r in held if (r["polarity"], r["caption"], r["edit"]) not in now]
+    # its three faults are no longer picked (adverb + "lit", "full with", pavement -> sidewalk) ...
+    faults = {("negative", "A group of gentleman playing video games in a dimly unlit room."),
+              ("negative", "A roasting pan empty with apples, carrots, potatoes, and meat"),
+              ("positive", "An airplane with wheels is barely off ground tilted slightly upward from the sidewalk to the blue sky.")}
+    assert faults <= {(r["polarity"], r["edit"]) for r in gone}
+    # ... and the other rows that moved are relation negatives, whose seeded draw changed when
+    # the relations got more contrasts ("on" -> "next to" / "behind" / "in front of", ...)
+    rest = [r for r in gone if (r["polarity"], r["edit"]) not in faults]
+    assert len(rest) == 12 and all(r["polarity"] == "negative" and r["slot"].startswith("relation:") for r in rest)
 
 
 def test_the_second_heldout_audit_is_what_the_stage_picks_and_holds_its_counts(shared_data):
@@ -82,12 +87,21 @@ def test_the_second_heldout_audit_is_what_the_stage_picks_and_holds_its_counts(s
     assert c["negative"] == {"n": 100, "ok": 91, "ungrammatical": 1, "not_different": 0, "doubtful": 8}
     assert c["positive"] == {"n": 100, "ok": 96, "changes_meaning": 0, "doubtful": 4}
     rows, drawn = _picks(shared_data, ["blind_before.tsv", "blind_after.tsv", "blind_heldout.tsv"], 100, 38)
-    assert drawn == 190
-    key = lambda r: (r["polarity"], r["caption"], r["edit"], r["kind"], r["slot"])  # noqa: E731
-    # one row moved since: the balanced re-draw found "with lights on" -> "with lights under" (an
-    # "on" with no object), that class was fixed, and this caption's seeded draw now lands elsewhere
-    moved = [(a["edit"], b["edit"]) for a, b in zip(held, rows) if key(a) != key(b)]
-    assert moved == [("A train with lights on carrying train tracks.", "A train with lights on pushing train tracks.")]
+    assert drawn == 192
+    now = {(r["polarity"], r["caption"], r["edit"]) for r in rows}
+    moved = [r for r in held if (r["polarity"], r["caption"], r["edit"]) not in now]
+    # Rows moved since, by the fixes this draw led to: its three doubtful positives ("Groom and a
+    # bride": a shared article; "standing on a meadow"; a picture on a pole made a photograph)...
+    positives = [r["edit"] for r in moved if r["polarity"] == "positive"]
+    assert positives == ["Groom and a bride cutting a wedding cake.",
+                         "A group of people standing on a meadow under a cloudy blue sky.",
+                         "A photograph of an animal is on a pole and next to it is a yellow taxi."]
+    # ... and relation negatives: "with lights on" -> "with lights under" (an "on" with no object,
+    # found by the balanced re-draw), and the seeded draws that changed when the relations got
+    # more contrasts ("on" -> "next to" / "behind" / "in front of", "next to" -> "behind", ...)
+    negatives = [r for r in moved if r["polarity"] == "negative"]
+    assert len(negatives) == 15 and all(r["slot"].startswith("relation:") for r in negatives)
+    assert "A train with lights on carrying train tracks." in {r["edit"] for r in negatives}
 
 
 def test_the_second_heldout_audit_with_balanced_picks_is_what_the_stage_picks(shared_data):
@@ -95,15 +109,15 @@ def test_the_second_heldout_audit_with_balanced_picks_is_what_the_stage_picks(sh
     SugarCrepe++ captions): its changed rows judged, the rest carrying their verdicts."""
     held = read_blind_audit(AUDITS / "blind_heldout2_balanced.tsv")
     c = blind_counts(held)
-    assert c["negative"] == {"n": 100, "ok": 92, "ungrammatical": 1, "not_different": 0, "doubtful": 7}
-    assert c["positive"] == {"n": 100, "ok": 96, "changes_meaning": 0, "doubtful": 4}
+    assert c["negative"] == {"n": 100, "ok": 89, "ungrammatical": 0, "not_different": 0, "doubtful": 11}
+    assert c["positive"] == {"n": 100, "ok": 99, "changes_meaning": 0, "doubtful": 1}
     rows, drawn = _picks(shared_data, ["blind_before.tsv", "blind_after.tsv", "blind_heldout.tsv"], 100, 38,
                          balanced=True)
-    assert drawn == 190
+    assert drawn == 192
     key = lambda r: (r["polarity"], r["caption"], r["edit"], r["kind"], r["slot"])  # noqa: E731
     assert [key(r) for r in rows] == [key(r) for r in held]
     before = {(r["polarity"], r["caption"]): r["edit"] for r in read_blind_audit(AUDITS / "blind_heldout2.tsv")}
-    assert sum(before[(r["polarity"], r["caption"])] != r["edit"] for r in held) == 46  # 42 negatives, 4 positives
+    assert sum(before.get((r["polarity"], r["caption"])) != r["edit"] for r in held) == 65  # 58 negatives, 7 positives
 
 
 def test_a_blind_audit_file_names_its_bad_rows(tmp_path):

@@ -105,6 +105,8 @@ BLOCK_LIST = [
      "A woman wearing a hat bites into a pastry.", "wearing->sporting"),
     ("field-sports", "A group of children playing soccer on a field.", "field->meadow",
      "A herd of sheep walking across a snow covered field.", "field->meadow"),
+    ("on-a-meadow", "A man standing on a lush green field under a kite.", "field->meadow",
+     "A few cows grazing in a field near trees.", "field->meadow"),
     ("plate-baseball", "A batter standing at the plate during a baseball game.", "plate->dish",  # (s)
      "a close up of a plate of food with broccoli ", "plate->dish"),
     ("tall-high", "A tall giraffe walking through lush green forest.", "tall->high",
@@ -139,12 +141,36 @@ BLOCK_LIST = [
      "A picture of a dog on a bed.", "picture->photo"),
 ]
 
+# a picture on a pole or a sign is a poster as often as a photo
+PICTURE_ON_A_SIGN = ("A picture of an animal is on a pole and next to it is a yellow taxi.", "picture->photograph")
+
 
 @pytest.mark.parametrize("rule_id,wrong_caption,rewrite,right_caption,right_rewrite", BLOCK_LIST,
                          ids=[c[0] for c in BLOCK_LIST])
 def test_block_list_entry(rules, rule_id, wrong_caption, rewrite, right_caption, right_rewrite):
     assert rewrite not in rewrites(rules, wrong_caption), f"{rule_id}: wrong-sense rewrite still produced"
     assert right_rewrite in rewrites(rules, right_caption), f"{rule_id}: the right sense was lost too"
+
+
+def test_a_picture_on_a_pole_is_not_surely_a_photograph(rules):
+    caption, rewrite = PICTURE_ON_A_SIGN
+    assert rewrite not in rewrites(rules, caption)
+
+
+def test_the_governor_is_the_word_that_opens_the_noun_phrase():
+    """``governor`` looks back over articles, numbers and modifiers, not over nouns or verbs."""
+    data = {"classes": {"place": {"slot": "object", "pos": "noun", "groups": [["field", "meadow"]]}},
+            "function_words": _read(LEXICON_FILE)["function_words"],
+            "positive_rules": [{"id": "g", "forms": ["field"], "block": {"governor": ["on"]}, "why": "test"}]}
+    lex = load_lexicon(data=data)
+    rules = RulePerturber(seed=0, lexicon=lex)
+    made = lambda c: [p.text for p in rules.hard_positives(c)]  # noqa: E731
+    assert made("A dog on a big green field.") == []
+    assert made("A dog in a big green field.") == ["A dog in a big green meadow."]
+    assert made("A dog on the grass by a field.") == ["A dog on the grass by a meadow."]  # "by" opens it
+    with pytest.raises(ValueError, match="token classes"):
+        load_lexicon(data={**data, "positive_rules": [{"id": "g", "forms": ["field"], "block": {"governor": ["<det>"]},
+                                                       "why": "test"}]})
 
 
 def test_every_block_list_entry_has_a_test():
@@ -241,9 +267,10 @@ def test_replace_positive_coverage_on_negclip(shared_data, rules):
     covered = sum(rules.pick(c, "positive", "replace") is not None for c in caps)
     clean = RulePerturber(seed=0)  # the default: the REPLACE benchmark's pairs held out
     covered_clean = sum(clean.pick(c, "positive", "replace") is not None for c in caps)
-    # docs/audits/README.md: 3,478 (72.2%) with the benchmark's pairs, 2,943 (61.1%) without (before
-    # the colour-shade policy and the narrower-verb exclusions: 3,538 and 3,067)
-    assert len(caps) == 4815 and (covered, covered_clean) == (3478, 2943)
+    # docs/audits/README.md: 3,475 (72.2%) with the benchmark's pairs, 2,933 (60.9%) without (before
+    # the colour-shade policy and the narrower-verb exclusions: 3,538 and 3,067; before "on a
+    # field" kept its field and a picture on a pole or sign its picture: 3,478 and 2,943)
+    assert len(caps) == 4815 and (covered, covered_clean) == (3475, 2933)
 
 
 def test_clean_heldout_audit_is_what_the_default_engine_picks_and_meets_the_bar(shared_data):

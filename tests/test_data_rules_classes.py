@@ -160,6 +160,34 @@ def test_negatives_are_really_different(rules, caption, never):
     assert not any(never in t for t in made if t != caption), [t for t in made if never in t]
 
 
+@pytest.mark.parametrize("caption,never", [
+    ("Two giraffes standing next to each other in a field.", ["in front of each other", "behind each other"]),
+    ("A statue of a man standing next to a tree.", ["statue of a man walking"]),
+    ("A tractor and two boats beside the water.", ["on top of the water"]),
+    ("A little child kneeling down to pet two dogs on a leash.", ["under a leash", "behind a leash",
+                                                                  "in front of a leash", "next to a leash"]),
+    ("Buses and cars on interstate going both ways.", ["under interstate", "behind interstate"]),
+])
+def test_relation_negatives_stay_english_and_false(rules, caption, never):
+    made = " | ".join(negatives(rules, caption))
+    assert not any(n in made for n in never), made
+
+
+def test_relations_have_contrasts_enough_to_balance(rules):
+    """A relation with one contrast is a word a blind reader learns ("far from" is rare in
+    captions, so every "far from" is an edit); each common spatial relation has several, and
+    the balanced picks spread over them."""
+    def made(caption):
+        return {p.text for p in rules.hard_negatives(caption) if p.slot.startswith("relation:")}
+    assert made("A cat sitting on a bed.") >= {"A cat sitting under a bed.", "A cat sitting next to a bed.",
+                                               "A cat sitting behind a bed.", "A cat sitting in front of a bed."}
+    assert made("A dog next to a red car.") >= {"A dog far from a red car.", "A dog behind a red car.",
+                                                "A dog in front of a red car.", "A dog on top of a red car."}
+    assert made("A man standing in front of a bus.") >= {"A man standing behind a bus.",
+                                                         "A man standing next to a bus."}
+    assert "Two dogs walking in a yard." in made("Two dogs standing in a yard.")
+
+
 def test_and_other_says_what_kind_the_noun_is(rules):
     made = negatives(rules, "A bus and other cars on a street.")
     assert made and all(t.startswith("A bus and other ") for t in made), made
@@ -206,6 +234,8 @@ def test_the_world_and_the_benchmark_opt_in_keep_their_shades():
      "A table with five red cups, some oranges and a pineapple on a plate"),
     ("two giraffes and some green trees and yellow flowers", "some green trees and two giraffes and yellow flowers"),
     ("A black and white photo of a street.", "A white and black photo of a street."),
+    ("A bride and groom cutting a wedding cake.", "Groom and a bride cutting a wedding cake."),  # a shared article
+    ("The man and woman sitting on a bench.", "Woman and the man sitting on a bench."),
 ])
 def test_swaps_that_move_a_reference_are_no_positives(rules, original, candidate):
     assert not is_conjunct_swap(original, candidate)
@@ -218,6 +248,8 @@ def test_swaps_that_move_a_reference_are_no_positives(rules, original, candidate
     ("A man and a boy standing next to each other.", "A boy and a man standing next to each other."),
     ("A black and white cat on a bed.", "A white and black cat on a bed."),
     ("An omelette, oranges, and tomatoes on a plate.", "An omelette, tomatoes, and oranges on a plate."),
+    ("A table and chairs in a dining room.", "Chairs and a table in a dining room."),  # a plural has no article to share
+    ("A kitchen with a stove and refrigerator.", "A kitchen with a refrigerator and stove."),  # the article stays first
 ])
 def test_swaps_whose_references_stay_are_still_positives(original, candidate):
     assert is_conjunct_swap(original, candidate)

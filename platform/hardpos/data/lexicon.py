@@ -77,7 +77,7 @@ class Sense:
 
 #: token classes a context may name in ``next`` / ``prev`` (besides plain words)
 TOKEN_CLASSES = ("<end>", "<det>", "<np>", "<noun>", "<known-noun>", "<adj>")
-_CONTEXT_KEYS = ("next", "prev", "head", "subject", "before", "caption", "phrase")
+_CONTEXT_KEYS = ("next", "prev", "head", "governor", "subject", "before", "caption", "phrase")
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,9 @@ class Context:
     head: the first noun after the form, skipping determiners, numbers and adjectives, and
         a first "on" / "atop" / "upon" / "onto" (the noun an adjective modifies, a verb's or
         preposition's object: "sitting on the side of" -> side) is one of these.
+    governor: the word that opens the form's noun phrase, found by stepping back over
+        determiners, numbers and modifiers (at most four words), is one of these ("standing
+        on a lush green field" -> on; "in the field" -> in).
     subject: the nearest noun before the form (a ``<noun>`` token, or a word of this list)
         is in this list ("a man sitting" -> man; "pieces of luggage sitting" -> luggage).
     before: one of these words occurs anywhere before the form (a likely subject, more
@@ -106,6 +109,7 @@ class Context:
     next: frozenset[str] = frozenset()
     prev: frozenset[str] = frozenset()
     head: frozenset[str] = frozenset()
+    governor: frozenset[str] = frozenset()
     subject: frozenset[str] = frozenset()
     before: frozenset[str] = frozenset()
     caption: frozenset[str] = frozenset()

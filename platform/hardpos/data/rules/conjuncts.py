@@ -27,7 +27,11 @@ from hardpos.data.rules.wordclasses import (
     is_plural,
     word_classes,
 )
+from hardpos.data.rules.agreement import noun_number
 from hardpos.data.textnorm import fold_counted_plurals, tokens
+
+#: articles one singular noun can share with a bare one after "and" ("a knife and fork")
+SHARED_ARTICLES = frozenset({"a", "an", "the"})
 
 
 def _swap_tokens(text: str) -> list[str]:
@@ -270,6 +274,8 @@ def _noun_phrases_ok(toks: list[str], i: int, a: int, y0: int, j: int, cls: Clas
             return False  # "a [bright window] and [house plants]": no article shared with a plural
     if x_det and len(x) == 2 and x[1] not in wc.nouns and not y_det and y[0] in wc.pure_adjectives:
         return False  # "a [grown] and [white dog]": two adjectives sharing "dog"
+    if x[0] in SHARED_ARTICLES and not y_det and y[0] not in NUMERALS and noun_number(y[-1]) == "sg":
+        return False  # "a [bride] and [groom]": one article for the pair; "groom and a bride" drops it
     if not (cls.boundary(right) or right in COORDINATORS or cls.linker(right) or right in AFTER_COORDINATION):
         return False
     if right in COORDINATORS and j + 1 < len(toks) and toks[j + 1] not in DETERMINERS:

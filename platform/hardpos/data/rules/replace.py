@@ -113,6 +113,8 @@ class ReplaceRulesMixin:
             head = self._head_noun(toks, m.j)
             if head is None or toks[head].low not in ctx.head:
                 return False
+        if ctx.governor and self._governor(toks, m.i) not in ctx.governor:
+            return False
         if ctx.subject:
             k = m.i - 1
             while k >= 0 and toks[k].low not in ctx.subject and not self._nounish(toks[k]):
@@ -130,6 +132,22 @@ class ReplaceRulesMixin:
             if not inside:
                 return False
         return True
+
+    def _governor(self, toks: list[Token], i: int) -> str | None:
+        """The word opening the noun phrase that ends at token ``i``: back over determiners,
+        numbers and modifiers (words that are neither lexicon nouns nor function words), at most
+        four; None at the caption's start or punctuation."""
+        lex = self.lexicon
+
+        def in_phrase(tok: Token) -> bool:
+            if tok.text[:1].isdigit() or tok.low in self._determiners or tok.low in lex.adjectives:
+                return True
+            return tok.alpha and not (lex.is_noun(tok.low) or tok.low in lex.function_words)
+
+        k = i - 1
+        while k >= 0 and i - k <= 4 and in_phrase(toks[k]):
+            k -= 1
+        return toks[k].low if k >= 0 and toks[k].alpha else None
 
     def _token_in(self, wanted: frozenset[str], toks: list[Token], k: int) -> bool:
         """Token ``k`` is one of the ``wanted`` words or token classes (see lexicon.Context)."""
