@@ -12,7 +12,8 @@
 
 These drew the seeded-random picks (``balanced_picks=false``); the second held-out draw was
 drawn again with the stage's default balanced picks and its changed rows judged
-(blind_heldout2_balanced.tsv).
+(blind_heldout2_balanced.tsv). A third held-out draw (seed 39) drew the balanced picks, was
+judged once, and again on its changed rows after the fixes it led to (blind_heldout3*.tsv).
 """
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def test_the_second_heldout_audit_with_balanced_picks_is_what_the_stage_picks(sh
     SugarCrepe++ captions): its changed rows judged, the rest carrying their verdicts."""
     held = read_blind_audit(AUDITS / "blind_heldout2_balanced.tsv")
     c = blind_counts(held)
-    assert c["negative"] == {"n": 100, "ok": 89, "ungrammatical": 0, "not_different": 0, "doubtful": 11}
+    assert c["negative"] == {"n": 100, "ok": 90, "ungrammatical": 0, "not_different": 0, "doubtful": 10}
     assert c["positive"] == {"n": 100, "ok": 99, "changes_meaning": 0, "doubtful": 1}
     rows, drawn = _picks(shared_data, ["blind_before.tsv", "blind_after.tsv", "blind_heldout.tsv"], 100, 38,
                          balanced=True)
@@ -117,7 +118,41 @@ def test_the_second_heldout_audit_with_balanced_picks_is_what_the_stage_picks(sh
     key = lambda r: (r["polarity"], r["caption"], r["edit"], r["kind"], r["slot"])  # noqa: E731
     assert [key(r) for r in rows] == [key(r) for r in held]
     before = {(r["polarity"], r["caption"]): r["edit"] for r in read_blind_audit(AUDITS / "blind_heldout2.tsv")}
-    assert sum(before.get((r["polarity"], r["caption"])) != r["edit"] for r in held) == 65  # 58 negatives, 7 positives
+    assert sum(before.get((r["polarity"], r["caption"])) != r["edit"] for r in held) == 66  # 59 negatives, 7 positives
+
+
+_HELDOUT3_SKIP = ["blind_before.tsv", "blind_after.tsv", "blind_heldout.tsv", "blind_heldout2.tsv"]
+
+
+def test_the_third_heldout_audit_holds_its_counts_and_its_faults_are_no_longer_made(shared_data):
+    """Seed 39, balanced picks, judged once before the fixes it led to: its three faults' and
+    its landing van's edits are no longer among their captions' candidates at all."""
+    from hardpos.data.rules.perturber import RulePerturber
+
+    held = read_blind_audit(AUDITS / "blind_heldout3.tsv")
+    c = blind_counts(held)
+    assert c["negative"] == {"n": 100, "ok": 78, "ungrammatical": 2, "not_different": 1, "doubtful": 19}
+    assert c["positive"] == {"n": 100, "ok": 100, "changes_meaning": 0, "doubtful": 0}
+    faults = [r for r in held if r["label"] in ("ungrammatical", "not_different") or "landing silver van" in r["edit"]]
+    assert len(faults) == 4
+    rules = RulePerturber(seed=0)
+    for r in faults:
+        negs, _ = rules.candidates(r["caption"], ["replace", "swap"], True, False)
+        assert r["edit"] not in {p.text for p in negs}, r["edit"]
+
+
+def test_the_third_heldout_audit_after_its_fixes_is_what_the_stage_picks(shared_data):
+    """The same draw after the fixes: the changed rows judged, the rest carrying their verdicts."""
+    after = read_blind_audit(AUDITS / "blind_heldout3_after.tsv")
+    c = blind_counts(after)
+    assert c["negative"] == {"n": 100, "ok": 79, "ungrammatical": 0, "not_different": 0, "doubtful": 21}
+    assert c["positive"] == {"n": 100, "ok": 100, "changes_meaning": 0, "doubtful": 0}
+    rows, drawn = _picks(shared_data, _HELDOUT3_SKIP, 100, 39, balanced=True)
+    assert drawn == 197
+    key = lambda r: (r["polarity"], r["caption"], r["edit"], r["kind"], r["slot"])  # noqa: E731
+    assert [key(r) for r in rows] == [key(r) for r in after]
+    before = {(r["polarity"], r["caption"]): r["edit"] for r in read_blind_audit(AUDITS / "blind_heldout3.tsv")}
+    assert sum(before.get((r["polarity"], r["caption"])) != r["edit"] for r in after) == 8  # negatives only
 
 
 def test_a_blind_audit_file_names_its_bad_rows(tmp_path):

@@ -117,6 +117,9 @@ def test_a_mass_noun_is_replaced_by_one_that_can_be_a_mass(rules):
     ("Men playing video games in a dimly lit room.", ["dimly unlit"]),
     ("A roasting pan full with apples and meat.", ["empty with"]),
     ("A train with lights on traveling on train tracks.", ["lights under", "lights above"]),
+    ("A woman with an umbrella looking at a body of water.", ["body of grass", "body of sand", "body of snow"]),
+    ("A person is high in the air as he skateboards on the ramp.", ["he surfboards", "he snowboards"]),
+    ("A low flying airplane over a parked silver van.", ["landing silver van", "flying silver van"]),
 ])
 def test_negatives_keep_particles_compounds_and_idioms(rules, caption, never):
     made = " | ".join(negatives(rules, caption)).lower()
@@ -154,6 +157,7 @@ def test_positives_keep_compounds_and_idioms(rules, caption, never):
     ("A dog on the beach on a sunny day.", "under a sunny day"),         # a time expression
     ("A man sleeping on a bench in the afternoon on a weekend.", "under a weekend"),
     ("Motorcyclists riding their bikes down a road.", "their motorcycles"),
+    ("A beach chair and an umbrella in the sand on the beach.", "in the beach on the sand"),  # a part: no swap
 ])
 def test_negatives_are_really_different(rules, caption, never):
     made = negatives(rules, caption)

@@ -47,7 +47,8 @@ from hardpos.data.rules.agreement import new_problems
 from hardpos.data.rules.balance import NgramBalance
 from hardpos.data.rules.replace import ReplaceRulesMixin
 from hardpos.data.rules.swap import SwapRulesMixin
-from hardpos.data.rules.text import KINDS, POLARITIES, TOKEN, Match, Perturbation, Token, dedupe, stable_seed
+from hardpos.data.rules.text import (KINDS, POLARITIES, SUBJECT_PRONOUNS, TOKEN, Match, Perturbation, Token, dedupe,
+                                     stable_seed)
 from hardpos.data.rules.validate import validate
 
 
@@ -184,9 +185,12 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
             if s.pos == "noun" and self._is_content(prev) and prev.low not in self._attr_adjs:
                 # head of a compound ("bath tub", "park bench", "dog cake"): replacing it makes nonsense
                 continue
+            if s.pos == "noun" and prev is not None and prev.low in SUBJECT_PRONOUNS:
+                continue  # after "he" / "they" the word is a verb: "as he skateboards on the ramp"
+            head = next((t for t in toks[j:] if t.low not in self._attr_adjs), None)  # "a parked [silver] van"
             if s.pos == "verb" and prev is not None and (prev.low in self._determiners or prev.low in self._attr_adjs) \
-                    and nxt is not None and (self.lexicon.is_noun(nxt.low) or (
-                        self._is_content(nxt) and not self._is_ing_verb(nxt) and nxt.low not in self._attr_adjs)):
+                    and head is not None and (self.lexicon.is_noun(head.low) or (
+                        self._is_content(head) and not self._is_ing_verb(head) and head.low not in self._attr_adjs)):
                 # a verb form between an article or adjective and a noun modifies it: "a sitting room",
                 # "a red flying disc", "the walking path"; replacing it breaks the compound
                 continue

@@ -95,6 +95,8 @@ class SwapRulesMixin:
                     continue
                 if sa.cls == sb.cls and sa.group == sb.group:
                     continue  # synonyms: swapping them changes nothing
+                if not self.lexicon.contrasts(ma.form, mb.form) or not self.lexicon.contrasts(mb.form, ma.form):
+                    continue  # a part or companion: "in the sand on the beach" -> "in the beach on the sand"
                 if mb.i - ma.j < 1 or self._coordinated(toks, ma.j - 1, mb.i):
                     continue
                 ta = caption[toks[ma.i].start:toks[ma.j - 1].end]

@@ -21,6 +21,8 @@ COORD = {"and", "or", ","}
 #: pronouns that stand for a whole noun phrase after a verb or preposition ("next to it")
 OBJECT_PRONOUNS = frozenset({"it", "them", "him", "her", "me", "us", "you", "each", "one", "something", "someone",
                               "other", "others"})
+#: pronouns that are a clause's subject: the word after one is its verb ("he skateboards")
+SUBJECT_PRONOUNS = frozenset({"i", "he", "she", "we", "they", "who"})
 #: prepositions a head-noun search steps over ("resting on the side of a road" -> side)
 SURFACE_PREPS = frozenset({"on", "atop", "upon", "onto"})
 #: attribute classes any visible thing can have (cross-class attribute swaps stay within these)
