@@ -45,8 +45,10 @@ class LoadgenConfig:
         deployment, batching on), ``unbatched`` (the same, max batch size 1), ``colocated``
         (one deployment named explicitly: the default's shape, a second copy shows the noise),
         ``two_deployments`` (ingress -> model handle, ``colocate_model: false``), ``scaled``
-        (the default app with 2 model replicas) and ``plain`` (the same model, validation and
-        scoring in one FastAPI + uvicorn process, :mod:`benchmarks.plain_server`: the peer).
+        (the default app with 2 model replicas), ``direct`` (the default app addressed on its
+        replica's own HTTP port, no proxy hop: Ray Serve's direct ingress, which this run then
+        turns on for the local Ray cluster it starts) and ``plain`` (the same model, validation
+        and scoring in one FastAPI + uvicorn process, :mod:`benchmarks.plain_server`: the peer).
     path: the route to load (``/v1/score``).
     concurrency: closed-loop client counts, one level each.
     requests_per_level: requests sent per level and mode (bounded by 20000).

@@ -53,8 +53,14 @@ from tests.support import free_port
 # batched: the documented default app (serve/config.yaml's shape: one deployment, batching on);
 # colocated: one deployment named explicitly (the same shape as batched since it became the
 # default: two of them side by side show the run's noise); two_deployments: the ingress ->
-# model-handle shape (colocate_model: false); scaled: the default app with 2 replicas.
-SERVE_TARGETS = ("batched", "unbatched", "colocated", "two_deployments", "scaled")
+# model-handle shape (colocate_model: false); scaled: the default app with 2 replicas;
+# direct: the default app addressed on its replica's own HTTP port (Ray Serve's direct ingress,
+# no proxy hop), which needs the run's local Ray cluster started with direct ingress on.
+SERVE_TARGETS = ("batched", "unbatched", "colocated", "two_deployments", "scaled", "direct")
+#: what a run with the ``direct`` target sets before it starts its local Ray cluster: the
+#: controller and replicas read these at start; the draining period would hold every shutdown 30 s
+DIRECT_INGRESS_ENV = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"}
+DIRECT_INGRESS_WAIT_S = 120.0
 ALL_TARGETS = (*SERVE_TARGETS, "plain")
 PLAIN_START_TIMEOUT_S = 300.0
 
@@ -118,8 +124,45 @@ def _serve_apps(cfg: LoadgenConfig, source: str, targets: list[str]) -> dict[str
     apps = {"batched": {**base, "batching": batched}, "unbatched": {**base, "batching": {"enabled": False}},
             "colocated": {**base, "batching": batched, "colocate_model": True},
             "two_deployments": {**base, "batching": batched, "colocate_model": False},
-            "scaled": {**base, "batching": batched, "model_deployment": scaled}}
+            "scaled": {**base, "batching": batched, "model_deployment": scaled},
+            "direct": {**base, "batching": batched}}
     return {t: apps[t] for t in targets if t in SERVE_TARGETS}
+
+
+def start_direct_ingress_cluster() -> None:
+    """Start this run's local Ray cluster with Serve's direct ingress on (the ``direct``
+    target). The flag is read by the Serve controller and replicas when they start, so it
+    cannot be turned on for a cluster that is already running: refuse one."""
+    if ray.is_initialized() or os.environ.get("RAY_ADDRESS"):
+        raise ValueError("loadgen: the direct target needs a local Ray cluster this run starts "
+                         "(ray is already initialised or RAY_ADDRESS is set); run it in a fresh process "
+                         "without RAY_ADDRESS")
+    os.environ.update(DIRECT_INGRESS_ENV)
+    runtime.init_ray()
+
+
+def direct_ingress_url(app_name: str, route_prefix: str, timeout_s: float = DIRECT_INGRESS_WAIT_S) -> str:
+    """The URL of ``app_name``'s replica's own HTTP server (``http://host:port/prefix``), from
+    the Serve controller's target groups (Ray's alpha ``TargetGroup`` API); waits until the
+    replica has its port. With direct ingress off the groups point at the proxy: refuse."""
+    from ray.serve._private.common import RequestProtocol
+
+    controller = _get_global_client()._controller
+    deadline = time.monotonic() + timeout_s
+    while True:
+        groups = ray.get(controller.get_target_groups.remote(app_name), timeout=60)
+        for g in groups:
+            if g.protocol == RequestProtocol.HTTP and g.route_prefix == route_prefix and g.targets:
+                t = g.targets[0]
+                if "proxy" in t.name.lower():
+                    break  # no running replica yet: the group still points at the proxy
+                # the replica binds Serve's http_options host (127.0.0.1 here), not the node IP
+                # the group names
+                return f"http://{_get_global_client().http_config.host}:{t.port}{route_prefix}"
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"loadgen: no direct ingress port for app {app_name!r} after {timeout_s:g}s "
+                               f"(target groups: {groups}); is RAY_SERVE_ENABLE_DIRECT_INGRESS=1 set for the cluster?")
+        time.sleep(1.0)
 
 
 def _niceness() -> int:
@@ -220,6 +263,8 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
     cfg = cfg or LoadgenConfig()
     targets = _check_targets(cfg)
     serve_targets = [t for t in targets if t in SERVE_TARGETS]
+    if "direct" in serve_targets:
+        start_direct_ingress_cluster()
     if serve_targets:
         runtime.init_ray()
         _check_cluster(cfg, serve_targets)
@@ -237,6 +282,8 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
             for t, app_cfg in apps.items():
                 serve.run(build_app(app_cfg), name=names[t], route_prefix=f"/{t}", blocking=False)
                 urls[t] = f"http://127.0.0.1:{port}/{t}"
+            if "direct" in apps:
+                urls["direct"] = direct_ingress_url(names["direct"], "/direct")
         niceness = {"loadgen": os.nice(0)}
         if serve_targets:
             niceness["ray_workers"] = ray_worker_niceness()

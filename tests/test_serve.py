@@ -628,3 +628,34 @@ def test_schemathesis_finds_no_contract_failures(app, tmp_path):
             assert "No issues found" in done.stdout or " passed" in done.stdout, done.stdout[-3000:]
     finally:
         _delete("fuzz")
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_loadgen_direct_target_reaches_the_replica_without_the_proxy():
+    """The ``direct`` target in a fresh process (its own local Ray, direct ingress on): the
+    same app answers on its replica's own port, every request succeeds, and the replica's
+    request parse no longer waits on a body pulled from the proxy."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    # a short private temp dir: Ray's socket paths under pytest's tmp_path exceed AF_UNIX's 107 bytes
+    ray_tmp = tempfile.mkdtemp(prefix="hp-direct-", dir="/tmp")
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp}
+    env.pop("RAY_ADDRESS", None)
+    cmd = [sys.executable, "-m", "benchmarks.loadgen", "targets=[direct,batched]", "concurrency=[1]",
+           "requests_per_level=12", "warmup_requests=2", "max_seconds_per_level=60"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=str(REPO))
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout[done.stdout.index("\n{") + 1:])
+    level = result["levels"][0]
+    for target in ("direct", "batched"):
+        assert level[target]["errors"] == 0 and level[target]["ok"] == 12, level[target]
+    assert level["direct"]["server_ms"]["ingress_parse"] < level["batched"]["server_ms"]["ingress_parse"]

@@ -121,3 +121,22 @@ def test_loadgen_targets_and_the_cpus_they_need():
     assert apps["two_deployments"]["colocate_model"] is False
     assert apps["scaled"]["model_deployment"]["num_replicas"] == 2
     assert apps["unbatched"]["batching"] == {"enabled": False}
+
+
+def test_the_direct_target_is_the_default_app_on_a_cluster_the_run_starts(monkeypatch):
+    """``direct`` deploys the default app unchanged (only the address differs: the replica's
+    own port), and refuses a cluster it did not start: direct ingress is read at start."""
+    import ray
+
+    from benchmarks.load_client import LoadgenConfig
+    from benchmarks.serve_compare import _serve_apps, start_direct_ingress_cluster
+
+    apps = _serve_apps(LoadgenConfig(targets=["batched", "direct"]), "random", ["batched", "direct"])
+    assert apps["direct"] == apps["batched"]
+    assert not ray.is_initialized()
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    monkeypatch.delenv("RAY_SERVE_ENABLE_DIRECT_INGRESS", raising=False)
+    with pytest.raises(ValueError, match="direct target needs a local Ray cluster this run starts"):
+        start_direct_ingress_cluster()
+    import os
+    assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in os.environ  # nothing set for a cluster it refused
