@@ -50,7 +50,7 @@ from hardpos.eval.spec import BenchmarkSpec
 from hardpos.markdown import table
 from hardpos.models.clip import load_model, tokenize
 from hardpos.paper import table1
-from hardpos.paper.signs import ALPHA, aggregate, floors_from, paper_signs, sanity_checks, signs_markdown
+from hardpos.paper.signs import ALPHA, aggregate, floors_from, p_text, paper_signs, sanity_checks, signs_markdown
 from hardpos.runtime import execute
 from hardpos.stages import demo
 from hardpos.train.config import LossConfig, OptimConfig
@@ -305,7 +305,7 @@ def sign_table(signs: list, sanity: list) -> str:
         if s.kind == "range":
             return f"{verdict} ({s.value:.1f} ± {s.noise:.1f})"
         paper = f"; paper {s.paper:+.1f}" if s.paper is not None else ""
-        return f"{verdict} ({s.value:+.1f} ± {s.noise:.1f}, p = {s.p:.3f}{paper})" if s.p is not None else \
+        return f"{verdict} ({s.value:+.1f} ± {s.noise:.1f}, {p_text(s.p)}{paper})" if s.p is not None else \
             f"{verdict} ({s.value:+.1f}{paper})"
 
     claims: dict[tuple[str, str], dict[str, str]] = {}

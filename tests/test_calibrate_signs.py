@@ -45,7 +45,7 @@ def test_signs_reanalyses_per_seed_rows_and_writes_floors(tmp_path, capsys):
     md = md_path.read_text()
     k = len(out["signs"])
     assert f"{k} checks, each a one-sided paired t-test over seeds at alpha = 0.05" in md
-    assert "| 1. HN-only orig above base | held (+6.0 ± 0.3, p = 0.000; paper +12.3) |" in md
+    assert "| 1. HN-only orig above base | held (+6.0 ± 0.3, p < 0.001; paper +12.3) |" in md
     assert "| S1. base attribute orig in [60, 85] | held (68.0 ± 0.0) |  |" in md
     floors = json.loads(floors_path.read_text())
     assert floors["seeds"] == 5 and "1|HN-only orig above base|SWAP" in floors["checks"]

@@ -67,6 +67,12 @@ Z_ONE_SIDED = 1.6448536269514722
 #: the noise floors the demo's single run is judged by (written by ``python -m benchmarks.calibrate signs``)
 FLOORS_PATH = Path(__file__).parents[1] / "resources" / "signs_noise.json"
 
+
+def p_text(p: float) -> str:
+    """A p-value as a table prints it: three decimals, and "p < 0.001" below that."""
+    return "p < 0.001" if p < 0.0005 else f"p = {p:.3f}"
+
+
 #: The paper's Table 1 (CLIP ViT-B/32 finetuned on COCO): per model, per benchmark,
 #: (original acc., augmented acc., brittleness) in %. Keys are the demo's model names.
 PAPER_TABLE1: dict[str, dict[str, tuple[float, float, float]]] = {
@@ -222,7 +228,7 @@ class Sign:
         fmt = "{:.1f}" if self.kind == "range" else "{:+.1f}"
         detail = fmt.format(self.value)
         if self.n > 1 and self.kind != "range":
-            detail += f" ± {self.noise:.1f}, t = {self.t:.2f}, p = {self.p:.3f}, n = {self.n}"
+            detail += f" ± {self.noise:.1f}, t = {self.t:.2f}, {p_text(self.p)}, n = {self.n}"
         elif self.n > 1:
             detail += f" ± {self.noise:.1f}, n = {self.n}"
         elif self.noise:
