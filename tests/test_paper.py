@@ -210,8 +210,11 @@ def test_one_kind_positives_sign_table_1d():
 
 def test_the_shipped_noise_floors_name_exactly_the_checks_the_code_makes():
     floors = signs.load_floors()
-    assert floors is not None and floors["seeds"] >= 3 and floors["alpha"] == signs.ALPHA
-    made = {s.key for s in signs.paper_signs(_paper_rows()) + signs.sanity_checks(_paper_rows()) if s.kind != "range"}
+    assert floors is not None and floors["seeds"] >= 5 and floors["alpha"] == signs.ALPHA
+    rows = _paper_rows()  # with --full's one-kind-positive models, so sign 5's checks are made too
+    rows["hp-replace+hn"] = _row(replace__brittleness=0.12, swap__brittleness=0.17)
+    rows["hp-swap+hn"] = _row(replace__brittleness=0.19, swap__brittleness=0.12)
+    made = {s.key for s in signs.paper_signs(rows) + signs.sanity_checks(rows) if s.kind != "range"}
     assert set(floors["checks"]) == made  # a renamed claim would orphan its floor
     for check in floors["checks"].values():
         assert check["floor"] == pytest.approx(signs.Z_ONE_SIDED * check["sd"], abs=1e-3)
