@@ -38,6 +38,7 @@ import ray
 import requests
 import torch
 from ray import serve
+from ray.serve._private.common import RequestProtocol
 from ray.serve.context import _get_global_client
 
 from benchmarks import child_env
@@ -145,8 +146,6 @@ def direct_ingress_url(app_name: str, route_prefix: str, timeout_s: float = DIRE
     """The URL of ``app_name``'s replica's own HTTP server (``http://host:port/prefix``), from
     the Serve controller's target groups (Ray's alpha ``TargetGroup`` API); waits until the
     replica has its port. With direct ingress off the groups point at the proxy: refuse."""
-    from ray.serve._private.common import RequestProtocol
-
     controller = _get_global_client()._controller
     deadline = time.monotonic() + timeout_s
     while True:
