@@ -146,7 +146,8 @@ def direct_ingress_url(app_name: str, route_prefix: str, timeout_s: float = DIRE
     """The URL of ``app_name``'s replica's own HTTP server (``http://host:port/prefix``), from
     the Serve controller's target groups (Ray's alpha ``TargetGroup`` API); waits until the
     replica has its port. With direct ingress off the groups point at the proxy: refuse."""
-    controller = _get_global_client()._controller
+    client = _get_global_client()
+    controller = client._controller
     deadline = time.monotonic() + timeout_s
     while True:
         groups = ray.get(controller.get_target_groups.remote(app_name), timeout=60)
@@ -157,7 +158,7 @@ def direct_ingress_url(app_name: str, route_prefix: str, timeout_s: float = DIRE
                     break  # no running replica yet: the group still points at the proxy
                 # the replica binds Serve's http_options host (127.0.0.1 here), not the node IP
                 # the group names
-                return f"http://{_get_global_client().http_config.host}:{t.port}{route_prefix}"
+                return f"http://{client.http_config.host}:{t.port}{route_prefix}"
         if time.monotonic() > deadline:
             raise TimeoutError(f"loadgen: no direct ingress port for app {app_name!r} after {timeout_s:g}s "
                                f"(target groups: {groups}); is RAY_SERVE_ENABLE_DIRECT_INGRESS=1 set for the cluster?")

@@ -187,17 +187,23 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
                 continue
             if s.pos == "noun" and prev is not None and prev.low in SUBJECT_PRONOUNS:
                 continue  # after "he" / "they" the word is a verb: "as he skateboards on the ramp"
-            head = next((t for t in toks[j:] if t.low not in self._attr_adjs), None)  # "a parked [silver] van"
             if s.pos == "verb" and prev is not None and (prev.low in self._determiners or prev.low in self._attr_adjs) \
-                    and head is not None and (self.lexicon.is_noun(head.low) or (
-                        self._is_content(head) and not self._is_ing_verb(head) and head.low not in self._attr_adjs)):
+                    and self._modifies_a_noun(toks, j):
                 # a verb form between an article or adjective and a noun modifies it: "a sitting room",
-                # "a red flying disc", "the walking path"; replacing it breaks the compound
+                # "a red flying disc", "the walking path", "a parked silver van"; replacing it breaks it
                 continue
             if s.needs_object_check and not self._object_ok(toks, j):
                 continue
             kept.append(s)
         return tuple(kept)
+
+    def _modifies_a_noun(self, toks: list[Token], j: int) -> bool:
+        """Whether the words from ``j`` on, past attribute adjectives ("a parked [silver] van"),
+        start with a noun: a lexicon noun, or a content word that is neither an -ing verb nor an
+        attribute adjective."""
+        head = next((t for t in toks[j:] if t.low not in self._attr_adjs), None)
+        return head is not None and (self.lexicon.is_noun(head.low) or (
+            self._is_content(head) and not self._is_ing_verb(head) and head.low not in self._attr_adjs))
 
     def _object_ok(self, toks: list[Token], j: int) -> bool:
         """For "on"->"under": there is an object and it is not a surface/medium ("on the beach")."""
