@@ -133,10 +133,16 @@ def test_the_direct_target_is_the_default_app_on_a_cluster_the_run_starts(monkey
 
     apps = _serve_apps(LoadgenConfig(targets=["batched", "direct"]), "random", ["batched", "direct"])
     assert apps["direct"] == apps["batched"]
-    assert not ray.is_initialized()
+    # an earlier test in the same process may have left Ray initialised; either reason to
+    # refuse must be refused, so pin is_initialized to False and test the RAY_ADDRESS one
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     monkeypatch.delenv("RAY_SERVE_ENABLE_DIRECT_INGRESS", raising=False)
     with pytest.raises(ValueError, match="direct target needs a local Ray cluster this run starts"):
+        start_direct_ingress_cluster()
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    with pytest.raises(ValueError, match="ray is already initialised"):
         start_direct_ingress_cluster()
     import os
     assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in os.environ  # nothing set for a cluster it refused
