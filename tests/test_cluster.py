@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cluster import LocalPathError, refuse_local_paths
+from benchmarks.cluster import LocalPathError, pipeline, refuse_local_paths, serve_config
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "infra" / "cluster" / "cluster.sh"
@@ -26,6 +26,51 @@ def test_a_local_path_is_refused_in_one_line_naming_it(tmp_path):
     # what every host can read passes
     refuse_local_paths(["output_dir=s3://hardpos/x", "model.pretrained=runs:/abc/model", "model.pretrained=base:hardpos-base",
                         "input=s3://b/world/finetune.parquet", "resume_from=null", "engine.kind=rules"])
+
+
+def test_a_local_path_inside_a_mapping_or_list_value_is_refused_naming_its_key():
+    overrides = '{"data.train_path": "s3://b/t.parquet", "eval_benchmarks": [{"name": "r", "path": "/data/r.parquet"}]}'
+    with pytest.raises(LocalPathError, match=r"^cluster: train_overrides.eval_benchmarks\[0\].path=/data/r.parquet is a local"):
+        refuse_local_paths([f"train_overrides={overrides}"])
+    with pytest.raises(LocalPathError, match="train_overrides.data.train_path=./t.parquet"):
+        refuse_local_paths(['train_overrides={"data.train_path": "./t.parquet"}'])
+    refuse_local_paths(['search_space={"loss.w_neg": {"grid_search": [0.5, 1.0]}}', "extra_trials=[]"])
+
+
+def test_every_step_of_the_cluster_pipeline_names_only_shared_locations():
+    steps = pipeline("http://10.213.77.11:8001/v1/chat/completions")
+    assert [name for name, _, _ in steps] == ["world", "generate-rules", "generate-http", "train", "sweep",
+                                              "register", "evaluate"]
+    for _, stage, args in steps:
+        assert (REPO / "jobs" / f"{stage}.py").exists()
+        refuse_local_paths(args)  # nothing local: every host reads every location
+    sweep = dict(a.split("=", 1) for a in steps[4][2])
+    assert '"scaling.resources_per_worker": {"worker_host": 1}' in sweep["train_overrides"]
+    assert dict(a.split("=", 1) for a in steps[6][2])["model.pretrained"] == "models:/hardpos-cluster@champion"
+
+
+def test_the_cluster_serve_config_places_the_replica_on_a_worker_host():
+    from ray.serve.schema import ServeDeploySchema
+
+    from hardpos.serve.config import load_app_config
+
+    cfg = serve_config("10.213.77.10")
+    ServeDeploySchema.model_validate(cfg)
+    app = load_app_config(cfg["applications"][0]["args"])
+    assert app.model == "models:/hardpos-cluster@champion" and app.model_deployment.resources == {"worker_host": 1}
+    assert cfg["http_options"]["host"] == "0.0.0.0"
+
+
+def test_the_openai_stub_binds_the_address_it_is_given():
+    import requests
+
+    from tests.support.openai_stub import OpenAIStub
+
+    with OpenAIStub(host="127.0.0.2") as stub:
+        assert stub.url == f"http://127.0.0.2:{stub.port}/v1/chat/completions"
+        reply = requests.post(stub.url, json={"messages": [{"role": "user", "content": "Sentence: a man on a bus"}]},
+                              timeout=10)
+        assert reply.status_code in (200, 500, 503) and stub.requests == 1
 
 
 def test_script_and_make_targets():

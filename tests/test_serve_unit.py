@@ -404,6 +404,19 @@ def test_app_config_validation():
         config.load_app_config({"device": "tpu"})
 
 
+def test_custom_resources_place_replicas_and_bad_ones_are_refused():
+    from hardpos.serve.app import _deployment_kwargs
+
+    cfg = config.load_app_config({"model_deployment": {"resources": {"worker_host": 1}}})
+    assert _deployment_kwargs(cfg.model_deployment, 64)["ray_actor_options"] == {
+        "num_cpus": 1.0, "num_gpus": 0.0, "resources": {"worker_host": 1}}
+    assert "resources" not in _deployment_kwargs(cfg.ingress_deployment, 64)["ray_actor_options"]
+    with pytest.raises(ConfigError, match="model_deployment.resources.CPU: set num_cpus"):
+        config.load_app_config({"model_deployment": {"resources": {"CPU": 2}}})
+    with pytest.raises(ConfigError, match=r"ingress_deployment.resources.pool must be a number > 0, got 0"):
+        config.load_app_config({"ingress_deployment": {"resources": {"pool": 0}}})
+
+
 def test_serve_config_yaml_is_a_valid_deploy_config():
     from ray.serve.schema import ServeDeploySchema
 

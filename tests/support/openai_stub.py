@@ -1,7 +1,8 @@
 """A small OpenAI-compatible chat/completions + completions server for tests and benchmarks
 (the generate benchmark, :mod:`benchmarks.generate_bench`, measures against it).
 
-Stdlib only (``http.server`` in a daemon thread), bound to 127.0.0.1 on a free port.
+Stdlib only (``http.server`` in a daemon thread), bound to 127.0.0.1 on a free port (``host`` /
+``port`` choose others: the cluster test runs it on a worker host's own address).
 ``POST /v1/chat/completions`` (``messages``) and ``POST /v1/completions`` (a raw
 ``prompt`` string) answer like a real endpoint (``choices``, ``usage``), with
 canned, realistic outputs chosen deterministically from the request's caption and kind:
@@ -173,7 +174,8 @@ class OpenAIStub:
     """The server; a context manager (``start``/``stop`` also work). Thread-safe counters."""
 
     def __init__(self, latency_s: float = 0.0, responder: Callable[[str, str, int], tuple[int, str | None]] = canned,
-                 model: str = "stub-llm"):
+                 model: str = "stub-llm", host: str = "127.0.0.1", port: int = 0):
+        self.host, self.bind_port = host, port
         self.latency_s = latency_s
         self.responder = responder
         self.model = model
@@ -223,7 +225,7 @@ class OpenAIStub:
                 else:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer((self.host, self.bind_port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name="openai-stub")
         self._thread.start()
@@ -248,7 +250,7 @@ class OpenAIStub:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"http://{self.host}:{self.port}/v1"
 
     @property
     def url(self) -> str:
@@ -307,10 +309,12 @@ class OpenAIStub:
         }
 
 
-if __name__ == "__main__":  # python -m tests.support.openai_stub [latency_s]: serve until Ctrl-C
+if __name__ == "__main__":  # python -m tests.support.openai_stub [latency_s [host [port]]]: until stopped
     import sys
 
-    with OpenAIStub(latency_s=float(sys.argv[1]) if len(sys.argv) > 1 else 0.0) as s:
+    argv = sys.argv[1:]
+    with OpenAIStub(latency_s=float(argv[0]) if argv else 0.0, host=argv[1] if len(argv) > 1 else "127.0.0.1",
+                    port=int(argv[2]) if len(argv) > 2 else 0) as s:
         print(s.url, flush=True)
         try:
             while True:

@@ -323,7 +323,8 @@ class ScoringAPI:
 
 def _deployment_kwargs(opts: DeploymentOptions, default_max_ongoing: int, access_log: bool = True) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
-        "ray_actor_options": {"num_cpus": opts.num_cpus, "num_gpus": opts.num_gpus},
+        "ray_actor_options": {"num_cpus": opts.num_cpus, "num_gpus": opts.num_gpus,
+                              **({"resources": dict(opts.resources)} if opts.resources else {})},
         "max_ongoing_requests": opts.max_ongoing_requests or default_max_ongoing,
         "logging_config": {"enable_access_log": access_log},
     }

@@ -81,6 +81,8 @@ class DeploymentOptions:
     num_replicas: fixed replica count (ignored when autoscaling is enabled).
     num_cpus / num_gpus: ``ray_actor_options``; the model runs on GPU (bf16) when a GPU
         is assigned.
+    resources: custom Ray resources each replica needs (``ray_actor_options.resources``),
+        e.g. ``{worker_host: 1}`` to place replicas only on nodes started with that resource.
     max_ongoing_requests: per-replica concurrency; None -> max(64, 2 x max_batch_size)
         (it must be >= the max batch size or batches starve).
     autoscaling: see :class:`AutoscalingOptions`.
@@ -95,6 +97,7 @@ class DeploymentOptions:
     num_replicas: int = 1
     num_cpus: float = 1.0
     num_gpus: float = 0.0
+    resources: dict[str, float] = dataclasses.field(default_factory=dict)
     max_ongoing_requests: int | None = None
     health_check_period_s: float | None = None
     health_check_timeout_s: float | None = None
@@ -202,5 +205,11 @@ def load_app_config(args: dict[str, Any] | ServeAppConfig | None) -> ServeAppCon
             value = getattr(opts, key)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name}.{key} must be > 0 (or null), got {value}")
+        for res, amount in opts.resources.items():
+            # Ray schedules CPU/GPU/memory through num_cpus / num_gpus, not ``resources``
+            if res in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ConfigError(f"{name}.resources.{res}: set num_cpus / num_gpus instead")
+            if not isinstance(amount, (int, float)) or isinstance(amount, bool) or amount <= 0:
+                raise ConfigError(f"{name}.resources.{res} must be a number > 0, got {amount!r}")
     return cfg
 
