@@ -1,6 +1,6 @@
 """Calibrate the synthetic world and measure the demo over seeds.
 
-Two commands::
+The commands::
 
     # cheap probe, Ray-free, one process: pretrain + finetune variants with the SAME model,
     # loss and evaluator code as the stages (hardpos.models.clip, hardpos.train.loss,
@@ -17,6 +17,11 @@ Two commands::
     # sign table; write_floors= writes the noise floors the demo's single run is judged by
     python -m benchmarks.calibrate signs results=outputs/calibrate/results_seeds.json \
         [write_floors=platform/hardpos/resources/signs_noise.json] [output=outputs/calibrate/signs.md]
+
+    # two measurements on the same seeds side by side (e.g. full finetuning and LoRA): per model and
+    # column each side's mean ± std, the paired difference and its two-sided paired t-test
+    python -m benchmarks.calibrate pair a=outputs/calibrate/results_seeds.json \
+        b=outputs/calibrate-lora/results_seeds.json a_name=full b_name=LoRA [output=lora-vs-full.md]
 
     # re-score finished checkpoints on another world's benchmark (e.g. a benchmark-only knob such as
     # binding_partial_captions: the checkpoints do not change, only the items do)
@@ -50,7 +55,8 @@ from hardpos.eval.spec import BenchmarkSpec
 from hardpos.markdown import table
 from hardpos.models.clip import load_model, tokenize
 from hardpos.paper import table1
-from hardpos.paper.signs import ALPHA, aggregate, floors_from, p_text, paper_signs, sanity_checks, signs_markdown
+from hardpos.paper.signs import (ALPHA, aggregate, floors_from, p_text, paired_test, paper_signs, sanity_checks,
+                                 signs_markdown, t_sf)
 from hardpos.runtime import execute
 from hardpos.stages import demo
 from hardpos.train.config import LossConfig, OptimConfig
@@ -341,6 +347,82 @@ def signs(cfg: SignsConfig) -> dict[str, Any]:
     return {"signs": paper, "sanity": sanity, "floors": floors, "markdown": md}
 
 
+# --------------------------------------------------------------------------- pair
+@dataclasses.dataclass
+class PairConfig:
+    """Two seeds measurements side by side (e.g. full finetuning and LoRA), seed by seed.
+
+    a / b: ``results_seeds.json`` files; only their common seeds and models are compared.
+    a_name / b_name: the labels of the two in the table.
+    models: rows to compare (default: every finetuned model both have, "pretrained" left out:
+        both start from it).
+    alpha: the two-sided paired t-test's level per cell.
+    output: also write the Markdown here.
+    """
+
+    a: str = "outputs/calibrate/results_seeds.json"
+    b: str = "outputs/calibrate-lora/results_seeds.json"
+    a_name: str = "a"
+    b_name: str = "b"
+    models: list[str] | None = None
+    alpha: float = ALPHA
+    output: str | None = None
+
+
+PAIR_COLUMNS = tuple(f"{bench}/{fig}" for bench in ("replace", "swap") for fig in ("orig_acc", "aug_acc", "brittleness"))
+
+
+def _by_seed(path: str) -> dict[int, dict]:
+    data = json.loads(Path(path).read_text())
+    return dict(zip(data.get("seeds", []), data.get("per_seed", [])))
+
+
+def paired_cells(a: dict[int, dict], b: dict[int, dict], models: list[str] | None = None,
+                 alpha: float = ALPHA) -> list[dict[str, Any]]:
+    """Per (model, column) over the seeds both have: each side's mean and std, the paired
+    difference b - a (mean, std) and its two-sided paired t-test p, in percentage points.
+    ``differs`` is p < alpha. Raises ValueError with fewer than 2 common seeds."""
+    seeds_ = sorted(set(a) & set(b))
+    if len(seeds_) < 2:
+        raise ValueError(f"pair: {len(seeds_)} common seed(s) ({seeds_}); a paired test needs at least 2")
+    common = [m for m in a[seeds_[0]] if all(m in a[k] and m in b[k] for k in seeds_)]
+    rows = []
+    for m in models or [m for m in common if m != "pretrained"]:
+        if m not in common:
+            raise ValueError(f"pair: model {m!r} is not in both measurements for seeds {seeds_}; both have {common}")
+        for col in PAIR_COLUMNS:
+            va = [100 * float(a[k][m][col]) for k in seeds_]
+            vb = [100 * float(b[k][m][col]) for k in seeds_]
+            test = paired_test([y - x for x, y in zip(va, vb)])
+            if test.sd == 0:  # identical differences: no spread to test against
+                p_two = 1.0 if test.mean == 0 else 0.0
+            else:
+                p_two = min(1.0, 2 * t_sf(abs(test.t), test.n - 1))
+            rows.append({"model": m, "column": col, "seeds": seeds_, "a_mean": statistics.fmean(va),
+                         "a_std": statistics.stdev(va), "b_mean": statistics.fmean(vb), "b_std": statistics.stdev(vb),
+                         "diff_mean": test.mean, "diff_std": test.sd, "p": p_two, "differs": p_two < alpha})
+    return rows
+
+
+def pair(cfg: PairConfig) -> dict[str, Any]:
+    """Print (and optionally write) :func:`paired_cells` of ``a`` and ``b`` as a table, with
+    the number of tests and the false "differs" expected at ``alpha``."""
+    rows = paired_cells(_by_seed(cfg.a), _by_seed(cfg.b), cfg.models, cfg.alpha)
+    body = [[r["model"], r["column"], f"{r['a_mean']:.1f} ± {r['a_std']:.1f}", f"{r['b_mean']:.1f} ± {r['b_std']:.1f}",
+             f"{r['diff_mean']:+.1f} ± {r['diff_std']:.1f}", p_text(r["p"]),
+             "**differs**" if r["differs"] else "inside the noise"] for r in rows]
+    n_diff = sum(r["differs"] for r in rows)
+    md = (f"### {cfg.b_name} against {cfg.a_name}, seed by seed (seeds {rows[0]['seeds']})\n\n"
+          + table(["model", "column", cfg.a_name, cfg.b_name, f"{cfg.b_name} - {cfg.a_name}", "paired t (two-sided)",
+                   "verdict"], body)
+          + f"\n{len(rows)} tests at alpha {cfg.alpha:g}: {n_diff} differ; about {len(rows) * cfg.alpha:.1f} would "
+            f"by chance alone.\n")
+    print(md)
+    if cfg.output:
+        Path(cfg.output).write_text(md)
+    return {"rows": rows, "markdown": md}
+
+
 # --------------------------------------------------------------------------- seeds
 @dataclasses.dataclass
 class SeedsConfig:
@@ -439,7 +521,7 @@ def _write_aggregate(out: Path, cfg: SeedsConfig, per_seed, summaries) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("probe", "seeds", "rescore", "signs"):
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("probe", "seeds", "rescore", "signs", "pair"):
         print(__doc__)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     cmd, rest = argv[0], argv[1:]
@@ -449,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:
         rescore(load_config(RescoreConfig, None, rest))
     elif cmd == "signs":
         signs(load_config(SignsConfig, None, rest))
+    elif cmd == "pair":
+        pair(load_config(PairConfig, None, rest))
     else:
         seeds(load_config(SeedsConfig, None, rest))
     return 0

@@ -92,12 +92,17 @@ def head_address(subnet: str) -> str:
     return f"{subnet}.10"
 
 
+def _runtime_env() -> dict:
+    """What travels with every job: the working tree (jobs/), the library as a py_module."""
+    return {"working_dir": str(REPO), "py_modules": [str(REPO / "platform" / "hardpos")],
+            "excludes": [".git", ".venv*", "outputs", "*.db", "mlartifacts", "docs", "tests"]}
+
+
 def submit(stage: str, args: list[str], head: str, log: Path) -> tuple[bool, float, str]:
     """``ray job submit`` of ``python jobs/<stage>.py ARGS``, its output in ``log`` -> (ok,
     seconds, the output's tail)."""
     refuse_local_paths(args)
-    runtime_env = {"py_modules": ["platform/hardpos"],
-                   "excludes": [".git", ".venv*", "outputs", "*.db", "mlartifacts", "docs", "tests"]}
+    runtime_env = _runtime_env()
     cmd = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", f"http://{head}:8265",
            "--working-dir", str(REPO), "--runtime-env-json", json.dumps(runtime_env), "--",
            "python", f"jobs/{stage}.py", *args]
@@ -152,18 +157,19 @@ def pipeline(stub_url: str) -> list[tuple[str, str, list[str]]]:
 
 
 # --------------------------------------------------------------------------- Serve on the cluster
-def serve_config(head: str) -> dict:
+def serve_config(head: str, replicas: int = 1) -> dict:
     """serve/config.yaml for this cluster: the registered champion, the proxy on every host's
-    own address, the replica placed on a worker host (``worker_host``), no registry polling."""
+    own address, ``replicas`` replicas placed on worker hosts (each needs one ``worker_host``,
+    so at most one a host), no registry polling."""
     cfg = yaml.safe_load((REPO / "serve" / "config.yaml").read_text())
     cfg["http_options"]["host"] = "0.0.0.0"  # inside the hosts: reachable on the bridge only
     args = cfg["applications"][0]["args"]
     args.update(model=f"models:/{MODEL_NAME}@champion", arch="hardpos-tiny", reload_poll_s=0, access_log=False)
-    args["model_deployment"].update(num_cpus=1, resources={"worker_host": 1})
+    args["model_deployment"].update(num_cpus=1, num_replicas=replicas, resources={"worker_host": 1})
     return cfg
 
 
-def _ray_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def _serve_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([str(Path(sys.executable).parent / "serve"), *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
 
@@ -186,38 +192,206 @@ def replica_hosts(head: str) -> list[str]:
     return sorted(ips.get(a.node_id, "?") for a in actors if a.class_name.startswith("ServeReplica:hardpos:"))
 
 
-def serve_step(head: str, out: Path, timeout_s: float = 900) -> tuple[bool, float, str]:
-    """``serve deploy`` the champion to the cluster, wait until it answers on the head's proxy,
-    score one image over HTTP from outside, check the replica runs on a worker host, then
-    ``serve shutdown``. -> (ok, seconds, what happened)."""
+def serve_step(head: str, out: Path, timeout_s: float = 900) -> tuple[bool, float, str, dict | None]:
+    """``serve deploy`` the champion to the cluster with 2 replicas (one per worker host: each
+    needs the host's one ``worker_host``), wait until it answers on the head's proxy, score one
+    image over HTTP from outside, check where the replicas run, then measure the requests lost
+    while one replica's host is cut (:func:`serve_under_a_host_cut`), then ``serve shutdown``.
+    -> (ok, seconds, what happened, the cut's figures or None)."""
     started = time.monotonic()
     path = out / "serve.yaml"
-    path.write_text(yaml.safe_dump(serve_config(head), sort_keys=False))
-    res = _ray_cli("deploy", str(path), "--address", f"http://{head}:8265")
+    path.write_text(yaml.safe_dump(serve_config(head, replicas=2), sort_keys=False))
+    res = _serve_cli("deploy", str(path), "--address", f"http://{head}:8265")
     if res.returncode != 0:
-        return False, time.monotonic() - started, f"serve deploy failed: {res.stderr[-800:]}"
+        return False, time.monotonic() - started, f"serve deploy failed: {res.stderr[-800:]}", None
     url = f"http://{head}:8000"
+    workers = {f"{head.rsplit('.', 1)[0]}.{i}" for i in (11, 12)}
     deadline = time.monotonic() + timeout_s
     try:
         while True:
             try:
-                if requests.get(f"{url}/healthz", timeout=10).status_code == 200:
+                if requests.get(f"{url}/healthz", timeout=10).status_code == 200 and \
+                        replica_hosts(head) == sorted(workers):
                     break
             except requests.RequestException:
                 pass
             if time.monotonic() > deadline:
-                return False, time.monotonic() - started, f"no healthy replica after {timeout_s:g} s"
+                return False, time.monotonic() - started, f"2 healthy replicas not up after {timeout_s:g} s", None
             time.sleep(3)
         reply = requests.post(f"{url}/v1/score", timeout=60,
                               json={"image_b64": _image_b64(), "captions": ["a red square", "a blue circle"]})
         hosts = replica_hosts(head)
-        workers = {f"{head.rsplit('.', 1)[0]}.{i}" for i in (11, 12)}
         scores = reply.json().get("scores") if reply.ok else None
-        good = reply.status_code == 200 and isinstance(scores, list) and len(scores) == 2 \
-            and bool(hosts) and set(hosts) <= workers
-        return good, time.monotonic() - started, f"POST /v1/score -> {reply.status_code} {scores}; replica on {hosts}"
+        good = reply.status_code == 200 and isinstance(scores, list) and len(scores) == 2 and hosts == sorted(workers)
+        what = f"POST /v1/score -> {reply.status_code} {scores}; replicas on {hosts}"
+        seconds = time.monotonic() - started
+        cut = serve_under_a_host_cut(head) if good else None
+        return good, seconds, what, cut
     finally:
-        _ray_cli("shutdown", "-y", "--address", f"http://{head}:8265")
+        _serve_cli("shutdown", "-y", "--address", f"http://{head}:8265")
+
+
+# --------------------------------------------------------------------------- faults
+FAULT_EXPERIMENT = "hardpos-cluster-faults"
+#: (fault, the training step at or after which it is injected, its cluster.sh command)
+TRAIN_FAULTS = (("raylet-kill", 6, ("kill-raylet", "w2")), ("link-down-30s", 16, ("link-down", "w2")),
+                ("postgres-restart", 26, ("restart-postgres",)))
+FAULT_STEPS = 36
+
+
+def cluster_sh(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``infra/cluster/cluster.sh ARGS`` (root; acts on this cluster's hosts only)."""
+    return subprocess.run(["bash", str(REPO / "infra" / "cluster" / "cluster.sh"), *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def step_accounting(steps: list[int], expected: int) -> tuple[int, int]:
+    """(steps lost, steps duplicated) of a metric history's step numbers against 1..expected."""
+    return len(set(range(1, expected + 1)) - set(steps)), len(steps) - len(set(steps))
+
+
+def _mlflow(head: str):
+    from mlflow.tracking import MlflowClient  # lazy: only the fault checks read MLflow from outside
+
+    return MlflowClient(f"http://{head}:5000")
+
+
+def _latest_run_step(client, experiment: str, metric: str = "loss/total") -> tuple[str | None, int]:
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None, 0
+    runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"], max_results=1)
+    if not runs:
+        return None, 0
+    history = client.get_metric_history(runs[0].info.run_id, metric)
+    return runs[0].info.run_id, max((m.step for m in history), default=0)
+
+
+def _heal(head: str, host: str, log: list[str], timeout_s: float = 180) -> None:
+    """After a fault on ``host``: when its raylet is gone (killed, or exited because the head
+    declared the node dead while its link was down), start a new node there, as a node
+    supervisor would; then wait for 3 live nodes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        res = cluster_sh("fault", "restart-node", host)
+        if res.returncode == 0:
+            log.append(f"{host}: Ray node restarted")
+            break
+        if "still running" not in res.stderr:
+            raise RuntimeError(f"cluster: restarting {host}'s node failed: {res.stderr[-500:]}")
+        if _nodes_alive(head) >= 3:  # the raylet survived (a short cut): nothing to heal
+            log.append(f"{host}: Ray node kept running")
+            return
+        time.sleep(5)
+    while _nodes_alive(head) < 3:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"cluster: {host}'s node did not rejoin within {timeout_s:g} s")
+        time.sleep(2)
+
+
+def _nodes_alive(head: str) -> int:
+    """Live Ray nodes, asked from outside (-1 when the head's dashboard does not answer)."""
+    from ray.util.state import list_nodes  # lazy: Ray's state client
+
+    try:
+        return len(list_nodes(address=f"http://{head}:8265", filters=[("state", "=", "ALIVE")]))
+    except Exception:  # noqa: BLE001 - the head's dashboard can be slow while a node dies
+        return -1
+
+
+def train_with_faults(head: str, out: Path, timeout_s: float = 2400) -> dict:
+    """One training job (2 workers on w1 and w2, checkpoints on S3 every 2 steps) with the
+    three training faults injected at fixed steps: w2's raylet SIGKILLed, w2's link down for
+    30 s, PostgreSQL restarted. Then MLflow's loss history is checked for steps lost and
+    duplicated. -> {faults: [...], steps_lost, steps_duplicated, ok, seconds}."""
+    from ray.job_submission import JobStatus, JobSubmissionClient  # lazy: the SDK only for this step
+
+    client = JobSubmissionClient(f"http://{head}:8265")
+    mlflow = _mlflow(head)
+    args = [*_flat({**_train_args(), "max_steps": FAULT_STEPS, "epochs": 40}), "log_every=1",
+            "fault.max_failures=6", f"output_dir={RUNS}/train-faults", f"tracking.experiment={FAULT_EXPERIMENT}",
+            "tracking.request_timeout_s=30", "tracking.drain_timeout_s=300"]
+    refuse_local_paths(args)
+    started = time.monotonic()
+    job = client.submit_job(entrypoint=shlex.join(["python", "jobs/train.py", *args]),
+                            runtime_env=_runtime_env(), metadata={"step": "train-faults"})
+    faults, log, pending = [], [], list(TRAIN_FAULTS)
+    status = None
+    while time.monotonic() - started < timeout_s:
+        status = client.get_job_status(job)
+        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            break
+        try:
+            run_id, step = _latest_run_step(mlflow, FAULT_EXPERIMENT)
+        except Exception:  # noqa: BLE001 - MLflow is down while PostgreSQL restarts
+            run_id, step = None, 0
+        if pending and run_id and step >= pending[0][1]:
+            name, at, command = pending.pop(0)
+            t0 = time.monotonic()
+            res = cluster_sh("fault", *command)
+            if name == "link-down-30s":
+                time.sleep(30)
+                res = cluster_sh("fault", "link-up", "w2")
+            if name in ("raylet-kill", "link-down-30s"):
+                _heal(head, "w2", log)
+            faults.append({"fault": name, "injected_at_step": step, "rc": res.returncode,
+                           "seconds_to_heal": round(time.monotonic() - t0, 1)})
+            print(f"cluster: fault {name} at step {step}: {res.stderr.strip().splitlines()[-1:]}", flush=True)
+        time.sleep(2)
+    (out / "train-faults.log").write_text(client.get_job_logs(job))
+    run_id, _ = _latest_run_step(mlflow, FAULT_EXPERIMENT)
+    steps = [m.step for m in mlflow.get_metric_history(run_id, "loss/total")] if run_id else []
+    lost, duplicated = step_accounting(steps, FAULT_STEPS)
+    ok = status == JobStatus.SUCCEEDED and not pending
+    for f in faults:
+        f["survived"] = ok and lost == 0 and duplicated == 0
+    return {"ok": ok, "status": str(status), "seconds": round(time.monotonic() - started, 1), "faults": faults,
+            "steps_lost": lost, "steps_duplicated": duplicated, "run_id": run_id, "heal": log}
+
+
+def serve_under_a_host_cut(head: str, clients: int = 4, before_s: float = 15, cut_s: float = 30,
+                           after_s: float = 60) -> dict:
+    """Score over HTTP from outside with ``clients`` closed-loop clients while w2 (one of the
+    two replicas' hosts) loses its link for ``cut_s`` seconds. -> requests, failed (5xx, no
+    answer), the first and last failure after the cut, and ``recovered``: no failure in the
+    load's last 20 s."""
+    import concurrent.futures
+
+    url = f"http://{head}:8000/v1/score"
+    body = {"image_b64": _image_b64(), "captions": ["a red square", "a blue circle"]}
+    t_start = time.monotonic()
+    stop_at = t_start + before_s + cut_s + after_s
+    records: list[tuple[float, int]] = []  # (seconds since start, status; 0 = no answer)
+
+    def client_loop() -> None:
+        while time.monotonic() < stop_at:
+            t = time.monotonic()
+            try:
+                status = requests.post(url, json=body, timeout=30).status_code
+            except requests.RequestException:
+                status = 0
+            records.append((t - t_start, status))
+
+    log: list[str] = []
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        futures = [pool.submit(client_loop) for _ in range(clients)]
+        time.sleep(before_s)
+        cut_at = time.monotonic() - t_start
+        cluster_sh("fault", "link-down", "w2")
+        time.sleep(cut_s)
+        cluster_sh("fault", "link-up", "w2")
+        _heal(head, "w2", log)
+        for f in futures:
+            f.result()
+    failed = [(t, s) for t, s in records if s != 200]
+    ends_after_cut = before_s + cut_s + after_s - cut_at
+    last = max((t for t, _ in failed), default=None)
+    return {"recovered": bool(records) and (last is None or last - cut_at < ends_after_cut - 20),
+            "load_ends_after_cut_s": round(ends_after_cut, 1), "requests": len(records), "failed": len(failed), "5xx": sum(1 for _, s in failed if s >= 500),
+            "no_answer": sum(1 for _, s in failed if s == 0), "cut_at_s": round(cut_at, 1), "cut_s": cut_s,
+            "first_failure_after_cut_s": round(min(t for t, _ in failed) - cut_at, 1) if failed else None,
+            "last_failure_after_cut_s": round(last - cut_at, 1) if last is not None else None,
+            "statuses": sorted({s for _, s in records}), "heal": log}
 
 
 class StubOnWorker:
@@ -268,11 +442,20 @@ def main(argv: list[str]) -> int:
     # A cold MLflow server's first answer can take longer than a job's 2 s pre-flight probe.
     requests.post(f"http://{head}:5000/api/2.0/mlflow/experiments/search", json={"max_results": 1}, timeout=120)
     results, ok = [], 0
+    faults: list[dict] = []
+    train_faults: dict = {}
+    cut: dict | None = None
     with StubOnWorker(subnet, out / "openai-stub.log") as stub:
-        for name, stage, args in [*pipeline(stub.url), ("serve", "serve", None)]:
-            if args is None:
-                good, seconds, tail = serve_step(head, out)
+        for name, stage, args in [*pipeline(stub.url), ("train-faults", "train", None), ("serve", "serve", None)]:
+            if name == "train-faults":
+                train_faults = train_with_faults(head, out)
+                good, seconds, tail = train_faults["ok"], train_faults["seconds"], json.dumps(train_faults)
+                faults += train_faults["faults"]
+            elif name == "serve":
+                good, seconds, tail, cut = serve_step(head, out)
                 print(f"cluster: serve: {tail}", flush=True)
+                if cut is not None:  # survived: no failed request in the load's last 20 s
+                    faults.append({"fault": "serve-host-cut-30s", "survived": cut["recovered"], **cut})
             else:
                 good, seconds, tail = submit(stage, args, head, out / f"{name}.log")
             results.append({"step": name, "ok": good, "seconds": round(seconds, 1)})
@@ -281,10 +464,15 @@ def main(argv: list[str]) -> int:
                 print(tail, file=sys.stderr)
                 break
             ok += 1
-    summary = {"stages": results, "local_path_refusal": refused, "faults": "not run"}
+    survived = sum(1 for f in faults if f.get("survived"))
+    lost, duplicated = train_faults.get("steps_lost", 0), train_faults.get("steps_duplicated", 0)
+    failed = cut["failed"] if cut else 0
+    summary = {"steps": results, "local_path_refusal": refused, "faults": faults, "train_faults": train_faults,
+               "serve_cut": cut}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"cluster: {ok} stages ok, faults survived 0/0, steps lost 0, duplicated 0, requests failed 0")
-    return 0 if ok == len(results) and results else 1
+    print(f"cluster: {ok} stages ok, faults survived {survived}/4, steps lost {lost}, duplicated {duplicated}, "
+          f"requests failed {failed}")
+    return 0 if ok == len(results) and results and survived == 4 else 1
 
 
 if __name__ == "__main__":

@@ -59,3 +59,27 @@ def test_signs_needs_two_seeds(tmp_path):
     with pytest.raises(ValueError, match="at least 2"):
         signs(SignsConfig(results=str(results)))
     assert main(["nope"]) == 2
+
+
+def test_pair_compares_two_measurements_seed_by_seed(tmp_path, capsys):
+    from benchmarks.calibrate import PAIR_COLUMNS, PairConfig, pair
+
+    full = _per_seed(5)
+    lora = json.loads(json.dumps(full))
+    for i, row in enumerate(lora):  # LoRA: +2 points of REPLACE orig on hn-only in every seed (+- 0.1)
+        row["hn-only"]["replace/orig_acc"] += 0.02 + 0.001 * (i % 2)
+    a, b = tmp_path / "full.json", tmp_path / "lora.json"
+    a.write_text(json.dumps({"seeds": [0, 1, 2, 3, 4], "per_seed": full}))
+    b.write_text(json.dumps({"seeds": [0, 1, 2], "per_seed": lora[:3]}))  # only the common seeds count
+    out = pair(PairConfig(a=str(a), b=str(b), a_name="full", b_name="LoRA", output=str(tmp_path / "p.md")))
+    rows = {(r["model"], r["column"]): r for r in out["rows"]}
+    assert {m for m, _ in rows} == {"captions-only", "hn-only", "hp+hn"} and len(rows) == 3 * len(PAIR_COLUMNS)
+    moved = rows[("hn-only", "replace/orig_acc")]
+    assert moved["seeds"] == [0, 1, 2] and moved["differs"] and moved["diff_mean"] == pytest.approx(2.0 + 0.1 / 3)
+    assert moved["p"] == pytest.approx(2 * t_sf(moved["diff_mean"] / (moved["diff_std"] / 3 ** 0.5), 2))
+    same = rows[("hp+hn", "swap/aug_acc")]
+    assert not same["differs"] and same["p"] == 1.0 and same["diff_mean"] == 0
+    assert "18 tests at alpha 0.05: 1 differ; about 0.9 would by chance alone." in (tmp_path / "p.md").read_text()
+    b.write_text(json.dumps({"seeds": [7], "per_seed": lora[:1]}))
+    with pytest.raises(ValueError, match="0 common seed"):
+        pair(PairConfig(a=str(a), b=str(b)))

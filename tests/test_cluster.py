@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cluster import LocalPathError, pipeline, refuse_local_paths, serve_config
+from benchmarks.cluster import LocalPathError, pipeline, refuse_local_paths, serve_config, step_accounting
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "infra" / "cluster" / "cluster.sh"
@@ -54,11 +54,18 @@ def test_the_cluster_serve_config_places_the_replica_on_a_worker_host():
 
     from hardpos.serve.config import load_app_config
 
-    cfg = serve_config("10.213.77.10")
+    cfg = serve_config("10.213.77.10", replicas=2)
     ServeDeploySchema.model_validate(cfg)
     app = load_app_config(cfg["applications"][0]["args"])
     assert app.model == "models:/hardpos-cluster@champion" and app.model_deployment.resources == {"worker_host": 1}
+    assert app.model_deployment.num_replicas == 2  # one a worker host: each host has one worker_host
     assert cfg["http_options"]["host"] == "0.0.0.0"
+
+
+def test_step_accounting_counts_steps_lost_and_duplicated():
+    assert step_accounting([1, 2, 3, 4], 4) == (0, 0)
+    assert step_accounting([1, 2, 2, 3, 5, 5, 5], 5) == (1, 3)  # 4 lost; 2 once and 5 twice again
+    assert step_accounting([], 3) == (3, 0)
 
 
 def test_the_openai_stub_binds_the_address_it_is_given():

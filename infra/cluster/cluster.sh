@@ -15,7 +15,7 @@
 # shared. Everything lives under $STATE (/run/<name>), removed by `down`, which then checks
 # that no namespace, link, process or mount of the cluster is left.
 #
-# usage: infra/cluster/cluster.sh up|down|status|check-clean|env|exec HOST CMD...
+# usage: infra/cluster/cluster.sh up|down|status|check-clean|env|exec HOST CMD...|fault WHAT [HOST]
 set -euo pipefail
 
 NAME="${HARDPOS_CLUSTER_NAME:-hpc}"
@@ -142,14 +142,51 @@ for b in ('hardpos', 'mlflow'): s3.create_bucket(Bucket=b)"
   on head "$(dirname "$PY")/ray" start --head --node-ip-address "$HEAD" --port 6379 --num-cpus 0 \
     --dashboard-host 0.0.0.0 --dashboard-port 8265 --ray-client-server-port 10001 --temp-dir /tmp/ray \
     --disable-usage-stats > "${STATE}/ray-head.out" 2>&1
-  for w in w1 w2; do
-    on "$w" "$(dirname "$PY")/ray" start --address "${HEAD}:6379" --node-ip-address "${ADDR[$w]}" --num-cpus 2 \
-      --resources "{\"host_${w}\": 1, \"worker_host\": 1}" --temp-dir /tmp/ray --disable-usage-stats > "${STATE}/ray-${w}.out" 2>&1
-  done
+  for w in w1 w2; do worker_start "$w"; done
   wait_for 300 "MLflow" "$PY" -c "import urllib.request; urllib.request.urlopen('http://${HEAD}:5000/health', timeout=3)"
   wait_for 120 "Ray (3 nodes)" nodes_alive 3
   trap - ERR
   say "up: Ray http://${HEAD}:8265 (3 nodes), MLflow http://${HEAD}:5000 on PostgreSQL, S3 http://${HEAD}:9000"
+}
+
+# A worker host's Ray node (again, after a fault: a new node on the same host and resources).
+worker_start() {
+  local w="$1"
+  on "$w" "$(dirname "$PY")/ray" start --address "${HEAD}:6379" --node-ip-address "${ADDR[$w]}" --num-cpus 2 \
+    --resources "{\"host_${w}\": 1, \"worker_host\": 1}" --temp-dir /tmp/ray --disable-usage-stats >> "${STATE}/ray-${w}.out" 2>&1
+}
+
+# PIDs of the processes in a host whose command name is $2 (e.g. raylet, postgres).
+host_pids() {
+  local p
+  for p in $(ip netns pids "$(ns "$1")" 2> /dev/null); do
+    [[ "$(cat "/proc/${p}/comm" 2> /dev/null)" == "$2" ]] && echo "$p"
+  done
+  return 0
+}
+
+# Faults for `make cluster-test`; each acts on one host of this cluster only.
+fault() {
+  local what="${1:-}" host="${2:-}"
+  case "$what" in
+    kill-raylet)  # SIGKILL the host's raylet: the node dies as on a crashed machine
+      local pids; pids="$(host_pids "$host" raylet)"
+      [[ -n "$pids" ]] || die "no raylet on ${host}"
+      kill -KILL $pids; say "killed ${host}'s raylet (${pids//$'\n'/ })" ;;
+    link-down|link-up)  # the host's cable: its veth on the bridge
+      ip link set "$(ns "$host")-v" "${what#link-}"; say "${host}'s link ${what#link-}" ;;
+    restart-node)  # a new Ray node on the host (what a node supervisor does after a crash)
+      local pids; pids="$(host_pids "$host" raylet)"
+      [[ -z "$pids" ]] || die "${host}'s raylet is still running (${pids//$'\n'/ })"
+      worker_start "$host"; say "${host}'s Ray node restarted" ;;
+    restart-postgres)  # a fast shutdown (open connections cut), then a start on the same data
+      on head runuser -u postgres -- "${PG_BIN}/pg_ctl" -D /tmp/pg/data -m fast -w -t 60 stop > /dev/null
+      on_bg head postgres runuser -u postgres -- "${PG_BIN}/postgres" -D /tmp/pg/data -p 5432 \
+        -c "listen_addresses=127.0.0.1,${HEAD}" -k /tmp/pg -c fsync=off
+      wait_for 120 "PostgreSQL" on head "$PY" -c "import psycopg; psycopg.connect('host=127.0.0.1 user=mlflow password=${PG_PASSWORD} dbname=postgres', connect_timeout=2).close()"
+      say "PostgreSQL restarted" ;;
+    *) die "fault: kill-raylet HOST | link-down HOST | link-up HOST | restart-node HOST | restart-postgres" ;;
+  esac
 }
 
 nodes_alive() {  # nodes_alive N: N Ray nodes alive, asked from outside (GCS on the bridge)
@@ -223,5 +260,6 @@ case "${1:-}" in
   check-clean) check_clean ;;
   env) printf 'export RAY_ADDRESS=http://%s:8265 MLFLOW_TRACKING_URI=http://%s:5000 HARDPOS_S3_ENDPOINT_URL=http://%s:9000 RAY_AUTH_MODE=disabled\n' "$HEAD" "$HEAD" "$HEAD" ;;
   exec) shift; host="$1"; shift; on "$host" "$@" ;;
-  *) echo "usage: $0 up|down|status|check-clean|env|exec HOST CMD..." >&2; exit 2 ;;
+  fault) shift; [[ -e "$STATE" ]] || die "the cluster is not up"; preflight; fault "$@" ;;
+  *) echo "usage: $0 up|down|status|check-clean|env|exec HOST CMD...|fault WHAT [HOST]" >&2; exit 2 ;;
 esac
