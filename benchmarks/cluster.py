@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import base64
+import concurrent.futures
 import io
 
 import requests
@@ -355,8 +356,6 @@ def serve_under_a_host_cut(head: str, clients: int = 4, before_s: float = 15, cu
     two replicas' hosts) loses its link for ``cut_s`` seconds. -> requests, failed (5xx, no
     answer), the first and last failure after the cut, and ``recovered``: no failure in the
     load's last 20 s."""
-    import concurrent.futures
-
     url = f"http://{head}:8000/v1/score"
     body = {"image_b64": _image_b64(), "captions": ["a red square", "a blue circle"]}
     t_start = time.monotonic()

