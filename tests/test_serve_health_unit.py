@@ -148,7 +148,7 @@ def test_the_direct_target_is_the_default_app_on_a_cluster_the_run_starts(monkey
     assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in os.environ  # nothing set for a cluster it refused
 
 
-def test_the_haproxy_target_runs_alone_in_a_loopback_only_namespace(tmp_path, monkeypatch):
+def test_the_haproxy_target_runs_alone_in_a_loopback_only_namespace(monkeypatch):
     """HAProxy replaces Serve's proxy cluster-wide and binds fixed stats/metrics ports on every
     interface: it runs with ``plain`` only, and only where loopback is the one interface."""
     from benchmarks.load_client import LoadgenConfig
@@ -159,10 +159,7 @@ def test_the_haproxy_target_runs_alone_in_a_loopback_only_namespace(tmp_path, mo
         _check_targets(LoadgenConfig(targets=["batched", "haproxy", "plain"]))
     apps = _serve_apps(LoadgenConfig(targets=["haproxy"]), "random", ["haproxy"])
     assert apps["haproxy"] == _serve_apps(LoadgenConfig(targets=["batched"]), "random", ["batched"])["batched"]
-    (tmp_path / "lo").mkdir()
-    assert only_loopback_interfaces(str(tmp_path))
-    (tmp_path / "eth0").mkdir()
-    assert not only_loopback_interfaces(str(tmp_path))
+    assert only_loopback_interfaces(["lo"]) and not only_loopback_interfaces(["lo", "eth0"])
     if not only_loopback_interfaces():  # this machine's own namespace: refused before Ray starts
         monkeypatch.delenv("RAY_SERVE_ENABLE_HA_PROXY", raising=False)
         with pytest.raises(ValueError, match="loopback-only network namespace"):
