@@ -235,9 +235,10 @@ def serve_step(head: str, out: Path, timeout_s: float = 900) -> tuple[bool, floa
 # --------------------------------------------------------------------------- faults
 FAULT_EXPERIMENT = "hardpos-cluster-faults"
 #: (fault, the training step at or after which it is injected, its cluster.sh command)
-TRAIN_FAULTS = (("raylet-kill", 6, ("kill-raylet", "w2")), ("link-down-30s", 16, ("link-down", "w2")),
-                ("postgres-restart", 26, ("restart-postgres",)))
-FAULT_STEPS = 36
+TRAIN_FAULTS = (("raylet-kill", 30, ("kill-raylet", "w2")), ("link-down-30s", 100, ("link-down", "w2")),
+                ("postgres-restart", 170, ("restart-postgres",)))
+#: long enough that every fault lands mid-training (hardpos-tiny at batch 8 runs several steps a second)
+FAULT_STEPS = 240
 
 
 def cluster_sh(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -301,7 +302,7 @@ def _nodes_alive(head: str) -> int:
 
 
 def train_with_faults(head: str, out: Path, timeout_s: float = 2400) -> dict:
-    """One training job (2 workers on w1 and w2, checkpoints on S3 every 2 steps) with the
+    """One training job (2 workers on w1 and w2, checkpoints on S3 every 10 steps) with the
     three training faults injected at fixed steps: w2's raylet SIGKILLed, w2's link down for
     30 s, PostgreSQL restarted. Then MLflow's loss history is checked for steps lost and
     duplicated. -> {faults: [...], steps_lost, steps_duplicated, ok, seconds}."""
@@ -309,7 +310,8 @@ def train_with_faults(head: str, out: Path, timeout_s: float = 2400) -> dict:
 
     client = JobSubmissionClient(f"http://{head}:8265")
     mlflow = _mlflow(head)
-    args = [*_flat({**_train_args(), "max_steps": FAULT_STEPS, "epochs": 40}), "log_every=1",
+    args = [*_flat({**_train_args(), "max_steps": FAULT_STEPS, "epochs": 400, "checkpoint.every_steps": 10}),
+            "log_every=1",
             "fault.max_failures=6", f"output_dir={RUNS}/train-faults", f"tracking.experiment={FAULT_EXPERIMENT}",
             "tracking.request_timeout_s=30", "tracking.drain_timeout_s=300"]
     refuse_local_paths(args)
