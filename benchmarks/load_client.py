@@ -49,7 +49,8 @@ class LoadgenConfig:
         replica's own HTTP port, no proxy hop: Ray Serve's direct ingress, which this run then
         turns on for the local Ray cluster it starts), ``haproxy`` (the default app behind Ray
         Serve's HAProxy ingress in place of its Python proxy: a cluster-wide mode, so only with
-        ``plain``, in a loopback-only network namespace) and ``plain`` (the same model, validation
+        ``plain``, in a loopback-only network namespace), ``haproxy_scaled`` (the same with 2
+        replicas) and ``plain`` (the same model, validation
         and scoring in one FastAPI + uvicorn process, :mod:`benchmarks.plain_server`: the peer).
     path: the route to load (``/v1/score``).
     concurrency: closed-loop client counts, one level each.

@@ -59,8 +59,11 @@ from tests.support import free_port
 # direct: the default app addressed on its replica's own HTTP port (Ray Serve's direct ingress,
 # no proxy hop), which needs the run's local Ray cluster started with direct ingress on;
 # haproxy: the default app behind Ray Serve's HAProxy ingress (HAProxy in place of the Python
-# proxy, forwarding to the replica's own port), a cluster-wide mode of its own run.
-SERVE_TARGETS = ("batched", "unbatched", "colocated", "two_deployments", "scaled", "direct", "haproxy")
+# proxy, forwarding to the replica's own port), a cluster-wide mode of its own run;
+# haproxy_scaled: the same with 2 replicas (HAProxy balances between their ports).
+SERVE_TARGETS = ("batched", "unbatched", "colocated", "two_deployments", "scaled", "direct", "haproxy",
+                 "haproxy_scaled")
+HAPROXY_TARGETS = ("haproxy", "haproxy_scaled")
 #: what a run with the ``direct`` target sets before it starts its local Ray cluster: the
 #: controller and replicas read these at start; the draining period would hold every shutdown 30 s
 DIRECT_INGRESS_ENV = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"}
@@ -86,9 +89,10 @@ def _check_targets(cfg: LoadgenConfig) -> list[str]:
     unknown = [t for t in targets if t not in ALL_TARGETS]
     if unknown or not targets or len(set(targets)) != len(targets):
         raise ValueError(f"loadgen: targets must be distinct names from {list(ALL_TARGETS)}, got {targets}")
-    if "haproxy" in targets and len([t for t in targets if t in SERVE_TARGETS]) > 1:
-        raise ValueError("loadgen: the haproxy target replaces Serve's proxy for every app of its cluster: "
-                         f"run it with plain only (targets=[haproxy,plain]), got {targets}")
+    if any(t in HAPROXY_TARGETS for t in targets) and any(t in SERVE_TARGETS and t not in HAPROXY_TARGETS
+                                                          for t in targets):
+        raise ValueError("loadgen: the haproxy targets replace Serve's proxy for every app of their cluster: "
+                         f"run them with plain only (targets=[haproxy,haproxy_scaled,plain]), got {targets}")
     return targets
 
 
@@ -115,7 +119,7 @@ def start_haproxy_cluster() -> None:
 
 
 def _replicas(target: str) -> int:
-    return 2 if target == "scaled" else 1
+    return 2 if target in ("scaled", "haproxy_scaled") else 1
 
 
 def _check_cluster(cfg: LoadgenConfig, targets: list[str]) -> None:
@@ -157,7 +161,8 @@ def _serve_apps(cfg: LoadgenConfig, source: str, targets: list[str]) -> dict[str
             "colocated": {**base, "batching": batched, "colocate_model": True},
             "two_deployments": {**base, "batching": batched, "colocate_model": False},
             "scaled": {**base, "batching": batched, "model_deployment": scaled},
-            "direct": {**base, "batching": batched}, "haproxy": {**base, "batching": batched}}
+            "direct": {**base, "batching": batched}, "haproxy": {**base, "batching": batched},
+            "haproxy_scaled": {**base, "batching": batched, "model_deployment": scaled}}
     return {t: apps[t] for t in targets if t in SERVE_TARGETS}
 
 
@@ -315,7 +320,7 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
     serve_targets = [t for t in targets if t in SERVE_TARGETS]
     if "direct" in serve_targets:
         start_direct_ingress_cluster()
-    if "haproxy" in serve_targets:
+    if any(t in HAPROXY_TARGETS for t in serve_targets):
         start_haproxy_cluster()
     if serve_targets:
         runtime.init_ray()
@@ -336,8 +341,9 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
                 urls[t] = f"http://127.0.0.1:{port}/{t}"
             if "direct" in apps:
                 urls["direct"] = direct_ingress_url(names["direct"], "/direct")
-            if "haproxy" in apps:
-                wait_until_healthy(urls["haproxy"])
+            for t in HAPROXY_TARGETS:
+                if t in apps:
+                    wait_until_healthy(urls[t])
         niceness = {"loadgen": os.nice(0)}
         if serve_targets:
             niceness["ray_workers"] = ray_worker_niceness()

@@ -154,11 +154,13 @@ def test_the_haproxy_target_runs_alone_in_a_loopback_only_namespace(monkeypatch)
     from benchmarks.load_client import LoadgenConfig
     from benchmarks.serve_compare import _check_targets, _serve_apps, only_loopback_interfaces, start_haproxy_cluster
 
-    assert _check_targets(LoadgenConfig(targets=["haproxy", "plain"])) == ["haproxy", "plain"]
-    with pytest.raises(ValueError, match="run it with plain only"):
+    assert _check_targets(LoadgenConfig(targets=["haproxy", "haproxy_scaled", "plain"]))[:2] == ["haproxy",
+                                                                                                "haproxy_scaled"]
+    with pytest.raises(ValueError, match="run them with plain only"):
         _check_targets(LoadgenConfig(targets=["batched", "haproxy", "plain"]))
-    apps = _serve_apps(LoadgenConfig(targets=["haproxy"]), "random", ["haproxy"])
-    assert apps["haproxy"] == _serve_apps(LoadgenConfig(targets=["batched"]), "random", ["batched"])["batched"]
+    apps = _serve_apps(LoadgenConfig(targets=["haproxy"]), "random", ["haproxy", "haproxy_scaled"])
+    proxied = _serve_apps(LoadgenConfig(targets=["batched"]), "random", ["batched", "scaled"])
+    assert (apps["haproxy"], apps["haproxy_scaled"]) == (proxied["batched"], proxied["scaled"])
     assert only_loopback_interfaces(["lo"]) and not only_loopback_interfaces(["lo", "eth0"])
     if not only_loopback_interfaces():  # this machine's own namespace: refused before Ray starts
         monkeypatch.delenv("RAY_SERVE_ENABLE_HA_PROXY", raising=False)
