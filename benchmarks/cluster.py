@@ -273,17 +273,21 @@ def _heal(head: str, host: str, log: list[str], timeout_s: float = 180) -> None:
     """After a fault on ``host``: when its raylet is gone (killed, or exited because the head
     declared the node dead while its link was down), start a new node there, as a node
     supervisor would; then wait for 3 live nodes."""
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
     while time.monotonic() < deadline:
         res = cluster_sh("fault", "restart-node", host)
         if res.returncode == 0:
-            log.append(f"{host}: Ray node restarted")
+            log.append(f"{host}: Ray node restarted after {time.monotonic() - started:.0f} s")
             break
         if "still running" not in res.stderr:
             raise RuntimeError(f"cluster: restarting {host}'s node failed: {res.stderr[-500:]}")
         if _nodes_alive(head) >= 3:  # the raylet survived (a short cut): nothing to heal
             log.append(f"{host}: Ray node kept running")
             return
+        if time.monotonic() - started > 60:  # declared dead yet still running: what a supervisor kills
+            cluster_sh("fault", "kill-raylet", host)
+            log.append(f"{host}: raylet still running 60 s after its node was declared dead: killed")
         time.sleep(5)
     while _nodes_alive(head) < 3:
         if time.monotonic() > deadline:
