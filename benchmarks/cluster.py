@@ -272,7 +272,7 @@ def _latest_run_step(client, experiment: str, metric: str = "loss/total") -> tup
     return runs[0].info.run_id, max((m.step for m in history), default=0)
 
 
-def _heal(head: str, host: str, log: list[str], timeout_s: float = 180) -> None:
+def _heal(head: str, host: str, log: list[str], timeout_s: float = 420) -> None:
     """After a fault on ``host``: when its raylet is gone (killed, or exited because the head
     declared the node dead while its link was down), start a new node there, as a node
     supervisor would; then wait for 3 live nodes."""
@@ -293,8 +293,9 @@ def _heal(head: str, host: str, log: list[str], timeout_s: float = 180) -> None:
             log.append(f"{host}: raylet still running 60 s after its node was declared dead: killed")
         time.sleep(5)
     while _nodes_alive(head) < 3:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"cluster: {host}'s node did not rejoin within {timeout_s:g} s")
+        if time.monotonic() > deadline:  # recorded, not raised: the job's own outcome still counts
+            log.append(f"{host}: its node did not rejoin within {timeout_s:g} s")
+            return
         time.sleep(2)
 
 

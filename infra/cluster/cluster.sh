@@ -131,8 +131,10 @@ import boto3
 s3 = boto3.client('s3', endpoint_url='http://127.0.0.1:9000', region_name='us-east-1')
 for b in ('hardpos', 'mlflow'): s3.create_bucket(Bucket=b)"
 
-  # MLflow on PostgreSQL, artifacts proxied to S3 (clients need no S3 keys for MLflow).
-  on_bg head mlflow env MLFLOW_S3_ENDPOINT_URL=http://127.0.0.1:9000 \
+  # MLflow on PostgreSQL, artifacts proxied to S3 (clients need no S3 keys for MLflow). The
+  # S3 endpoint is the head's bridge address, not loopback: MLflow 3 clients download through
+  # presigned URLs the server signs for that endpoint, and a worker cannot reach the head's 127.0.0.1.
+  on_bg head mlflow env MLFLOW_S3_ENDPOINT_URL=http://${HEAD}:9000 \
     MLFLOW_SERVER_ALLOWED_HOSTS="${HEAD},${HEAD}:*,127.0.0.1,127.0.0.1:*,localhost,localhost:*" \
     "$(dirname "$PY")/mlflow" server \
     --backend-store-uri "postgresql+psycopg://mlflow:${PG_PASSWORD}@127.0.0.1:5432/mlflow" \
