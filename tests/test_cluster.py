@@ -71,13 +71,15 @@ def test_step_accounting_counts_steps_lost_and_duplicated():
 def test_the_openai_stub_binds_the_address_it_is_given():
     import requests
 
-    from tests.support.openai_stub import OpenAIStub
+    from tests.support.openai_stub import OpenAIStub, canned
 
+    assert canned("a man riding a bus", "replace", 0) == (200, "a guy riding a bus")  # a "good" caption
     with OpenAIStub(host="127.0.0.2") as stub:
         assert stub.url == f"http://127.0.0.2:{stub.port}/v1/chat/completions"
-        reply = requests.post(stub.url, json={"messages": [{"role": "user", "content": "Sentence: a man on a bus"}]},
-                              timeout=10)
-        assert reply.status_code in (200, 500, 503) and stub.requests == 1
+        reply = requests.post(stub.url, timeout=10,
+                              json={"messages": [{"role": "user", "content": "Sentence: a man riding a bus"}]})
+        assert (reply.status_code, stub.requests) == (200, 1)
+        assert reply.json()["choices"][0]["message"]["content"] == "a guy riding a bus"
 
 
 def test_script_and_make_targets():

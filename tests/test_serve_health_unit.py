@@ -168,3 +168,13 @@ def test_the_haproxy_target_runs_alone_in_a_loopback_only_namespace(monkeypatch)
             start_haproxy_cluster()
         import os
         assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
+
+
+def test_waiting_for_health_times_out_on_a_server_that_never_answers():
+    from benchmarks.serve_compare import healthy, wait_until_healthy
+    from tests.support import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    assert not healthy(url)
+    with pytest.raises(TimeoutError, match="healthz to answer 200"):
+        wait_until_healthy(url, timeout_s=0.5)
