@@ -51,6 +51,8 @@ MODEL_NAME = "hardpos-cluster"
 SWEEP_EXPERIMENT = "hardpos-cluster-sweep"
 #: The OpenAI-compatible stub's address: worker host w1 (``<subnet>.11``), this port.
 STUB_PORT = 8001
+#: The last byte of each worker host's address on the cluster's subnet (infra/cluster/cluster.sh).
+HOST_SUFFIX = {"w1": 11, "w2": 12}
 
 
 class LocalPathError(ValueError):
@@ -210,7 +212,7 @@ def serve_step(head: str, out: Path, timeout_s: float = 900) -> tuple[bool, floa
     if res.returncode != 0:
         return False, time.monotonic() - started, f"serve deploy failed: {res.stderr[-800:]}", None
     url = f"http://{head}:8000"
-    workers = {f"{head.rsplit('.', 1)[0]}.{i}" for i in (11, 12)}
+    workers = {f"{head.rsplit('.', 1)[0]}.{i}" for i in HOST_SUFFIX.values()}
     try:
         try:
             wait_for(lambda: healthy(url) and replica_hosts(head) == sorted(workers), timeout_s,
@@ -235,9 +237,11 @@ FAULT_EXPERIMENT = "hardpos-cluster-faults"
 #: (fault, the training step at or after which it is injected, its cluster.sh command)
 TRAIN_FAULTS = (("raylet-kill", 6, ("kill-raylet", "w2")), ("link-down-30s", 14, ("link-down", "w2")),
                 ("postgres-restart", 22, ("restart-postgres",)))
-#: The world's training set is 2 steps an epoch, and each epoch's end (validation, the S3
-#: checkpoint, the next pass over the data) takes tens of seconds: 15 epochs, every fault mid-run.
+#: 30 steps of 2 examples a worker: the world's training set is then about 10 steps an epoch,
+#: so the run is 3 epochs, not the 15 of the stages' batch of 8 (each epoch's end, validation
+#: and Ray Data's next pass, takes 10-20 s), and every fault still lands mid-epoch.
 FAULT_STEPS = 30
+FAULT_BATCH_SIZE = 2
 
 
 def cluster_sh(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -268,44 +272,73 @@ def _latest_run_step(client, experiment: str, metric: str = "loss/total") -> tup
     return runs[0].info.run_id, max((m.step for m in history), default=0)
 
 
+#: A host's node counts as healed once the head has seen it alive, its raylet running, this
+#: long without a break: longer than Ray's own node-death detection (health checks every 3 s,
+#: dead after 5 misses and a 10 s timeout), so a node that looks alive right after its link
+#: comes back, before the head declares it dead, is not taken for a survivor.
+HEAL_STABLE_S = 30.0
+#: A raylet still running this long after the head declared its node dead is stuck: killed,
+#: as a node supervisor would, so that a new node can start on the host.
+HEAL_STUCK_S = 60.0
+
+
+def heal_action(raylet_running: bool, alive_in_head: bool | None, alive_for_s: float, dead_for_s: float) -> str:
+    """What the node supervisor does next for one host: ``restart`` (no raylet: start a new
+    node), ``done`` (its node has been alive for :data:`HEAL_STABLE_S`), ``kill`` (its raylet
+    runs while the head has declared its node dead for :data:`HEAL_STUCK_S`) or ``wait``.
+    ``alive_in_head`` is None when the head's dashboard does not answer."""
+    if not raylet_running:
+        return "restart"
+    if alive_in_head and alive_for_s >= HEAL_STABLE_S:
+        return "done"
+    if alive_in_head is False and dead_for_s >= HEAL_STUCK_S:
+        return "kill"
+    return "wait"
+
+
 def _heal(head: str, host: str, log: list[str], timeout_s: float = 420) -> None:
-    """After a fault on ``host``: when its raylet is gone (killed, or exited because the head
-    declared the node dead while its link was down), start a new node there, as a node
-    supervisor would; then wait for 3 live nodes."""
+    """After a fault on ``host``, the node supervisor's part: start a new Ray node there when
+    its raylet is gone (killed, or exited once the head declared the node dead), kill one that
+    lingers after its node was declared dead, and return once the host's node has been alive
+    for :data:`HEAL_STABLE_S` (:func:`heal_action`). A node that does not come back within
+    ``timeout_s`` is recorded in ``log``, not raised: the job's own outcome still counts."""
+    ip = f"{head.rsplit('.', 1)[0]}.{HOST_SUFFIX[host]}"
     started = time.monotonic()
-    deadline = started + timeout_s
-    while time.monotonic() < deadline:
-        res = cluster_sh("fault", "restart-node", host)
-        if res.returncode == 0:
-            log.append(f"{host}: Ray node restarted after {time.monotonic() - started:.0f} s")
-            break
-        if "still running" not in res.stderr:
-            raise RuntimeError(f"cluster: restarting {host}'s node failed: {res.stderr[-500:]}")
-        if _nodes_alive(head) >= 3:  # the raylet survived (a short cut): nothing to heal
-            log.append(f"{host}: Ray node kept running")
+    alive_since = dead_since = None
+    while time.monotonic() - started < timeout_s:
+        now = time.monotonic()
+        alive = _host_alive(head, ip)
+        alive_since = (alive_since or now) if alive else None
+        dead_since = (dead_since or now) if alive is False else None
+        running = bool(cluster_sh("pids", host, "raylet").stdout.strip())
+        action = heal_action(running, alive, now - (alive_since or now), now - (dead_since or now))
+        if action == "done":
+            log.append(f"{host}: Ray node alive {HEAL_STABLE_S:g} s straight, {now - started:.0f} s after the fault")
             return
-        if time.monotonic() - started > 60:  # declared dead yet still running: what a supervisor kills
+        if action == "restart":
+            res = cluster_sh("fault", "restart-node", host)
+            if res.returncode != 0 and "still running" not in res.stderr:
+                raise RuntimeError(f"cluster: restarting {host}'s node failed: {res.stderr[-500:]}")
+            log.append(f"{host}: Ray node restarted {time.monotonic() - started:.0f} s after the fault")
+            alive_since = dead_since = None
+        elif action == "kill":
             cluster_sh("fault", "kill-raylet", host)
-            log.append(f"{host}: raylet still running 60 s after its node was declared dead: killed")
-        time.sleep(5)
-    while _nodes_alive(head) < 3:
-        if time.monotonic() > deadline:  # recorded, not raised: the job's own outcome still counts
-            log.append(f"{host}: its node did not rejoin within {timeout_s:g} s")
-            return
-        time.sleep(2)
+            log.append(f"{host}: raylet still running {HEAL_STUCK_S:g} s after its node was declared dead: killed")
+        time.sleep(3)
+    log.append(f"{host}: its node was not alive {HEAL_STABLE_S:g} s straight within {timeout_s:g} s")
 
 
-def _nodes_alive(head: str) -> int:
-    """Live Ray nodes, asked from outside (-1 when the head's dashboard does not answer)."""
+def _host_alive(head: str, ip: str) -> bool | None:
+    """Whether the head lists a live Ray node at ``ip`` (None when its dashboard does not answer)."""
     from ray.util.state import list_nodes  # lazy: Ray's state client
 
     try:
-        # every node, counted here: with a state filter Ray's state API raises once dead nodes
+        # every node, filtered here: with a state filter Ray's state API raises once dead nodes
         # outnumber the live ones ("data truncation"), which every restarted node makes happen
         nodes = list_nodes(address=f"http://{head}:8265", limit=1000, raise_on_missing_output=False)
-        return sum(1 for n in nodes if n.state == "ALIVE")
     except Exception:  # noqa: BLE001 - the head's dashboard can be slow while a node dies
-        return -1
+        return None
+    return any(n.node_ip == ip and n.state == "ALIVE" for n in nodes)
 
 
 def train_with_faults(head: str, out: Path, timeout_s: float = 2400) -> dict:
@@ -317,7 +350,7 @@ def train_with_faults(head: str, out: Path, timeout_s: float = 2400) -> dict:
 
     client = JobSubmissionClient(f"http://{head}:8265")
     mlflow = _mlflow(head)
-    args = [*_flat({**_train_args(), "max_steps": FAULT_STEPS, "epochs": 100}), "log_every=1",
+    args = [*_flat({**_train_args(), "max_steps": FAULT_STEPS, "epochs": 100, "batch_size": FAULT_BATCH_SIZE}), "log_every=1",
             "fault.max_failures=6", f"output_dir={RUNS}/train-faults", f"tracking.experiment={FAULT_EXPERIMENT}",
             "tracking.request_timeout_s=30", "tracking.drain_timeout_s=300"]
     refuse_local_paths(args)

@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cluster import LocalPathError, pipeline, refuse_local_paths, serve_config, step_accounting
+from benchmarks.cluster import (
+    HEAL_STABLE_S,
+    HEAL_STUCK_S,
+    LocalPathError,
+    heal_action,
+    pipeline,
+    refuse_local_paths,
+    serve_config,
+    step_accounting,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "infra" / "cluster" / "cluster.sh"
@@ -68,6 +77,19 @@ def test_step_accounting_counts_steps_lost_and_duplicated():
     assert step_accounting([], 3) == (3, 0)
 
 
+def test_a_node_counts_as_healed_only_after_staying_alive_past_rays_death_detection():
+    # right after a 30 s link cut the head may still list the node alive: not healed yet
+    assert heal_action(True, True, alive_for_s=1, dead_for_s=0) == "wait"
+    assert heal_action(True, True, alive_for_s=HEAL_STABLE_S, dead_for_s=0) == "done"
+    # the head declared it dead and its raylet exited: a new node; one that lingers is killed
+    assert heal_action(False, False, alive_for_s=0, dead_for_s=5) == "restart"
+    assert heal_action(False, True, alive_for_s=HEAL_STABLE_S, dead_for_s=0) == "restart"
+    assert heal_action(True, False, alive_for_s=0, dead_for_s=HEAL_STUCK_S - 1) == "wait"
+    assert heal_action(True, False, alive_for_s=0, dead_for_s=HEAL_STUCK_S) == "kill"
+    # a dashboard that does not answer decides nothing
+    assert heal_action(True, None, alive_for_s=0, dead_for_s=HEAL_STUCK_S * 2) == "wait"
+
+
 def test_the_openai_stub_binds_the_address_it_is_given():
     import requests
 
@@ -93,6 +115,9 @@ def test_script_and_make_targets():
     assert re.search(r'NET="\$\{HARDPOS_CLUSTER_SUBNET:-10\.\d+\.\d+\}"', text)
     assert "ray stop" not in text.replace("ray stop[", "") and "pkill" not in text and "killall" not in text
     assert "infra/cluster/cluster.sh" in (REPO / "infra" / "README.md").read_text()
+    # the node supervisor's probe names the hosts it knows
+    res = subprocess.run(["bash", str(SCRIPT), "pids", "nohost", "raylet"], capture_output=True, text=True)
+    assert res.returncode == 1 and "pids HOST NAME (HOST: head w1 w2)" in res.stderr
 
 
 def _can_run_cluster() -> str:

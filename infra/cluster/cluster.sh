@@ -15,7 +15,7 @@
 # shared. Everything lives under $STATE (/run/<name>), removed by `down`, which then checks
 # that no namespace, link, process or mount of the cluster is left.
 #
-# usage: infra/cluster/cluster.sh up|down|status|check-clean|env|exec HOST CMD...|fault WHAT [HOST]
+# usage: infra/cluster/cluster.sh up|down|status|check-clean|env|exec HOST CMD...|pids HOST NAME|fault WHAT [HOST]
 set -euo pipefail
 
 NAME="${HARDPOS_CLUSTER_NAME:-hpc}"
@@ -262,6 +262,7 @@ case "${1:-}" in
   check-clean) check_clean ;;
   env) printf 'export RAY_ADDRESS=http://%s:8265 MLFLOW_TRACKING_URI=http://%s:5000 HARDPOS_S3_ENDPOINT_URL=http://%s:9000 RAY_AUTH_MODE=disabled\n' "$HEAD" "$HEAD" "$HEAD" ;;
   exec) shift; host="$1"; shift; on "$host" "$@" ;;
+  pids) shift; [[ -n "${ADDR[${1:-}]:-}" && -n "${2:-}" ]] || die "pids HOST NAME (HOST: ${HOSTS[*]})"; host_pids "$1" "$2" ;;
   fault) shift; [[ -e "$STATE" ]] || die "the cluster is not up"; preflight; fault "$@" ;;
-  *) echo "usage: $0 up|down|status|check-clean|env|exec HOST CMD...|fault WHAT [HOST]" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|check-clean|env|exec HOST CMD...|pids HOST NAME|fault WHAT [HOST]" >&2; exit 2 ;;
 esac
