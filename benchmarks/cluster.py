@@ -9,17 +9,18 @@ user does from a laptop: the working tree travels with the job, every artefact g
 
 Stages run now: ``world`` -> ``generate`` (rules engine) -> ``generate`` (http engine, against
 an OpenAI-compatible stub on worker host w1) -> ``train`` with 2 workers, one per worker host
-(the ``worker_host`` resource; gloo across the bridge) -> ``sweep`` (2 trials, each 2 workers)
+(the ``worker_host`` resource; gloo across the bridge), with three faults injected mid-run
+(:func:`train_with_faults`) -> ``sweep`` (2 trials, each 2 workers: the clean training runs)
 -> ``register`` (the sweep's best trial as ``hardpos-cluster@champion``) -> ``evaluate`` (the
-champion, read from the registry) -> Serve (``serve deploy`` to the head, the replica placed on
-a worker host, scored over HTTP from outside). Each step's wall time is written to
-``OUTPUT/summary.json``; the last line is
+champion, read from the registry) -> Serve (``serve deploy`` to the head, 2 replicas placed on
+the worker hosts, scored over HTTP from outside, one host cut under load). Each step's wall
+time is written to ``OUTPUT/summary.json``; the last line is
 
     cluster: <N> stages ok, faults survived <k>/<m>, steps lost <l>, duplicated <d>, requests failed <f>
 
 ``python -m benchmarks.cluster [output=outputs/cluster] [subnet=10.213.77] [steps=a,b,...]``
 (from the repository root, with the cluster up; ``steps=`` runs a subset, e.g.
-``steps=train-faults,serve`` after a full run left its artefacts). Exit code 0 only when every
+``steps=train,serve`` after a full run left its artefacts). Exit code 0 only when every
 step finished ok and every fault was survived.
 """
 from __future__ import annotations
@@ -125,10 +126,10 @@ def submit(stage: str, args: list[str], head: str, log: Path) -> tuple[bool, flo
 
 
 def _train_args() -> dict[str, object]:
-    """The training run both ``train`` and every sweep trial make: hardpos-tiny, 2 workers, one
-    per worker host, checkpoints every 2 steps."""
-    return {"data.train_path": f"{RUNS}/generate/triplets.parquet", "model.arch": "hardpos-tiny", "max_steps": 6,
-            "batch_size": 8, "epochs": 4, "scaling.num_workers": 2, "scaling.cpus_per_worker": 1,
+    """The training run every sweep trial makes: hardpos-tiny, 2 workers, one per worker host,
+    2 epochs of 2 steps (the objective reported after each), checkpoints every 2 steps."""
+    return {"data.train_path": f"{RUNS}/generate/triplets.parquet", "model.arch": "hardpos-tiny", "max_steps": 4,
+            "batch_size": 8, "epochs": 2, "scaling.num_workers": 2, "scaling.cpus_per_worker": 1,
             "scaling.resources_per_worker": {"worker_host": 1}, "checkpoint.every_steps": 2}
 
 
@@ -137,7 +138,8 @@ def _flat(args: dict[str, object]) -> list[str]:
 
 
 def pipeline(stub_url: str) -> list[tuple[str, str, list[str]]]:
-    """(step name, stage, arguments) in order (tiny sizes: CI runs this)."""
+    """(step name, stage, arguments) in order (tiny sizes: CI runs this). ``train`` is run by
+    :func:`train_with_faults`, every other step by :func:`submit`."""
     # A loaded machine answers slowly: longer requests and drain, so every record is delivered in the job.
     timeouts = ["tracking.request_timeout_s=30", "tracking.drain_timeout_s=180"]
     tracking = ["tracking.experiment=hardpos-cluster", *timeouts]
@@ -151,7 +153,7 @@ def pipeline(stub_url: str) -> list[tuple[str, str, list[str]]]:
         ("generate-http", "generate", [f"input={RUNS}/world/finetune.parquet", "engine.kind=http", f"engine.http.url={stub_url}",
                       "engine.http.model=stub-llm", "engine.http.retry_wait_s=0.1", "engine.http.concurrency=2",
                       f"output_dir={RUNS}/generate-http", *tracking]),
-        ("train", "train", [*_flat(_train_args()), f"output_dir={RUNS}/train", *tracking]),
+        ("train", "train", fault_run_args()),
         ("sweep", "sweep", ["train_config=null", f"train_overrides={json.dumps({**_train_args(), 'eval_benchmarks': benchmarks})}",
                    'search_space={"loss.w_neg": {"grid_search": [0.5, 1.0]}, "loss.w_pos": 1.0}', "extra_trials=[]",
                    "register=false", "max_concurrent_trials=1", f"output_dir={RUNS}/sweep",
@@ -341,22 +343,27 @@ def _host_alive(head: str, ip: str) -> bool | None:
     return any(n.node_ip == ip and n.state == "ALIVE" for n in nodes)
 
 
-def train_with_faults(head: str, out: Path, timeout_s: float = 2400) -> dict:
-    """One training job (2 workers on w1 and w2, checkpoints on S3 every 2 steps) with the
-    three training faults injected at fixed steps: w2's raylet SIGKILLed, w2's link down for
-    30 s, PostgreSQL restarted. Then MLflow's loss history is checked for steps lost and
-    duplicated. -> {faults: [...], steps_lost, steps_duplicated, ok, seconds}."""
+def fault_run_args() -> list[str]:
+    """The ``train`` step's arguments: :func:`_train_args` for :data:`FAULT_STEPS` steps of
+    :data:`FAULT_BATCH_SIZE`, every step logged, 6 restarts allowed, its own experiment."""
+    return [*_flat({**_train_args(), "max_steps": FAULT_STEPS, "epochs": 100, "batch_size": FAULT_BATCH_SIZE}),
+            "log_every=1", "fault.max_failures=6", f"output_dir={RUNS}/train", f"tracking.experiment={FAULT_EXPERIMENT}",
+            "tracking.request_timeout_s=30", "tracking.drain_timeout_s=300"]
+
+
+def train_with_faults(head: str, out: Path, args: list[str], timeout_s: float = 2400) -> dict:
+    """One training job (``args``: 2 workers on w1 and w2, checkpoints on S3 every 2 steps)
+    with the three training faults injected at fixed steps: w2's raylet SIGKILLed, w2's link
+    down for 30 s, PostgreSQL restarted. Then MLflow's loss history is checked for steps lost
+    and duplicated. -> {faults: [...], steps_lost, steps_duplicated, ok, seconds}."""
     from ray.job_submission import JobStatus, JobSubmissionClient  # lazy: the SDK only for this step
 
     client = JobSubmissionClient(f"http://{head}:8265")
     mlflow = _mlflow(head)
-    args = [*_flat({**_train_args(), "max_steps": FAULT_STEPS, "epochs": 100, "batch_size": FAULT_BATCH_SIZE}), "log_every=1",
-            "fault.max_failures=6", f"output_dir={RUNS}/train-faults", f"tracking.experiment={FAULT_EXPERIMENT}",
-            "tracking.request_timeout_s=30", "tracking.drain_timeout_s=300"]
     refuse_local_paths(args)
     started = time.monotonic()
     job = client.submit_job(entrypoint=shlex.join(["python", "jobs/train.py", *args]),
-                            runtime_env=_runtime_env(), metadata={"step": "train-faults"})
+                            runtime_env=_runtime_env(), metadata={"step": "train"})
     faults, log, pending = [], [], list(TRAIN_FAULTS)
     status = None
     while time.monotonic() - started < timeout_s:
@@ -382,7 +389,7 @@ def train_with_faults(head: str, out: Path, timeout_s: float = 2400) -> dict:
                            "seconds_to_heal": round(time.monotonic() - t0, 1)})
             print(f"cluster: fault {name} at step {step}: {res.stderr.strip().splitlines()[-1:]}", flush=True)
         time.sleep(2)
-    (out / "train-faults.log").write_text(client.get_job_logs(job))
+    (out / "train.log").write_text(client.get_job_logs(job))
     run_id, _ = _latest_run_step(mlflow, FAULT_EXPERIMENT)
     steps = [m.step for m in mlflow.get_metric_history(run_id, "loss/total")] if run_id else []
     lost, duplicated = step_accounting(steps, FAULT_STEPS)
@@ -489,16 +496,16 @@ def main(argv: list[str]) -> int:
     train_faults: dict = {}
     cut: dict | None = None
     with StubOnWorker(subnet, out / "openai-stub.log") as stub:
-        steps = [*pipeline(stub.url), ("train-faults", "train", None), ("serve", "serve", None)]
-        if opts.get("steps"):  # a subset, e.g. steps=train-faults,serve (earlier steps' artefacts on S3 / MLflow)
+        steps = [*pipeline(stub.url), ("serve", "serve", None)]
+        if opts.get("steps"):  # a subset, e.g. steps=train,serve (earlier steps' artefacts on S3 / MLflow)
             chosen = opts["steps"].split(",")
             unknown = sorted(set(chosen) - {name for name, _, _ in steps})
             if unknown:
                 raise SystemExit(f"cluster: unknown steps {unknown}; the steps: {[name for name, _, _ in steps]}")
             steps = [step for step in steps if step[0] in chosen]
         for name, stage, args in steps:
-            if name == "train-faults":
-                train_faults = train_with_faults(head, out)
+            if name == "train":
+                train_faults = train_with_faults(head, out, args)
                 good, seconds, tail = train_faults["ok"], train_faults["seconds"], json.dumps(train_faults)
                 faults += train_faults["faults"]
             elif name == "serve":
@@ -520,7 +527,7 @@ def main(argv: list[str]) -> int:
     summary = {"steps": results, "local_path_refusal": refused, "faults": faults, "train_faults": train_faults,
                "serve_cut": cut}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    planned = len(TRAIN_FAULTS) * any(n == "train-faults" for n, _, _ in steps) + any(n == "serve" for n, _, _ in steps)
+    planned = len(TRAIN_FAULTS) * any(n == "train" for n, _, _ in steps) + any(n == "serve" for n, _, _ in steps)
     print(f"cluster: {ok} stages ok, faults survived {survived}/{planned}, steps lost {lost}, "
           f"duplicated {duplicated}, requests failed {failed}")
     return 0 if ok == len(steps) and survived == planned else 1

@@ -53,6 +53,9 @@ def test_every_step_of_the_cluster_pipeline_names_only_shared_locations():
     for _, stage, args in steps:
         assert (REPO / "jobs" / f"{stage}.py").exists()
         refuse_local_paths(args)  # nothing local: every host reads every location
+    train = dict(a.split("=", 1) for a in steps[3][2])  # the fault-injected run: 30 steps, every one logged
+    assert (train["max_steps"], train["batch_size"], train["log_every"], train["output_dir"]) == (
+        "30", "2", "1", "s3://hardpos/cluster/train")
     sweep = dict(a.split("=", 1) for a in steps[4][2])
     assert '"scaling.resources_per_worker": {"worker_host": 1}' in sweep["train_overrides"]
     assert dict(a.split("=", 1) for a in steps[6][2])["model.pretrained"] == "models:/hardpos-cluster@champion"
