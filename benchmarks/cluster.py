@@ -247,9 +247,12 @@ FAULT_BATCH_SIZE = 2
 
 
 def cluster_sh(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``infra/cluster/cluster.sh ARGS`` (root; acts on this cluster's hosts only)."""
+    """``infra/cluster/cluster.sh ARGS`` (root; acts on this cluster's hosts only), with this
+    tool's own Python as the cluster's (``make cluster-up`` passes the venv's the same way;
+    the script's default, ``.venv`` of the checkout, need not exist)."""
+    env = {**os.environ, "HARDPOS_CLUSTER_PYTHON": os.environ.get("HARDPOS_CLUSTER_PYTHON", sys.executable)}
     return subprocess.run(["bash", str(REPO / "infra" / "cluster" / "cluster.sh"), *args], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)
 
 
 def step_accounting(steps: list[int], expected: int) -> tuple[int, int]:
@@ -394,8 +397,8 @@ def train_with_faults(head: str, out: Path, args: list[str], timeout_s: float = 
     steps = [m.step for m in mlflow.get_metric_history(run_id, "loss/total")] if run_id else []
     lost, duplicated = step_accounting(steps, FAULT_STEPS)
     ok = status == JobStatus.SUCCEEDED and not pending
-    for f in faults:
-        f["survived"] = ok and lost == 0 and duplicated == 0
+    for f in faults:  # a fault whose command failed was not injected, so not survived either
+        f["survived"] = ok and lost == 0 and duplicated == 0 and f["rc"] == 0
     return {"ok": ok, "status": str(status), "seconds": round(time.monotonic() - started, 1), "faults": faults,
             "steps_lost": lost, "steps_duplicated": duplicated, "run_id": run_id, "heal": log}
 
@@ -426,16 +429,18 @@ def serve_under_a_host_cut(head: str, clients: int = 4, before_s: float = 15, cu
         futures = [pool.submit(client_loop) for _ in range(clients)]
         time.sleep(before_s)
         cut_at = time.monotonic() - t_start
-        cluster_sh("fault", "link-down", "w2")
+        cut_rc = cluster_sh("fault", "link-down", "w2").returncode
         time.sleep(cut_s)
-        cluster_sh("fault", "link-up", "w2")
+        cut_rc = max(cut_rc, cluster_sh("fault", "link-up", "w2").returncode)
         _heal(head, "w2", log)
         for f in futures:
             f.result()
     failed = [(t, s) for t, s in records if s != 200]
     ends_after_cut = before_s + cut_s + after_s - cut_at
     last = max((t for t, _ in failed), default=None)
-    return {"recovered": bool(records) and (last is None or last - cut_at < ends_after_cut - 20),
+    # recovered: the cut happened (both commands worked) and no request failed in the load's last 20 s
+    return {"recovered": cut_rc == 0 and bool(records) and (last is None or last - cut_at < ends_after_cut - 20),
+            "rc": cut_rc,
             "load_ends_after_cut_s": round(ends_after_cut, 1), "requests": len(records), "failed": len(failed), "5xx": sum(1 for _, s in failed if s >= 500),
             "no_answer": sum(1 for _, s in failed if s == 0), "cut_at_s": round(cut_at, 1), "cut_s": cut_s,
             "first_failure_after_cut_s": round(min(t for t, _ in failed) - cut_at, 1) if failed else None,

@@ -68,7 +68,8 @@ class LoadgenConfig:
     num_cpus / num_gpus: per model replica in compare mode (every target's replicas run at once).
     torch_threads: intra-op threads of every target's model (Serve replicas and the peer
         alike, so they compute with the same threads); None -> each one's default.
-    max_batch_size / batch_wait_timeout_s: the batched app's settings.
+    max_batch_size / batch_wait_timeout_s / forward_thread: the batched app's settings
+        (``batching.*`` of the Serve app).
     match_niceness: run the plain peer at the CPU priority of Ray's worker processes (Ray
         starts Serve's proxy and replicas at +15 niceness by default), so on a machine where
         anything else runs both get the same share; False: the peer runs at this process's
@@ -96,6 +97,7 @@ class LoadgenConfig:
     num_gpus: float = 0.0
     max_batch_size: int = 32
     batch_wait_timeout_s: float = 0.0
+    forward_thread: bool = True
     torch_threads: int | None = 2
     match_niceness: bool = True
     seed: int = 0

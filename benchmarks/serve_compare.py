@@ -157,7 +157,8 @@ def _serve_apps(cfg: LoadgenConfig, source: str, targets: list[str]) -> dict[str
                              "max_ongoing_requests": max(64, 2 * cfg.max_batch_size, 2 * max(cfg.concurrency))},
         "ingress_deployment": {"num_cpus": 0.1, "max_ongoing_requests": max(256, 2 * max(cfg.concurrency))},
     }
-    batched = {"enabled": True, "max_batch_size": cfg.max_batch_size, "batch_wait_timeout_s": cfg.batch_wait_timeout_s}
+    batched = {"enabled": True, "max_batch_size": cfg.max_batch_size, "batch_wait_timeout_s": cfg.batch_wait_timeout_s,
+               "forward_thread": cfg.forward_thread}
     scaled = {**base["model_deployment"], "num_replicas": 2}
     apps = {"batched": {**base, "batching": batched}, "unbatched": {**base, "batching": {"enabled": False}},
             "colocated": {**base, "batching": batched, "colocate_model": True},
@@ -386,7 +387,7 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
         "model": cfg.model, "arch": cfg.arch, "targets": targets, "device": "cuda" if cfg.num_gpus > 0 else "cpu",
         "gpu": torch.cuda.get_device_name(0) if cfg.num_gpus > 0 and torch.cuda.is_available() else None,
         "torch_threads": cfg.torch_threads, "captions_per_request": cfg.captions_per_request,
-        "image_size": cfg.image_size, "max_batch_size": cfg.max_batch_size,
+        "image_size": cfg.image_size, "max_batch_size": cfg.max_batch_size, "forward_thread": cfg.forward_thread,
         "requests_per_level": cfg.requests_per_level, "repeats": cfg.repeats, "niceness": niceness,
         "levels": levels, "server_batch_stats": stats,
     }

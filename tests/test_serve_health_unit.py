@@ -178,3 +178,28 @@ def test_waiting_for_health_times_out_on_a_server_that_never_answers():
     assert not healthy(url)
     with pytest.raises(TimeoutError, match="healthz to answer 200"):
         wait_until_healthy(url, timeout_s=0.5)
+
+
+@pytest.mark.parametrize("forward_thread", [True, False])
+def test_the_forward_pass_runs_in_a_thread_or_on_the_loop_as_configured(tmp_path, monkeypatch, forward_thread):
+    import threading
+
+    from hardpos.serve import deployment
+
+    replica = deployment.ScoringModel.func_or_class({"model": str(tmp_path / "none"), "reload_poll_s": 0, "load_retries": 0,
+                                                     "device": "cpu", "batching": {"forward_thread": forward_thread}})
+    ran_on = []
+
+    def fake_compute(state, items, limits, times):
+        ran_on.append(threading.get_ident())
+        return [{"scores": [0.5] * len(captions)} for _, captions in items]
+
+    monkeypatch.setattr(deployment, "compute_batch", fake_compute)
+    replica._state = object()  # any loaded state: compute_batch is the fake
+
+    async def drive():
+        return await replica._score_batch([(b"a", ["x", "y"]), (b"b", ["z"])]), threading.get_ident()
+
+    out, loop_thread = asyncio.run(drive())
+    assert out == [{"scores": [0.5, 0.5]}, {"scores": [0.5]}]
+    assert (ran_on[0] != loop_thread) is forward_thread

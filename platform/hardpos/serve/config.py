@@ -48,11 +48,19 @@ class BatchingConfig:
         it runs. 0 (the default): a batch is whatever queued while the previous one ran, so
         an idle server adds no latency and batches grow with load by themselves. A few ms
         can help a steady load whose requests arrive just after each batch starts.
+    forward_thread: run each batch's forward pass in a worker thread, so the replica's event
+        loop keeps admitting requests into the next batch while it runs (True), or on the
+        event loop itself (False): requests that arrive meanwhile wait in Ray Serve's own
+        queue, on the replica's other thread, and all join the next batch, and no third
+        thread competes with the two loops for Python's GIL. False suits a model whose
+        forward pass is mostly Python rather than kernels that release the GIL (a small model
+        on CPU); the replica then answers nothing else (health, /v1/model) while a batch runs.
     """
 
     enabled: bool = True
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.0
+    forward_thread: bool = True
 
     @property
     def effective_max_batch_size(self) -> int:

@@ -160,6 +160,7 @@ class ScoringModel:
             "model": {k: v for k, v in (state.info if state else {"source": self.cfg.model}).items() if k != "tags"},
             "batching": {"enabled": self._batching.enabled,
                          "max_batch_size": self._batching.effective_max_batch_size,
+                         "forward_thread": self._batching.forward_thread,
                          "batch_wait_timeout_s": self._batching.batch_wait_timeout_s if self._batching.enabled else 0.0,
                          **self.stats.summary()},
             "text_cache": state.cache.stats() if state else None,
@@ -192,7 +193,10 @@ class ScoringModel:
 
     async def _score_batch(self, items: list[tuple[bytes, list[str]]]) -> list[dict[str, Any]]:
         state = self._state
-        # The forward pass runs in a thread so the replica keeps accepting (and queueing)
-        # requests meanwhile: the next batch fills while this one computes.
+        if not self._batching.forward_thread:
+            # On this loop: what arrives meanwhile queues in Serve, then joins the next batch.
+            return compute_batch(state, items, self.cfg.limits, self.times)
+        # In a thread, so the replica keeps accepting (and queueing) requests meanwhile: the
+        # next batch fills while this one computes.
         return await asyncio.to_thread(compute_batch, state, items, self.cfg.limits, self.times)
 
