@@ -186,15 +186,18 @@ def test_the_forward_pass_runs_in_a_thread_or_on_the_loop_as_configured(tmp_path
 
     from hardpos.serve import deployment
 
-    replica = deployment.ScoringModel.func_or_class({"model": str(tmp_path / "none"), "reload_poll_s": 0, "load_retries": 0,
-                                                     "device": "cpu", "batching": {"forward_thread": forward_thread}})
+    model_class = deployment.ScoringModel.func_or_class
+    replica = model_class({"model": str(tmp_path / "none"), "reload_poll_s": 0, "load_retries": 0, "device": "cpu",
+                           "batching": {"forward_thread": forward_thread}})
     ran_on = []
 
     def fake_compute(state, items, limits, times):
         ran_on.append(threading.get_ident())
         return [{"scores": [0.5] * len(captions)} for _, captions in items]
 
-    monkeypatch.setattr(deployment, "compute_batch", fake_compute)
+    # patched where the method looks it up: once an app has been built in this process, Serve
+    # holds a copy of the class whose functions read a copy of the module's namespace
+    monkeypatch.setitem(model_class._score_batch.__globals__, "compute_batch", fake_compute)
     replica._state = object()  # any loaded state: compute_batch is the fake
 
     async def drive():
