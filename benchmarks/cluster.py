@@ -404,7 +404,7 @@ def train_with_faults(head: str, out: Path, args: list[str], timeout_s: float = 
 
 
 def serve_under_a_host_cut(head: str, clients: int = 4, before_s: float = 15, cut_s: float = 30,
-                           after_s: float = 60) -> dict:
+                           after_s: float = 90) -> dict:
     """Score over HTTP from outside with ``clients`` closed-loop clients while w2 (one of the
     two replicas' hosts) loses its link for ``cut_s`` seconds. -> requests, failed (5xx, no
     answer), the first and last failure after the cut, and ``recovered``: no failure in the
