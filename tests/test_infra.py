@@ -703,6 +703,14 @@ def test_env_example_points_hardpos_at_the_stack(monkeypatch):
     assert env["AWS_ACCESS_KEY_ID"] == env["MINIO_ROOT_USER"]
     assert env["AWS_SECRET_ACCESS_KEY"] == env["MINIO_ROOT_PASSWORD"]
     assert env["RAY_ADDRESS"].endswith(":8265") and 8265 in published["ray-head"]
+    # The server signs presigned artifact URLs for its own S3 endpoint, a service name the host
+    # cannot resolve: the host's MLflow client streams artifacts through the server instead.
+    from urllib.parse import urlparse
+
+    from mlflow.environment_variables import MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD
+
+    assert urlparse(services["mlflow"]["environment"]["MLFLOW_S3_ENDPOINT_URL"]).hostname in services
+    assert MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD.is_set() and MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD.get() is False
 
 
 # --------------------------------------------------------------------------- README
