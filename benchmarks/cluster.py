@@ -100,6 +100,11 @@ def head_address(subnet: str) -> str:
     return f"{subnet}.10"
 
 
+def worker_address(head: str, host: str) -> str:
+    """A worker host's address (``w1``, ``w2``) on the subnet of the head at ``head``."""
+    return f"{head.rsplit('.', 1)[0]}.{HOST_SUFFIX[host]}"
+
+
 def _runtime_env() -> dict:
     """What travels with every job: the working tree (jobs/), the library as a py_module."""
     return {"working_dir": str(REPO), "py_modules": [str(REPO / "platform" / "hardpos")],
@@ -214,7 +219,7 @@ def serve_step(head: str, out: Path, timeout_s: float = 900) -> tuple[bool, floa
     if res.returncode != 0:
         return False, time.monotonic() - started, f"serve deploy failed: {res.stderr[-800:]}", None
     url = f"http://{head}:8000"
-    workers = {f"{head.rsplit('.', 1)[0]}.{i}" for i in HOST_SUFFIX.values()}
+    workers = {worker_address(head, host) for host in HOST_SUFFIX}
     try:
         try:
             wait_for(lambda: healthy(url) and replica_hosts(head) == sorted(workers), timeout_s,
@@ -253,6 +258,15 @@ def cluster_sh(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "HARDPOS_CLUSTER_PYTHON": os.environ.get("HARDPOS_CLUSTER_PYTHON", sys.executable)}
     return subprocess.run(["bash", str(REPO / "infra" / "cluster" / "cluster.sh"), *args], capture_output=True,
                           text=True, timeout=timeout, env=env)
+
+
+def cut_link(host: str, seconds: float) -> tuple[int, str]:
+    """``host``'s link down for ``seconds``, then up again -> (the worse exit code of the two
+    commands, so a failed link-down is not hidden by a good link-up; the link-up's stderr)."""
+    down = cluster_sh("fault", "link-down", host)
+    time.sleep(seconds)
+    up = cluster_sh("fault", "link-up", host)
+    return max(down.returncode, up.returncode), up.stderr
 
 
 def step_accounting(steps: list[int], expected: int) -> tuple[int, int]:
@@ -307,7 +321,7 @@ def _heal(head: str, host: str, log: list[str], timeout_s: float = 420) -> None:
     lingers after its node was declared dead, and return once the host's node has been alive
     for :data:`HEAL_STABLE_S` (:func:`heal_action`). A node that does not come back within
     ``timeout_s`` is recorded in ``log``, not raised: the job's own outcome still counts."""
-    ip = f"{head.rsplit('.', 1)[0]}.{HOST_SUFFIX[host]}"
+    ip = worker_address(head, host)
     started = time.monotonic()
     alive_since = dead_since = None
     while time.monotonic() - started < timeout_s:
@@ -322,10 +336,11 @@ def _heal(head: str, host: str, log: list[str], timeout_s: float = 420) -> None:
             return
         if action == "restart":
             res = cluster_sh("fault", "restart-node", host)
-            if res.returncode != 0 and "still running" not in res.stderr:
+            if res.returncode == 0:
+                log.append(f"{host}: Ray node restarted {time.monotonic() - started:.0f} s after the fault")
+                alive_since = dead_since = None
+            elif "still running" not in res.stderr:  # a raylet that appeared meanwhile: the next round decides
                 raise RuntimeError(f"cluster: restarting {host}'s node failed: {res.stderr[-500:]}")
-            log.append(f"{host}: Ray node restarted {time.monotonic() - started:.0f} s after the fault")
-            alive_since = dead_since = None
         elif action == "kill":
             cluster_sh("fault", "kill-raylet", host)
             log.append(f"{host}: raylet still running {HEAL_STUCK_S:g} s after its node was declared dead: killed")
@@ -380,17 +395,16 @@ def train_with_faults(head: str, out: Path, args: list[str], timeout_s: float = 
         if pending and run_id and step >= pending[0][1]:
             name, at, command = pending.pop(0)
             t0 = time.monotonic()
-            res = cluster_sh("fault", *command)
-            rc = res.returncode
-            if name == "link-down-30s":
-                time.sleep(30)
-                res = cluster_sh("fault", "link-up", "w2")
-                rc = max(rc, res.returncode)  # a failed link-down is not hidden by a good link-up
-            if name in ("raylet-kill", "link-down-30s"):
-                _heal(head, "w2", log)
+            if command[0] == "link-down":  # down for 30 s, then up again
+                rc, said = cut_link(command[1], 30)
+            else:
+                res = cluster_sh("fault", *command)
+                rc, said = res.returncode, res.stderr
+            if command[0] in ("kill-raylet", "link-down"):  # a Ray node's fault: the supervisor's part
+                _heal(head, command[1], log)
             faults.append({"fault": name, "injected_at_step": step, "rc": rc,
                            "seconds_to_heal": round(time.monotonic() - t0, 1)})
-            print(f"cluster: fault {name} at step {step}: {res.stderr.strip().splitlines()[-1:]}", flush=True)
+            print(f"cluster: fault {name} at step {step}: {said.strip().splitlines()[-1:]}", flush=True)
         time.sleep(2)
     (out / "train.log").write_text(client.get_job_logs(job))
     run_id, _ = _latest_run_step(mlflow, FAULT_EXPERIMENT)
@@ -429,9 +443,7 @@ def serve_under_a_host_cut(head: str, clients: int = 4, before_s: float = 15, cu
         futures = [pool.submit(client_loop) for _ in range(clients)]
         time.sleep(before_s)
         cut_at = time.monotonic() - t_start
-        cut_rc = cluster_sh("fault", "link-down", "w2").returncode
-        time.sleep(cut_s)
-        cut_rc = max(cut_rc, cluster_sh("fault", "link-up", "w2").returncode)
+        cut_rc, _ = cut_link("w2", cut_s)
         _heal(head, "w2", log)
         for f in futures:
             f.result()

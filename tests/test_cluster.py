@@ -20,6 +20,7 @@ from benchmarks.cluster import (
     refuse_local_paths,
     serve_config,
     step_accounting,
+    worker_address,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,6 +73,8 @@ def test_the_cluster_serve_config_places_the_replica_on_a_worker_host():
     assert app.model == "models:/hardpos-cluster@champion" and app.model_deployment.resources == {"worker_host": 1}
     assert app.model_deployment.num_replicas == 2  # one a worker host: each host has one worker_host
     assert cfg["http_options"]["host"] == "0.0.0.0"
+    # the replicas' hosts, as the Serve step and the supervisor address them (cluster.sh's layout)
+    assert [worker_address("10.213.77.10", h) for h in ("w1", "w2")] == ["10.213.77.11", "10.213.77.12"]
 
 
 def test_step_accounting_counts_steps_lost_and_duplicated():
