@@ -45,10 +45,12 @@ test-unit: $(VENV)/.installed-dev
 	$(PY) -m pytest -m "not integration and not slow and not gpu" $(ARGS)
 
 ## make smoke PYTHON=python3.13 VENV=.venv-3.13: another interpreter's install, the unit tests and the
-## small demo pipeline (SMOKE_DEMO=0: without it; CI runs it on the oldest and newest supported Python)
+## small demo pipeline (SMOKE_UNIT=0 / SMOKE_DEMO=0: without one of them; CI runs the unit tests on the
+## oldest supported Python and the demo pipeline on the newest)
+SMOKE_UNIT ?= 1
 SMOKE_DEMO ?= 1
 smoke: $(VENV)/.installed-dev
-	$(PY) -m pytest -q -m "not integration and not slow and not gpu" -p no:cacheprovider $(ARGS)
+	if [[ "$(SMOKE_UNIT)" == 1 ]]; then $(PY) -m pytest -q -m "not integration and not slow and not gpu" -p no:cacheprovider $(ARGS); fi
 	if [[ "$(SMOKE_DEMO)" == 1 ]]; then $(PY) -m pytest -q -p no:cacheprovider tests/test_demo.py -k "whole_pipeline_small" $(ARGS); fi
 
 ## make test-all: also the slow tests
