@@ -394,8 +394,10 @@ def test_two_deployments_answer_like_the_default_one_deployment_app(app):
     assert set(serve.status().applications["hardpos-test"].deployments) == {"ScoringAPI"}  # the default: one
     model = f"models:/{MODEL_NAME}@champion"
     # torch_threads=2 against Ray's OMP_NUM_THREADS=1 for a 0.1-CPU replica: the replica must
-    # report (and its forward threads use) the configured count, not Ray's default.
-    _side_app(app, "split", model, colocate_model=False, torch_threads=2)
+    # report (and its forward threads use) the configured count, not Ray's default. And its
+    # model replica as one Python thread (forward_thread: false): the same scores.
+    one_loop = {"forward_thread": False}
+    _side_app(app, "split", model, colocate_model=False, torch_threads=2, batching=one_loop)
     try:
         body = {"image_b64": b64(png_bytes(41)), "captions": CAPTIONS}
         mine = requests.post(app["url"] + "/split/v1/score", json=body, timeout=60)
@@ -405,8 +407,12 @@ def test_two_deployments_answer_like_the_default_one_deployment_app(app):
         info = requests.get(app["url"] + "/split/v1/model", timeout=60).json()
         assert info["batching"]["enabled"] is True and info["batching"]["items"] >= 1
         assert info["torch_threads"] == 2
+        assert (info["batching"]["forward_thread"], info["batching"]["user_code_thread"]) == (False, False)
+        default = requests.get(app["url"] + "/v1/model", headers=_headers(), timeout=30).json()["batching"]
+        assert (default["forward_thread"], default["user_code_thread"]) == (True, True)
         assert set(serve.status().applications["split"].deployments) == {"ScoringAPI", "ScoringModel"}
-        _side_app(app, "split", model, colocate_model=False, reload_token="again")  # in-place reconfigure
+        _side_app(app, "split", model, colocate_model=False, torch_threads=2, batching=one_loop,
+                  reload_token="again")  # in-place reconfigure
         assert requests.get(app["url"] + "/split/healthz", timeout=60).status_code == 200
     finally:
         _delete("split")

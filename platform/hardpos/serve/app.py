@@ -54,9 +54,10 @@ from hardpos.serve.schemas import (BatchRequest, BatchResponse, CompareForm, Com
                                    error_responses, json_body, json_or_multipart, set_contract, validation_message)
 from hardpos.serve.scoring import StageTimes, softmax as softmax_probs
 
-__all__ = ["ScoringAPI", "ScoringModel", "api", "build_app"]
+__all__ = ["ScoringAPI", "ScoringModel", "api", "build_app", "model_replica_env"]
 
 MODEL_DEPLOYMENT = "ScoringModel"
+USER_CODE_THREAD_ENV = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"  # Ray Serve's, default "1"
 PROBE_AFTER_S = 2.0  # a model call slower than this asks Serve whether the model deployment failed
 PROBE_CACHE_S = 2.0
 _NO_MODEL = re.compile(r"no model loaded \((\d{3})\): ([^\n]+)")
@@ -321,10 +322,13 @@ class ScoringAPI:
 # --------------------------------------------------------------------------- builder
 
 
-def _deployment_kwargs(opts: DeploymentOptions, default_max_ongoing: int, access_log: bool = True) -> dict[str, Any]:
+def _deployment_kwargs(opts: DeploymentOptions, default_max_ongoing: int, access_log: bool = True,
+                       env_vars: dict[str, str] | None = None) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": opts.num_cpus, "num_gpus": opts.num_gpus,
-                              **({"resources": dict(opts.resources)} if opts.resources else {})},
+                              **({"resources": dict(opts.resources)} if opts.resources else {}),
+                              # Serve merges these into the app's runtime_env (its env_vars kept)
+                              **({"runtime_env": {"env_vars": dict(env_vars)}} if env_vars else {})},
         "max_ongoing_requests": opts.max_ongoing_requests or default_max_ongoing,
         "logging_config": {"enable_access_log": access_log},
     }
@@ -338,6 +342,14 @@ def _deployment_kwargs(opts: DeploymentOptions, default_max_ongoing: int, access
     else:
         kwargs["num_replicas"] = opts.num_replicas
     return kwargs
+
+
+def model_replica_env(batching: BatchingConfig) -> dict[str, str]:
+    """Environment of the replicas that hold the model: with ``forward_thread: false`` Ray
+    Serve runs the app's code on its own event loop (one Python thread for HTTP, the app and
+    the forward pass) instead of a loop in a second thread. Read by Ray when a replica starts,
+    so it travels in ``ray_actor_options`` (a change restarts the replicas), not user_config."""
+    return {} if batching.forward_thread else {USER_CODE_THREAD_ENV: "0"}
 
 
 def build_app(args: dict[str, Any] | None = None):
@@ -357,7 +369,8 @@ def build_app(args: dict[str, Any] | None = None):
     # model's user_config: a `serve deploy` that changes just those reconfigures in place.
     config = dataclasses.asdict(dataclasses.replace(cfg, reload_token="", batching=BatchingConfig(max_batch_size=1)))
     batch = cfg.batching.effective_max_batch_size
-    model_kwargs = _deployment_kwargs(cfg.model_deployment, max(64, 2 * batch), cfg.access_log)
+    model_kwargs = _deployment_kwargs(cfg.model_deployment, max(64, 2 * batch), cfg.access_log,
+                                      model_replica_env(cfg.batching))
     model_kwargs["user_config"] = {"reload_token": cfg.reload_token, "batching": dataclasses.asdict(cfg.batching)}
     if cfg.colocate_model:  # one deployment: the ingress holds the model (its replicas, resources, user_config)
         model_kwargs["max_ongoing_requests"] = cfg.model_deployment.max_ongoing_requests or max(256, 4 * batch)

@@ -49,12 +49,15 @@ class BatchingConfig:
         an idle server adds no latency and batches grow with load by themselves. A few ms
         can help a steady load whose requests arrive just after each batch starts.
     forward_thread: run each batch's forward pass in a worker thread, so the replica's event
-        loop keeps admitting requests into the next batch while it runs (True), or on the
-        event loop itself (False): requests that arrive meanwhile wait in Ray Serve's own
-        queue, on the replica's other thread, and all join the next batch, and no third
-        thread competes with the two loops for Python's GIL. False suits a model whose
-        forward pass is mostly Python rather than kernels that release the GIL (a small model
-        on CPU); the replica then answers nothing else (health, /v1/model) while a batch runs.
+        loop keeps admitting requests into the next batch while it runs (True), or make the
+        replica one Python thread (False): the model's replicas start with Ray Serve's
+        ``RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0``, so HTTP, the app's code and the
+        forward pass share Ray's event loop; requests that arrive during a batch wait in the
+        socket and all join the next one, and no thread waits for Python's GIL between the
+        forward pass's kernels. False suits a small model on CPU (its forward pass is many
+        short kernels); the replica then answers nothing else (health, /v1/model) while a
+        batch runs. Changing it restarts the model's replicas (the variable is read when a
+        replica starts).
     """
 
     enabled: bool = True

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any
 
@@ -161,6 +162,9 @@ class ScoringModel:
             "batching": {"enabled": self._batching.enabled,
                          "max_batch_size": self._batching.effective_max_batch_size,
                          "forward_thread": self._batching.forward_thread,
+                         # False once the replica started with the one-loop environment
+                         # (hardpos.serve.app.model_replica_env): what Ray itself reads
+                         "user_code_thread": os.environ.get("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD", "1") == "1",
                          "batch_wait_timeout_s": self._batching.batch_wait_timeout_s if self._batching.enabled else 0.0,
                          **self.stats.summary()},
             "text_cache": state.cache.stats() if state else None,
@@ -194,7 +198,8 @@ class ScoringModel:
     async def _score_batch(self, items: list[tuple[bytes, list[str]]]) -> list[dict[str, Any]]:
         state = self._state
         if not self._batching.forward_thread:
-            # On this loop: what arrives meanwhile queues in Serve, then joins the next batch.
+            # On this loop (with model_replica_env, Ray's one loop): what arrives meanwhile
+            # waits in the socket, then joins the next batch whole.
             return compute_batch(state, items, self.cfg.limits, self.times)
         # In a thread, so the replica keeps accepting (and queueing) requests meanwhile: the
         # next batch fills while this one computes.
