@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from hardpos.serve.batching import Batcher
+from hardpos.serve.batching import ARRIVAL_TURNS, Batcher
 
 
 def test_requests_that_queue_while_a_batch_runs_form_the_next_batch():
@@ -24,8 +24,8 @@ def test_requests_that_queue_while_a_batch_runs_form_the_next_batch():
 
         b = Batcher(handler, max_batch_size=8)
         first = asyncio.ensure_future(b.submit(0))
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        while not sizes:  # the first batch is running
+            await asyncio.sleep(0)
         rest = [asyncio.ensure_future(b.submit(i)) for i in range(1, 12)]  # 11 arrive while it runs
         await asyncio.sleep(0)
         assert b.queued() == 11
@@ -100,8 +100,8 @@ def test_a_cancelled_request_is_dropped_before_its_batch_runs():
 
         b = Batcher(handler, max_batch_size=8)
         first = asyncio.ensure_future(b.submit(0))
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        while not seen:  # the first batch is running
+            await asyncio.sleep(0)
         gone, kept = asyncio.ensure_future(b.submit(1)), asyncio.ensure_future(b.submit(2))
         await asyncio.sleep(0)
         gone.cancel()
@@ -111,3 +111,28 @@ def test_a_cancelled_request_is_dropped_before_its_batch_runs():
         return seen
 
     assert asyncio.run(scenario()) == [[0], [2]]
+
+
+def test_requests_a_few_loop_turns_behind_the_first_join_its_batch():
+    # An HTTP request the loop has read takes a few turns of the loop (routing, parsing) to
+    # reach the queue: those join the batch; a request that comes later runs in the next one.
+    async def scenario():
+        sizes = []
+
+        async def handler(items):
+            sizes.append(len(items))
+            return items
+
+        b = Batcher(handler, max_batch_size=8)
+
+        async def after(turns, item):
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            return await b.submit(item)
+
+        out = await asyncio.gather(b.submit(0), after(1, 1), after(2, 2))
+        later = await after(ARRIVAL_TURNS + 5, 3)
+        await b.close()
+        return sizes, out, later
+
+    assert asyncio.run(scenario()) == ([3, 1], [0, 1, 2], 3)

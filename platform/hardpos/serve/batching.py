@@ -19,6 +19,9 @@ from __future__ import annotations
 import asyncio
 from typing import Awaitable, Callable, Generic, Sequence, TypeVar
 
+# Loop turns without a new arrival after which a batch stops collecting (with no wait timeout).
+ARRIVAL_TURNS = 3
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -30,8 +33,9 @@ class Batcher(Generic[T, R]):
 
     * at most one ``handler`` call runs at a time (one model per replica: a second concurrent
       batch would only compete for the same cores);
-    * the next batch is taken when the running one finishes: everything queued by then, up to
-      ``max_batch_size``; with ``wait_timeout_s`` > 0 a batch that is not full also waits up to
+    * the next batch is taken when the running one finishes: everything queued by then, and
+      what reaches the queue within ``ARRIVAL_TURNS`` turns of the event loop without a new
+      arrival (requests the loop has read but not yet routed), up to ``max_batch_size``; with ``wait_timeout_s`` > 0 a batch that is not full also waits up to
       that long for more arrivals (an idle server: the first request waits that long);
     * a handler exception, or a result list of the wrong length, fails every item of that
       batch with that error; items whose caller went away (cancelled) are dropped before the
@@ -91,9 +95,19 @@ class Batcher(Generic[T, R]):
         batch = [await self._queue.get()]
         limit, loop = self._max_batch_size, asyncio.get_running_loop()
         deadline = loop.time() + self._wait_timeout_s
+        idle_turns = 0
         while len(batch) < limit:
             if not self._queue.empty():
                 batch.append(self._queue.get_nowait())
+                idle_turns = 0
+                continue
+            # Requests already on this loop (read from their sockets, still in the HTTP and
+            # routing code) reach the queue within a few turns of the loop: let them in before
+            # the batch runs. After a forward pass that held the loop, that is everyone who
+            # arrived meanwhile; on an idle loop these turns cost microseconds.
+            if idle_turns < ARRIVAL_TURNS:
+                idle_turns += 1
+                await asyncio.sleep(0)
                 continue
             left = deadline - loop.time()
             if left <= 0:
