@@ -20,8 +20,8 @@ import asyncio
 import base64
 import dataclasses
 import io
-import json
 import ipaddress
+import json
 import os
 import statistics
 import time

@@ -44,7 +44,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from hardpos.config.paths import resolve_tracking_uri
 from hardpos.eval.metrics import verdicts
 from hardpos.serve.config import BatchingConfig, DeploymentOptions, load_app_config
-from hardpos.serve.deployment import ScoringModel
+from hardpos.serve.deployment import USER_CODE_THREAD_ENV, ScoringModel
 from hardpos.serve.docs import add_offline_docs
 from hardpos.serve.errors import ServingError, check_bearer, token_digest
 from hardpos.serve.requests import (check_image_header, is_multipart, parse_batch_payload, parse_compare_payload,
@@ -57,7 +57,6 @@ from hardpos.serve.scoring import StageTimes, softmax as softmax_probs
 __all__ = ["ScoringAPI", "ScoringModel", "api", "build_app", "model_replica_env"]
 
 MODEL_DEPLOYMENT = "ScoringModel"
-USER_CODE_THREAD_ENV = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"  # Ray Serve's, default "1"
 PROBE_AFTER_S = 2.0  # a model call slower than this asks Serve whether the model deployment failed
 PROBE_CACHE_S = 2.0
 _NO_MODEL = re.compile(r"no model loaded \((\d{3})\): ([^\n]+)")

@@ -12,7 +12,7 @@ longer one taxes an idle server.
 next is everything that queued meanwhile (up to ``max_batch_size``), so batches grow with
 load by themselves and an idle server adds no latency (``wait_timeout_s`` 0). Pure asyncio,
 no Ray: it runs on the replica's event loop, and the handler (a coroutine) moves the forward
-pass to a thread, so requests keep being admitted while it runs.
+pass to a thread by default, so requests keep being admitted while it runs.
 """
 from __future__ import annotations
 
@@ -35,8 +35,9 @@ class Batcher(Generic[T, R]):
       batch would only compete for the same cores);
     * the next batch is taken when the running one finishes: everything queued by then, and
       what reaches the queue within ``ARRIVAL_TURNS`` turns of the event loop without a new
-      arrival (requests the loop has read but not yet routed), up to ``max_batch_size``; with ``wait_timeout_s`` > 0 a batch that is not full also waits up to
-      that long for more arrivals (an idle server: the first request waits that long);
+      arrival (requests the loop has read but not yet routed), up to ``max_batch_size``;
+      with ``wait_timeout_s`` > 0 a batch that is not full also waits up to that long for
+      more arrivals (an idle server: the first request waits that long);
     * a handler exception, or a result list of the wrong length, fails every item of that
       batch with that error; items whose caller went away (cancelled) are dropped before the
       batch runs;

@@ -43,6 +43,9 @@ from hardpos.serve.requests import check_token_lengths
 from hardpos.serve.scoring import BatchStats, ModelState, StageTimes, compute_batch, current_version, load_state
 
 log = logging.getLogger("ray.serve")
+# Ray Serve's switch (default "1"): "0" runs the app's code on Ray's own event loop, not in a
+# second thread (hardpos.serve.app.model_replica_env sets it for forward_thread: false).
+USER_CODE_THREAD_ENV = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"
 
 
 @serve.deployment
@@ -164,7 +167,7 @@ class ScoringModel:
                          "forward_thread": self._batching.forward_thread,
                          # False once the replica started with the one-loop environment
                          # (hardpos.serve.app.model_replica_env): what Ray itself reads
-                         "user_code_thread": os.environ.get("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD", "1") == "1",
+                         "user_code_thread": os.environ.get(USER_CODE_THREAD_ENV, "1") == "1",
                          "batch_wait_timeout_s": self._batching.batch_wait_timeout_s if self._batching.enabled else 0.0,
                          **self.stats.summary()},
             "text_cache": state.cache.stats() if state else None,
