@@ -517,13 +517,12 @@ def test_openapi_document_states_the_configured_limits_and_auth():
 
 
 def test_a_one_thread_model_replica_starts_with_rays_user_code_on_its_own_loop():
-    from hardpos.serve.app import USER_CODE_THREAD_ENV, _deployment_kwargs, build_app, model_replica_env
+    from hardpos.serve.app import USER_CODE_THREAD_ENV, build_app, model_replica_env
 
     one_loop = config.load_app_config({"batching": {"forward_thread": False}})
     assert model_replica_env(one_loop.batching) == {USER_CODE_THREAD_ENV: "0"}
     assert model_replica_env(config.load_app_config({}).batching) == {}
-    options = _deployment_kwargs(one_loop.model_deployment, 64, env_vars=model_replica_env(one_loop.batching))
-    assert options["ray_actor_options"]["runtime_env"] == {"env_vars": {USER_CODE_THREAD_ENV: "0"}}
+    assert "runtime_env" not in build_app({"model": "hf-hub:none"})._bound_deployment.ray_actor_options
     # the deployment that holds the model gets it: the ingress in one deployment, the model in two
     env = {"env_vars": {USER_CODE_THREAD_ENV: "0"}}
     one = build_app({"model": "hf-hub:none", "batching": {"forward_thread": False}})._bound_deployment

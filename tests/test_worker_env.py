@@ -44,8 +44,9 @@ def test_the_allow_list_holds_no_secret_name():
 
 
 def test_every_runtime_env_the_package_builds_comes_from_worker_env():
-    """Every ``"env_vars": X`` in the package: X is a ``worker_env(...)`` call, or the name
-    ``env`` that the trainer fills from ``worker_env(...)``."""
+    """Every ``"env_vars": X`` in the package: X is a ``worker_env(...)`` call, the name
+    ``env`` that the trainer fills from ``worker_env(...)``, or the Serve app's
+    ``model_replica_env(...)`` (constant values of Ray Serve's own switches, checked below)."""
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -55,9 +56,20 @@ def test_every_runtime_env_the_package_builds_comes_from_worker_env():
             for key, value in zip(node.keys, node.values):
                 if isinstance(key, ast.Constant) and key.value == "env_vars":
                     text = ast.unparse(value)
-                    if "worker_env(" not in text and not (isinstance(value, ast.Name) and value.id == "env"):
+                    if ("worker_env(" not in text and not text.startswith("model_replica_env(")
+                            and not (isinstance(value, ast.Name) and value.id == "env")):
                         offenders.append(f"{path.name}:{node.lineno}: {text}")
     assert offenders == []
     # the two places that pass `env` get it from worker_env
     assert "env=storage.worker_env(include_tracking=False)" in (PACKAGE / "train" / "trainer.py").read_text()
     assert "env = storage.worker_env()" in (PACKAGE / "train" / "trainer.py").read_text()
+
+
+def test_the_serve_replicas_environment_holds_nothing_of_the_drivers(driver_env):
+    from hardpos.serve.app import model_replica_env
+    from hardpos.serve.config import BatchingConfig
+
+    for forward_thread in (True, False):
+        env = model_replica_env(BatchingConfig(forward_thread=forward_thread))
+        assert not set(SECRETS) & set(env) and not set(SECRETS.values()) & set(env.values())
+        assert set(env) <= {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"}

@@ -321,13 +321,10 @@ class ScoringAPI:
 # --------------------------------------------------------------------------- builder
 
 
-def _deployment_kwargs(opts: DeploymentOptions, default_max_ongoing: int, access_log: bool = True,
-                       env_vars: dict[str, str] | None = None) -> dict[str, Any]:
+def _deployment_kwargs(opts: DeploymentOptions, default_max_ongoing: int, access_log: bool = True) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": opts.num_cpus, "num_gpus": opts.num_gpus,
-                              **({"resources": dict(opts.resources)} if opts.resources else {}),
-                              # Serve merges these into the app's runtime_env (its env_vars kept)
-                              **({"runtime_env": {"env_vars": dict(env_vars)}} if env_vars else {})},
+                              **({"resources": dict(opts.resources)} if opts.resources else {})},
         "max_ongoing_requests": opts.max_ongoing_requests or default_max_ongoing,
         "logging_config": {"enable_access_log": access_log},
     }
@@ -347,7 +344,8 @@ def model_replica_env(batching: BatchingConfig) -> dict[str, str]:
     """Environment of the replicas that hold the model: with ``forward_thread: false`` Ray
     Serve runs the app's code on its own event loop (one Python thread for HTTP, the app and
     the forward pass) instead of a loop in a second thread. Read by Ray when a replica starts,
-    so it travels in ``ray_actor_options`` (a change restarts the replicas), not user_config."""
+    so it travels in ``ray_actor_options`` (a change restarts the replicas), not user_config.
+    Constant values of Ray's own switches: nothing of the driver's environment."""
     return {} if batching.forward_thread else {USER_CODE_THREAD_ENV: "0"}
 
 
@@ -368,8 +366,9 @@ def build_app(args: dict[str, Any] | None = None):
     # model's user_config: a `serve deploy` that changes just those reconfigures in place.
     config = dataclasses.asdict(dataclasses.replace(cfg, reload_token="", batching=BatchingConfig(max_batch_size=1)))
     batch = cfg.batching.effective_max_batch_size
-    model_kwargs = _deployment_kwargs(cfg.model_deployment, max(64, 2 * batch), cfg.access_log,
-                                      model_replica_env(cfg.batching))
+    model_kwargs = _deployment_kwargs(cfg.model_deployment, max(64, 2 * batch), cfg.access_log)
+    if model_replica_env(cfg.batching):  # Serve merges it into the app's runtime_env (its env_vars kept)
+        model_kwargs["ray_actor_options"]["runtime_env"] = {"env_vars": model_replica_env(cfg.batching)}
     model_kwargs["user_config"] = {"reload_token": cfg.reload_token, "batching": dataclasses.asdict(cfg.batching)}
     if cfg.colocate_model:  # one deployment: the ingress holds the model (its replicas, resources, user_config)
         model_kwargs["max_ongoing_requests"] = cfg.model_deployment.max_ongoing_requests or max(256, 4 * batch)
