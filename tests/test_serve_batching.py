@@ -131,8 +131,9 @@ def test_requests_a_few_loop_turns_behind_the_first_join_its_batch():
             return await b.submit(item)
 
         out = await asyncio.gather(b.submit(0), after(1, 1), after(2, 2))
-        later = await after(ARRIVAL_TURNS + 5, 3)
+        # one that comes more than ARRIVAL_TURNS idle turns after the first: the next batch
+        out += await asyncio.gather(b.submit(3), after(2 * ARRIVAL_TURNS + 2, 4))
         await b.close()
-        return sizes, out, later
+        return sizes, out
 
-    assert asyncio.run(scenario()) == ([3, 1], [0, 1, 2], 3)
+    assert asyncio.run(scenario()) == ([3, 1, 1], [0, 1, 2, 3, 4])
