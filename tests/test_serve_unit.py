@@ -519,14 +519,51 @@ def test_openapi_document_states_the_configured_limits_and_auth():
 def test_a_one_thread_model_replica_starts_with_rays_user_code_on_its_own_loop():
     from hardpos.serve.app import USER_CODE_THREAD_ENV, build_app, model_replica_env
 
-    one_loop = config.load_app_config({"batching": {"forward_thread": False}})
-    assert model_replica_env(one_loop.batching) == {USER_CODE_THREAD_ENV: "0"}
-    assert model_replica_env(config.load_app_config({}).batching) == {}
-    assert "runtime_env" not in build_app({"model": "hf-hub:none"})._bound_deployment.ray_actor_options
+    default = config.load_app_config({})
+    assert default.batching.forward_thread is False  # one thread unless asked for a worker thread
+    assert model_replica_env(default.batching) == {USER_CODE_THREAD_ENV: "0"}
+    threaded = {"model": "hf-hub:none", "batching": {"forward_thread": True}}
+    assert model_replica_env(config.load_app_config(threaded).batching) == {}
+    assert "runtime_env" not in build_app(threaded)._bound_deployment.ray_actor_options
     # the deployment that holds the model gets it: the ingress in one deployment, the model in two
     env = {"env_vars": {USER_CODE_THREAD_ENV: "0"}}
-    one = build_app({"model": "hf-hub:none", "batching": {"forward_thread": False}})._bound_deployment
+    one = build_app({"model": "hf-hub:none"})._bound_deployment
     assert one.ray_actor_options["runtime_env"] == env
-    two = build_app({"model": "hf-hub:none", "colocate_model": False, "batching": {"forward_thread": False}})
+    two = build_app({"model": "hf-hub:none", "colocate_model": False})
     assert "runtime_env" not in two._bound_deployment.ray_actor_options
     assert two._bound_deployment.init_args[0]._bound_deployment.ray_actor_options["runtime_env"] == env
+
+
+def test_the_ingress_is_the_clusters_haproxy_flag_exactly_as_ray_reads_it():
+    from hardpos.serve.ingress import HAPROXY_FLAG, current_ingress
+
+    assert current_ingress({HAPROXY_FLAG: "1"}) == "haproxy"
+    for off in ({}, {HAPROXY_FLAG: "0"}, {HAPROXY_FLAG: "true"}, {HAPROXY_FLAG: ""}):
+        assert current_ingress(off) == "proxy", off  # Ray turns it on for "1" only
+
+
+def test_haproxy_env_keeps_a_clusters_haproxy_files_and_ports_its_own():
+    from hardpos.serve.ingress import MAX_HAPROXY_DIR_CHARS, haproxy_env
+
+    short = Path("/tmp/hp-haproxy-x")
+    env = haproxy_env(short / "hap", stats_port=18404, metrics_port=19101)
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    paths = {k: v for k, v in env.items() if k.endswith(("_LOC", "_PATH", "_BASE", "_FILE"))}
+    assert sorted(paths) == ["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH",
+                             "RAY_SERVE_HAPROXY_SERVER_STATE_BASE", "RAY_SERVE_HAPROXY_SERVER_STATE_FILE",
+                             "RAY_SERVE_HAPROXY_SOCKET_PATH"]
+    assert all(v.startswith(str(short / "hap")) for v in paths.values())  # none left at /tmp/haproxy-serve
+    assert (env["RAY_SERVE_HAPROXY_STATS_PORT"], env["RAY_SERVE_HAPROXY_METRICS_PORT"]) == ("18404", "19101")
+    assert "RAY_SERVE_HAPROXY_STATS_PORT" not in haproxy_env(short)  # Ray's own defaults unless given
+    assert not short.exists()  # pure: creates nothing
+    # Ray adds the node id below the folder and HAProxy refuses sockets over 97 characters:
+    # a longer folder is refused here, not by an HAProxy that crashes at start
+    longest = "/tmp/" + "x" * (MAX_HAPROXY_DIR_CHARS - len("/tmp/"))
+    assert len(f"{haproxy_env(longest)['RAY_SERVE_HAPROXY_SERVER_STATE_BASE']}/{'0' * 56}/metrics.sock") == 97
+    with pytest.raises(ValueError, match=r"is 28 characters; at most 27 fit"):
+        haproxy_env(longest + "y")
+    # every variable is one Ray Serve reads (a misspelt name would silently fall back to /tmp)
+    from ray.serve._private import constants
+
+    source = Path(constants.__file__).read_text()
+    assert all(f'"{name}"' in source for name in env), [n for n in env if f'"{n}"' not in source]

@@ -3,13 +3,13 @@
 ``build_app(args) -> Application`` is the Serve application builder (``args`` is a
 :class:`hardpos.serve.config.ServeAppConfig` as a dict); importing this module loads nothing.
 
-    serve run serve/config.yaml                                   # from the repository root
+    RAY_SERVE_ENABLE_HA_PROXY=1 serve run serve/config.yaml       # from the repository root
     serve run hardpos.serve.app:build_app model=models:/hardpos-clip@champion
 
 One deployment by default: ``ScoringAPI``, the FastAPI ingress defined here, whose replicas
 hold the model (:class:`hardpos.serve.deployment.ScoringModel`'s code: loads the model,
-batches, reloads without downtime), so a request takes one hop, Serve's proxy to the
-replica. The ingress does input validation (the request models of
+batches, reloads without downtime), so a request takes one hop, HAProxy (or Serve's Python
+proxy: the cluster's choice, :mod:`hardpos.serve.ingress`) to the replica. The ingress does input validation (the request models of
 :mod:`hardpos.serve.schemas`, which also draw ``/docs`` and ``/openapi.json``, the contract
 with the app's configured limits; 400/413 with messages naming the field,
 :mod:`hardpos.serve.requests`), optional bearer auth and a request timeout (503, never a

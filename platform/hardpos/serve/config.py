@@ -48,22 +48,21 @@ class BatchingConfig:
         it runs. 0 (the default): a batch is whatever queued while the previous one ran, so
         an idle server adds no latency and batches grow with load by themselves. A few ms
         can help a steady load whose requests arrive just after each batch starts.
-    forward_thread: run each batch's forward pass in a worker thread, so the replica's event
-        loop keeps admitting requests into the next batch while it runs (True), or make the
-        replica one Python thread (False): the model's replicas start with Ray Serve's
-        ``RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0``, so HTTP, the app's code and the
-        forward pass share Ray's event loop; requests that arrive during a batch wait in the
-        socket and all join the next one, and no thread waits for Python's GIL between the
-        forward pass's kernels. False suits a small model on CPU (its forward pass is many
-        short kernels); the replica then answers nothing else (health, /v1/model) while a
-        batch runs. Changing it restarts the model's replicas (the variable is read when a
-        replica starts).
+    forward_thread: False (the default) makes the replica one Python thread: the model's
+        replicas start with Ray Serve's ``RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0``, so
+        HTTP, the app's code and the forward pass share Ray's event loop; requests that
+        arrive during a batch wait in the socket and all join the next one, and no thread
+        waits for Python's GIL between the forward pass's kernels. The replica then answers
+        nothing else (health, /v1/model) while a batch runs. True runs each forward pass in a
+        worker thread, so the loop keeps admitting requests while a batch runs; on CPU it
+        served less than one thread for both ViT-B-32 and the small demo model. Changing it
+        restarts the model's replicas (the variable is read when a replica starts).
     """
 
     enabled: bool = True
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.0
-    forward_thread: bool = True
+    forward_thread: bool = False
 
     @property
     def effective_max_batch_size(self) -> int:

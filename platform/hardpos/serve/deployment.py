@@ -39,6 +39,7 @@ from hardpos.config import from_dict
 from hardpos.serve.batching import Batcher
 from hardpos.serve.config import BatchingConfig, load_app_config
 from hardpos.serve.errors import ServingError, classify_load_error
+from hardpos.serve.ingress import current_ingress
 from hardpos.serve.requests import check_token_lengths
 from hardpos.serve.scoring import BatchStats, ModelState, StageTimes, compute_batch, current_version, load_state
 
@@ -172,6 +173,9 @@ class ScoringModel:
                          **self.stats.summary()},
             "text_cache": state.cache.stats() if state else None,
             "timing": self.times.snapshot(),
+            # what carries HTTP to this replica: the cluster's choice, read from the environment
+            # the replica inherited (Ray reads the same variable)
+            "ingress": current_ingress(),
             # Read where forward passes run (compute_batch goes through asyncio.to_thread), not
             # on this event loop's thread: the figure a load test's forward timings depend on.
             "torch_threads": await asyncio.to_thread(torch.get_num_threads),

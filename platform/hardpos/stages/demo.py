@@ -60,6 +60,7 @@ from hardpos.interpolate import check_alphas
 from hardpos.models import bases, registry
 from hardpos.paper import signs, table1
 from hardpos.runtime import JobContext, init_ray
+from hardpos.serve.ingress import HAPROXY_FLAG, haproxy_available
 from hardpos.stages import evaluate, generate, interpolate, register
 from hardpos.tracking.redact import redact_text
 
@@ -296,6 +297,8 @@ def instructions(uri: str, cfg: Config, best: str, registered: dict, files: dict
     MLflow UI (on the experiment's runs, ``experiment_id``) and serve the champion, and a
     ready curl for one world image."""
     model_uri = registered.get("model_uri", f"models:/{cfg.register_name}@champion")
+    # Serve's HAProxy ingress where Ray can find HAProxy (Linux); elsewhere its Python proxy
+    haproxy_flag = f"{HAPROXY_FLAG}=1 " if haproxy_available() else ""
     lines = [
         f"Champion: {best} -> {model_uri} (version {registered.get('champion', {}).get('version')})",
         f"Table: {files.get('results_md')}   chart: {files.get('chart', '(disabled)')}",
@@ -307,7 +310,7 @@ def instructions(uri: str, cfg: Config, best: str, registered: dict, files: dict
         "  (MLflow's model-training view: each run's datasets, source and logged model)",
         "",
         "Serve the champion (Ray Serve; Ctrl-C stops it; `serve status` / `serve shutdown -y` need the same RAY_AUTH_MODE):",
-        f"  RAY_AUTH_MODE=token MLFLOW_TRACKING_URI={uri} .venv/bin/serve run serve/config.yaml",
+        f"  RAY_AUTH_MODE=token {haproxy_flag}MLFLOW_TRACKING_URI={uri} .venv/bin/serve run serve/config.yaml",
     ]
     if cfg.register_name != "hardpos-clip":
         lines.append(f"  (serve/config.yaml serves models:/hardpos-clip@champion: add args.model={model_uri})")
