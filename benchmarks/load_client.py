@@ -47,9 +47,10 @@ class LoadgenConfig:
         (one deployment named explicitly: the default's shape, a second copy shows the noise),
         ``two_deployments`` (ingress -> model handle, ``colocate_model: false``), ``scaled``
         (the default app with 2 model replicas), ``direct`` (the default app addressed on its
-        replica's own HTTP port, no HAProxy or proxy hop: Ray Serve's direct ingress) and
+        replica's own HTTP port, no HAProxy or proxy hop: Ray Serve's direct ingress),
         ``plain`` (the same model, validation and scoring in one FastAPI + uvicorn process,
-        :mod:`benchmarks.plain_server`: the peer).
+        :mod:`benchmarks.plain_server`: the peer) and ``plain_haproxy`` (the peer behind a bare
+        HAProxy with the HTTP options of Serve's, loopback only: what the hop alone costs).
     ingress: what the Serve targets (all but ``direct``) are reached through: ``haproxy`` (the
         documented default: Ray Serve's HAProxy ingress, turned on for a local Ray cluster the
         run starts; HAProxy binds its stats and metrics ports on every interface, so the run

