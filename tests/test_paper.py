@@ -165,6 +165,12 @@ def test_t_distribution_matches_tables():
     for t, df, p in ((12.706, 1, 0.025), (2.776, 4, 0.025), (2.228, 10, 0.025), (2.920, 2, 0.05), (0.0, 7, 0.5)):
         assert signs.t_sf(t, df) == pytest.approx(p, abs=2e-5)
     assert signs.t_sf(-2.776, 4) == pytest.approx(0.975, abs=2e-5)
+    for t, df, q in ((12.706, 1, 0.975), (2.776, 4, 0.975), (2.131, 15, 0.975), (2.920, 2, 0.95)):
+        assert signs.t_quantile(q, df) == pytest.approx(t, abs=2e-3)
+        assert signs.t_quantile(1 - q, df) == pytest.approx(-t, abs=2e-3)
+    assert signs.t_quantile(0.5, 9) == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="0 < q < 1"):
+        signs.t_quantile(1.0, 3)
     assert signs.betainc(2.0, 3.0, 0.4) == pytest.approx(0.5248, abs=1e-4)
     with pytest.raises(ValueError, match="at least 2"):
         signs.paired_test([1.0])

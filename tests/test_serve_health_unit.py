@@ -84,6 +84,32 @@ def test_level_report_ratios_against_the_peer():
     assert out["vs_plain"]["batched"]["throughput_ratio"] == pytest.approx(2.0)  # median of 2.0 and 2.0
     assert out["vs_plain"]["unbatched"]["throughput_ratio"] == pytest.approx((10 / 15 + 1.0) / 2, abs=1e-3)
     assert out["vs_plain"]["batched"]["p50_ratio"] == pytest.approx(1.5)  # plain p50 / batched p50
+    assert "vs_plain_haproxy" not in out  # no peer behind a hop in this run
+    # mean ± std and the 95% t interval of the per-round ratios: (10/15, 1.0) -> mean 0.833,
+    # std 0.236, half width 12.706 * 0.236 / sqrt(2) = 2.118
+    unbatched = out["vs_plain"]["unbatched"]
+    assert unbatched["throughput_ratio_mean"] == pytest.approx(0.833, abs=1e-3)
+    assert unbatched["throughput_ratio_std"] == pytest.approx(0.236, abs=1e-3)
+    assert unbatched["throughput_ratio_ci95"] == pytest.approx([0.833 - 2.118, 0.833 + 2.118], abs=2e-3)
+    assert out["vs_plain"]["batched"]["throughput_ratio_ci95"] == [2.0, 2.0]  # no spread, no width
+
+
+def test_level_report_compares_serve_with_the_peer_behind_the_same_hop():
+    from benchmarks.serve_compare import level_report
+
+    def r(rps):
+        return {"requests_per_s": rps, "p50_ms": 1000 / rps, "p99_ms": 2000 / rps}
+
+    rounds = {"batched": [r(90), r(95), r(92)], "direct": [r(99), r(100), r(98)],
+              "plain": [r(100), r(100), r(100)], "plain_haproxy": [r(90), r(92), r(94)]}
+    out = level_report(1, rounds)
+    assert out["vs_plain"]["batched"]["throughput_ratio"] == pytest.approx(0.92)
+    hop = out["vs_plain_haproxy"]
+    assert set(hop) == {"batched"}  # direct has no hop to cancel; the peers are not compared with themselves
+    assert hop["batched"]["throughput_ratio"] == pytest.approx(1.0, abs=1e-3)  # 90/90, 95/92, 92/94
+    assert hop["batched"]["throughput_ratio_min"] == pytest.approx(92 / 94, abs=1e-3)
+    lo, hi = hop["batched"]["throughput_ratio_ci95"]
+    assert lo < 1.0 < hi
     with pytest.raises(ValueError, match="targets must be distinct names"):
         from benchmarks.load_client import LoadgenConfig
         from benchmarks.serve_compare import compare_servers
@@ -105,9 +131,13 @@ def test_batch_histogram_per_level_and_the_report_shows_it():
 
     report = format_report({"levels": [{"concurrency": 32, "batched": r(30, level), "plain": r(15),
                                         "vs_plain": {"batched": {"throughput_ratio": 2.0, "throughput_ratio_min": 1.5,
-                                                                 "throughput_ratio_max": 2.5, "p99_ratio": 1.25}}}]})
+                                                                 "throughput_ratio_max": 2.5, "throughput_ratio_mean": 2.1,
+                                                                 "throughput_ratio_std": 0.4,
+                                                                 "throughput_ratio_ci95": [1.2, 3.0], "p99_ratio": 1.25}},
+                                        "vs_plain_haproxy": {"batched": {"throughput_ratio": 0.99}}}]})
     row = next(line for line in report.splitlines() if "| batched |" in line)
-    assert "mean 9.5 (1x1, 8x3, 16x2)" in row and "2.00x [1.50, 2.50]" in row and "1.25x" in row
+    assert "mean 9.5 (1x1, 8x3, 16x2)" in row and "2.00x [1.50, 2.50]; 2.10 ± 0.40 (1.20-3.00)" in row
+    assert "| 1.25x |" in row and "| 0.99x |" in row
 
 
 def test_loadgen_targets_and_the_cpus_they_need():

