@@ -63,7 +63,8 @@ class LoadgenConfig:
     max_total_s: levels not started within this many seconds are skipped (reported).
     warmup_requests: unmeasured requests per mode before the first level.
     repeats: rounds per level in compare mode, the targets' order reversed every other
-        round (median ratio reported).
+        round (each ratio: the median over the rounds with min and max, their mean ± std and
+        the 95% confidence interval of the mean).
     images: distinct images in the request pool; image_size: their side in pixels (JPEG).
     captions_per_request: captions per request (scores/s = requests/s x this).
     caption_pool: distinct captions the requests draw from (repeats exercise the cache).

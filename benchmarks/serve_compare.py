@@ -369,8 +369,10 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
     Ratios per level: ``throughput_ratio`` = batched req/s / unbatched req/s (>1: batching
     helps), ``p50_ratio`` / ``p99_ratio`` = unbatched latency / batched latency; and for every
     target but ``plain`` ``vs_plain[target]`` = its req/s / the plain peer's (>= 1: at or above the
-    peer) with ``p50_ratio`` = plain p50 / its p50. With ``repeats`` > 1 each ratio is the
-    median over the rounds (min/max kept).
+    peer) with ``p50_ratio`` = plain p50 / its p50; with ``plain_haproxy`` among the targets,
+    ``vs_plain_haproxy[target]`` compares each Serve target but ``direct`` with the peer behind
+    the same kind of hop. With ``repeats`` > 1 each ratio is the median over the rounds, with
+    min/max, mean ± std and a 95% confidence interval (:func:`_put_ratio`).
     """
     cfg = cfg or LoadgenConfig()
     targets = _check_targets(cfg)
@@ -567,10 +569,14 @@ def serve_bench(quick: bool = False, repeats: int = 3) -> list[dict[str, Any]]:
 
 def format_report(result: dict[str, Any]) -> str:
     """A Markdown table of :func:`compare_servers` (or :func:`benchmarks.load_client.measure`) output."""
+    header = ["concurrency", "target", "req/s", "scores/s", "p50 ms", "p99 ms", "errors",
+              "batched/unbatched", "vs plain req/s: median [min, max]; mean ± std (95% CI)",
+              "vs plain p99 (plain/it)", "vs plain behind HAProxy req/s",
+              "batches: mean (size x count)", "server-side ms per request"]
     rows = []
     for level in result["levels"]:
         if "skipped" in level:
-            rows.append([level["concurrency"], f"skipped: {level['skipped']}"] + [""] * 8)
+            rows.append([level["concurrency"], f"skipped: {level['skipped']}"] + [""] * (len(header) - 2))
             continue
         modes = [(m, level[m]) for m in ALL_TARGETS if m in level] or [("-", level)]
         for mode, r in modes:
@@ -582,10 +588,7 @@ def format_report(result: dict[str, Any]) -> str:
                          _ratio_cell(vs_plain, "p99_ratio"), _ratio_cell(vs_hop, "throughput_ratio"),
                          _batch_cell(r.get("batches")),
                          ", ".join(f"{k} {v}" for k, v in r.get("server_ms", {}).items())])
-    return table(["concurrency", "target", "req/s", "scores/s", "p50 ms", "p99 ms", "errors",
-                  "batched/unbatched", "vs plain req/s: median [min, max]; mean ± std (95% CI)",
-                  "vs plain p99 (plain/it)", "vs plain behind HAProxy req/s",
-                  "batches: mean (size x count)", "server-side ms per request"], rows)
+    return table(header, rows)
 
 
 def _ratio_cell(entry: dict[str, Any], name: str) -> str:

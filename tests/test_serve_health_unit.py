@@ -138,6 +138,9 @@ def test_batch_histogram_per_level_and_the_report_shows_it():
     row = next(line for line in report.splitlines() if "| batched |" in line)
     assert "mean 9.5 (1x1, 8x3, 16x2)" in row and "2.00x [1.50, 2.50]; 2.10 ± 0.40 (1.20-3.00)" in row
     assert "| 1.25x |" in row and "| 0.99x |" in row
+    # a level skipped for max_total_s is a row of its own, not a crash that loses the run's figures
+    skipped = format_report({"levels": [{"concurrency": 32, "skipped": "max_total_s=600.0 reached"}]})
+    assert "| 32 | skipped: max_total_s=600.0 reached |" in skipped
 
 
 def test_loadgen_targets_and_the_cpus_they_need():
