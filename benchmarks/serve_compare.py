@@ -486,6 +486,16 @@ def _put_ratio(report: dict[str, Any], name: str, values: list[float]) -> None:
         report[f"{name}_ci95"] = [round(mean - half, 3), round(mean + half, 3)]
 
 
+def _versus(rounds: list[dict[str, Any]], peer_rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """A target's rounds against a peer's, round by round: ``throughput_ratio`` (it / peer),
+    ``p50_ratio`` and ``p99_ratio`` (peer / it), each as :func:`_put_ratio` gives it."""
+    entry: dict[str, Any] = {}
+    _put_ratio(entry, "throughput_ratio", _ratios(rounds, peer_rounds, "requests_per_s", False))
+    _put_ratio(entry, "p50_ratio", _ratios(rounds, peer_rounds, "p50_ms", True))
+    _put_ratio(entry, "p99_ratio", _ratios(rounds, peer_rounds, "p99_ms", True))
+    return entry
+
+
 def level_report(concurrency: int, rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """One level: each target's median round and the ratios between targets (pure)."""
     report: dict[str, Any] = {"concurrency": concurrency}
@@ -496,22 +506,12 @@ def level_report(concurrency: int, rounds: dict[str, list[dict[str, Any]]]) -> d
                                   ("p99_ratio", "p99_ms", True)):
             _put_ratio(report, name, _ratios(rounds["batched"], rounds["unbatched"], key, invert))
     if "plain" in rounds:
-        report["vs_plain"] = {}
-        for t in (t for t in rounds if t != "plain"):
-            entry: dict[str, Any] = {}
-            _put_ratio(entry, "throughput_ratio", _ratios(rounds[t], rounds["plain"], "requests_per_s", False))
-            _put_ratio(entry, "p50_ratio", _ratios(rounds[t], rounds["plain"], "p50_ms", True))
-            _put_ratio(entry, "p99_ratio", _ratios(rounds[t], rounds["plain"], "p99_ms", True))
-            report["vs_plain"][t] = entry
+        report["vs_plain"] = {t: _versus(rounds[t], rounds["plain"]) for t in rounds if t != "plain"}
     if "plain_haproxy" in rounds:
         # like for like: each Serve target reached through an ingress against the peer behind
         # a bare HAProxy (one hop each), so the hop's own cost cancels out
-        report["vs_plain_haproxy"] = {}
-        for t in (t for t in rounds if t in SERVE_TARGETS and t != "direct"):
-            entry = {}
-            _put_ratio(entry, "throughput_ratio", _ratios(rounds[t], rounds["plain_haproxy"], "requests_per_s", False))
-            _put_ratio(entry, "p99_ratio", _ratios(rounds[t], rounds["plain_haproxy"], "p99_ms", True))
-            report["vs_plain_haproxy"][t] = entry
+        report["vs_plain_haproxy"] = {t: _versus(rounds[t], rounds["plain_haproxy"])
+                                      for t in rounds if t in SERVE_TARGETS and t != "direct"}
     return report
 
 
@@ -592,8 +592,9 @@ def format_report(result: dict[str, Any]) -> str:
 
 
 def _ratio_cell(entry: dict[str, Any], name: str) -> str:
-    """``0.90x [0.79, 0.96]; 0.89 ± 0.05 (0.86-0.92)``: median [min, max] over the rounds, then
-    mean ± std and the 95% confidence interval of the mean (what each one has)."""
+    """``0.90x [0.79, 0.96]; 0.89 ± 0.05 (0.86 to 0.92)``: median [min, max] over the rounds,
+    then mean ± std and the 95% confidence interval of the mean (what each one has; "to", as a
+    bound of a two-round interval can be negative)."""
     if entry.get(name) is None:
         return ""
     cell = f"{entry[name]:.2f}x"
@@ -601,7 +602,7 @@ def _ratio_cell(entry: dict[str, Any], name: str) -> str:
         cell += f" [{entry[f'{name}_min']:.2f}, {entry[f'{name}_max']:.2f}]"
     if f"{name}_ci95" in entry:
         lo, hi = entry[f"{name}_ci95"]
-        cell += f"; {entry[f'{name}_mean']:.2f} ± {entry[f'{name}_std']:.2f} ({lo:.2f}-{hi:.2f})"
+        cell += f"; {entry[f'{name}_mean']:.2f} ± {entry[f'{name}_std']:.2f} ({lo:.2f} to {hi:.2f})"
     return cell
 
 

@@ -136,7 +136,7 @@ def test_batch_histogram_per_level_and_the_report_shows_it():
                                                                  "throughput_ratio_ci95": [1.2, 3.0], "p99_ratio": 1.25}},
                                         "vs_plain_haproxy": {"batched": {"throughput_ratio": 0.99}}}]})
     row = next(line for line in report.splitlines() if "| batched |" in line)
-    assert "mean 9.5 (1x1, 8x3, 16x2)" in row and "2.00x [1.50, 2.50]; 2.10 ± 0.40 (1.20-3.00)" in row
+    assert "mean 9.5 (1x1, 8x3, 16x2)" in row and "2.00x [1.50, 2.50]; 2.10 ± 0.40 (1.20 to 3.00)" in row
     assert "| 1.25x |" in row and "| 0.99x |" in row
     # a level skipped for max_total_s is a row of its own, not a crash that loses the run's figures
     skipped = format_report({"levels": [{"concurrency": 32, "skipped": "max_total_s=600.0 reached"}]})
