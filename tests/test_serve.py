@@ -419,6 +419,10 @@ def test_loadgen_puts_the_plain_peer_behind_haproxy_and_compares_the_two():
     assert 0 < ratio["throughput_ratio_min"] <= ratio["throughput_ratio"] <= ratio["throughput_ratio_max"]
     # the peer's own counters moved through HAProxy: its server timings are per request, like plain's
     assert level["plain_haproxy"]["server_ms"]["server"] > 0
+    # where the CPU went: the peer's process served both; only the hop's run paid HAProxy
+    cpu = level["cpu_ms_per_request"]
+    assert cpu["plain"]["server"] > 0 and cpu["plain_haproxy"]["server"] > 0 and cpu["plain"]["client"] > 0
+    assert cpu["plain_haproxy"]["haproxy"] > cpu["plain"]["haproxy"]
     left = _children() - before
     assert not left, f"processes left running: {left}"
 
@@ -681,8 +685,8 @@ def test_schemathesis_finds_no_contract_failures(app, tmp_path):
 @pytest.mark.parametrize("ingress", ["proxy", "haproxy"])
 def test_loadgen_direct_target_reaches_the_replica_without_the_proxy(ingress):
     """The ``direct`` target in a fresh process (its own local Ray, direct ingress on), beside
-    the default app behind either ingress: the same app answers on its replica's own port and
-    every request succeeds. Behind the Python proxy the replica's request parse no longer
+    the default app behind either ingress: the same app answers on its replica's own port, and
+    through a bare HAProxy in front of that port, and every request succeeds. Behind the Python proxy the replica's request parse no longer
     waits on a body pulled from the proxy; behind HAProxy (whose controller hands the replicas'
     ports to its manager alone) the run happens in a loopback-only network namespace."""
     import json
@@ -701,7 +705,7 @@ def test_loadgen_direct_target_reaches_the_replica_without_the_proxy(ingress):
     ray_tmp = tempfile.mkdtemp(prefix="hp-direct-", dir="/tmp")
     env = {**os.environ, "RAY_TMPDIR": ray_tmp}
     env.pop("RAY_ADDRESS", None)
-    cmd = [sys.executable, "-m", "benchmarks.loadgen", "targets=[direct,batched]", f"ingress={ingress}",
+    cmd = [sys.executable, "-m", "benchmarks.loadgen", "targets=[direct,direct_haproxy,batched]", f"ingress={ingress}",
            "concurrency=[1]", "requests_per_level=12", "warmup_requests=2", "max_seconds_per_level=60"]
     if ingress == "haproxy":
         cmd = ["unshare", "--net", "sh", "-c", f"ip link set lo up && exec {shlex.join(cmd)}"]
@@ -712,7 +716,11 @@ def test_loadgen_direct_target_reaches_the_replica_without_the_proxy(ingress):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout[done.stdout.index("\n{") + 1:])
     level = result["levels"][0]
-    for target in ("direct", "batched"):
+    for target in ("direct", "direct_haproxy", "batched"):
         assert level[target]["errors"] == 0 and level[target]["ok"] == 12, level[target]
+    # the same replica behind a bare HAProxy: its batches are counted, HAProxy's CPU shows
+    assert level["direct_haproxy"]["batches"]["items"] == 12
+    cpu = level["cpu_ms_per_request"]
+    assert cpu["direct_haproxy"]["server"] > 0 and cpu["direct_haproxy"]["haproxy"] > cpu["direct"]["haproxy"]
     if ingress == "proxy":
         assert level["direct"]["server_ms"]["ingress_parse"] < level["batched"]["server_ms"]["ingress_parse"]

