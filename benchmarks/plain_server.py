@@ -89,7 +89,7 @@ def build_plain_app(state: ModelState, limits: ServingLimits) -> FastAPI:
                 body = await read_body(request, limits.max_body_bytes)
                 image, captions, want_probs = parse_score_payload(parse_json_body(body), limits)
                 check_image_header(image, limits)
-                check_token_lengths(state.loaded.tokenizer, captions, state.loaded.context_length)
+                check_token_lengths(state.loaded.tokenizer, captions, state.loaded.context_length, checked=state.cache)
             with times.time("model_call"):
                 (result,) = await asyncio.to_thread(compute_batch, state, [(image, captions)], limits, times)
             if "error" in result:

@@ -127,6 +127,25 @@ def test_captions_ok_and_token_lengths():
     status, message = _status(requests.check_token_lengths, tok, ["ok", " ".join(["dog"] * 31)], 32)
     assert status == 400 and message == "captions[1] is too long: 33 tokens; this model's context length is 32"
     assert requests.token_count(object(), "x") is None  # tokenizers that cannot count are not checked
+    # captions the model has already scored (its text-embedding cache) are not tokenized again
+    from hardpos.serve.scoring import LRUCache
+
+    seen: list[str] = []
+
+    class Counting:
+        def encode(self, text):
+            seen.append(text)
+            return [0] * len(text.split())
+
+    cache = LRUCache(8)
+    cache.put("a red circle", object())
+    requests.check_token_lengths(Counting(), ["a red circle", "a blue square"], 32, checked=cache)
+    assert seen == ["a blue square"]
+    status, message = _status(requests.check_token_lengths, Counting(), ["a red circle", " ".join(["dog"] * 40)], 32,
+                              checked=cache)
+    assert status == 400 and message.startswith("captions[1] is too long: 40 tokens")
+    requests.check_token_lengths(Counting(), ["x"], 32, checked=LRUCache(0))  # a disabled cache checks everything
+    assert seen[-1] == "x"
 
 
 # --------------------------------------------------------------------------- payloads

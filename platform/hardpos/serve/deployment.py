@@ -196,7 +196,7 @@ class ScoringModel:
             err = self._error or ServingError(503, "model is not loaded yet")
             return {"error": err.to_dict()}
         try:
-            check_token_lengths(state.loaded.tokenizer, captions, state.loaded.context_length)
+            check_token_lengths(state.loaded.tokenizer, captions, state.loaded.context_length, checked=state.cache)
         except ServingError as exc:
             return {"error": exc.to_dict()}
         with self.times.time("replica"):  # batch queue + decode + forward, inside this replica
