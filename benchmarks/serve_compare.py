@@ -387,8 +387,9 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
     target but ``plain`` ``vs_plain[target]`` = its req/s / the plain peer's (>= 1: at or above the
     peer) with ``p50_ratio`` = plain p50 / its p50; with ``plain_haproxy`` among the targets,
     ``vs_plain_haproxy[target]`` compares each Serve target but ``direct`` with the peer behind
-    the same kind of hop, as does ``direct_haproxy``. With ``repeats`` > 1 each ratio is the median over the rounds, with
-    min/max, mean ± std and a 95% confidence interval (:func:`_put_ratio`).
+    the same kind of hop, as does ``direct_haproxy``. With ``repeats`` > 1 each ratio is the
+    median over the rounds, with min/max, mean ± std and a 95% confidence interval
+    (:func:`_put_ratio`); ``cpu_ms_per_request[target]`` is where the machine's CPU went.
     """
     cfg = cfg or LoadgenConfig()
     targets = _check_targets(cfg)
