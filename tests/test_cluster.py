@@ -137,6 +137,27 @@ def _can_run_cluster() -> str:
     return binaries()[1]
 
 
+def test_a_repository_under_tmp_is_refused_before_anything_starts():
+    """Every host mounts a private tmpfs on /tmp: a checkout there would vanish inside the
+    hosts, so `up` refuses it in one line naming it, before it creates anything."""
+    import sys
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="hp-cluster-repo-", dir="/tmp"))
+    try:
+        (root / "infra" / "cluster").mkdir(parents=True)
+        script = root / "infra" / "cluster" / "cluster.sh"
+        shutil.copy2(SCRIPT, script)
+        env = {**os.environ, "HARDPOS_CLUSTER_PYTHON": sys.executable, "HARDPOS_CLUSTER_NAME": "hp-refused"}
+        res = subprocess.run(["bash", str(script), "up"], env=env, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 1
+        assert res.stderr.strip() == (f"cluster: error: {root} is under /tmp, which every host of the cluster "
+                                      "replaces with a private tmpfs: put the repository and its venv outside /tmp")
+        assert not Path("/run/hp-refused").exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_up_then_down_leaves_nothing(tmp_path):

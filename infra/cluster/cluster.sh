@@ -72,6 +72,14 @@ wait_for() {  # wait_for SECONDS DESCRIPTION CMD...: until CMD succeeds
 }
 
 preflight() {
+  # Each host mounts a private tmpfs on /tmp, which would hide a repository or venv under it
+  # (the hosts would fail to mount them, and PostgreSQL would never come up).
+  local path
+  for path in "$REPO" "$VENV"; do
+    case "$(readlink -f "$path")/" in
+      /tmp/*) die "${path} is under /tmp, which every host of the cluster replaces with a private tmpfs: put the repository and its venv outside /tmp" ;;
+    esac
+  done
   [[ $(id -u) == 0 ]] || die "needs root (network and mount namespaces)"
   for tool in ip nsenter unshare runuser setsid; do
     command -v "$tool" > /dev/null || die "${tool} not found (iproute2 / util-linux)"
@@ -93,10 +101,12 @@ host_up() {
   # A mount namespace kept by a bind mount of its file: private /tmp, read-only repository.
   touch "${STATE}/${host}.mnt"
   unshare --mount="${STATE}/${host}.mnt" --propagation private true
-  nsenter --mount="${STATE}/${host}.mnt" sh -c "
+  nsenter --mount="${STATE}/${host}.mnt" sh -ec "
     mount -t tmpfs -o size=6g,mode=1777 ${n}-tmp /tmp
-    mount --bind '${REPO}' '${REPO}' && mount -o remount,bind,ro '${REPO}'
-    mount --bind '${VENV}' '${VENV}' && mount -o remount,bind,ro '${VENV}'
+    mount --bind '${REPO}' '${REPO}'
+    mount -o remount,bind,ro '${REPO}'
+    mount --bind '${VENV}' '${VENV}'
+    mount -o remount,bind,ro '${VENV}'
     mkdir -p /tmp/logs /tmp/home /tmp/aws /tmp/work
     printf '[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n' > /tmp/aws/credentials"
 }
