@@ -19,7 +19,7 @@ milliseconds per request by group. Off Linux a snapshot is empty and so are the 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 __all__ = ["GROUPS", "ProcessCpu", "cpu_by_group", "cpu_snapshot", "group_of"]
@@ -58,14 +58,14 @@ def _task_ns(task_dir: str) -> int:
         return 0
 
 
-def group_of(pid: int, cmdline: str, *, server_pids: Iterable[int] = (), server_marks: Iterable[str] = (),
+def group_of(pid: int, cmdline: str, *, server_pids: Collection[int] = (), server_marks: Iterable[str] = (),
              client_pid: int | None = None) -> str:
     """The group (:data:`GROUPS`) of one process: ``server`` when its pid is one of
     ``server_pids`` or its command line contains one of ``server_marks`` (a Serve replica's
     process title names its app: ``ray::ServeReplica:<app>:<deployment>``), ``client`` when it
     is ``client_pid``, ``haproxy`` when its program is HAProxy, ``ray`` for Ray's processes
     (``ray::`` titles, programs and arguments under a ``ray`` folder), else ``other`` (pure)."""
-    if pid in set(server_pids) or any(mark in cmdline for mark in server_marks):
+    if pid in server_pids or any(mark in cmdline for mark in server_marks):
         return "server"
     if pid == client_pid:
         return "client"
@@ -80,9 +80,10 @@ def group_of(pid: int, cmdline: str, *, server_pids: Iterable[int] = (), server_
 def cpu_by_group(before: ProcessCpu, after: ProcessCpu, requests: int,
                  group: Callable[[int, str], str]) -> dict[str, float]:
     """CPU milliseconds per request each group spent between two snapshots (pure): a process
-    in ``after`` alone counts from zero (it started in between); a process is grouped by its
-    command line in ``after`` (a Ray worker takes its actor's title when it becomes one). ``group(pid, cmdline)`` names
-    each process's group. Empty when either snapshot is (off Linux) or no request was made."""
+    in ``after`` alone counts from zero (it started in between); ``group(pid, cmdline)`` names
+    each process's group from its command line in ``after`` (a Ray worker takes its actor's
+    title when it becomes one). Empty when either snapshot is (off Linux) or no request was
+    made."""
     if not before or not after or requests <= 0:
         return {}
     spent = dict.fromkeys(GROUPS, 0)

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -490,11 +491,11 @@ compare_batching = compare_servers  # the name before the plain peer joined
 
 
 def _process_groups(targets: list[str], names: dict[str, str],
-                    plain: subprocess.Popen | None) -> dict[str, Any]:
+                    plain: subprocess.Popen | None) -> dict[str, Callable[[int, str], str]]:
     """Per target, how :func:`benchmarks.process_cpu.cpu_by_group` groups the machine's
     processes while it is measured: its server is its app's replicas (by the app name in
     their process title) or the plain peer's process; the load client is this process."""
-    def grouping(marks: tuple[str, ...], pids: tuple[int, ...]):
+    def grouping(marks: tuple[str, ...], pids: tuple[int, ...]) -> Callable[[int, str], str]:
         return lambda pid, cmdline: group_of(pid, cmdline, server_pids=pids, server_marks=marks,
                                              client_pid=os.getpid())
     out = {}

@@ -276,23 +276,29 @@ def test_the_forward_pass_runs_in_a_thread_or_on_the_loop_as_configured(tmp_path
     model_class = deployment.ScoringModel.func_or_class
     replica = model_class({"model": str(tmp_path / "none"), "reload_poll_s": 0, "load_retries": 0, "device": "cpu",
                            "batching": {"forward_thread": forward_thread}})
-    ran_on = []
+    ran_on, calls = [], []
 
     def fake_compute(state, items, limits, times):
         ran_on.append(threading.get_ident())
-        return [{"scores": [0.5] * len(captions)} for _, captions in items]
+        calls.append((state, [image for image, _ in items]))
+        return [{"scores": [0.5] * len(captions), "by": state} for _, captions in items]
 
     # patched where the method looks it up: once an app has been built in this process, Serve
     # holds a copy of the class whose functions read a copy of the module's namespace
-    monkeypatch.setitem(model_class._score_batch.__globals__, "compute_batch", fake_compute)
-    replica._state = object()  # any loaded state: compute_batch is the fake
+    monkeypatch.setitem(model_class._compute.__globals__, "compute_batch", fake_compute)
+    old, new = "v1", "v2"  # any loaded states: compute_batch is the fake
 
     async def drive():
-        return await replica._score_batch([(b"a", ["x", "y"]), (b"b", ["z"])]), threading.get_ident()
+        return await replica._score_batch([(old, b"a", ["x", "y"]), (old, b"b", ["z"])]), threading.get_ident()
 
     out, loop_thread = asyncio.run(drive())
-    assert out == [{"scores": [0.5, 0.5]}, {"scores": [0.5]}]
+    assert out == [{"scores": [0.5, 0.5], "by": "v1"}, {"scores": [0.5], "by": "v1"}]
     assert (ran_on[0] != loop_thread) is forward_thread
+    # a reload between checks: each request is scored by the version that checked it, in order
+    calls.clear()
+    out = asyncio.run(replica._score_batch([(old, b"a", ["x"]), (new, b"b", ["y"]), (old, b"c", ["z"])]))
+    assert [r["by"] for r in out] == ["v1", "v2", "v1"]
+    assert calls == [("v1", [b"a", b"c"]), ("v2", [b"b"])]
 
 
 def test_the_plain_peer_behind_haproxy_is_a_loopback_only_hop_in_front_of_plain():

@@ -63,8 +63,8 @@ class ScoringModel:
         self._poller: asyncio.Task | None = None
         self._reload_lock: asyncio.Lock | None = None
         self._reload_token: str | None = None  # set by the first reconfigure() (Serve calls it after __init__)
-        self._batcher: Batcher[tuple[bytes, list[str]], dict[str, Any]] = Batcher(self._score_batch,
-                                                                                  on_batch=self.stats.record)
+        self._batcher: Batcher[tuple[ModelState, bytes, list[str]], dict[str, Any]] = Batcher(
+            self._score_batch, on_batch=self.stats.record)
         self._apply_batching(self.cfg.batching)
         if self.cfg.torch_threads:
             torch.set_num_threads(self.cfg.torch_threads)
@@ -200,10 +200,24 @@ class ScoringModel:
         except ServingError as exc:
             return {"error": exc.to_dict()}
         with self.times.time("replica"):  # batch queue + decode + forward, inside this replica
-            return await self._batcher.submit((image, captions))
+            return await self._batcher.submit((state, image, captions))
 
-    async def _score_batch(self, items: list[tuple[bytes, list[str]]]) -> list[dict[str, Any]]:
-        state = self._state
+    async def _score_batch(self, items: list[tuple[ModelState, bytes, list[str]]]) -> list[dict[str, Any]]:
+        """Score each request with the model version its captions were checked on: a reload
+        between a request's check and its batch swaps the state, and a caption checked on the
+        old model must not enter the new one's text cache (a cached caption skips the check).
+        One forward per version in the batch; after a reload, briefly two."""
+        results: list[dict[str, Any]] = [{}] * len(items)
+        by_state: dict[int, tuple[ModelState, list[int]]] = {}
+        for i, (state, _, _) in enumerate(items):
+            by_state.setdefault(id(state), (state, []))[1].append(i)
+        for state, rows in by_state.values():
+            scored = await self._compute(state, [items[i][1:] for i in rows])
+            for i, result in zip(rows, scored):
+                results[i] = result
+        return results
+
+    async def _compute(self, state: ModelState, items: list[tuple[bytes, list[str]]]) -> list[dict[str, Any]]:
         if not self._batching.forward_thread:
             # On this loop (with model_replica_env, Ray's one loop): what arrives meanwhile
             # waits in the socket, then joins the next batch whole.
