@@ -26,6 +26,7 @@ or ``RAY_ADDRESS`` is set) and is shut down at the end, the uvicorn process stop
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -34,12 +35,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import ray
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from ray import serve
 
 from benchmarks.load_client import HARD_MAX_REQUESTS, HARD_MAX_SECONDS, LoadgenConfig, make_payloads, measure_level
@@ -66,6 +68,7 @@ APP_NAME = "hardpos-serve-overhead"
 ROUTE_PREFIX = "/overhead"
 PATH = "/echo"
 TARGETS = ("serve", "plain")
+MAX_WORK_MS = 1000.0
 
 
 @dataclasses.dataclass
@@ -76,6 +79,11 @@ class OverheadConfig:
     seconds_per_round: how long one server takes the client in a round (one client, closed loop).
     warmup_requests: requests to each server before the rounds.
     image_size, captions_per_request: the request body (the load generator's score request).
+    work_ms: CPU time the handler spends on each request before it answers (a busy loop on
+        the event loop, as the app's forward pass is): whether what Serve adds depends on
+        how long the handler runs.
+    wait_ms: time the handler awaits (``asyncio.sleep``, no CPU) before its work: whether it
+        depends on the time a request is in flight rather than on the handler's CPU.
     """
 
     rounds: int = 6
@@ -83,6 +91,8 @@ class OverheadConfig:
     warmup_requests: int = 300
     image_size: int = 224
     captions_per_request: int = 4
+    work_ms: float = 0.0
+    wait_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -91,16 +101,38 @@ class OverheadConfig:
             raise ConfigError(f"seconds_per_round must be in (0, {HARD_MAX_SECONDS:g}], got {self.seconds_per_round}")
         if self.warmup_requests < 0:
             raise ConfigError(f"warmup_requests must be >= 0, got {self.warmup_requests}")
+        for key in ("work_ms", "wait_ms"):
+            if not 0 <= getattr(self, key) <= MAX_WORK_MS:
+                raise ConfigError(f"{key} must be in [0, {MAX_WORK_MS:g}], got {getattr(self, key)}")
+
+    @property
+    def path(self) -> str:
+        """The route the client loads, with the handler's work and wait."""
+        query = "&".join(f"{key}={getattr(self, key):g}" for key in ("work_ms", "wait_ms") if getattr(self, key))
+        return f"{PATH}?{query}" if query else PATH
+
+
+def busy(ms: float) -> None:
+    """Spend ``ms`` milliseconds of this thread's CPU (holding the GIL)."""
+    end = time.thread_time() + ms / 1000.0
+    while time.thread_time() < end:
+        pass
 
 
 def build_echo_app() -> FastAPI:
-    """The handler both servers run (pure construction): ``POST /echo`` reads the body and
-    answers ``{"bytes": <its length>}``; ``GET /healthz`` answers ``{"status": "ok"}``."""
+    """The handler both servers run (pure construction): ``POST /echo`` reads the body, awaits
+    ``wait_ms`` and spends ``work_ms`` of CPU (queries, default 0, at most :data:`MAX_WORK_MS`)
+    and answers ``{"bytes": <its length>}``; ``GET /healthz`` answers ``{"status": "ok"}``."""
     app = FastAPI(title="HardPos serve-overhead echo", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.post(PATH)
-    async def echo(request: Request) -> dict[str, int]:
-        return {"bytes": len(await request.body())}
+    async def echo(request: Request, work_ms: float = Query(0.0, ge=0.0, le=MAX_WORK_MS),
+                   wait_ms: float = Query(0.0, ge=0.0, le=MAX_WORK_MS)) -> dict[str, int]:
+        body = await request.body()
+        if wait_ms:
+            await asyncio.sleep(wait_ms / 1000.0)
+        busy(work_ms)
+        return {"bytes": len(body)}
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -214,12 +246,12 @@ def measure_overhead(cfg: OverheadConfig | None = None) -> dict[str, Any]:
         group = _groupers(plain.pid)
         for t in TARGETS:
             if cfg.warmup_requests:
-                measure_level(urls[t], payloads, 1, cfg.warmup_requests, cfg.seconds_per_round, path=PATH)
+                measure_level(urls[t], payloads, 1, cfg.warmup_requests, cfg.seconds_per_round, path=cfg.path)
         rounds: dict[str, list[dict[str, Any]]] = {t: [] for t in TARGETS}
         for r in range(cfg.rounds):
             for t in (TARGETS if r % 2 == 0 else TARGETS[::-1]):
                 before = cpu_snapshot()
-                figures = measure_level(urls[t], payloads, 1, HARD_MAX_REQUESTS, cfg.seconds_per_round, path=PATH)
+                figures = measure_level(urls[t], payloads, 1, HARD_MAX_REQUESTS, cfg.seconds_per_round, path=cfg.path)
                 cpu = cpu_by_group(before, cpu_snapshot(), figures["requests"], group[t])
                 figures["server_cpu_ms"] = cpu.get("server")
                 rounds[t].append(figures)

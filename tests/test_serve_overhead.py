@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 import requests
@@ -25,12 +26,15 @@ from hardpos.config import ConfigError, load_config
 
 
 def test_the_config_refuses_what_cannot_be_measured(capsys):
-    for bad in (["rounds=0"], ["seconds_per_round=0"], ["seconds_per_round=301"], ["warmup_requests=-1"]):
+    for bad in (["rounds=0"], ["seconds_per_round=0"], ["seconds_per_round=301"], ["warmup_requests=-1"],
+                ["work_ms=-1"], ["work_ms=1001"], ["wait_ms=-1"]):
         with pytest.raises(ConfigError, match=bad[0].split("=")[0]):
             load_config(OverheadConfig, None, bad)
     assert main(["rounds=0"]) == 2 and "rounds must be >= 1" in capsys.readouterr().err
     assert main(["--help"]) == 0 and "seconds_per_round" in capsys.readouterr().out
     assert load_config(OverheadConfig, None, ["rounds=3"]).rounds == 3
+    assert OverheadConfig().path == "/echo" and OverheadConfig(work_ms=2.5).path == "/echo?work_ms=2.5"
+    assert OverheadConfig(work_ms=1, wait_ms=5).path == "/echo?work_ms=1&wait_ms=5"
 
 
 def test_the_plain_echo_answers_the_body_length_and_stops_by_its_pid(tmp_path):
@@ -40,6 +44,14 @@ def test_the_plain_echo_answers_the_body_length_and_stops_by_its_pid(tmp_path):
         got = requests.post(f"{url}/echo", data=b'{"captions": ["a red circle"]}', timeout=10)
         assert got.status_code == 200 and got.json() == {"bytes": 30}
         assert requests.get(f"{url}/healthz", timeout=10).json() == {"status": "ok"}
+        # the handler's work: at least that much time before the answer; beyond the bound, 422
+        started = time.perf_counter()
+        assert requests.post(f"{url}/echo?work_ms=60", data=b"{}", timeout=10).json() == {"bytes": 2}
+        assert time.perf_counter() - started >= 0.06
+        started = time.perf_counter()
+        assert requests.post(f"{url}/echo?wait_ms=60", data=b"{}", timeout=10).json() == {"bytes": 2}
+        assert time.perf_counter() - started >= 0.06
+        assert requests.post(f"{url}/echo?work_ms=1001", data=b"{}", timeout=10).status_code == 422
     finally:
         stop_plain(proc)
     assert proc.returncode is not None
