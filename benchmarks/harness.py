@@ -11,13 +11,31 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from hardpos.config import ConfigError, load_config
 from hardpos.markdown import table
 
 REFERENCE_DATA_ENV = "HARDPOS_REFERENCE_DATA"
+
+
+def run_cli(config_cls: type, argv: list[str] | None, run: Callable[[Any], int | None]) -> int:
+    """A measuring tool's command line: ``-h``/``--help`` prints ``config_cls``'s docstring
+    (exit 0); ``key=value`` arguments load a ``config_cls`` (a bad one: ``error: ...`` on stderr,
+    exit 2, before anything starts); then ``run(config)``'s exit code (None: 0)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(config_cls.__doc__)
+        return 0
+    try:
+        cfg = load_config(config_cls, None, argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return run(cfg) or 0
 
 
 def reference_data_dir(explicit: str | os.PathLike | None = None) -> Path | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import sys
 
+from benchmarks.harness import run_cli
 from benchmarks.load_client import (
     HARD_MAX_REQUESTS,
     HARD_MAX_SECONDS,
@@ -41,7 +42,6 @@ from benchmarks.serve_compare import (
     start_plain,
     stop_plain,
 )
-from hardpos.config import ConfigError, load_config
 
 __all__ = ["HARD_MAX_REQUESTS", "HARD_MAX_SECONDS", "LoadgenConfig", "check_loopback", "compare_batching",
            "compare_servers", "format_report", "level_report", "main", "make_payloads", "measure", "measure_level",
@@ -50,21 +50,19 @@ __all__ = ["HARD_MAX_REQUESTS", "HARD_MAX_SECONDS", "LoadgenConfig", "check_loop
 
 def main(argv: list[str] | None = None) -> int:
     """``key=value`` arguments of :class:`LoadgenConfig`; exit 2 on a bad config or URL."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        print(LoadgenConfig.__doc__)
-        return 0
-    try:
-        cfg = load_config(LoadgenConfig, None, argv)
+    def run(cfg: LoadgenConfig) -> int:
         if cfg.url:
-            check_loopback(cfg.url)
-    except (ConfigError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    result = measure(cfg) if cfg.url else compare_servers(cfg)
-    print(format_report(result))
-    print(json.dumps(result, indent=2))
-    return 0
+            try:
+                check_loopback(cfg.url)
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+        result = measure(cfg) if cfg.url else compare_servers(cfg)
+        print(format_report(result))
+        print(json.dumps(result, indent=2))
+        return 0
+
+    return run_cli(LoadgenConfig, argv, run)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
 from typing import Any, Literal
 
 import torch
@@ -26,7 +25,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from hardpos.config import ConfigError, load_config
+from benchmarks.harness import run_cli
 from hardpos.serve.config import ServeAppConfig, ServingLimits, load_app_config
 from hardpos.serve.errors import ServingError
 from hardpos.serve.requests import (
@@ -125,17 +124,8 @@ def run_plain_server(cfg: PlainServerConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        print(PlainServerConfig.__doc__)
-        return 0
-    try:
-        cfg = load_config(PlainServerConfig, None, argv)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    run_plain_server(cfg)
-    return 0
+    """``key=value`` arguments of :class:`PlainServerConfig`; exit 2 on a bad config."""
+    return run_cli(PlainServerConfig, argv, run_plain_server)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ import ray
 from fastapi import FastAPI, Query, Request
 from ray import serve
 
+from benchmarks.harness import run_cli
 from benchmarks.load_client import HARD_MAX_REQUESTS, HARD_MAX_SECONDS, LoadgenConfig, make_payloads, measure_level
 from benchmarks.process_cpu import cpu_by_group, cpu_snapshot, group_of
 from benchmarks.serve_compare import (
@@ -57,7 +58,7 @@ from benchmarks.serve_compare import (
     versus,
     wait_until_healthy,
 )
-from hardpos.config import ConfigError, load_config
+from hardpos.config import ConfigError
 from hardpos.markdown import table
 from hardpos.paper.signs import t_quantile
 from hardpos.serve.app import model_replica_env
@@ -268,19 +269,12 @@ def measure_overhead(cfg: OverheadConfig | None = None) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """``key=value`` arguments of :class:`OverheadConfig`; exit 2 on a bad config."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        print(OverheadConfig.__doc__)
-        return 0
-    try:
-        cfg = load_config(OverheadConfig, None, argv)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    result = measure_overhead(cfg)
-    print(format_overhead(result))
-    print(json.dumps(result, indent=2))
-    return 0
+    def run(cfg: OverheadConfig) -> None:
+        result = measure_overhead(cfg)
+        print(format_overhead(result))
+        print(json.dumps(result, indent=2))
+
+    return run_cli(OverheadConfig, argv, run)
 
 
 if __name__ == "__main__":
