@@ -446,7 +446,7 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
                     "ray_workers", niceness["loadgen"])), hop)
                 fronts.append(front)
         urls = {t: urls[t] for t in targets}
-        group = _process_groups(targets, names, proc)
+        group = process_groups(targets, names, proc)
         payloads = make_payloads(cfg)
         for t in targets:
             measure_level(urls[t], payloads, 1, max(1, cfg.warmup_requests), cfg.max_seconds_per_level, path=cfg.path)
@@ -499,7 +499,7 @@ def compare_servers(cfg: LoadgenConfig | None = None) -> dict[str, Any]:
 compare_batching = compare_servers  # the name before the plain peer joined
 
 
-def _process_groups(targets: list[str], names: dict[str, str],
+def process_groups(targets: list[str], names: dict[str, str],
                     plain: subprocess.Popen | None) -> dict[str, Callable[[int, str], str]]:
     """Per target, how :func:`benchmarks.process_cpu.cpu_by_group` groups the machine's
     processes while it is measured: its server is its app's replicas (by the app name in
@@ -534,10 +534,23 @@ def _put_ratio(report: dict[str, Any], name: str, values: list[float]) -> None:
     report[name] = round(statistics.median(values), 3) if values else None
     if len(values) > 1:
         report[f"{name}_min"], report[f"{name}_max"] = round(min(values), 3), round(max(values), 3)
-        mean, std = statistics.fmean(values), statistics.stdev(values)
+        summary = mean_ci(values)
+        report[f"{name}_mean"], report[f"{name}_std"] = summary["mean"], summary["std"]
+        report[f"{name}_ci95"] = summary["ci95"]
+
+
+def mean_ci(values: list[float], digits: int = 3) -> dict[str, Any]:
+    """``{"mean", "std", "ci95"}`` of per-round values, rounded to ``digits`` (pure): the
+    sample std and the 95% t interval of the mean; one value: its mean alone; none: None."""
+    if not values:
+        return {"mean": None}
+    mean = statistics.fmean(values)
+    out: dict[str, Any] = {"mean": round(mean, digits)}
+    if len(values) > 1:
+        std = statistics.stdev(values)
         half = t_quantile(0.975, len(values) - 1) * std / len(values) ** 0.5
-        report[f"{name}_mean"], report[f"{name}_std"] = round(mean, 3), round(std, 3)
-        report[f"{name}_ci95"] = [round(mean - half, 3), round(mean + half, 3)]
+        out.update(std=round(std, digits), ci95=[round(mean - half, digits), round(mean + half, digits)])
+    return out
 
 
 def versus(rounds: list[dict[str, Any]], peer_rounds: list[dict[str, Any]]) -> dict[str, Any]:

@@ -29,14 +29,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +44,12 @@ from ray import serve
 
 from benchmarks.harness import run_cli
 from benchmarks.load_client import HARD_MAX_REQUESTS, HARD_MAX_SECONDS, LoadgenConfig, make_payloads, measure_level
-from benchmarks.process_cpu import cpu_by_group, cpu_snapshot, group_of
+from benchmarks.process_cpu import cpu_by_group, cpu_snapshot
 from benchmarks.serve_compare import (
     at_niceness,
     direct_ingress_url,
+    mean_ci,
+    process_groups,
     ratio_cell,
     ray_worker_niceness,
     start_direct_ingress_cluster,
@@ -60,7 +60,6 @@ from benchmarks.serve_compare import (
 )
 from hardpos.config import ConfigError
 from hardpos.markdown import table
-from hardpos.paper.signs import t_quantile
 from hardpos.serve.app import model_replica_env
 from hardpos.serve.config import BatchingConfig
 from tests.support import free_port
@@ -167,17 +166,6 @@ def start_plain_echo(niceness: int | None, log_path: Path) -> tuple[subprocess.P
     return start_http_child(args, port, log_path, "the plain uvicorn echo")
 
 
-def mean_ci(values: list[float]) -> dict[str, Any]:
-    """``{"mean", "std", "ci95"}`` of per-round values (pure): the 95% t interval of the
-    mean; one value: its mean alone."""
-    out: dict[str, Any] = {"mean": round(statistics.fmean(values), 4)} if values else {"mean": None}
-    if len(values) > 1:
-        std = statistics.stdev(values)
-        half = t_quantile(0.975, len(values) - 1) * std / len(values) ** 0.5
-        out.update(std=round(std, 4), ci95=[round(out["mean"] - half, 4), round(out["mean"] + half, 4)])
-    return out
-
-
 def overhead_report(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Both servers' rounds -> each one's means, and Serve's cost paired round by round (pure):
     ``cpu_ms_added`` and ``p50_ms_added`` (Serve minus plain), and :func:`versus`'s ratios of
@@ -190,11 +178,10 @@ def overhead_report(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                                                                                                for r in rs)}
         report[t]["requests"] = sum(r["requests"] for r in rs)
         report[t]["errors"] = sum(r["errors"] for r in rs)
-    pairs = list(zip(rounds["serve"], rounds["plain"]))
-    report["cpu_ms_added"] = mean_ci([s["server_cpu_ms"] - p["server_cpu_ms"] for s, p in pairs
-                                      if s.get("server_cpu_ms") is not None and p.get("server_cpu_ms") is not None])
-    report["p50_ms_added"] = mean_ci([s["p50_ms"] - p["p50_ms"] for s, p in pairs
-                                      if s.get("p50_ms") is not None and p.get("p50_ms") is not None])
+    for key, name in (("server_cpu_ms", "cpu_ms_added"), ("p50_ms", "p50_ms_added")):
+        added = [s[key] - p[key] for s, p in zip(rounds["serve"], rounds["plain"])
+                 if s.get(key) is not None and p.get(key) is not None]
+        report[name] = mean_ci(added, digits=4)
     report["serve_vs_plain"] = versus(rounds["serve"], rounds["plain"])
     return report
 
@@ -221,12 +208,6 @@ def format_overhead(report: dict[str, Any]) -> str:
     return servers + "\n\n" + cost
 
 
-def _groupers(plain_pid: int) -> dict[str, Callable[[int, str], str]]:
-    client = os.getpid()
-    return {"serve": lambda pid, cmd: group_of(pid, cmd, server_marks=(f"ServeReplica:{APP_NAME}:",), client_pid=client),
-            "plain": lambda pid, cmd: group_of(pid, cmd, server_pids=(plain_pid,), client_pid=client)}
-
-
 def measure_overhead(cfg: OverheadConfig | None = None) -> dict[str, Any]:
     """Start both servers, measure them side by side (:class:`OverheadConfig`), stop them, and
     return :func:`overhead_report` with each round's figures (``rounds``) and the run's settings."""
@@ -244,7 +225,8 @@ def measure_overhead(cfg: OverheadConfig | None = None) -> dict[str, Any]:
         wait_until_healthy(urls["serve"])
         niceness = ray_worker_niceness()
         plain, urls["plain"] = start_plain_echo(niceness, workdir / "plain.log")
-        group = _groupers(plain.pid)
+        # the server is the echo app's replica (by its process title) or the uvicorn process
+        group = process_groups(list(TARGETS), {"serve": APP_NAME}, plain)
         for t in TARGETS:
             if cfg.warmup_requests:
                 measure_level(urls[t], payloads, 1, cfg.warmup_requests, cfg.seconds_per_round, path=cfg.path)

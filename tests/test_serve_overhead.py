@@ -17,11 +17,10 @@ from benchmarks.serve_overhead import (
     OverheadConfig,
     format_overhead,
     main,
-    mean_ci,
     overhead_report,
     start_plain_echo,
 )
-from benchmarks.serve_compare import stop_plain
+from benchmarks.serve_compare import mean_ci, stop_plain
 from hardpos.config import ConfigError, load_config
 
 
@@ -86,9 +85,11 @@ def test_the_report_pairs_the_rounds_and_says_what_serve_adds():
     assert "+0.155 ± 0.007 (" in text and "0.71x [0.67, 0.75]" in text
 
 
-def test_mean_ci_of_one_round_is_its_value_alone():
+def test_mean_ci_of_one_round_is_its_value_alone_and_rounds_as_asked():
     assert mean_ci([0.2]) == {"mean": 0.2} and mean_ci([]) == {"mean": None}
     assert mean_ci([1.0, 3.0])["ci95"][0] < 0 < 2.0 < mean_ci([1.0, 3.0])["ci95"][1]
+    # two rounds: t(0.975, 1) = 12.706, so the half-width is 12.706 x 0.1414 / 1.414 = 1.271
+    assert mean_ci([0.1, 0.3], digits=2) == {"mean": 0.2, "std": 0.14, "ci95": [-1.07, 1.47]}
 
 
 @pytest.mark.slow
