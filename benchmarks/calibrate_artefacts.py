@@ -11,7 +11,7 @@ positives the classifier calls "negative" (how much the positives look like edit
 
     python -m benchmarks.calibrate_artefacts triplets=outputs/demo/generate/triplets.parquet
 
-The classifier is the product's (:mod:`hardpos.data.blind_text`, also behind ``hardpos audit``,
+The classifier is the product's (:mod:`hardpos.audit.text_models`, also behind ``hardpos audit``,
 which cross-validates it per kind of edit); this tool keeps its single hash split and plain
 gradient descent at a fixed rate, the setting its published figures were measured with.
 Deterministic by seed.
@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from hardpos import storage
 from hardpos.config import ConfigError, load_config
-from hardpos.data.blind_text import Design, fit_design, vocabulary
+from hardpos.audit.text_models import Design, fit_design, vocabulary
 
 
 @dataclasses.dataclass

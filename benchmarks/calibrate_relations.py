@@ -12,7 +12,7 @@ what separates rows, and scores REPLACE-relation original accuracy on a world's 
 Modes (what a batch holds; every caption is a canonical relation caption, true of its scene):
 
 * ``twins``    pairs (scene, its mirrored twin) whose captions differ only by the relation or by
-               the order of the two noun phrases (:func:`hardpos.data.grammar.relation_twin`):
+               the order of the two noun phrases (:func:`hardpos.world.grammar.relation_twin`):
                plain contrastive loss; only the relation tells the two rows apart.
 * ``hardneg``  one scene per row, with the benchmark's own kind of hard negative (the relation
                word changed, verified false): the contrastive loss with NegCLIP columns plus the
@@ -41,9 +41,9 @@ import torch
 from PIL import Image
 
 from hardpos.config import ConfigError, ModelConfig, load_config
-from hardpos.data.grammar import canonical_caption, relation_negative, relation_twin
-from hardpos.data.scene import Scene, WorldConfig, render, sample_scene
-from hardpos.data.world import config_from_world
+from hardpos.world.grammar import canonical_caption, relation_negative, relation_twin
+from hardpos.world.scene import Scene, WorldConfig, render, sample_scene
+from hardpos.world.build import config_from_world
 from hardpos.markdown import table
 from hardpos.models.clip import encode_image, encode_text, load_model, tokenize
 from hardpos.train.config import LossConfig, OptimConfig

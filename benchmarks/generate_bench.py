@@ -30,8 +30,8 @@ import hardpos.stages.generate
 from benchmarks.harness import compare_alternating, reference_data_dir, time_call
 from hardpos.config import load_config
 from hardpos.data.captions.formats import read_captions
-from hardpos.data.rules.perturber import RulePerturber
-from hardpos.data.rules.validate import validate
+from hardpos.rules.perturber import RulePerturber
+from hardpos.rules.validate import validate
 from hardpos.generate.engine_config import SamplingConfig
 from hardpos.generate.http_engine import chat_payload
 from hardpos.generate.join import base_kind, rule_negative

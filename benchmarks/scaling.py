@@ -38,8 +38,8 @@ import pyarrow.parquet as pq
 
 from benchmarks import child_env
 from hardpos.config import ConfigError, load_config
-from hardpos.data.world import generate_world
-from hardpos.data.scene import WorldConfig
+from hardpos.world.build import generate_world
+from hardpos.world.scene import WorldConfig
 from hardpos.runtime import execute, stage_module
 
 STAGES = ("generate", "evaluate", "train")

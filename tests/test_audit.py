@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from hardpos.data.blind_audit import (AuditError, AuditSettings, Edit, audit_edits, edit_kind, grammar_hits,
+from hardpos.audit.blind import (AuditError, AuditSettings, Edit, audit_edits, edit_kind, grammar_hits,
                                       markdown_table, read_edits)
-from hardpos.data.blind_text import cross_validate, features, fit_logistic, group_folds
+from hardpos.audit.text_models import cross_validate, features, fit_logistic, group_folds
 from hardpos.data.triplets import make_triplet, write_triplets
 
 COLORS = ["red", "blue", "green", "yellow", "white", "black", "brown", "pink"]

@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.calibrate_artefacts import ArtefactConfig, artefact_strength
 from hardpos.config import ConfigError
-from hardpos.data.blind_text import features
+from hardpos.audit.text_models import features
 
 COLORS, SHAPES = ["red", "blue", "green", "yellow"], ["circle", "square", "star"]
 

@@ -7,9 +7,9 @@ import torch
 
 from benchmarks.calibrate_relations import RelationProbeConfig, relation_accuracy, relation_rows, run, training_world
 from hardpos.config import ConfigError, ModelConfig
-from hardpos.data.grammar import parse, truth
-from hardpos.data.scene import WorldConfig
-from hardpos.data.world import generate_world
+from hardpos.world.grammar import parse, truth
+from hardpos.world.scene import WorldConfig
+from hardpos.world.build import generate_world
 from hardpos.models.clip import load_model, tokenize
 
 CFG = WorldConfig(min_objects=2, max_objects=3)

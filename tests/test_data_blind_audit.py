@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from hardpos.data.audit import (BLIND_LABELS, audit_captions, blind_counts, read_blind_audit, sample_stage_picks,
+from hardpos.audit.hand import (BLIND_LABELS, audit_captions, blind_counts, read_blind_audit, sample_stage_picks,
                                 sugarcrepe_pp_captions)
 
 AUDITS = Path(__file__).resolve().parent.parent / "docs" / "audits"
@@ -127,7 +127,7 @@ _HELDOUT3_SKIP = ["blind_before.tsv", "blind_after.tsv", "blind_heldout.tsv", "b
 def test_the_third_heldout_audit_holds_its_counts_and_its_faults_are_no_longer_made(shared_data):
     """Seed 39, balanced picks, judged once before the fixes it led to: its three faults' and
     its landing van's edits are no longer among their captions' candidates at all."""
-    from hardpos.data.rules.perturber import RulePerturber
+    from hardpos.rules.perturber import RulePerturber
 
     held = read_blind_audit(AUDITS / "blind_heldout3.tsv")
     c = blind_counts(held)
@@ -156,7 +156,7 @@ def test_the_third_heldout_audit_after_its_fixes_is_what_the_stage_picks(shared_
 
 
 def test_a_blind_audit_file_names_its_bad_rows(tmp_path):
-    from hardpos.data.audit import write_blind_audit
+    from hardpos.audit.hand import write_blind_audit
 
     path = tmp_path / "a.tsv"
     write_blind_audit(path, [{"polarity": "negative", "caption": "a cat", "edit": "a dog", "label": "wrong", "why": "x"}])

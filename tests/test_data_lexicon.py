@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from hardpos.data.audit import audit_rates, read_audit, sample_rule_positives, write_audit
-from hardpos.data.lexicon import LEXICON_FILE, _read, load_lexicon
-from hardpos.data.rules.perturber import RulePerturber
+from hardpos.audit.hand import audit_rates, read_audit, sample_rule_positives, write_audit
+from hardpos.rules.lexicon import LEXICON_FILE, _read, load_lexicon
+from hardpos.rules.perturber import RulePerturber
 
 AUDITS = Path(__file__).resolve().parent.parent / "docs" / "audits"
 
@@ -234,8 +234,8 @@ def test_structural_rules(rules):
 
 
 def test_world_lexicon_keeps_its_synonyms():
-    from hardpos.data.world import world_lexicon
-    from hardpos.data.scene import SYNONYMS
+    from hardpos.world.lexicon import world_lexicon
+    from hardpos.world.scene import SYNONYMS
 
     rules = RulePerturber(seed=0, lexicon=world_lexicon())
     got = rewrites(rules, "a large yellow circle to the left of a small red square")
@@ -260,7 +260,7 @@ def test_bad_rules_are_refused_with_the_entry_named(rule, match):
 
 # ---------------------------------------------------------------------------- measured on NegCLIP
 def test_replace_positive_coverage_on_negclip(shared_data, rules):
-    from hardpos.data.audit import unique_captions
+    from hardpos.audit.hand import unique_captions
     from hardpos.data.captions.formats import read_captions
 
     caps = unique_captions(r["caption"] for r in read_captions(str(shared_data / "negclip" / "valid_neg_clip.tsv")))

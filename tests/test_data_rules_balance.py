@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from hardpos.data.blind_text import cross_validate
+from hardpos.audit.text_models import cross_validate
 from hardpos.data.captions.formats import read_captions
-from hardpos.data.rules.balance import NgramBalance
-from hardpos.data.rules.perturber import RulePerturber, draw, pick_from
+from hardpos.rules.balance import NgramBalance
+from hardpos.rules.perturber import RulePerturber, draw, pick_from
 
 
 def test_delta_cost_and_add_count_signed_ngrams():

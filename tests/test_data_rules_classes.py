@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from hardpos.data.lexicon import load_lexicon
-from hardpos.data.rules.agreement import new_problems, non_english, problems
-from hardpos.data.rules.conjuncts import is_conjunct_swap
-from hardpos.data.rules.perturber import RulePerturber
-from hardpos.data.rules.validate import validate
+from hardpos.rules.lexicon import load_lexicon
+from hardpos.rules.english import new_problems, non_english, problems
+from hardpos.rules.conjuncts import is_conjunct_swap
+from hardpos.rules.perturber import RulePerturber
+from hardpos.rules.validate import validate
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +221,7 @@ def test_a_shade_may_become_its_basic_colour_and_spellings_stay(rules):
 
 
 def test_the_world_and_the_benchmark_opt_in_keep_their_shades():
-    from hardpos.data.world import world_lexicon
+    from hardpos.world.lexicon import world_lexicon
 
     assert ("crimson", "lexicon") in world_lexicon().positives[("red", "color")]
     assert ("crimson", "paper") in load_lexicon(include_benchmark_pairs=True).positives[("red", "color")]

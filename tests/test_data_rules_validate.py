@@ -1,7 +1,7 @@
 """The caption validator on realistic LLM outputs, good and bad."""
 import pytest
 
-from hardpos.data.rules.validate import REASONS, Verdict, validate
+from hardpos.rules.validate import REASONS, Verdict, validate
 
 ORIG = "A man walking his dog on the beach."
 
@@ -264,7 +264,7 @@ def test_swap_negatives_keep_the_plain_permutation_check():
 def _permutes(caption: str, other: str) -> bool:
     from collections import Counter
 
-    from hardpos.data.textnorm import words
+    from hardpos.rules.textnorm import words
 
     return Counter(words(caption)) == Counter(words(other)) and words(caption) != words(other)
 
@@ -308,7 +308,7 @@ def test_negclip_swap_negatives_that_keep_the_meaning_are_caught(shared_data):
     import ast
     import csv
 
-    from hardpos.data.rules.conjuncts import is_conjunct_swap
+    from hardpos.rules.conjuncts import is_conjunct_swap
 
     kept = 0
     with open(shared_data / "negclip" / "valid_neg_clip.tsv", newline="") as f:

@@ -295,8 +295,8 @@ def test_jobs_evaluate_on_the_generated_synthetic_world(tmp_path):
     import sys
     from pathlib import Path
 
-    from hardpos.data.world import generate_world
-    from hardpos.data.scene import WorldConfig
+    from hardpos.world.build import generate_world
+    from hardpos.world.scene import WorldConfig
 
     world = tmp_path / "world"
     generate_world(WorldConfig(n_pretrain=5, n_finetune=5, n_benchmark=40, image_size=32), str(world))

@@ -246,7 +246,7 @@ def test_join_takes_negatives_from_dataset_then_llm_then_rules():
 # --------------------------------------------------------------------------- Ray: http end to end
 def expected_outcome(caption: str, kind: str) -> str:
     """What the validator must say about the stub's canned answer (the stub's contract)."""
-    from hardpos.data.rules.validate import validate
+    from hardpos.rules.validate import validate
 
     b = behaviour(caption.strip(), kind)  # the stub sees the caption as the prompt's stripped last line
     if b == "error500":
@@ -345,7 +345,7 @@ def test_http_engine_end_to_end_on_real_negclip_captions(ray_session, shared_dat
 
 def test_rules_engine_over_all_negclip_captions_conserves_rows(ray_session, shared_data, tmp_path):
     from hardpos.data.captions.formats import read_captions
-    from hardpos.data.rules.perturber import RulePerturber
+    from hardpos.rules.perturber import RulePerturber
     from hardpos.data.triplets import read_triplets
 
     source = str(shared_data / NEGCLIP)
@@ -381,8 +381,8 @@ def test_rules_engine_over_all_negclip_captions_conserves_rows(ray_session, shar
 
 def test_rules_engine_on_a_synthetic_world_uses_its_lexicon_and_rule_negatives(ray_session, tmp_path):
     from hardpos.data.triplets import read_triplets, resolve_image
-    from hardpos.data.world import generate_world
-    from hardpos.data.scene import WorldConfig
+    from hardpos.world.build import generate_world
+    from hardpos.world.scene import WorldConfig
 
     world = tmp_path / "world"
     generate_world(WorldConfig(n_pretrain=10, n_finetune=40, n_benchmark=10, image_size=16), str(world))
@@ -394,8 +394,8 @@ def test_rules_engine_on_a_synthetic_world_uses_its_lexicon_and_rule_negatives(r
     assert with_neg and all(t["negative_source"] == "rule" for t in with_neg)
     # the rule negatives computed on the workers (fused with the rule engine) are exactly
     # what the driver-side join computes for the same (caption, kind)
-    from hardpos.data.rules.perturber import RulePerturber
-    from hardpos.generate.rules_engine import rule_lexicon
+    from hardpos.rules.perturber import RulePerturber
+    from hardpos.world.lexicon import rule_lexicon
 
     rules = RulePerturber(seed=0, lexicon=rule_lexicon(str(world)))
     for t in triplets:

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from hardpos.config import load_config
-from hardpos.data.rules.perturber import RulePerturber
+from hardpos.rules.perturber import RulePerturber
 from hardpos.generate import join, shard_files
 
 CAPTION = "A black dog and a white cat."

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from hardpos.compose import PhaseConfig, latest_checkpoint, phase_key
 from hardpos.config import ConfigError, ModelConfig, load_config
-from hardpos.data.scene import WorldConfig
-from hardpos.data.world import generate_world
+from hardpos.world.scene import WorldConfig
+from hardpos.world.build import generate_world
 from hardpos.models import bases
 from hardpos.models.clip import load_model, save_checkpoint
 from hardpos.models.source import WEIGHTS_NAME

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from hardpos.config import ConfigError
-from hardpos.data.rules.validate import MODES, Verdict, validate
+from hardpos.rules.validate import MODES, Verdict, validate
 from hardpos.generate.engine_config import ENGINE_COLUMNS, REQUEST_COLUMNS
 from hardpos.generate.planning import judge_batch
 from hardpos.generate.prompts import load_prompts

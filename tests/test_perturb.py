@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from hardpos.data.lexicon import benchmark_pairs, benchmark_substitution, load_lexicon
-from hardpos.data.rules.perturber import RulePerturber
-from hardpos.data.rules.text import Perturbation
-from hardpos.data.rules.validate import validate
+from hardpos.rules.lexicon import benchmark_pairs, benchmark_substitution, load_lexicon
+from hardpos.rules.perturber import RulePerturber
+from hardpos.rules.text import Perturbation
+from hardpos.rules.validate import validate
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +179,7 @@ def test_pick_is_seeded_and_deterministic(negclip):
 
 
 def test_paper_table_rederived_from_shared_files_matches_shipped(shared_data):
-    from hardpos.data.paper_table import derive_table, load_table
+    from hardpos.rules.paper_table import derive_table, load_table
 
     derived = derive_table(shared_data / "hard_positives")
     shipped = load_table()
@@ -263,9 +263,9 @@ def test_perturb_job_on_a_world_with_ray_workers(tmp_path, ray_session):
     from hardpos import runtime
     from hardpos.config import TrackingConfig
     from hardpos.data.triplets import read_triplets
-    from hardpos.data.world import generate_world
-    from hardpos.data.scene import Scene, WorldConfig
-    from hardpos.data.grammar import truth
+    from hardpos.world.build import generate_world
+    from hardpos.world.scene import Scene, WorldConfig
+    from hardpos.world.grammar import truth
     from hardpos.stages.perturb import Config
 
     wcfg = WorldConfig(seed=1, n_pretrain=10, n_finetune=80, n_benchmark=0)
@@ -364,8 +364,8 @@ def test_perturb_stage_and_generate_rules_use_the_input_worlds_lexicon_and_seed(
     from hardpos import runtime
     from hardpos.config import TrackingConfig
     from hardpos.data.triplets import read_triplets
-    from hardpos.data.world import generate_world
-    from hardpos.data.scene import SYNONYMS, WorldConfig
+    from hardpos.world.build import generate_world
+    from hardpos.world.scene import SYNONYMS, WorldConfig
     from hardpos.generate.rules_engine import rules_batch
     from hardpos.stages.perturb import Config
 

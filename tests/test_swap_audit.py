@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hardpos.data.audit import audit_rates, read_audit
-from hardpos.data.rules.perturber import RulePerturber
-from hardpos.data.rules.validate import validate
+from hardpos.audit.hand import audit_rates, read_audit
+from hardpos.rules.perturber import RulePerturber
+from hardpos.rules.validate import validate
 
 AUDITS = Path(__file__).resolve().parent.parent / "docs" / "audits"
 
@@ -48,7 +48,7 @@ def test_dropped_swap_positives_stay_dropped(rules):
 
 
 def test_the_sampler_draws_swap_positives_and_names_a_bad_kind():
-    from hardpos.data.audit import sample_rule_positives
+    from hardpos.audit.hand import sample_rule_positives
 
     caps = ["a cat and a dog on a bench", "a red car", "a man and a woman on a beach"]
     rows, stats = sample_rule_positives(caps, n=5, seed=1, kind="swap")

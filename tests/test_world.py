@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 
 from hardpos.data.triplets import TRIPLET_COLUMNS, read_triplets, resolve_image
-from hardpos.data.world import generate_world, world_lexicon
-from hardpos.data.scene import BENCHMARKS, Obj, Scene, WorldConfig, sample_scene
-from hardpos.data.grammar import canonical_caption, parse, truth
+from hardpos.world.build import generate_world
+from hardpos.world.lexicon import world_lexicon
+from hardpos.world.scene import BENCHMARKS, Obj, Scene, WorldConfig, sample_scene
+from hardpos.world.grammar import canonical_caption, parse, truth
 
 CFG = WorldConfig()
 
@@ -100,7 +101,7 @@ def test_every_benchmark_item_is_true_to_its_scene(world):
 
 def test_benchmark_subsets_have_their_shape(world):
     cfg, out, _ = world
-    from hardpos.data.rules.validate import validate
+    from hardpos.rules.validate import validate
 
     for b in BENCHMARKS:
         for r in read_triplets(str(out / "benchmark" / f"{b}.parquet")):
@@ -141,7 +142,7 @@ def test_deterministic_by_seed(tmp_path):
 
 def test_rule_engine_on_world_captions_agrees_with_ground_truth(world):
     """The demo makes finetune negatives/positives with the rules: check them against the scenes."""
-    from hardpos.data.rules.perturber import RulePerturber
+    from hardpos.rules.perturber import RulePerturber
 
     cfg, out, _ = world
     rules = RulePerturber(seed=0, lexicon=world_lexicon(cfg))
@@ -193,7 +194,7 @@ def test_world_to_s3(tmp_path, s3_env):
 def test_binding_negatives_take_another_objects_value():
     """binding_negative_rate=1: a REPLACE-attribute negative names a value another object of the
     scene has whenever one differs (only the binding is wrong); 0 (the old default) mostly does not."""
-    from hardpos.data.world import benchmark_item
+    from hardpos.world.build import benchmark_item
 
     def share(rate: float) -> tuple[float, int]:
         cfg = WorldConfig(min_objects=2, binding_negative_rate=rate)
@@ -216,7 +217,7 @@ def test_binding_negatives_take_another_objects_value():
 
 
 def test_world_lexicon_without_shape_negatives():
-    from hardpos.data.rules.perturber import RulePerturber
+    from hardpos.rules.perturber import RulePerturber
 
     assert any(k[0] == "circle" for k in world_lexicon(WorldConfig()).negatives)  # the default keeps them
     lex = world_lexicon(WorldConfig(shape_negatives=False))
@@ -249,7 +250,7 @@ def test_binding_partial_captions_leave_out_the_donor():
     """binding_partial_captions: a binding REPLACE-attribute item's caption does not name the new
     value (the donor object is left out), so the negative drops none of the caption's words and
     only binding tells them apart; without it the caption names the donor's value."""
-    from hardpos.data.world import benchmark_item
+    from hardpos.world.build import benchmark_item
 
     def count(partial: bool) -> tuple[int, int]:
         cfg = WorldConfig(min_objects=2, binding_negative_rate=1.0, binding_partial_captions=partial)
@@ -279,7 +280,7 @@ def test_binding_partial_captions_leave_out_the_donor():
 def test_relation_twins_are_mirrored_and_only_the_relation_tells_them_apart(tmp_path):
     import pyarrow.parquet as pq
 
-    from hardpos.data.grammar import relation_twin
+    from hardpos.world.grammar import relation_twin
 
     cfg = WorldConfig(seed=4, n_pretrain=300, n_finetune=20, n_benchmark=0, vague_caption_rate=0.5,
                       relation_pair_rate=1.0, write_images=False)
@@ -320,7 +321,7 @@ def test_grouped_order_keeps_pairs_adjacent():
 
 
 def test_color_prior_favours_each_shapes_typical_colour_and_zero_changes_nothing():
-    from hardpos.data.scene import typical_color
+    from hardpos.world.scene import typical_color
 
     def objects(prior: float) -> list[Obj]:
         rng = random.Random(5)

@@ -8,7 +8,7 @@ Captions: the original ``caption`` field of SugarCrepe++'s five files (``replace
 ``replace_obj.json``, ``replace_rel.json``, ``swap_att.json``, ``swap_obj.json``), read in that
 order; a folder stands for its five files. The draw shuffles the unique captions with
 ``--seed`` and keeps the first ``--n`` that get a picked negative and the first ``--n`` that get
-a picked positive (:func:`hardpos.data.audit.sample_stage_picks`: the stage's own pick, both
+a picked positive (:func:`hardpos.audit.hand.sample_stage_picks`: the stage's own pick, both
 kinds, the stage's default seed 0 as ``--rule-seed``; its default balanced picks over all the
 captions, or with ``--seeded-random`` the picks of ``balanced_picks=false``).
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hardpos.data.audit import (audit_captions, read_blind_audit, sample_stage_picks, sugarcrepe_pp_captions,
+from hardpos.audit.hand import (audit_captions, read_blind_audit, sample_stage_picks, sugarcrepe_pp_captions,
                                 write_blind_audit)
 
 

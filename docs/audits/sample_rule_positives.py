@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hardpos.data.audit import read_audit, sample_rule_positives, write_audit
+from hardpos.audit.hand import read_audit, sample_rule_positives, write_audit
 from hardpos.data.captions.formats import read_captions
 
 

@@ -22,8 +22,8 @@ import pyarrow.parquet as pq
 
 from hardpos import storage
 from hardpos.config import ConfigError, ModelConfig, TrackingConfig
-from hardpos.data.scene import BENCHMARKS, WorldConfig
-from hardpos.data.world import load_world
+from hardpos.world.scene import BENCHMARKS, WorldConfig
+from hardpos.world.build import load_world
 from hardpos.runtime import JobContext, execute
 from hardpos.train.config import (CheckpointSection, DataConfig, LoraSection, LossConfig, OptimConfig, ScalingSection,
                                    TrainConfig)

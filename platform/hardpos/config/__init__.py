@@ -27,7 +27,7 @@ Contract (every stage):
   ``int`` is accepted where ``float`` is declared, and so is scientific notation that YAML
   1.1 leaves as text (``1e-3``); nothing else is coerced silently (``"3"`` is not an int).
 * "world", for a user: ``world.<key>`` is a setting of the synthetic world's generation
-  (:class:`hardpos.data.scene.WorldConfig`: ``world.seed``, ``world.n_pretrain`` ...; the
+  (:class:`hardpos.world.scene.WorldConfig`: ``world.seed``, ``world.n_pretrain`` ...; the
   demo's section) and ``world_dir`` is the folder of a generated world (evaluate, interpolate,
   the compare stage's explorer, the demo). The world stage's own config *is* a WorldConfig:
   its keys are top-level (``n_pretrain=``) and its folder is its ``output_dir``. perturb and

@@ -118,7 +118,7 @@ class HttpEngineConfig:
 
 @dataclasses.dataclass
 class RulesEngineConfig:
-    """The CPU rule engine (hardpos.data.rules.perturber.RulePerturber).
+    """The CPU rule engine (hardpos.rules.perturber.RulePerturber).
 
     batch_size: rows per map_batches task.
     num_cpus: CPUs per rule task (Ray runs as many tasks as the cluster's CPUs allow).

@@ -25,7 +25,7 @@ Engines:
   stage raises (killing the job) when retries run out or a body is empty/non-JSON, and
   hands 500s back as normal replies; :class:`ResilientSession` owns retries instead and
   always returns a ``{"status", "body"}`` envelope so every row gets an answer.
-* ``rules`` -- :class:`hardpos.data.rules.perturber.RulePerturber` in CPU ``map_batches`` tasks.
+* ``rules`` -- :class:`hardpos.rules.perturber.RulePerturber` in CPU ``map_batches`` tasks.
 
 The LLM engines send each template as it says (:class:`hardpos.generate.prompts.PromptTemplate`):
 a chat template as messages, a raw template as one prompt string with no chat template;

@@ -12,11 +12,12 @@ from __future__ import annotations
 import collections
 from typing import Any, Iterable, Mapping
 
-from hardpos.data.rules.conjuncts import is_conjunct_swap
-from hardpos.data.rules.perturber import RulePerturber
-from hardpos.data.rules.validate import validate
+from hardpos.rules.conjuncts import is_conjunct_swap
+from hardpos.rules.perturber import RulePerturber
+from hardpos.rules.validate import validate
 from hardpos.data.triplets import make_triplet
 from hardpos.generate import rules_engine
+from hardpos.world.lexicon import rule_lexicon
 
 
 def base_kind(kind: str) -> str:
@@ -83,7 +84,7 @@ class NegativePicker:
         if key in known:
             return known[key]
         if self._rules is None:
-            self._rules = RulePerturber(seed=self.seed, lexicon=rules_engine.rule_lexicon(self.world_dir))
+            self._rules = RulePerturber(seed=self.seed, lexicon=rule_lexicon(self.world_dir))
         return rule_negative(self._rules, cap["caption"], kind)
 
     def pick(self, cap: dict, kind: str, llm_negatives: dict[str, str],

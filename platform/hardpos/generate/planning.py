@@ -18,11 +18,12 @@ import pyarrow as pa
 from hardpos import storage
 from hardpos.config import ConfigError
 from hardpos.data.captions.formats import read_captions
-from hardpos.data.rules.validate import validate
+from hardpos.rules.validate import validate
 from hardpos.data.triplets import resolve_image
 from hardpos.generate import engine_config, rules_engine
 from hardpos.generate.join import base_kind, rule_negative
 from hardpos.generate.prompts import PromptTemplate
+from hardpos.world.lexicon import world_perturber
 
 INPUT_KIND = "input"  # kind of rejects for input rows that never reach an engine
 
@@ -160,7 +161,7 @@ def judge_batch(batch, rule_negatives: dict | None = None, validation: dict[str,
     validation: kind -> validator mode (the templates' ``validation``); kinds not in it, and
     the rule engine's own rows, are validated strictly.
     """
-    rules = rules_engine.cached_perturber(rule_negatives["seed"], rule_negatives["world_dir"]) if rule_negatives else None
+    rules = world_perturber(rule_negatives["seed"], rule_negatives["world_dir"]) if rule_negatives else None
     rows = []
     for r in batch.to_pylist():
         row = judge({c: r.get(c) for c in engine_config.REQUEST_COLUMNS + engine_config.ENGINE_COLUMNS},

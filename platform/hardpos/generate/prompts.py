@@ -30,7 +30,7 @@ import yaml
 
 from hardpos import storage
 from hardpos.config import ConfigError
-from hardpos.data.rules.validate import MODES as VALIDATION_MODES
+from hardpos.rules.validate import MODES as VALIDATION_MODES
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "resources" / "prompts"
 BUNDLED = ("paper", "chat", "with_negatives")
@@ -123,7 +123,7 @@ class PromptTemplate:
     postprocess: what of the completion the validator sees (see :func:`postprocess`).
     validation: the validator's mode for this kind's outputs: "strict" (default: every
         check) or "paper" (only non-text, empty, identical and over-length output are
-        rejected, as the paper's release filtered; see :func:`hardpos.data.rules.validate.validate`).
+        rejected, as the paper's release filtered; see :func:`hardpos.rules.validate.validate`).
     """
 
     kind: str

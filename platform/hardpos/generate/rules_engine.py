@@ -1,23 +1,19 @@
-"""The rule engine: :class:`hardpos.data.rules.perturber.RulePerturber` in CPU ``map_batches`` tasks.
+"""The rule engine: :class:`hardpos.rules.perturber.RulePerturber` in CPU ``map_batches`` tasks.
 
 :func:`apply_rules` fills the engine columns (contract in :mod:`hardpos.generate.engines`)
 with rule edits, ``no_rule`` where none applies. Rows are seeded per (seed, caption, kind)
 (:func:`row_seed`), so outputs do not depend on batching, workers or resume; the lexicon is
-the synthetic world's when a world folder is given (:func:`rule_lexicon`), and
-:func:`cached_perturber` keeps one perturber per (seed, world) per worker process (the
-``perturb`` stage and the judge's rule negatives share it).
+the synthetic world's when a world folder is given, and the perturber is the worker
+process's cached one for (seed, world) (:func:`hardpos.world.lexicon.world_perturber`).
 """
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 import pyarrow as pa
 
-from hardpos.data.lexicon import load_lexicon
-from hardpos.data.rules.perturber import RulePerturber
-from hardpos.data.world import config_from_world, world_lexicon
 from hardpos.generate.engine_config import REQUEST_COLUMNS, EngineConfig
+from hardpos.world.lexicon import world_perturber
 
 
 def _rule_kind(kind: str) -> tuple[str, str]:
@@ -31,26 +27,6 @@ def row_seed(seed: int, caption_id: str, kind: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}\x00{caption_id}\x00{kind}".encode()).digest()[:4], "little")
 
 
-def rule_lexicon(world_dir: str | None, include_benchmark_pairs: bool = False):
-    """The rule lexicon: the synthetic world's (restricted to its words), or the full one
-    without (by default) or with the REPLACE benchmark's substitution pairs."""
-    if not world_dir:
-        return load_lexicon(include_benchmark_pairs=include_benchmark_pairs)
-    return world_lexicon(config_from_world(world_dir))
-
-
-_PERTURBERS: dict[tuple[int, str | None, bool], Any] = {}
-
-
-def cached_perturber(seed: int, world_dir: str | None, include_benchmark_pairs: bool = False):
-    """One RulePerturber per (seed, lexicon) per worker process, reused across tasks (and
-    across the fused rules -> judge stages, whose rule negatives then hit its per-caption cache)."""
-    key = (seed, world_dir, include_benchmark_pairs)
-    if key not in _PERTURBERS:
-        _PERTURBERS[key] = RulePerturber(seed=seed, lexicon=rule_lexicon(world_dir, include_benchmark_pairs))
-    return _PERTURBERS[key]
-
-
 def rules_batch(batch, seed: int = 0, world_dir: str | None = None, include_benchmark_pairs: bool = False):
     """``map_batches`` function: the rule engine over a batch of request rows (pyarrow).
 
@@ -59,7 +35,7 @@ def rules_batch(batch, seed: int = 0, world_dir: str | None = None, include_benc
     (seed, polarity, kind, caption), so a row's output does not depend on batching,
     workers or resume.
     """
-    rules = cached_perturber(seed, world_dir, include_benchmark_pairs)
+    rules = world_perturber(seed, world_dir, include_benchmark_pairs)
     out = []
     for row in batch.to_pylist():
         polarity, rule_kind = _rule_kind(row["kind"])

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hardpos.config import ConfigError
-from hardpos.data.scene import WorldConfig
+from hardpos.world.scene import WorldConfig
 from hardpos.models.source import BASE_PREFIX, CONFIG_NAME, META_NAME, WEIGHTS_NAME
 
 #: where the bases that ship with the package live

@@ -13,7 +13,7 @@ the public benchmarks.
 Inputs (``input=`` one source, or ``inputs=`` several side by side; local or s3://): a triplet
 file (parquet/jsonl, e.g. the output of `perturb` or `generate`), a caption file with negatives
 (NegCLIP tsv, SugarCrepe json), or a REPLACE / SWAP / SugarCrepe / SugarCrepe++ folder
-(:mod:`hardpos.data.blind_audit` reads them all).
+(:mod:`hardpos.audit.blind` reads them all).
 
 Output (``output_dir``): ``audit.md`` (the table), ``audit.json`` (every row with its fold
 accuracies and the hits per grammar rule; also the run's artifacts) and ``summary.json``.
@@ -30,7 +30,7 @@ from typing import Literal
 
 from hardpos import preflight, storage, tracking
 from hardpos.config import ConfigError, JobConfig, require
-from hardpos.data.blind_audit import (FORMATS, GRAMMAR_RULES, POLARITIES, AuditError, AuditSettings, NoEditsError,
+from hardpos.audit.blind import (FORMATS, GRAMMAR_RULES, POLARITIES, AuditError, AuditSettings, NoEditsError,
                                       audit_edits, markdown_table, read_edits)
 from hardpos.runtime import JobContext
 

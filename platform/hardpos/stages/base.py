@@ -31,7 +31,7 @@ from hardpos import storage, tracking
 from hardpos.compose import (PhaseConfig, Pipeline, check_base_recipe, default_curriculum_world, default_world,
                              phase_key)
 from hardpos.config import ConfigError, JobConfig, TrackingConfig
-from hardpos.data.scene import WorldConfig
+from hardpos.world.scene import WorldConfig
 from hardpos.models import bases
 from hardpos.paper import table1
 from hardpos.runtime import JobContext, init_ray

@@ -26,7 +26,7 @@ from typing import Any
 from hardpos import explorer, plots, storage, tracking
 from hardpos.config import ConfigError, JobConfig
 from hardpos.config.paths import resolve_tracking_uri
-from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
+from hardpos.rules.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.items import BenchmarkError
 from hardpos.eval.outputs import SCORES_FILE

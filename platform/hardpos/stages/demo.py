@@ -54,7 +54,7 @@ from hardpos.compose import (PhaseConfig, check_base_recipe, default_curriculum_
                              slug)
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig
 from hardpos.config.paths import resolve_tracking_uri
-from hardpos.data.scene import WorldConfig
+from hardpos.world.scene import WorldConfig
 from hardpos.eval.spec import RetrievalSpec
 from hardpos.interpolate import check_alphas
 from hardpos.models import bases, registry

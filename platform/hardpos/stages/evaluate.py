@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 from hardpos import preflight, storage, tracking
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig, require
 from hardpos.config.paths import resolve_tracking_uri
-from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
+from hardpos.rules.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.eval.items import BenchmarkError
 from hardpos.eval.spec import BenchmarkSpec, Precision, RayDataConfig, RetrievalSpec, ZeroShotSpec
 from hardpos.models import weights

@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 from hardpos import preflight, storage, tracking
 from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
 from hardpos.data.captions import CaptionSourceError
-from hardpos.data.lexicon import benchmark_substitution, seen_substitutions_tag
-from hardpos.data.rules.validate import KINDS
-from hardpos.data.world import world_dir_of
+from hardpos.rules.lexicon import benchmark_substitution, seen_substitutions_tag
+from hardpos.rules.validate import KINDS
+from hardpos.world.build import world_dir_of
 from hardpos.generate.engine_config import EngineConfig
 from hardpos.generate.prompts import fingerprint, load_prompts
 from hardpos.runtime import JobContext, init_ray

@@ -5,10 +5,10 @@ Input (``input=``): any caption source :func:`hardpos.data.captions.formats.read
 or a synthetic world folder (its ``<split>.parquet``; the world's lexicon is then used so
 negatives stay in the world's vocabulary). Which world an input belongs to, its lexicon and
 the rule engine's seed are decided exactly as the generate stage's rule engine decides them
-(:func:`hardpos.data.world.world_dir_of`, :func:`hardpos.generate.rules_engine.cached_perturber`),
+(:func:`hardpos.world.build.world_dir_of`, :func:`hardpos.world.lexicon.world_perturber`),
 so both stages make the same candidates for a caption of the same world, and the same picks
 with ``balanced_picks=false``. By default this stage balances its picks over the whole caption
-set (:mod:`hardpos.data.rules.balance`), which the generate stage, streaming one batch at a
+set (:mod:`hardpos.rules.balance`), which the generate stage, streaming one batch at a
 time, does not.
 
 Output (``output_dir``):
@@ -41,11 +41,11 @@ from hardpos import storage, tracking
 from hardpos.config import ConfigError, JobConfig
 from hardpos.data.captions import CaptionSourceError
 from hardpos.data.captions.formats import read_captions
-from hardpos.data.lexicon import benchmark_substitution, seen_substitutions_tag
-from hardpos.data.rules.perturber import pick_balanced, pick_triplet
+from hardpos.rules.lexicon import benchmark_substitution, seen_substitutions_tag
+from hardpos.rules.perturber import pick_balanced, pick_triplet
 from hardpos.data.triplets import TripletFileError, make_triplet, read_triplets, resolve_image, write_triplets
-from hardpos.data.world import world_dir_of
-from hardpos.generate.rules_engine import cached_perturber
+from hardpos.world.build import world_dir_of
+from hardpos.world.lexicon import world_perturber
 from hardpos.runtime import JobContext, init_ray
 
 
@@ -158,7 +158,7 @@ def _perturb_chunk(captions: list[str], seed: int, kinds: list[str], want_neg: b
     """
     cpu0 = time.process_time()
     # the generate stage's rule engine, same lexicon and seed
-    rules = cached_perturber(seed, world_dir, include_benchmark_pairs)
+    rules = world_perturber(seed, world_dir, include_benchmark_pairs)
     out = [pick_triplet(rules, caption, seed, kinds, want_neg, want_pos) for caption in captions]
     return out, time.process_time() - cpu0
 
@@ -168,7 +168,7 @@ def _candidates_chunk(captions: list[str], seed: int, kinds: list[str], want_neg
     """Every (negative, positive) candidate of each caption, of ``kinds`` (in-process or in a
     Ray task), and the CPU seconds spent: what the balanced picks choose from."""
     cpu0 = time.process_time()
-    rules = cached_perturber(seed, world_dir, include_benchmark_pairs)
+    rules = world_perturber(seed, world_dir, include_benchmark_pairs)
     out = [rules.candidates(c, kinds, want_neg, want_pos) for c in captions]
     return out, time.process_time() - cpu0
 

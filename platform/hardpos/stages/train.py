@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from hardpos import preflight, storage, tracking
-from hardpos.data.lexicon import SEEN_SUBSTITUTIONS_TAG
+from hardpos.rules.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.models import weights
 from hardpos.runtime import JobContext
 from hardpos.train.config import TrainConfig as Config

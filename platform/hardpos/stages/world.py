@@ -1,6 +1,6 @@
 """`hardpos world`: generate the synthetic world (scenes, images, captions, verified benchmarks).
 
-Writes the layout documented in :mod:`hardpos.data.world` under ``output_dir`` (local or
+Writes the layout documented in :mod:`hardpos.world.build` under ``output_dir`` (local or
 s3://) and returns the counts, the share of non-canonical pretraining captions and the
 generation speed (scenes/s).  Pure CPU work in this process: rendering is threaded, and
 starting Ray would cost more than it saves at this size.
@@ -11,8 +11,8 @@ import dataclasses
 
 from hardpos import preflight, tracking
 from hardpos.config import JobConfig
-from hardpos.data.scene import WorldConfig
-from hardpos.data.world import generate_world
+from hardpos.world.scene import WorldConfig
+from hardpos.world.build import generate_world
 from hardpos.runtime import JobContext
 
 
@@ -25,7 +25,7 @@ class Config(WorldConfig, JobConfig):
     image_size: rendered image side in pixels (default 64).
     n_pretrain / n_finetune / n_benchmark: scenes per split (benchmark scenes are held out).
     min_objects / max_objects: objects per scene (1..3).
-    colors / shapes / sizes: the vocabulary (see hardpos.data.world for what is known).
+    colors / shapes / sizes: the vocabulary (see hardpos.world.build for what is known).
     relation_caption_rate: share of captions using "X above Y" instead of "X and Y".
     noncanonical_rate: share of pretraining captions with one synonym or reordered list (default 0.005).
     relation_margin: fraction of the image by which a relation must hold to be "true".

@@ -4,7 +4,7 @@ Contract: noun-phrase and list surface forms (:func:`np_text`, :func:`list_text`
 relation margin (:func:`relation_value`), the parser (:func:`parse`) and exact truth
 (:func:`truth`: True / False / None within the ambiguity margin), and the caption builders
 (:func:`canonical_caption`, :func:`noncanonical`, :func:`vague`, :func:`relation_twin`).
-Pure functions of their arguments; :mod:`hardpos.data.world` captions its scenes with them.
+Pure functions of their arguments; :mod:`hardpos.world.build` captions its scenes with them.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from hardpos.data.scene import COLOR_RGB, RELATIONS, SIZE_SCALE, SYNONYMS, Obj, Scene, WorldConfig, mirror
+from hardpos.world.scene import COLOR_RGB, RELATIONS, SIZE_SCALE, SYNONYMS, Obj, Scene, WorldConfig, mirror
 
 # ---------------------------------------------------------------------- grammar
 _WORD_TO_CANON = {}

@@ -1,18 +1,18 @@
-"""Word classes for the SWAP-positive check (:mod:`hardpos.data.rules.conjuncts`).
+"""Word classes for the SWAP-positive check (:mod:`hardpos.rules.conjuncts`).
 
 Contract: closed classes (coordinators, determiners, prepositions, ...) are hard-coded here;
 open classes (nouns, people and animals, adjectives, function words) come from the shipped
 lexicon, loaded on first use and cached (:func:`word_classes`). :class:`Classify` answers
 token predicates ("is this a linker", "what shapes can this span have") over both. Pure,
 no I/O beyond the one lexicon read. Package-internal: the names keep their leading
-underscore; the public entry point is :func:`hardpos.data.rules.conjuncts.is_conjunct_swap`.
+underscore; the public entry point is :func:`hardpos.rules.conjuncts.is_conjunct_swap`.
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
 
-from hardpos.data.lexicon import load_lexicon
+from hardpos.rules.lexicon import load_lexicon
 
 CLAUSE_PUNCT = frozenset({",", ";", ":", "(", ")", "!", "?", '"', "."})
 COORDINATORS = frozenset({"and", "or", "&"})

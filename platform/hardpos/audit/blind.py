@@ -4,7 +4,7 @@ A hard negative a text-only model spots ("a man holding a skis") teaches a visio
 model that *an edit is wrong*, not *what the image shows*; a benchmark whose edits it spots can
 be passed on text alone. This module turns any caption/edit data the platform reads into
 :class:`Edit` pairs, audits them per kind with the grouped cross-validated classifier of
-:mod:`hardpos.data.blind_text`, counts simple grammar-rule hits, and renders the result as a
+:mod:`hardpos.audit.text_models`, counts simple grammar-rule hits, and renders the result as a
 markdown table and JSON (``hardpos audit``, :mod:`hardpos.stages.audit`, is the stage).
 
 Sources (:func:`read_edits`, ``format="auto"`` tells them apart):
@@ -43,9 +43,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hardpos import storage
-from hardpos.data.blind_text import CrossValidation, cross_validate
-from hardpos.data.rules.text import wants_an
-from hardpos.data.textnorm import normalise, words
+from hardpos.audit.text_models import CrossValidation, cross_validate
+from hardpos.rules.text import wants_an
+from hardpos.rules.textnorm import normalise, words
 
 KINDS = ("replace_attribute", "replace_relation", "replace_object", "replace", "swap_attribute", "swap_object", "swap",
          "add_attribute", "add_object", "paraphrase")
@@ -245,7 +245,7 @@ _PHRASE_END = frozenset({"and", "or", "with", "on", "in", "at", "by", "near", "u
 def _noun_numbers() -> tuple[frozenset[str], frozenset[str]]:
     """(nouns the lexicon knows only as singular, only as plural)."""
     # lazy: the lexicon is read once, when a grammar rule first needs its nouns
-    from hardpos.data.lexicon import load_lexicon
+    from hardpos.rules.lexicon import load_lexicon
 
     lex = load_lexicon()
     sg, pl = set(), set()
@@ -324,7 +324,7 @@ def grammar_hits(caption: str, edited: str) -> list[str]:
 # --------------------------------------------------------------------------- the audit
 @dataclasses.dataclass(frozen=True)
 class AuditSettings:
-    """The classifier and the cross-validation (see :func:`hardpos.data.blind_text.cross_validate`).
+    """The classifier and the cross-validation (see :func:`hardpos.audit.text_models.cross_validate`).
 
     min_pairs: a kind with fewer distinct pairs is reported, not measured (a handful of pairs
         gives a fold accuracy of noise)."""

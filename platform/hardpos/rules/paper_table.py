@@ -67,7 +67,7 @@ def derive_table(hard_positives_dir: str | Path) -> dict:
         "provenance": {
             "source": "github.com/amitakamath/hard_positives (Kamath et al., ECCV 2024, arXiv 2409.17958)",
             "method": "word-level diff of true_caption in data/vl_checklist_<subset>.json vs "
-                      "swapped_data/vl_checklist_<subset>.json, row by row (hardpos.data.paper_table)",
+                      "swapped_data/vl_checklist_<subset>.json, row by row (hardpos.rules.paper_table)",
             "min_rows": MIN_ROWS,
         },
     }
@@ -84,7 +84,7 @@ def load_table() -> dict:
     return json.loads(TABLE_FILE.read_text())
 
 
-if __name__ == "__main__":  # regenerate: python -m hardpos.data.paper_table <the release's hard_positives folder>
+if __name__ == "__main__":  # regenerate: python -m hardpos.rules.paper_table <the release's hard_positives folder>
     import sys
 
     TABLE_FILE.write_text(json.dumps(derive_table(sys.argv[1]), indent=1) + "\n")

@@ -45,8 +45,8 @@ Output layout (train / evaluate / demo read exactly this)::
 Image paths in the files are relative to the file's folder.  Deterministic by seed.
 
 Layout: this module builds benchmark items and writes / loads the world; the vocabulary,
-config and scenes live in :mod:`hardpos.data.scene` and the caption grammar in
-:mod:`hardpos.data.grammar`; import those names from there.
+config and scenes live in :mod:`hardpos.world.scene` and the caption grammar in
+:mod:`hardpos.world.grammar`; import those names from there.
 """
 from __future__ import annotations
 
@@ -61,12 +61,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hardpos import storage
-from hardpos.data.grammar import (Caption, render_caption, canonical_caption,
+from hardpos.world.grammar import (Caption, render_caption, canonical_caption,
                                   list_text, noncanonical, np_text, relation_negative, relation_twin,
                                   truth,
                                   vague)
-from hardpos.data.lexicon import load_lexicon
-from hardpos.data.scene import (BENCHMARKS, RELATIONS, SPLITS, SYNONYMS,
+from hardpos.world.scene import (BENCHMARKS, RELATIONS, SPLITS, SYNONYMS,
                                 Scene, WorldConfig, render, sample_scene)
 from hardpos.data.triplets import make_triplet, write_triplets
 
@@ -160,20 +159,6 @@ def vocabulary(cfg: WorldConfig) -> dict:
         "relations": list(RELATIONS),
         "synonyms": {w: SYNONYMS[w] for w in [*cfg.colors, *cfg.sizes, *RELATIONS]},
     }
-
-
-def world_lexicon(cfg: WorldConfig | None = None):
-    """The rule lexicon restricted to this world's words (so rule negatives stay in-vocabulary)."""
-    cfg = cfg or WorldConfig()
-    voc = vocabulary(cfg)
-    forms = set(voc["colors"]) | set(voc["shapes"]) | set(voc["sizes"]) | set(voc["relations"]) | set(voc["synonyms"].values())
-    # The world is its own benchmark: its REPLACE positives are its designed synonyms
-    # (``SYNONYMS``, which the world's benchmark uses too), several of which the real REPLACE
-    # table shares ("red"->"crimson"); the real table's exclusion is for real captions.
-    lex = load_lexicon(include_benchmark_pairs=True, restrict_to=forms)
-    if not cfg.shape_negatives:  # shapes stay nouns (binding and swaps need them), only their negatives go
-        lex = dataclasses.replace(lex, negatives={k: v for k, v in lex.negatives.items() if k[0] not in voc["shapes"]})
-    return lex
 
 
 # ---------------------------------------------------------------------- generation

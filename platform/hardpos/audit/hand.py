@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from hardpos.data.rules.perturber import RulePerturber, pick_balanced, pick_triplet
+from hardpos.rules.perturber import RulePerturber, pick_balanced, pick_triplet
 
 LABELS = ("ok", "wrong", "doubtful")
 COLUMNS = ("caption", "positive", "label", "why", "slot", "sample")

@@ -1,8 +1,11 @@
-"""Caption text normalisation shared by the validator and the conjunct-swap check.
+"""Caption text normalisation and word n-gram features.
 
 Contract: pure functions over ``str``; comparison forms only (lower case, whitespace
 collapsed, one trailing period dropped). The accepted text a caller keeps is never
-produced here. Used by :mod:`hardpos.data.rules.validate` and :mod:`hardpos.data.rules.conjuncts`.
+produced here. Used by :mod:`hardpos.rules.validate` and :mod:`hardpos.rules.conjuncts`;
+:func:`features` (word n-grams with sentence boundaries) is what the n-gram balance of the
+rules' picks (:mod:`hardpos.rules.balance`) and the blind text models
+(:mod:`hardpos.audit.text_models`) both read a caption as.
 """
 from __future__ import annotations
 
@@ -45,3 +48,14 @@ def fold_counted_plurals(toks: list[str]) -> list[str]:
         if out[k - 1] in PLURAL_COUNTS and len(w) > 3 and w.endswith("s") and not w.endswith("ss"):
             out[k] = w[:-1]
     return out
+
+
+_PUNCT = re.compile(r"([,.;:!?\"()])")
+
+
+def features(text: str, ngrams: int) -> list[str]:
+    """The word n-grams (1..``ngrams``) of ``text``: lower case, punctuation split off words
+    (CLIP's tokenizer reads "yak." and "yak ." alike, so the audit must too), with sentence
+    boundaries ``<s>`` / ``</s>``."""
+    toks = ["<s>", *_PUNCT.sub(r" \1 ", text.lower()).split(), "</s>"]
+    return [" ".join(toks[i:i + n]) for n in range(1, ngrams + 1) for i in range(len(toks) - n + 1)]

@@ -31,8 +31,8 @@ from collections import Counter
 
 import lemminflect
 
-from hardpos.data.lexicon import load_lexicon
-from hardpos.data.textnorm import tokens
+from hardpos.rules.lexicon import load_lexicon
+from hardpos.rules.textnorm import tokens
 
 SINGULAR_DETERMINERS = frozenset({"a", "an", "another", "each", "every"})
 INDEFINITE = frozenset({"a", "an", "another"})

@@ -2,7 +2,7 @@
 
 Contract: :class:`ReplaceRulesMixin` holds the REPLACE rule (negatives: another group of
 the same lexicon class; positives: a synonym allowed by the sense rules in this context)
-and its context checks.  A mixin of :class:`hardpos.data.rules.perturber.RulePerturber`: it reads
+and its context checks.  A mixin of :class:`hardpos.rules.perturber.RulePerturber`: it reads
 the state ``RulePerturber.__init__`` sets (``lexicon``, ``_determiners``, ``_linkers``,
 ``_attr_adjs``) and its shared helpers (``_is_content``, ``_reading`` ...).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from hardpos.data.lexicon import Context
-from hardpos.data.rules.text import (
+from hardpos.rules.lexicon import Context
+from hardpos.rules.text import (
     OBJECT_PRONOUNS,
     SURFACE_PREPS,
     Match,
@@ -24,7 +24,7 @@ from hardpos.data.rules.text import (
 
 
 class ReplaceRulesMixin:
-    """REPLACE rules; mixed into :class:`hardpos.data.rules.perturber.RulePerturber` (not usable alone)."""
+    """REPLACE rules; mixed into :class:`hardpos.rules.perturber.RulePerturber` (not usable alone)."""
 
     # -------------------------------------------------------------- REPLACE
     def _replace(self, caption: str, toks: list[Token], matches: list[Match], polarity: str) -> Iterable[Perturbation]:

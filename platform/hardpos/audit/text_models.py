@@ -1,6 +1,6 @@
 """A blind text classifier: how well can a caption's text alone tell an edit from its original?
 
-The core of ``hardpos audit`` (:mod:`hardpos.data.blind_audit`) and of the calibration's
+The core of ``hardpos audit`` (:mod:`hardpos.audit.blind`) and of the calibration's
 artefact probe (``python -m benchmarks.calibrate_artefacts``). Pure numpy, deterministic,
 no image and no pretrained text model: a model that only sees words is the weakest "blind"
 reader, so what it detects is certainly detectable without the image.
@@ -25,21 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import re
 from collections.abc import Sequence
 
 import numpy as np
 
-_PUNCT = re.compile(r"([,.;:!?\"()])")
-
-
-def features(text: str, ngrams: int) -> list[str]:
-    """The word n-grams (1..``ngrams``) of ``text``: lower case, punctuation split off words
-    (CLIP's tokenizer reads "yak." and "yak ." alike, so the audit must too), with sentence
-    boundaries ``<s>`` / ``</s>``."""
-    words = ["<s>", *_PUNCT.sub(r" \1 ", text.lower()).split(), "</s>"]
-    return [" ".join(words[i:i + n]) for n in range(1, ngrams + 1) for i in range(len(words) - n + 1)]
-
+from hardpos.rules.textnorm import features
 
 def vocabulary(texts: Sequence[str], ngrams: int) -> dict[str, int]:
     """Feature -> column, in order of first appearance (deterministic for a given ``texts``)."""

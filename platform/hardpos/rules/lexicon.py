@@ -2,7 +2,7 @@
 
 The data lives in ``resources/lexicons/lexicon.json`` (hand-curated, with provenance)
 and ``resources/lexicons/paper_replace_table.json`` (the paper's own REPLACE table,
-recovered from its release by :mod:`hardpos.data.paper_table`).
+recovered from its release by :mod:`hardpos.rules.paper_table`).
 
 Model (see the JSON's ``provenance.format``): a *class* (colour, size, spatial_vertical,
 animal, ...) has a slot (attribute | relation | object), a part of speech (adj | verb |
@@ -29,7 +29,7 @@ prep | noun) and *groups* of surface forms that mean the same thing.
   benchmark's table as the paper wrote it, its shades included ("red" -> "crimson"), flagged.
 * Number (``number``): plural-only nouns ("skis", "glasses", "scissors") have no singular
   sense, so "a skateboard" never becomes "a skis"; mass nouns ("bread", "broccoli") have no
-  plural sense ("a type of meat" never becomes "a type of soups"). :mod:`hardpos.data.rules.agreement`
+  plural sense ("a type of meat" never becomes "a type of soups"). :mod:`hardpos.rules.english`
   reads the same lists to check every candidate's determiners.
 * ``not_contrasting``: a word -> words that may be its kind, its part or worn with it
   (room/kitchen, computer/monitor, shirt/tie): never a hard negative of each other, either way.

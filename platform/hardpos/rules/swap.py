@@ -2,21 +2,21 @@
 
 Contract: :class:`SwapRulesMixin` holds the SWAP negatives (attributes or nouns exchanged
 between two nouns) and SWAP positives (conjuncts around "and" exchanged with their
-modifiers; every candidate must pass :func:`hardpos.data.rules.conjuncts.is_conjunct_swap`), plus
+modifiers; every candidate must pass :func:`hardpos.rules.conjuncts.is_conjunct_swap`), plus
 the whole-clause fallback :func:`_clause_candidates`.  A mixin of
-:class:`hardpos.data.rules.perturber.RulePerturber`: it reads the state ``RulePerturber.__init__``
+:class:`hardpos.rules.perturber.RulePerturber`: it reads the state ``RulePerturber.__init__``
 sets and its shared helpers.
 """
 from __future__ import annotations
 
 from typing import Iterable
 
-from hardpos.data.rules.conjuncts import is_conjunct_swap
-from hardpos.data.rules.text import BOUNDARY_PUNCT, COORD, VISUAL, Match, Perturbation, Token, swap_spans
+from hardpos.rules.conjuncts import is_conjunct_swap
+from hardpos.rules.text import BOUNDARY_PUNCT, COORD, VISUAL, Match, Perturbation, Token, swap_spans
 
 
 class SwapRulesMixin:
-    """SWAP rules; mixed into :class:`hardpos.data.rules.perturber.RulePerturber` (not usable alone)."""
+    """SWAP rules; mixed into :class:`hardpos.rules.perturber.RulePerturber` (not usable alone)."""
 
     # -------------------------------------------------------------- SWAP negatives
     def _head_after(self, toks: list[Token], j: int) -> int | None:
@@ -165,7 +165,7 @@ class SwapRulesMixin:
 
     def _swap_conjuncts(self, caption: str, toks: list[Token], matches: list[Match]) -> Iterable[Perturbation]:
         """Conjunct-swap hard positives: for each "and", the first candidate of :meth:`_conjunct_candidates`
-        that :func:`~hardpos.data.rules.conjuncts.is_conjunct_swap` accepts.
+        that :func:`~hardpos.rules.conjuncts.is_conjunct_swap` accepts.
 
         The candidates come from local heuristics that cannot see a whole coordination; the validator's
         check is the contract, so a swap of parts ("a man with a hat and a woman" -> "a man with a woman

@@ -20,7 +20,7 @@ Hard positives (the meaning is kept):
 * REPLACE one word/phrase with a synonym from its lexicon group or the paper's table
   ("walking"->"strolling", "next to"->"beside", "red"->"crimson"), only where the
   lexicon's sense rules allow it in this context ("flying a kite" is never "soaring a
-  kite"; see :mod:`hardpos.data.lexicon`), not for a noun that modifies another noun
+  kite"; see :mod:`hardpos.rules.lexicon`), not for a noun that modifies another noun
   ("street signs" -> "road signs") and not for a capitalised word inside the caption
   (a name: "the Blue Angels").
 * SWAP the two conjuncts around "and" with their modifiers: noun phrases ("a sink,
@@ -34,29 +34,30 @@ skipped rather than emitting nonsense.  Articles a/an are fixed after an edit, a
 sentence-initial capitals move with the edit.
 
 Layout: this module holds :class:`RulePerturber` (construction, the public API and the
-shared token helpers); its REPLACE rules live in :mod:`hardpos.data.rules.replace`, its
-SWAP rules in :mod:`hardpos.data.rules.swap` (mixins), and tokens, records and text
-edits in :mod:`hardpos.data.rules.text`.
+shared token helpers); its REPLACE rules live in :mod:`hardpos.rules.replace`, its
+SWAP rules in :mod:`hardpos.rules.swap` (mixins), and tokens, records and text
+edits in :mod:`hardpos.rules.text`.
 """
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Hashable
 
-from hardpos.data.lexicon import Lexicon, Sense, load_lexicon
-from hardpos.data.rules.agreement import new_problems
-from hardpos.data.rules.balance import NgramBalance
-from hardpos.data.rules.replace import ReplaceRulesMixin
-from hardpos.data.rules.swap import SwapRulesMixin
-from hardpos.data.rules.text import (KINDS, POLARITIES, SUBJECT_PRONOUNS, TOKEN, Match, Perturbation, Token, dedupe,
+from hardpos.rules.lexicon import Lexicon, Sense, load_lexicon
+from hardpos.rules.english import new_problems
+from hardpos.rules.balance import NgramBalance
+from hardpos.rules.replace import ReplaceRulesMixin
+from hardpos.rules.swap import SwapRulesMixin
+from hardpos.rules.text import (KINDS, POLARITIES, SUBJECT_PRONOUNS, TOKEN, Match, Perturbation, Token, dedupe,
                                      stable_seed)
-from hardpos.data.rules.validate import validate
+from hardpos.rules.validate import validate
 
 
 class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
     """Deterministic rule engine over a curated lexicon.
 
     seed:    seeds :meth:`pick` (together with the caption).
-    lexicon: a :class:`~hardpos.data.lexicon.Lexicon`; default: the shipped lexicon with
+    lexicon: a :class:`~hardpos.rules.lexicon.Lexicon`; default: the shipped lexicon with
              the paper's replacement table.
     """
 
@@ -226,6 +227,19 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
         return True
 
 
+_PERTURBERS: dict[tuple[int, Hashable], RulePerturber] = {}
+
+
+def cached_perturber(seed: int, lexicon_key: Hashable, make_lexicon: Callable[[], Lexicon]) -> RulePerturber:
+    """One :class:`RulePerturber` per (seed, lexicon) per process, reused across Ray tasks and
+    stages (its per-caption cache then serves them all). ``lexicon_key`` names the lexicon
+    ``make_lexicon`` builds; it is called only on the first request for that key."""
+    key = (int(seed), lexicon_key)
+    if key not in _PERTURBERS:
+        _PERTURBERS[key] = RulePerturber(seed=seed, lexicon=make_lexicon())
+    return _PERTURBERS[key]
+
+
 def draw(caption: str, options: list[Perturbation], seed: int, polarity: str, kind: str | None = None,
          balance: NgramBalance | None = None) -> Perturbation | None:
     """One choice among ``options`` (a caption's perturbations of ``polarity``), optionally
@@ -266,7 +280,7 @@ def pick_triplet(rules: RulePerturber, caption: str, seed: int, kinds: list[str]
     a positive (or, when none has both, either), then :func:`draw` picks inside it (seeded by
     the rules' seed). A picked output the shared validator rejects is never returned (defence
     in depth). ``balance``: the (negatives', positives') n-gram balances of the picks so far,
-    which the picks use and are added to (:mod:`hardpos.data.rules.balance`).
+    which the picks use and are added to (:mod:`hardpos.rules.balance`).
 
     Returns ``{"kind", "neg", "neg_slot", "pos", "pos_slot", "cov"}``: texts and slots are None
     where nothing was picked; ``cov`` maps ``neg_<kind>`` / ``pos_<kind>`` to whether the rules
@@ -314,7 +328,7 @@ def pick_balanced(captions: list[str], candidates: list[tuple[list[Perturbation]
     """:func:`pick_from` for a whole caption set with balanced picks: every caption's picks
     (in the order of ``captions``; ``candidates[i]`` are caption i's negatives and positives of
     ``kinds``), made in one order shuffled by ``seed``, with one n-gram balance per polarity
-    (:mod:`hardpos.data.rules.balance`). What the ``perturb`` stage writes by default.
+    (:mod:`hardpos.rules.balance`). What the ``perturb`` stage writes by default.
 
     Also returns ``{"ngram_imbalance_per_pick": {polarity: {"balanced", "seeded_random"}}}``:
     the picks' imbalance beside that of the seeded-random picks from the same candidates."""

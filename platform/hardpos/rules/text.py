@@ -3,7 +3,7 @@
 Contract: the :class:`Perturbation` record (text, kind, slot), the tokenizer's regex and
 word sets, the internal token / lexicon-match records, the stable seed hash, and pure
 string edits (article fixing, span replacement, span swap, dedupe by normalised text).
-No state; :mod:`hardpos.data.rules.perturber` and its REPLACE and SWAP rules build on these.
+No state; :mod:`hardpos.rules.perturber` and its REPLACE and SWAP rules build on these.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from hardpos.data.lexicon import Sense
-from hardpos.data.textnorm import normalise
+from hardpos.rules.lexicon import Sense
+from hardpos.rules.textnorm import normalise
 
 TOKEN = re.compile(r"[A-Za-z]+(?:['\-][A-Za-z]+)*|\d+(?:\.\d+)?|[^\sA-Za-z\d]")
 BOUNDARY_PUNCT = {",", ".", ";", ":", "!", "?", "(", ")", '"'}

@@ -8,7 +8,7 @@ logistic regression on word 1-2 grams; SugarCrepe removed such shortcuts from it
 adversarial refinement.
 
 :class:`NgramBalance` removes them from the rule engine's picks by construction. It keeps the
-running difference, per word n-gram (the audit reader's features: :func:`hardpos.data.blind_text.features`),
+running difference, per word n-gram (the audit reader's features: :func:`hardpos.rules.textnorm.features`),
 between the counts in the picked edits and in their captions. Each pick, inside the REPLACE /
 SWAP family the perturber drew, takes the candidate that moves that difference closest to zero
 (the smallest increase of its L1 norm; ties go to the seeded draw). Over a caption set the
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from hardpos.data.blind_text import features
+from hardpos.rules.textnorm import features
 
 
 class NgramBalance:

@@ -18,7 +18,7 @@ Checks, in this order (the first failing one is the reason):
                     trailing period).
 ``non_english``     the candidate brings words that are no English: letters of another
                     script, or two or more new words of which at least half no English
-                    dictionary knows (:func:`hardpos.data.rules.agreement.non_english`).
+                    dictionary knows (:func:`hardpos.rules.english.non_english`).
 ``length``          word-count ratio candidate/original outside
                     [:data:`MIN_LENGTH_RATIO`, :data:`MAX_LENGTH_RATIO`] (and more than
                     :data:`LENGTH_SLACK_WORDS` words apart, so 1-2 word captions may grow
@@ -39,7 +39,7 @@ Checks, in this order (the first failing one is the reason):
 ``agreement``       a determiner that the candidate's new noun does not agree with, and
                     that the original did not already have: "a skis", "a broccoli",
                     "a pair of kite", "a plate of carrot", "two lady" (see
-                    :mod:`hardpos.data.rules.agreement`).
+                    :mod:`hardpos.rules.english`).
 
 Modes (``validate(..., mode=)``, one of :data:`MODES`):
 
@@ -61,10 +61,10 @@ case and punctuation, with whitespace collapsed.
 The SWAP-positive check takes its word classes (nouns, people and animals, adjectives,
 function words) from the shipped lexicon, loaded on first use and cached.
 
-The checks lean on three modules, one idea each: :mod:`hardpos.data.textnorm` (normalisation:
-:func:`~hardpos.data.textnorm.normalise`, :func:`~hardpos.data.textnorm.words`),
-:mod:`hardpos.data.rules.wordclasses` (the lexicon's word classes and token predicates) and
-:mod:`hardpos.data.rules.conjuncts` (:func:`~hardpos.data.rules.conjuncts.is_conjunct_swap`);
+The checks lean on three modules, one idea each: :mod:`hardpos.rules.textnorm` (normalisation:
+:func:`~hardpos.rules.textnorm.normalise`, :func:`~hardpos.rules.textnorm.words`),
+:mod:`hardpos.rules.wordclasses` (the lexicon's word classes and token predicates) and
+:mod:`hardpos.rules.conjuncts` (:func:`~hardpos.rules.conjuncts.is_conjunct_swap`);
 this module holds the checks, in order.
 """
 from __future__ import annotations
@@ -75,9 +75,9 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 
-from hardpos.data.rules.agreement import new_problems, non_english
-from hardpos.data.rules.conjuncts import is_conjunct_swap
-from hardpos.data.textnorm import fold_counted_plurals, normalise, words
+from hardpos.rules.english import new_problems, non_english
+from hardpos.rules.conjuncts import is_conjunct_swap
+from hardpos.rules.textnorm import fold_counted_plurals, normalise, words
 
 __all__ = ["KINDS", "LENGTH_SLACK_WORDS", "MAX_LENGTH_RATIO", "MAX_REPLACE_SPAN", "MIN_LENGTH_RATIO", "MODES", "REASONS",
            "Verdict", "validate"]

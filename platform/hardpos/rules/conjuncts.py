@@ -1,13 +1,13 @@
 """Is a candidate caption the original with two whole coordinated phrases exchanged?
 
-Contract: :func:`is_conjunct_swap` (pure, deterministic; :mod:`hardpos.data.rules.validate`
+Contract: :func:`is_conjunct_swap` (pure, deterministic; :mod:`hardpos.rules.validate`
 uses it for SWAP positives and to refuse meaning-keeping SWAP negatives). It searches every split ``P + X + S + Y + Q`` and accepts
 only when X and Y pass the rules of :func:`_whole_conjuncts`; doubtful splits are rejected.
-Token predicates and word classes come from :mod:`hardpos.data.rules.wordclasses`.
+Token predicates and word classes come from :mod:`hardpos.rules.wordclasses`.
 """
 from __future__ import annotations
 
-from hardpos.data.rules.wordclasses import (
+from hardpos.rules.wordclasses import (
     AFTER_COORDINATION,
     ANAPHORS,
     BINDS_RIGHT,
@@ -27,8 +27,8 @@ from hardpos.data.rules.wordclasses import (
     is_plural,
     word_classes,
 )
-from hardpos.data.rules.agreement import noun_number
-from hardpos.data.textnorm import fold_counted_plurals, tokens
+from hardpos.rules.english import noun_number
+from hardpos.rules.textnorm import fold_counted_plurals, tokens
 
 #: articles one singular noun can share with a bare one after "and" ("a knife and fork")
 SHARED_ARTICLES = frozenset({"a", "an", "the"})

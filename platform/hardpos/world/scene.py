@@ -3,7 +3,7 @@
 Contract: :class:`WorldConfig` (the world's knobs and its vocabulary checks), the word tables
 (``COLOR_RGB``, ``SYNONYMS``, ``RELATIONS``, ``SHAPES_ALL``, ``SIZE_SCALE``), the frozen
 :class:`Obj` / :class:`Scene` records, :func:`sample_scene` (pure given the ``rng``) and
-:func:`render` (a Pillow image of a scene).  No I/O: :mod:`hardpos.data.world` builds and
+:func:`render` (a Pillow image of a scene).  No I/O: :mod:`hardpos.world.build` builds and
 writes worlds from these.
 """
 from __future__ import annotations

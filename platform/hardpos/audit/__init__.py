@@ -1,0 +1,7 @@
+"""Audits: how much of an edit a reader without the image can see, and hand-audit samples.
+
+* :mod:`hardpos.audit.blind`       -- the blind-text audit of any caption/edit data (``hardpos audit``).
+* :mod:`hardpos.audit.text_models` -- the text-only models it fits (cross-fitted by caption).
+* :mod:`hardpos.audit.hand`        -- repeatable samples of rule positives for a person to label,
+  and the labelled files' rates.
+"""

@@ -1,0 +1,44 @@
+"""The rule lexicon a world's captions are perturbed with, and the process's cached perturber.
+
+Contract: :func:`world_lexicon` restricts the shipped rule lexicon to one world's words;
+:func:`rule_lexicon` resolves a world folder (or none: the full lexicon) to its lexicon;
+:func:`world_perturber` is the per-process cached :class:`~hardpos.rules.perturber.RulePerturber`
+for (seed, world) that the ``perturb`` stage, the rule engine and the judge's rule negatives share.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from hardpos.rules.lexicon import Lexicon, load_lexicon
+from hardpos.rules.perturber import RulePerturber, cached_perturber
+from hardpos.world.build import config_from_world, vocabulary
+from hardpos.world.scene import WorldConfig
+
+
+def world_lexicon(cfg: WorldConfig | None = None) -> Lexicon:
+    """The rule lexicon restricted to this world's words (so rule negatives stay in-vocabulary)."""
+    cfg = cfg or WorldConfig()
+    voc = vocabulary(cfg)
+    forms = set(voc["colors"]) | set(voc["shapes"]) | set(voc["sizes"]) | set(voc["relations"]) | set(voc["synonyms"].values())
+    # The world is its own benchmark: its REPLACE positives are its designed synonyms
+    # (``SYNONYMS``, which the world's benchmark uses too), several of which the real REPLACE
+    # table shares ("red"->"crimson"); the real table's exclusion is for real captions.
+    lex = load_lexicon(include_benchmark_pairs=True, restrict_to=forms)
+    if not cfg.shape_negatives:  # shapes stay nouns (binding and swaps need them), only their negatives go
+        lex = dataclasses.replace(lex, negatives={k: v for k, v in lex.negatives.items() if k[0] not in voc["shapes"]})
+    return lex
+
+
+def rule_lexicon(world_dir: str | None, include_benchmark_pairs: bool = False) -> Lexicon:
+    """The rule lexicon: the synthetic world's (restricted to its words), or the full one
+    without (by default) or with the REPLACE benchmark's substitution pairs."""
+    if not world_dir:
+        return load_lexicon(include_benchmark_pairs=include_benchmark_pairs)
+    return world_lexicon(config_from_world(world_dir))
+
+
+def world_perturber(seed: int, world_dir: str | None, include_benchmark_pairs: bool = False) -> RulePerturber:
+    """The process's cached :class:`RulePerturber` for ``seed`` over :func:`rule_lexicon`'s lexicon
+    (the fused rules -> judge stages share it, so its rule negatives hit its per-caption cache)."""
+    return cached_perturber(seed, (world_dir, include_benchmark_pairs),
+                            lambda: rule_lexicon(world_dir, include_benchmark_pairs))
