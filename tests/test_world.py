@@ -342,3 +342,26 @@ def test_color_prior_favours_each_shapes_typical_colour_and_zero_changes_nothing
     assert hashlib.md5(text.encode()).hexdigest() == "d9ac73b1dd67fcdf026368e36206b671"
     with pytest.raises(Exception, match="color_prior must be in"):
         WorldConfig(color_prior=1.5).validate()
+
+
+def test_finetuning_never_sees_the_benchmarks_unseen_synonyms(world):
+    """The headline REPLACE positives use synonyms the rule engine never writes for finetuning;
+    the *_seen subsets hold the same items with the synonyms it does write."""
+    from hardpos.rules.perturber import RulePerturber
+    from hardpos.world.scene import SYNONYMS, UNSEEN_SYNONYMS
+
+    cfg, out, _ = world
+    rules = RulePerturber(seed=0, lexicon=world_lexicon(cfg))
+    unseen = set(UNSEEN_SYNONYMS.values())
+    written = set()
+    for r in read_triplets(str(out / "finetune.parquet")):
+        for p in rules.hard_positives(r["caption"]) + rules.hard_negatives(r["caption"]):
+            written |= {w for w in unseen if f" {w} " in f" {p.text} "}
+    assert written == set()
+    for subset in ("replace_attribute", "replace_relation"):
+        heldout = read_triplets(str(out / "benchmark" / f"{subset}.parquet"))
+        seen = read_triplets(str(out / "benchmark" / f"{subset}_seen.parquet"))
+        assert heldout and [(r["caption"], r["hard_negative"]) for r in heldout] == \
+            [(r["caption"], r["hard_negative"]) for r in seen]
+        assert all(not r["positive_seen"] and r["positive_slot"].split("->")[1] in unseen for r in heldout)
+        assert all(r["positive_seen"] and r["positive_slot"].split("->")[1] in set(SYNONYMS.values()) for r in seen)

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from hardpos import storage
 from hardpos.config import ConfigError, ModelConfig, TrackingConfig
-from hardpos.world.scene import BENCHMARKS, WorldConfig
+from hardpos.world.scene import BENCHMARK_FILES, WorldConfig
 from hardpos.world.build import load_world
 from hardpos.runtime import JobContext, execute
 from hardpos.train.config import (CheckpointSection, DataConfig, LoraSection, LossConfig, OptimConfig, ScalingSection,
@@ -236,7 +236,7 @@ def world_matches(world_dir: str, world: WorldConfig) -> bool:
         return False
     if meta.get("config") != json.loads(json.dumps(dataclasses.asdict(world))):
         return False
-    files = ["pretrain.parquet", "finetune.parquet", *(f"benchmark/{b}.parquet" for b in BENCHMARKS)]
+    files = ["pretrain.parquet", "finetune.parquet", *(f"benchmark/{b}.parquet" for b in BENCHMARK_FILES)]
     return all(storage.exists(storage.join(world_dir, f)) for f in files)
 
 

@@ -28,6 +28,9 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 FIGURES = ("orig_acc", "aug_acc", "brittleness", "mean_s_c", "mean_s_n", "mean_s_p")
 #: every cell of the table: "<group>/<figure>"
 COLUMNS = tuple(f"{g}/{f}" for g, _ in GROUPS for f in FIGURES)
+#: REPLACE again with the synonyms finetuning saw (the same items; REPLACE's own positives
+#: are synonyms it never saw): reported beside REPLACE when the metrics have it
+SEEN_GROUP = ("replace_seen", ("world_replace_attribute_seen", "world_replace_relation_seen"))
 #: the subsets, reported too (REPLACE attribute vs relation)
 SUBSET_COLUMNS = tuple(f"{p}/{f}" for p in ("world_replace_attribute", "world_replace_relation")
                        for f in ("orig_acc", "aug_acc", "brittleness"))
@@ -38,7 +41,8 @@ PERCENT = ("orig_acc", "aug_acc", "brittleness")
 
 
 def table_row(metrics: Mapping[str, float]) -> dict[str, float]:
-    """One model's row (:data:`COLUMNS` + :data:`SUBSET_COLUMNS` + ``objective``) from its
+    """One model's row (:data:`COLUMNS` + :data:`SUBSET_COLUMNS` + ``objective``, and
+    :data:`SEEN_GROUP`'s ``replace_seen/<figure>`` where the metrics hold it) from its
     evaluate-stage metrics. Raises KeyError naming the missing metric."""
     wanted = [f"{p}/{f}" for _, prefixes in GROUPS for p in prefixes for f in FIGURES] + list(SUBSET_COLUMNS)
     missing = [k for k in wanted if k not in metrics]
@@ -49,6 +53,10 @@ def table_row(metrics: Mapping[str, float]) -> dict[str, float]:
         means = mean_over(metrics, prefixes)
         row.update({f"{group}/{f}": means[f] for f in FIGURES})
     row.update({col: float(metrics[col]) for col in SUBSET_COLUMNS})
+    group, prefixes = SEEN_GROUP
+    if all(f"{p}/{f}" in metrics for p in prefixes for f in FIGURES):  # worlds made before the split lack it
+        means = mean_over(metrics, prefixes)
+        row.update({f"{group}/{f}": means[f] for f in FIGURES})
     row["objective"] = sum(row[k] for k in OBJECTIVE) / len(OBJECTIVE)
     return row
 
@@ -83,6 +91,11 @@ def markdown_table(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str
     out += ["", "Mean cosine scores (true caption s_c, hard negative s_n, hard positive s_p):", ""]
     out.append(_results(["model", "REPLACE s_c", "REPLACE s_n", "REPLACE s_p", "SWAP s_c", "SWAP s_n", "SWAP s_p"],
                         [f"{g}/mean_s_{x}" for g in ("replace", "swap") for x in ("c", "n", "p")], rows, spreads))
+    seen = [f"replace_seen/{f}" for f in PERCENT]
+    if any(all(c in row for c in seen) for row in rows.values()):
+        out += ["", "REPLACE with the synonyms finetuning saw (the same items; the REPLACE columns above use "
+                "synonyms it never saw):", ""]
+        out.append(_results(["model", "seen orig", "seen aug", "seen brittle"], seen, rows, spreads))
     out += ["", "REPLACE subsets:", ""]
     out.append(_results(["model", "attribute orig", "attribute aug", "attribute brittle", "relation orig",
                          "relation aug", "relation brittle"], list(SUBSET_COLUMNS), rows, spreads))

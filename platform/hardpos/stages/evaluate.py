@@ -40,8 +40,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: (metric prefix, benchmark file stem) of a world folder's benchmarks; the REPLACE subsets'
+#: positives are synonyms finetuning never sees
 WORLD_BENCHMARKS = (("world_replace_attribute", "replace_attribute"), ("world_replace_relation", "replace_relation"),
                     ("world_swap", "swap"))
+#: the same REPLACE items with the synonyms finetuning saw; evaluated when the folder has them
+WORLD_SEEN_BENCHMARKS = (("world_replace_attribute_seen", "replace_attribute_seen"),
+                         ("world_replace_relation_seen", "replace_relation_seen"))
 
 
 @dataclasses.dataclass
@@ -70,7 +75,9 @@ class Config(JobConfig):
         image bytes (a file, folder or glob; read by Ray Data).
     world_dir: a synthetic world folder; adds
         world_replace_attribute, world_replace_relation and world_swap from
-        <world_dir>/benchmark/*.parquet (files that are absent are an error).
+        <world_dir>/benchmark/*.parquet (files that are absent are an error), and the same
+        REPLACE items with the synonyms finetuning saw as world_replace_*_seen (where the
+        folder has them).
     device: "auto" (CUDA when available), "cpu", "cuda", "cuda:1" ...
     precision: the encoders' arithmetic: "fp32" (default, on every device; no TF32 on CUDA)
         or "bf16" / "fp16" autocast (faster on GPUs; scores move by ~1e-3, which flipped 1% of
@@ -117,6 +124,10 @@ def resolve_specs(cfg: Config) -> list[BenchmarkSpec]:
             if not storage.exists(path):
                 raise ConfigError(f"world_dir={cfg.world_dir}: benchmark file {path} is missing (run the world stage first)")
             specs.append(BenchmarkSpec(name=name, kind="triplets", path=path))
+        for name, stem in WORLD_SEEN_BENCHMARKS:
+            path = storage.join(cfg.world_dir, "benchmark", f"{stem}.parquet")
+            if storage.exists(path):
+                specs.append(BenchmarkSpec(name=name, kind="triplets", path=path))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ConfigError(f"benchmarks: names must be unique (they prefix the metrics), got {names}")

@@ -25,6 +25,9 @@ true, hard negative false):
 
 * REPLACE attribute: one colour or size changed (negative) / rewritten with its synonym (positive);
 * REPLACE relation: the relation changed (negative) / rewritten with its synonym (positive);
+  every word has two rare synonyms: finetuning's rule positives use one (``SYNONYMS``), the
+  benchmark's headline positives the other (``UNSEEN_SYNONYMS``), and the ``*_seen`` subsets
+  hold the same items with the finetuning synonym, reported beside them;
 * SWAP: colours or sizes exchanged between two objects (negative) / two conjuncts
   exchanged with their attributes (positive).
 
@@ -41,6 +44,8 @@ Output layout (train / evaluate / demo read exactly this)::
     <out_dir>/benchmark/replace_attribute.parquet
     <out_dir>/benchmark/replace_relation.parquet
     <out_dir>/benchmark/swap.parquet
+    <out_dir>/benchmark/replace_attribute_seen.parquet   (the same items, finetuning synonyms)
+    <out_dir>/benchmark/replace_relation_seen.parquet
 
 Image paths in the files are relative to the file's folder.  Deterministic by seed.
 
@@ -65,8 +70,8 @@ from hardpos.world.grammar import (Caption, render_caption, canonical_caption,
                                   list_text, noncanonical, np_text, relation_negative, relation_twin,
                                   truth,
                                   vague)
-from hardpos.world.scene import (BENCHMARKS, RELATIONS, SPLITS, SYNONYMS,
-                                Scene, WorldConfig, render, sample_scene)
+from hardpos.world.scene import (BENCHMARK_FILES, BENCHMARKS, RELATIONS, SPLITS, SYNONYMS, UNSEEN_SYNONYMS, Scene,
+                                 WorldConfig, render, sample_scene)
 from hardpos.data.triplets import make_triplet, write_triplets
 
 
@@ -102,9 +107,12 @@ def benchmark_item(rng: random.Random, scene: Scene, cfg: WorldConfig, subset: s
         for item_cap, new in tries:
             neg = render_caption(scene, item_cap, words={(i, attr): new})
             if truth(neg, scene, cfg) is False:
-                pos = render_caption(scene, item_cap, words={(i, attr): SYNONYMS[value]})
-                return _verified(scene, cfg, item_cap.text, neg, pos, f"attribute:{attr} {value}->{new}",
-                                 f"attribute:{attr} {value}->{SYNONYMS[value]}", item_cap.template)
+                def positive(table: dict[str, str]) -> tuple[str, str]:
+                    return (render_caption(scene, item_cap, words={(i, attr): table[value]}),
+                            f"attribute:{attr} {value}->{table[value]}")
+
+                return _verified(scene, cfg, item_cap.text, neg, f"attribute:{attr} {value}->{new}",
+                                 positive(UNSEEN_SYNONYMS), positive(SYNONYMS), item_cap.template)
         return None
     if subset == "replace_relation":
         cap = canonical_caption(rng, scene, cfg, template="relation")
@@ -114,9 +122,13 @@ def benchmark_item(rng: random.Random, scene: Scene, cfg: WorldConfig, subset: s
         if found is None:
             return None
         new, neg = found
-        pos = render_caption(scene, cap, relation=SYNONYMS[cap.relation])
-        return _verified(scene, cfg, cap.text, neg, pos, f"relation:{cap.relation}->{new}",
-                         f"relation:{cap.relation}->{SYNONYMS[cap.relation]}", cap.template)
+
+        def positive(table: dict[str, str]) -> tuple[str, str]:
+            return (render_caption(scene, cap, relation=table[cap.relation]),
+                    f"relation:{cap.relation}->{table[cap.relation]}")
+
+        return _verified(scene, cfg, cap.text, neg, f"relation:{cap.relation}->{new}", positive(UNSEEN_SYNONYMS),
+                         positive(SYNONYMS), cap.template)
     if subset == "swap":
         if len(objs) < 2:
             return None
@@ -137,18 +149,25 @@ def benchmark_item(rng: random.Random, scene: Scene, cfg: WorldConfig, subset: s
             x, y = rng.sample(range(len(order)), 2)
             order[x], order[y] = order[y], order[x]
             pos = render_caption(scene, cap, order=order)
-            return _verified(scene, cfg, cap.text, neg, pos, f"attributes:{attr} {vi}<->{vj}", "conjuncts", "list")
+            return _verified(scene, cfg, cap.text, neg, f"attributes:{attr} {vi}<->{vj}", (pos, "conjuncts"), None,
+                             "list")
         return None
     raise ValueError(f"unknown benchmark subset {subset!r}")
 
 
-def _verified(scene: Scene, cfg: WorldConfig, caption: str, neg: str, pos: str, slot: str, pos_slot: str,
-              template: str) -> dict:
-    # The benchmark's contract: checked here for every item, not assumed.
-    if truth(caption, scene, cfg) is not True or truth(pos, scene, cfg) is not True or truth(neg, scene, cfg) is not False:
-        raise AssertionError(f"unverified world item: {caption!r} / {pos!r} / {neg!r}")
-    return {"caption": caption, "hard_negative": neg, "hard_positive": pos, "slot": slot,
-            "positive_slot": pos_slot, "template": template}
+def _verified(scene: Scene, cfg: WorldConfig, caption: str, neg: str, slot: str, positive: tuple[str, str],
+              seen: tuple[str, str] | None, template: str) -> dict:
+    """The item's record once the benchmark's contract is checked (caption and every positive
+    true, negative false): ``hard_positive`` / ``positive_slot`` from ``positive`` (the unseen
+    synonym's for REPLACE), ``seen_positive`` / ``seen_positive_slot`` from ``seen`` (the
+    finetuning synonym's; None for SWAP)."""
+    positives = [positive[0]] + ([seen[0]] if seen else [])
+    if truth(caption, scene, cfg) is not True or truth(neg, scene, cfg) is not False or any(
+            truth(p, scene, cfg) is not True for p in positives):
+        raise AssertionError(f"unverified world item: {caption!r} / {positives!r} / {neg!r}")
+    return {"caption": caption, "hard_negative": neg, "hard_positive": positive[0], "slot": slot,
+            "positive_slot": positive[1], "seen_positive": seen[0] if seen else None,
+            "seen_positive_slot": seen[1] if seen else None, "template": template}
 
 
 # ---------------------------------------------------------------------- vocabulary / rules
@@ -158,6 +177,7 @@ def vocabulary(cfg: WorldConfig) -> dict:
         "colors": list(cfg.colors), "shapes": list(cfg.shapes), "sizes": list(cfg.sizes),
         "relations": list(RELATIONS),
         "synonyms": {w: SYNONYMS[w] for w in [*cfg.colors, *cfg.sizes, *RELATIONS]},
+        "unseen_synonyms": {w: UNSEEN_SYNONYMS[w] for w in [*cfg.colors, *cfg.sizes, *RELATIONS]},
     }
 
 
@@ -187,7 +207,7 @@ def _with_paths(stats: dict, out_dir: str) -> dict:
     paths = {"world": storage.join(out_dir, "world.json"),
              "pretrain": storage.join(out_dir, "pretrain.parquet"),
              "finetune": storage.join(out_dir, "finetune.parquet")}
-    for b in BENCHMARKS:
+    for b in BENCHMARK_FILES:
         paths[b] = storage.join(out_dir, "benchmark", f"{b}.parquet")
     return {**stats, "paths": paths}
 
@@ -235,20 +255,26 @@ def _generate_local(cfg: WorldConfig, out: Path) -> dict:
                     image=f"images/{split}/{idx:06d}.png", caption=text_, kind="caption", source="world",
                     caption_id=f"{split}-{idx:06d}", split=split, template=template, form=form_,
                     n_objects=len(scene_.objects), scene=scene_.to_json(), **extra))
-    bench: dict[str, list[dict]] = {b: [] for b in BENCHMARKS}
+    bench: dict[str, list[dict]] = {b: [] for b in BENCHMARK_FILES}
     rng = _split_rng(cfg.seed, "benchmark:items")
     for k, scene in enumerate(scenes["benchmark"]):
         for subset in BENCHMARKS:
             item = benchmark_item(rng, scene, cfg, subset)
             if item is None:
                 continue
-            bench[subset].append(make_triplet(
-                image=f"../images/benchmark/{k:06d}.png", caption=item["caption"],
-                hard_negative=item["hard_negative"], hard_positive=item["hard_positive"],
-                kind="swap" if subset == "swap" else "replace", source="world",
-                caption_id=f"benchmark-{k:06d}-{subset}", split="benchmark", subset=subset, slot=item["slot"],
-                positive_slot=item["positive_slot"], template=item["template"], n_objects=len(scene.objects),
-                verified=True, scene=scene.to_json()))
+            # a REPLACE item twice: its unseen synonym (the headline subset) and its finetuning one;
+            # a SWAP positive exchanges conjuncts as the rule engine's finetuning positives do (seen)
+            versions = [(subset, item["hard_positive"], item["positive_slot"], subset == "swap")]
+            if item["seen_positive"] is not None:
+                versions.append((f"{subset}_seen", item["seen_positive"], item["seen_positive_slot"], True))
+            for name, positive, positive_slot, seen in versions:
+                bench[name].append(make_triplet(
+                    image=f"../images/benchmark/{k:06d}.png", caption=item["caption"],
+                    hard_negative=item["hard_negative"], hard_positive=positive,
+                    kind="swap" if subset == "swap" else "replace", source="world",
+                    caption_id=f"benchmark-{k:06d}-{subset}", split="benchmark", subset=subset, slot=item["slot"],
+                    positive_slot=positive_slot, positive_seen=seen, template=item["template"],
+                    n_objects=len(scene.objects), verified=True, scene=scene.to_json()))
     timings["captions_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -265,7 +291,7 @@ def _generate_local(cfg: WorldConfig, out: Path) -> dict:
     write_triplets(rows["pretrain"], str(out / "pretrain.parquet"))
     write_triplets(rows["finetune"], str(out / "finetune.parquet"))
     (out / "benchmark").mkdir(exist_ok=True)
-    for subset in BENCHMARKS:
+    for subset in BENCHMARK_FILES:
         write_triplets(bench[subset], str(out / "benchmark" / f"{subset}.parquet"))
     timings["write_s"] = time.perf_counter() - t0
     total = time.perf_counter() - started
@@ -291,7 +317,7 @@ def _generate_local(cfg: WorldConfig, out: Path) -> dict:
         stats["pretrain_twins"] = len(scenes["pretrain"]) - cfg.n_pretrain
     world = {"config": dataclasses.asdict(cfg), "stats": stats, "vocabulary": vocabulary(cfg),
              "layout": {"images": "images/<split>/<id>.png", "splits": list(SPLITS),
-                        "benchmarks": {b: f"benchmark/{b}.parquet" for b in BENCHMARKS}}}
+                        "benchmarks": {b: f"benchmark/{b}.parquet" for b in BENCHMARK_FILES}}}
     (out / "world.json").write_text(json.dumps(world, indent=2) + "\n")
     return stats
 

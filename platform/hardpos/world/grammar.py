@@ -8,22 +8,26 @@ Pure functions of their arguments; :mod:`hardpos.world.build` captions its scene
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import random
 from dataclasses import dataclass
 from typing import Any
 
-from hardpos.world.scene import COLOR_RGB, RELATIONS, SIZE_SCALE, SYNONYMS, Obj, Scene, WorldConfig, mirror
+from hardpos.world.scene import (COLOR_RGB, RELATIONS, SIZE_SCALE, SYNONYMS, UNSEEN_SYNONYMS, Obj, Scene, WorldConfig,
+                                 mirror)
 
 # ---------------------------------------------------------------------- grammar
 _WORD_TO_CANON = {}
-for _canon, _syn in SYNONYMS.items():
-    _WORD_TO_CANON[_canon] = _canon
-    _WORD_TO_CANON[_syn] = _canon
+for _table in (SYNONYMS, UNSEEN_SYNONYMS):
+    for _canon, _syn in _table.items():
+        _WORD_TO_CANON[_canon] = _canon
+        _WORD_TO_CANON[_syn] = _canon
 #: each relation's converse ("a above b" == "b below a") and the image axis it is about
 OPPOSITE = {"to the left of": "to the right of", "to the right of": "to the left of", "above": "below", "below": "above"}
 AXIS = {"to the left of": "x", "to the right of": "x", "above": "y", "below": "y"}
-_REL_FORMS = sorted({r for r in RELATIONS} | {SYNONYMS[r] for r in RELATIONS}, key=len, reverse=True)
+_REL_FORMS = sorted({r for r in RELATIONS} | {t[r] for t in (SYNONYMS, UNSEEN_SYNONYMS) for r in RELATIONS},
+                    key=len, reverse=True)
 
 
 def np_text(o: Obj, *, color_word: str | None = None, size_word: str | None = None, shape_word: str | None = None) -> str:
@@ -183,8 +187,18 @@ def render_caption(scene: Scene, cap: Caption, words: dict[tuple[int, str], str]
     return f"{np_of(i)} {relation or cap.relation} {np_of(j)}"
 
 
+def pretraining_synonym(word: str, text: str) -> str:
+    """The synonym a pretraining caption ``text`` uses for ``word``: the finetuning one
+    (:data:`SYNONYMS`) or the one finetuning never sees (:data:`UNSEEN_SYNONYMS`), half each,
+    chosen by a stable hash of the caption and the word (no draw from the split's random
+    stream, so every other caption of the world is the same whichever synonym is chosen)."""
+    digest = hashlib.sha256(f"{text}\x00{word}".encode()).digest()
+    return (SYNONYMS if digest[0] % 2 == 0 else UNSEEN_SYNONYMS)[word]
+
+
 def noncanonical(rng: random.Random, scene: Scene, cap: Caption) -> tuple[str, str]:
-    """One non-canonical rewrite of a true caption (synonym or reordered list): (text, form)."""
+    """One non-canonical rewrite of a true caption (synonym or reordered list): (text, form).
+    A synonym is either of the word's two (:func:`pretraining_synonym`)."""
     choices = ["color", "size"]
     if cap.template == "relation":
         choices.append("relation")
@@ -197,10 +211,10 @@ def noncanonical(rng: random.Random, scene: Scene, cap: Caption) -> tuple[str, s
             rng.shuffle(order)
         return render_caption(scene, cap, order=order), "order"
     if what == "relation":
-        return render_caption(scene, cap, relation=SYNONYMS[cap.relation]), "relation_synonym"
+        return render_caption(scene, cap, relation=pretraining_synonym(cap.relation, cap.text)), "relation_synonym"
     i = rng.choice(cap.objects)
     value = getattr(scene.objects[i], what)
-    return render_caption(scene, cap, words={(i, what): SYNONYMS[value]}), f"{what}_synonym"
+    return render_caption(scene, cap, words={(i, what): pretraining_synonym(value, cap.text)}), f"{what}_synonym"
 
 
 def relation_negative(rng: random.Random, scene: Scene, cap: Caption, cfg: WorldConfig) -> tuple[str, str] | None:

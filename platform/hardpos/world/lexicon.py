@@ -20,9 +20,10 @@ def world_lexicon(cfg: WorldConfig | None = None) -> Lexicon:
     cfg = cfg or WorldConfig()
     voc = vocabulary(cfg)
     forms = set(voc["colors"]) | set(voc["shapes"]) | set(voc["sizes"]) | set(voc["relations"]) | set(voc["synonyms"].values())
-    # The world is its own benchmark: its REPLACE positives are its designed synonyms
-    # (``SYNONYMS``, which the world's benchmark uses too), several of which the real REPLACE
-    # table shares ("red"->"crimson"); the real table's exclusion is for real captions.
+    # Finetuning's REPLACE positives are the world's finetuning synonyms (``SYNONYMS``, the
+    # vocabulary's "synonyms"), several of which the real REPLACE table shares ("red"->"crimson"),
+    # so its pairs are let in; the unseen synonyms the benchmark's headline positives use are
+    # not among the forms, so the rules never write them.
     lex = load_lexicon(include_benchmark_pairs=True, restrict_to=forms)
     if not cfg.shape_negatives:  # shapes stay nouns (binding and swaps need them), only their negatives go
         lex = dataclasses.replace(lex, negatives={k: v for k, v in lex.negatives.items() if k[0] not in voc["shapes"]})

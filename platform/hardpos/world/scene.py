@@ -1,7 +1,7 @@
 """The synthetic world's vocabulary, configuration and scenes (what a world is made of).
 
 Contract: :class:`WorldConfig` (the world's knobs and its vocabulary checks), the word tables
-(``COLOR_RGB``, ``SYNONYMS``, ``RELATIONS``, ``SHAPES_ALL``, ``SIZE_SCALE``), the frozen
+(``COLOR_RGB``, ``SYNONYMS``, ``UNSEEN_SYNONYMS``, ``RELATIONS``, ``SHAPES_ALL``, ``SIZE_SCALE``), the frozen
 :class:`Obj` / :class:`Scene` records, :func:`sample_scene` (pure given the ``rng``) and
 :func:`render` (a Pillow image of a scene).  No I/O: :mod:`hardpos.world.build` builds and
 writes worlds from these.
@@ -19,20 +19,37 @@ from PIL import Image, ImageDraw
 from hardpos.config import ConfigError
 
 SPLITS = ("pretrain", "finetune", "benchmark")
+#: the world's benchmark subsets (REPLACE positives from :data:`UNSEEN_SYNONYMS`)
 BENCHMARKS = ("replace_attribute", "replace_relation", "swap")
+#: the same REPLACE items with the finetuning synonyms (:data:`SYNONYMS`) as their positives
+SEEN_BENCHMARKS = ("replace_attribute_seen", "replace_relation_seen")
+#: every benchmark file a world folder holds
+BENCHMARK_FILES = BENCHMARKS + SEEN_BENCHMARKS
 
 COLOR_RGB = {
     "red": (220, 45, 40), "yellow": (235, 205, 40), "green": (40, 165, 70),
     "blue": (50, 95, 225), "purple": (145, 60, 185), "white": (235, 235, 235),
     "orange": (240, 135, 30), "pink": (240, 130, 180), "brown": (130, 80, 40), "gray": (140, 140, 140),
 }
-#: canonical word -> its rarer synonym (the REPLACE hard positive); all are in the rule lexicon
+#: canonical word -> its rarer synonym seen in finetuning (the rule engine's REPLACE hard
+#: positives; all are in the rule lexicon) and in the benchmark's "seen" REPLACE subsets
 SYNONYMS = {
     "red": "crimson", "yellow": "golden", "green": "emerald", "blue": "sapphire", "purple": "violet",
     "white": "ivory", "orange": "tangerine", "pink": "rosy", "brown": "chestnut", "gray": "grey",
     "large": "big", "small": "little",
     "above": "over", "below": "beneath",
     "to the left of": "left of", "to the right of": "right of",
+}
+#: canonical word -> a second rare synonym that finetuning never sees (the world's lexicon for
+#: the rules leaves it out): the benchmark's headline REPLACE hard positives, so a model's
+#: invariance is measured on pairs it was not finetuned on. Pretraining uses both synonyms at
+#: the same rate, as a web-pretrained CLIP has met both words.
+UNSEEN_SYNONYMS = {
+    "red": "scarlet", "yellow": "lemon", "green": "jade", "blue": "azure", "purple": "amethyst",
+    "white": "snowy", "orange": "amber", "pink": "rose", "brown": "chocolate", "gray": "slate",
+    "large": "sizable", "small": "miniature",
+    "above": "higher than", "below": "lower than",
+    "to the left of": "on the left of", "to the right of": "on the right of",
 }
 RELATIONS = ("to the left of", "to the right of", "above", "below")
 SHAPES_ALL = ("circle", "square", "triangle", "diamond", "star")
@@ -52,7 +69,7 @@ class WorldConfig:
     n_benchmark: held-out scenes; each yields at most one item per benchmark subset.
     min_objects: fewest objects in a scene (>= 1).
     max_objects: most objects in a scene (<= 3).
-    colors: colour vocabulary (each must have a synonym in SYNONYMS).
+    colors: colour vocabulary (each must have a synonym in SYNONYMS and UNSEEN_SYNONYMS).
     shapes: shape vocabulary.
     sizes: size vocabulary (subset of small, large).
     relation_caption_rate: share of captions (of scenes with >= 2 objects) that use the
