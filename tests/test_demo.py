@@ -155,7 +155,12 @@ def test_demo_runs_the_whole_pipeline_small(tracking_uri, tmp_path):
     md = (out / "results.md").read_text()
     for model in MODELS:
         assert f"| {model} |" in md
-    assert "HN-only drops more from orig to aug than base (REPLACE): " in md  # the paper's signs, stated per run
+    # the preregistered checks a default run can judge (Table 1's models), margins listed per check
+    assert "The preregistered checks this run can judge (Table 1 models;" in md
+    assert "- A-REPLACE (REPLACE) HN-only drops more from original to augmented accuracy than the base: " in md
+    assert "w_neg" not in md.split("The preregistered checks")[1]  # no Table 3 check without the grid
+    # REPLACE with the synonyms finetuning saw, beside the headline's unseen ones
+    assert all(0.0 <= summary["rows"][m]["replace_seen/aug_acc"] <= 1.0 for m in MODELS)
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert summary["world_reused"] is False
 

@@ -26,10 +26,11 @@ and tracked as a child of this demo's MLflow run in one experiment (``hardpos-de
 6. ``register``  the best finetuned model (mean augmented accuracy on REPLACE and SWAP) as
                  ``models:/<register_name>@champion``.
 7. the Table-1-style comparison (``results.md``, ``results.json``) and a chart
-   (``results.png``) in ``output_dir``, with the paper's signs judged against the noise
-   floors a multi-seed calibration measured (``hardpos/resources/signs_noise.json``): a
-   margin within its floor is "inside the noise"; plus the commands to open the MLflow UI
-   on this store and to serve the champion.
+   (``results.png``) in ``output_dir``, with every preregistered check this run's models can
+   judge, each margin set against the confirmatory worlds' prediction interval
+   (:func:`hardpos.paper.confirm.run_verdicts_markdown`): "as the confirmatory result",
+   "inside the noise" or "against it"; plus the commands to open the MLflow UI on this store
+   and to serve the champion.
 
 Scale (scenes, steps, batch sizes, workers) is all config, so CI runs the same code small.
 The job is in three parts, in this order: the config (:class:`Config` and its sections), the
@@ -58,7 +59,7 @@ from hardpos.world.scene import WorldConfig
 from hardpos.eval.spec import RetrievalSpec
 from hardpos.interpolate import check_alphas
 from hardpos.models import bases, registry
-from hardpos.paper import signs, table1
+from hardpos.paper import confirm, table1
 from hardpos.runtime import JobContext, init_ray
 from hardpos.serve.ingress import HAPROXY_FLAG, haproxy_available
 from hardpos.stages import evaluate, generate, interpolate, register
@@ -409,9 +410,12 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     how = f"LoRA rank {cfg.finetune.lora_rank}" if cfg.finetune.lora_rank else "full finetuning"
     title = (f"HardPos demo (world seed {cfg.world.seed}, train seed {cfg.seed}; {cfg.world.n_pretrain} pretrain / "
              f"{cfg.world.n_finetune} finetune scenes; {base} + {cfg.finetune.steps} finetune steps, {how})")
-    # ends with the paper's signs, each margin judged by the noise floor the calibration measured
-    # (no floors file: every margin reads "no noise floor", never "held")
-    md = table1.markdown_table(rows, title=title, floors=signs.load_floors() or {"checks": {}})
+    # ends with the preregistered checks this run can judge, each margin set against the
+    # confirmatory worlds' prediction interval (listed without a verdict until every world is in)
+    md = table1.markdown_table(rows, title=title, signs=False)
+    verdicts = confirm.run_verdicts_markdown(rows)
+    if verdicts:
+        md += "\n" + verdicts
     if wise:
         md += "\n## WiSE-FT: mixing the base and a finetuned model (interpolate stage)\n\n" + "\n".join(
             storage.read_text(w["files"]["curve_md"]) for w in wise.values())
