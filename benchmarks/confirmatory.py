@@ -124,7 +124,9 @@ def run(cfg: RunConfig) -> list[int]:
         started = time.time()
         summary = execute("demo", load_config(demo.Config, None, overrides))
         record = {"world_seed": seed, "training_seed": int(next(o for o in overrides if o.startswith("seed="))[5:]),
-                  "commit": _git("rev-parse", "HEAD"), "dirty": bool(_git("status", "--porcelain", "--", "platform")),
+                  "commit": _git("rev-parse", "HEAD"),
+                  # the worlds already written are the run's own output, not a change to the code
+                  "dirty": bool(_git("status", "--porcelain", "--", "platform", f":!{WORLDS.relative_to(ROOT)}")),
                   "preregistration_commit": prereg_commit, "checks_sha256": prereg["checks_sha256"],
                   "overrides": overrides, "pipeline_s": round(time.time() - started, 1), "rows": summary["rows"]}
         (WORLDS / f"world{seed}.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
