@@ -46,6 +46,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import torch
 from PIL import Image
+from scipy import stats
 
 from benchmarks.calibrate_artefacts import ArtefactConfig, artefact_strength
 from hardpos import plots
@@ -56,7 +57,7 @@ from hardpos.markdown import table
 from hardpos.models.clip import load_model, tokenize
 from hardpos.paper import table1
 from hardpos.paper.signs import (ALPHA, aggregate, floors_from, p_text, paired_test, paper_signs, sanity_checks,
-                                 signs_markdown, t_sf)
+                                 signs_markdown)
 from hardpos.runtime import execute
 from hardpos.stages import demo
 from hardpos.train.config import LossConfig, OptimConfig
@@ -397,7 +398,7 @@ def paired_cells(a: dict[int, dict], b: dict[int, dict], models: list[str] | Non
             if test.sd == 0:  # identical differences: no spread to test against
                 p_two = 1.0 if test.mean == 0 else 0.0
             else:
-                p_two = min(1.0, 2 * t_sf(abs(test.t), test.n - 1))
+                p_two = min(1.0, 2 * float(stats.t.sf(abs(test.t), test.n - 1)))
             rows.append({"model": m, "column": col, "seeds": seeds_, "a_mean": statistics.fmean(va),
                          "a_std": statistics.stdev(va), "b_mean": statistics.fmean(vb), "b_std": statistics.stdev(vb),
                          "diff_mean": test.mean, "diff_std": test.sd, "p": p_two, "differs": p_two < alpha})

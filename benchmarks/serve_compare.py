@@ -51,6 +51,7 @@ import torch
 from ray import serve
 from ray.serve._private.common import RequestProtocol
 from ray.serve.context import _get_global_client
+from scipy import stats
 
 from benchmarks import child_env
 from benchmarks.load_client import LoadgenConfig, make_payloads, measure_level
@@ -60,7 +61,6 @@ from hardpos import runtime
 from hardpos.config import ModelConfig
 from hardpos.markdown import table
 from hardpos.models.clip import load_model, save_checkpoint
-from hardpos.paper.signs import t_quantile
 from hardpos.serve.app import build_app
 from hardpos.serve.ingress import haproxy_available, haproxy_binary, haproxy_env
 from hardpos.serve.scoring import stage_means_ms
@@ -548,7 +548,7 @@ def mean_ci(values: list[float], digits: int = 3) -> dict[str, Any]:
     out: dict[str, Any] = {"mean": round(mean, digits)}
     if len(values) > 1:
         std = statistics.stdev(values)
-        half = t_quantile(0.975, len(values) - 1) * std / len(values) ** 0.5
+        half = float(stats.t.ppf(0.975, len(values) - 1)) * std / len(values) ** 0.5
         out.update(std=round(std, digits), ci95=[round(mean - half, digits), round(mean + half, digits)])
     return out
 

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.calibrate import SignsConfig, main, signs
 from hardpos.paper import table1
-from hardpos.paper.signs import t_sf
+from scipy import stats
 
 
 def _row(**cells):
@@ -40,7 +40,7 @@ def test_signs_reanalyses_per_seed_rows_and_writes_floors(tmp_path, capsys):
     rep = got[("1", "HN-only orig above base", "REPLACE")]
     assert rep.held and rep.n == 5 and rep.p < 0.001
     swap = got[("1", "HN-only orig above base", "SWAP")]  # +1.0 +- 0.6 points: t = 3.5, 4 df
-    assert swap.held and swap.p == pytest.approx(t_sf(swap.t, 4), abs=1e-6)
+    assert swap.held and swap.p == pytest.approx(stats.t.sf(swap.t, 4), abs=1e-6)
     assert not got[("3", "HP+HN aug above HN-only", "SWAP")].held  # no difference at all
     md = md_path.read_text()
     k = len(out["signs"])
@@ -76,7 +76,7 @@ def test_pair_compares_two_measurements_seed_by_seed(tmp_path, capsys):
     assert {m for m, _ in rows} == {"captions-only", "hn-only", "hp+hn"} and len(rows) == 3 * len(PAIR_COLUMNS)
     moved = rows[("hn-only", "replace/orig_acc")]
     assert moved["seeds"] == [0, 1, 2] and moved["differs"] and moved["diff_mean"] == pytest.approx(2.0 + 0.1 / 3)
-    assert moved["p"] == pytest.approx(2 * t_sf(moved["diff_mean"] / (moved["diff_std"] / 3 ** 0.5), 2))
+    assert moved["p"] == pytest.approx(2 * stats.t.sf(moved["diff_mean"] / (moved["diff_std"] / 3 ** 0.5), 2))
     same = rows[("hp+hn", "swap/aug_acc")]
     assert not same["differs"] and same["p"] == 1.0 and same["diff_mean"] == 0
     assert "18 tests at alpha 0.05: 1 differ; about 0.9 would by chance alone." in (tmp_path / "p.md").read_text()

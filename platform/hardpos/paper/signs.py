@@ -38,9 +38,8 @@ How a check is decided (margins in percentage points, the paper's own margin bes
 
 A "lowest / highest of the grid" check compares with the closest competitor (by mean). A range
 check holds when the mean lies in the range. A check whose models are not in the rows is left
-out. Pure functions over the rows; the t distribution is computed here (regularized
-incomplete beta), no SciPy, and so is the mean ± std over seeds of every cell
-(:func:`aggregate`, what the tables of several seeds show).
+out. Pure functions over the rows; the t distribution is ``scipy.stats.t``; the mean ± std
+over seeds of every cell is :func:`aggregate` (what the tables of several seeds show).
 """
 from __future__ import annotations
 
@@ -50,6 +49,8 @@ import math
 import statistics
 from pathlib import Path
 from typing import Callable, Literal, Mapping, Sequence
+
+from scipy import stats
 
 Rows = Mapping[str, Mapping[str, float]]
 
@@ -93,68 +94,6 @@ FIGURE_INDEX = {"orig_acc": 0, "aug_acc": 1, "brittleness": 2}
 
 
 # --------------------------------------------------------------------------- statistics
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the regularized incomplete beta (modified Lentz)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-15:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b), for a, b > 0 and x in [0, 1]."""
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"betainc: x must be in [0, 1], got {x}")
-    if x in (0.0, 1.0):
-        return x
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_sf(t: float, df: float) -> float:
-    """P(T > t) for Student's t with ``df`` degrees of freedom (one-sided upper tail)."""
-    if math.isinf(t):
-        return 0.0 if t > 0 else 1.0
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
-    return tail if t > 0 else 1.0 - tail
-
-
-def t_quantile(q: float, df: float) -> float:
-    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (the inverse of
-    ``1 - t_sf``), by bisection on :func:`t_sf`: e.g. 2.776 for q = 0.975 at 4 df."""
-    if not 0.0 < q < 1.0:
-        raise ValueError(f"t_quantile needs 0 < q < 1, got {q}")
-    if q < 0.5:
-        return -t_quantile(1.0 - q, df)
-    lo, hi = 0.0, 1.0
-    while 1.0 - t_sf(hi, df) < q:  # widen until the quantile is bracketed (1 df at q 0.999: ~318)
-        lo, hi = hi, 2.0 * hi
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if 1.0 - t_sf(mid, df) < q else (lo, mid)
-    return 0.5 * (lo + hi)
-
-
 def aggregate(per_seed: Sequence[Mapping[str, Mapping[str, float]]]) -> tuple[dict, dict]:
     """Mean and (sample) standard deviation over seeds: (model -> col -> mean, model -> col -> std).
 
@@ -196,7 +135,7 @@ def paired_test(diffs: Sequence[float]) -> Paired:
     if sd == 0:
         return Paired(n, mean, 0.0, math.copysign(math.inf, mean) if mean else 0.0, 0.0 if mean > 0 else 1.0)
     t = mean / (sd / math.sqrt(n))
-    return Paired(n, mean, sd, t, t_sf(t, n - 1))
+    return Paired(n, mean, sd, t, float(stats.t.sf(t, n - 1)))
 
 
 # --------------------------------------------------------------------------- one check
