@@ -12,11 +12,10 @@ The commands::
     # spread of every table cell over the seeds (results_seeds.md / .json / .png)
     python -m benchmarks.calibrate seeds seeds=[0,1,2] output_dir=outputs/calibrate [demo.key=value ...]
 
-    # re-analyse a seeds measurement (even one still running: its per-seed rows so far): the
-    # paired t-test per check, the number of checks and the false "held" expected, the README's
-    # sign table; write_floors= writes the noise floors the demo's single run is judged by
-    python -m benchmarks.calibrate signs results=outputs/calibrate/results_seeds.json \
-        [write_floors=platform/hardpos/resources/signs_noise.json] [output=outputs/calibrate/signs.md]
+    # the README's counts: the preregistered checks on the confirmatory worlds (refuses until all
+    # registered worlds are in); or, exploratory, the checks a seeds measurement's rows can judge
+    python -m benchmarks.calibrate signs confirmatory=true
+    python -m benchmarks.calibrate signs results=outputs/calibrate/results_seeds.json [output=signs.md]
 
     # two measurements on the same seeds side by side (e.g. full finetuning and LoRA): per model and
     # column each side's mean ± std, the paired difference and its two-sided paired t-test
@@ -56,8 +55,8 @@ from hardpos.eval.spec import BenchmarkSpec
 from hardpos.markdown import table
 from hardpos.models.clip import load_model, tokenize
 from hardpos.paper import table1
-from hardpos.paper.signs import (ALPHA, aggregate, floors_from, p_text, paired_test, paper_signs, sanity_checks,
-                                 signs_markdown)
+from hardpos.paper import confirm
+from hardpos.paper.figures import aggregate, p_text, paired_test
 from hardpos.runtime import execute
 from hardpos.stages import demo
 from hardpos.train.config import LossConfig, OptimConfig
@@ -286,66 +285,47 @@ def rescore(cfg: RescoreConfig) -> dict[str, dict[str, float]]:
 # --------------------------------------------------------------------------- signs
 @dataclasses.dataclass
 class SignsConfig:
-    """Re-analysis of a seeds measurement's per-seed rows.
+    """The preregistered checks on a measurement.
 
-    results: a ``results_seeds.json`` (its ``per_seed`` rows and ``seeds``).
-    alpha: the one-sided paired t-test's level per check.
-    write_floors: also write the noise floors (:func:`hardpos.paper.signs.floors_from`) here; the
-        demo reads ``platform/hardpos/resources/signs_noise.json``.
-    source: how the floors file names its measurement (default: the command and the seeds).
+    confirmatory: judge the preregistered confirmatory worlds (``python -m benchmarks.confirmatory
+        report``: refuses until every registered world is in); the README's counts come from it.
+    results: otherwise, a seeds measurement's ``results_seeds.json``: the checks its rows can
+        judge, over its seeds, with the same test and correction, as an exploratory reading (the
+        seeds share one world, so they say nothing across worlds).
+    alpha: the level of the test and of Holm's correction.
     output: also write the Markdown here.
     """
 
+    confirmatory: bool = False
     results: str = "outputs/calibrate/results_seeds.json"
-    alpha: float = ALPHA
-    write_floors: str | None = None
-    source: str | None = None
+    alpha: float = confirm.ALPHA
     output: str | None = None
 
 
-def sign_table(signs: list, sanity: list) -> str:
-    """The README's sign table: one row per claim, a REPLACE and a SWAP cell each
-    ("held" / "**not held**", mean ± std, p, the paper's margin)."""
-
-    def cell(s) -> str:
-        verdict = "held" if s.held else "**not held**"
-        if s.kind == "range":
-            return f"{verdict} ({s.value:.1f} ± {s.noise:.1f})"
-        paper = f"; paper {s.paper:+.1f}" if s.paper is not None else ""
-        return f"{verdict} ({s.value:+.1f} ± {s.noise:.1f}, {p_text(s.p)}{paper})" if s.p is not None else \
-            f"{verdict} ({s.value:+.1f}{paper})"
-
-    claims: dict[tuple[str, str], dict[str, str]] = {}
-    for s in [*signs, *sanity]:
-        claims.setdefault((s.sign, s.claim), {})[s.benchmark] = cell(s)
-    return table(["check", "REPLACE", "SWAP"],
-                   [[f"{sign}. {claim}", c.get("REPLACE", ""), c.get("SWAP", "")] for (sign, claim), c in claims.items()])
-
-
 def signs(cfg: SignsConfig) -> dict[str, Any]:
-    """Print (and optionally write) the signs of ``results`` decided by a one-sided paired
-    t-test per check; with ``write_floors``, the noise floors for one run."""
+    """Print (and optionally write) the verdicts of the preregistered checks (see SignsConfig)."""
+    if cfg.confirmatory:
+        from benchmarks import confirmatory  # lazy: only this branch reads the preregistration
+
+        return confirmatory.report(confirmatory.ReportConfig(output=cfg.output or ""))
     data = json.loads(Path(cfg.results).read_text())
     per_seed = data.get("per_seed") or []
     if len(per_seed) < 2:
         raise ValueError(f"{cfg.results}: {len(per_seed)} seed(s) of per-seed rows; a paired test needs at least 2")
     mean, std = aggregate(per_seed)
-    paper = paper_signs(mean, per_seed=per_seed, alpha=cfg.alpha)
-    sanity = sanity_checks(mean, per_seed=per_seed, alpha=cfg.alpha)
+    checks = [c for c in confirm.all_checks(confirm.load_findings()) if all(confirm.judgeable(c, r) for r in per_seed)]
+    verdicts = confirm.judge(checks, per_seed, cfg.alpha)
+    n = confirm.counts(verdicts)
     seeds_ = data.get("seeds", list(range(len(per_seed))))
-    md = (f"### The signs over {len(per_seed)} seeds {seeds_} ({cfg.results})\n\n"
-          + table1.markdown_table(mean, std, per_seed=per_seed, signs=False) + "\n"
-          + signs_markdown(paper, sanity, alpha=cfg.alpha) + "\n" + sign_table(paper, sanity) + "\n")
+    md = (f"### Exploratory: {len(per_seed)} seeds {seeds_} of one world ({cfg.results})\n\n"
+          + table1.markdown_table(mean, std) + "\n"
+          + f"{n['held_holm']} of {n['distinct']} judgeable preregistered checks hold after Holm's correction "
+            f"({n['held']} before it), with the seed as the unit: exploratory, not a confirmatory result.\n\n"
+          + confirm.verdicts_table(verdicts))
     print(md)
     if cfg.output:
         Path(cfg.output).write_text(md)
-    floors = None
-    if cfg.write_floors:
-        source = cfg.source or f"python -m benchmarks.calibrate seeds, seeds {seeds_}"
-        floors = floors_from(per_seed, alpha=cfg.alpha, source=source)
-        Path(cfg.write_floors).write_text(json.dumps(floors, indent=2) + "\n")
-        print(f"noise floors of {len(floors['checks'])} checks written to {cfg.write_floors}", file=sys.stderr)
-    return {"signs": paper, "sanity": sanity, "floors": floors, "markdown": md}
+    return {"verdicts": verdicts, "counts": n, "markdown": md}
 
 
 # --------------------------------------------------------------------------- pair
@@ -366,7 +346,7 @@ class PairConfig:
     a_name: str = "a"
     b_name: str = "b"
     models: list[str] | None = None
-    alpha: float = ALPHA
+    alpha: float = confirm.ALPHA
     output: str | None = None
 
 
@@ -379,7 +359,7 @@ def _by_seed(path: str) -> dict[int, dict]:
 
 
 def paired_cells(a: dict[int, dict], b: dict[int, dict], models: list[str] | None = None,
-                 alpha: float = ALPHA) -> list[dict[str, Any]]:
+                 alpha: float = confirm.ALPHA) -> list[dict[str, Any]]:
     """Per (model, column) over the seeds both have: each side's mean and std, the paired
     difference b - a (mean, std) and its two-sided paired t-test p, in percentage points.
     ``differs`` is p < alpha. Raises ValueError with fewer than 2 common seeds."""
@@ -506,7 +486,7 @@ def _write_aggregate(out: Path, cfg: SeedsConfig, per_seed, summaries) -> dict[s
     mean, std = aggregate(per_seed)
     n = len(per_seed)
     title = f"mean ± std over {n} seed(s) {list(summaries)}"
-    md = table1.markdown_table(mean, std, title=title, per_seed=per_seed)
+    md = table1.markdown_table(mean, std, title=title)
     artefacts = [a for a in (summaries[s].get("artefacts") for s in summaries) if a]
     if artefacts:
         md += "\n" + artefact_line(artefacts) + "\n"

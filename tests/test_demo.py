@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hardpos import compose, plots
-from hardpos.paper import signs, table1
+from hardpos.paper import figures, table1
 
 MODELS = ["pretrained", "captions-only", "hn-only", "hp+hn"]
 
@@ -44,7 +44,7 @@ def test_table_row_names_a_missing_metric():
 
 def test_aggregate_mean_and_sample_std_over_seeds_and_markdown_shows_spread(tmp_path):
     seeds = [{"a": table1.table_row(_metrics(o, 0.3, 0.2, 0.25))} for o in (0.4, 0.5, 0.6)]
-    mean, std = signs.aggregate(seeds)
+    mean, std = figures.aggregate(seeds)
     assert mean["a"]["swap/orig_acc"] == pytest.approx(0.7)
     assert std["a"]["swap/orig_acc"] == pytest.approx(0.1)
     assert std["a"]["swap/aug_acc"] == pytest.approx(0.0)

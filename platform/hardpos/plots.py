@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hardpos.paper.signs import PAPER_TABLE1
+from hardpos.paper.figures import PAPER_TABLE1
 from hardpos.paper.table1 import GROUPS
 
 CHART_FIGURES = (("orig_acc", "original acc."), ("aug_acc", "augmented acc."), ("brittleness", "brittleness"))
@@ -27,7 +27,7 @@ def chart_figure(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str, 
     """The matplotlib Figure :func:`write_chart` saves: per benchmark (REPLACE, SWAP), grouped
     bars of original accuracy, augmented accuracy and brittleness for every model (error bars =
     ``spreads``), and beside a model the paper reports, its Table 1 value as a hatched outline
-    (``paper``: default :data:`hardpos.paper.signs.PAPER_TABLE1`, matched case-insensitively; {} for none). The full title, wrapped."""
+    (``paper``: default :data:`hardpos.paper.figures.PAPER_TABLE1`, matched case-insensitively; {} for none). The full title, wrapped."""
     # lazy: matplotlib is an optional, heavy plotting dependency only the chart writers need
     import matplotlib
 

@@ -1,9 +1,9 @@
 """The demo's results in the paper's Table-1 layout: one row per model, from the evaluate stage's metrics.
 
 :func:`table_row` turns a model's evaluate-stage metrics into its row; :func:`markdown_table`
-writes the rows (the Table-1-style comparison, the mean scores, the REPLACE subsets and the
-paper's signs, :mod:`hardpos.paper.signs`); :func:`paper_markdown` sets the paper's own
-numbers beside them. The mean and std over seeds is :func:`hardpos.paper.signs.aggregate`;
+writes the rows (the Table-1-style comparison, the mean scores and the REPLACE subsets);
+:func:`paper_markdown` sets the paper's own numbers beside them. The mean and std over seeds
+is :func:`hardpos.paper.figures.aggregate`;
 the bar chart of the rows is :func:`hardpos.plots.write_chart`.
 
 Rows are models (the pretrained base and every finetuned variant); their columns are
@@ -14,11 +14,11 @@ evaluator's own REPLACE definition); SWAP is the world's swap benchmark. Pure fu
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from hardpos.eval.metrics import mean_over
 from hardpos.markdown import num, pct, table
-from hardpos.paper.signs import paper_figures, paper_signs, sanity_checks, signs_markdown
+from hardpos.paper.figures import paper_figures
 
 #: (benchmark label, evaluate-stage metric prefixes averaged into it)
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -72,17 +72,12 @@ def _results(head: list[str], cols: list[str], rows: Mapping[str, Mapping[str, f
 
 
 def markdown_table(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str, Mapping[str, float]] | None = None,
-                   *, title: str | None = None, signs: bool = True,
-                   per_seed: Sequence[Mapping[str, Mapping[str, float]]] = (), floors: Mapping | None = None) -> str:
-    """The demo's results as Markdown: the Table-1-style comparison, the mean scores, the
-    REPLACE subsets and (``signs``) whether each of the paper's signs held in these rows
-    (:func:`hardpos.paper.signs.signs_markdown`; nothing when the rows lack the models it compares).
-
-    ``rows``: model -> :func:`table_row`; ``spreads``: model -> same keys (std over seeds),
-    shown as ``± x``; ``per_seed``: each seed's rows (``rows`` their mean), so the signs
-    compare two models by a paired test over seeds; ``floors`` (a single run): the measured
-    noise floors the margins must pass (:func:`hardpos.paper.signs.load_floors`; see :mod:`hardpos.paper.signs`).
-    """
+                   *, title: str | None = None) -> str:
+    """The demo's results as Markdown: the Table-1-style comparison beside the paper's numbers,
+    the mean scores, REPLACE with the synonyms finetuning saw (where the rows have it) and the
+    REPLACE subsets. ``rows``: model -> :func:`table_row`; ``spreads``: model -> the same keys
+    (std over seeds), shown as ``± x``. What the rows say about the paper's findings is
+    :func:`hardpos.paper.confirm.run_verdicts_markdown`'s."""
     spreads = spreads or {}
     out = [f"### {title}", ""] if title else []
     out.append(_results(["model", "REPLACE orig", "REPLACE aug", "REPLACE brittle", "SWAP orig", "SWAP aug", "SWAP brittle"],
@@ -99,11 +94,6 @@ def markdown_table(rows: Mapping[str, Mapping[str, float]], spreads: Mapping[str
     out += ["", "REPLACE subsets:", ""]
     out.append(_results(["model", "attribute orig", "attribute aug", "attribute brittle", "relation orig",
                          "relation aug", "relation brittle"], list(SUBSET_COLUMNS), rows, spreads))
-    checks = (floors or {}).get("checks") if floors else None
-    text = signs_markdown(paper_signs(rows, spreads, per_seed=per_seed, floors=checks),
-                            sanity_checks(rows, spreads, per_seed=per_seed, floors=checks), floors=floors) if signs else ""
-    if text:
-        out += ["", text.rstrip("\n")]
     return "\n".join(out) + "\n"
 
 

@@ -412,7 +412,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
              f"{cfg.world.n_finetune} finetune scenes; {base} + {cfg.finetune.steps} finetune steps, {how})")
     # ends with the preregistered checks this run can judge, each margin set against the
     # confirmatory worlds' prediction interval (listed without a verdict until every world is in)
-    md = table1.markdown_table(rows, title=title, signs=False)
+    md = table1.markdown_table(rows, title=title)
     verdicts = confirm.run_verdicts_markdown(rows)
     if verdicts:
         md += "\n" + verdicts
