@@ -107,8 +107,8 @@ def test_list_items_are_overridable_by_index():
     cfg = load_config(_Cfg, None, ["items.1.weight=0.25", "grid.0=0.5"])
     assert cfg.items == [_Item("p", 0.5), _Item("q", 0.25)]
     assert cfg.grid == [0.5, 1.0]
-    demo = load_config(runtime.stage_module("demo").Config, None, ["variants.1.w_neg=0.5"])
-    assert [(v.name, v.w_neg) for v in demo.variants] == [("captions-only", 0.0), ("hn-only", 0.5), ("hp+hn", 1.0)]
+    demo = load_config(runtime.stage_module("demo").Config, None, ["variants.1.loss.w_neg=0.5"])
+    assert [(v.name, v.loss.w_neg) for v in demo.variants] == [("captions-only", 0.0), ("hn-only", 0.5), ("hp+hn", 1.0)]
 
 
 def test_index_overrides_edit_the_yaml_files_list(tmp_path):
@@ -193,7 +193,7 @@ def test_demo_help_shows_the_demos_real_defaults(capsys):
     assert f"  pretrain.lr: float = {cls.lr}" not in out
     assert f"  finetune.steps: int = {own.finetune.steps}" in out and "  tracking.experiment: str = 'hardpos-demo'" in out
     assert "  generate_engine: one of 'rules', 'http', 'vllm' = 'rules'" in out
-    assert "  variants.1.w_neg: float = 1.0" in out
+    assert "  variants.1.loss.w_neg: float = 1.0" in out
     # the field's doc, under its key
     assert re.search(r"  pretrain\.lr: float = 5e-05\n +peak learning rate", out)
     # with --config, the file's values

@@ -67,7 +67,7 @@ def test_rays_exclude_resources_deprecation_is_filtered_in_ray_processes():
 
 def test_no_nan_for_a_figure_that_does_not_exist():
     """No validation split: the train stage's line has no val/loss, not ``val/loss nan``."""
-    from hardpos.stages.train import result_line
+    from hardpos.train.stage import result_line
 
     assert result_line(2, {"loss/total": 1.5}, "/m") == "trained 2 steps; final loss/total 1.5000; model: /m"
     assert result_line(2, {"loss/total": 1.5, "val/loss": 1.25}, "/m") == \

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from hardpos import compose, plots
+from hardpos import plots
+from hardpos.stages import compose
 from hardpos.paper import figures, table1
+from hardpos.train.config import LossConfig
 
 MODELS = ["pretrained", "captions-only", "hn-only", "hp+hn"]
 
@@ -78,7 +80,7 @@ def test_every_demo_invocation_trains_under_ray_train_names_of_its_own(tmp_path)
         pipeline = demo.Pipeline(demo.Config(output_dir=str(tmp_path)), ctx=None)
         pipeline.execute = lambda stage, cfg, label: names.append(cfg.run_name) or {}
         pipeline.train("hp+hn", "finetune", str(tmp_path / "t.parquet"), compose.PhaseConfig(steps=1, batch_size=1),
-                       pretrained=None, w_pos=1.0, w_neg=1.0, negclip_columns=False, output_dir=str(tmp_path / "ft"))
+                       pretrained=None, loss=LossConfig(negclip_columns=False), output_dir=str(tmp_path / "ft"))
     assert len(set(names)) == 2 and all(n.startswith(compose.slug("hp+hn") + "-") for n in names)
 
 
@@ -329,7 +331,7 @@ def test_phase_shuffle_buffer_reaches_the_train_and_sweep_configs(tmp_path):
     pipeline = demo.Pipeline(cfg, JobContext("demo", str(tmp_path / "demo"), None))
     pipeline.execute = execute
     pipeline.train("base", "pretrain", str(tmp_path / "t.parquet"), cfg.pretrain, pretrained=None,
-                   w_pos=0.0, w_neg=0.0, negclip_columns=False, output_dir=str(tmp_path / "pt"))
+                   loss=LossConfig(w_pos=0.0, w_neg=0.0, negclip_columns=False), output_dir=str(tmp_path / "pt"))
     pipeline.sweep(str(tmp_path / "t.parquet"), str(tmp_path / "pt"))
     assert seen["train"].data.shuffle_buffer == 0
     assert seen["sweep"].train_overrides["data.shuffle_buffer"] == 7

@@ -188,7 +188,10 @@ def cluster_env() -> dict[str, str]:
 
 
 def stage_exists(stage: str) -> bool:
-    return importlib.util.find_spec(f"hardpos.stages.{stage}") is not None
+    from hardpos import runtime
+
+    return stage in runtime.STAGES and importlib.util.find_spec(
+        runtime.STAGE_MODULES.get(stage, f"hardpos.stages.{stage}")) is not None
 
 
 def stage_of_config(path: str) -> str:
@@ -202,7 +205,7 @@ def require_stage(stage: str, where: str) -> None:
     from hardpos.runtime import STAGES
 
     assert stage in STAGES, f"{where}: {stage!r} is not a HardPos stage ({', '.join(STAGES)})"
-    assert stage_exists(stage), f"{where}: stage module hardpos.stages.{stage} does not exist (renamed?)"
+    assert stage_exists(stage), f"{where}: no stage {stage!r} (its module does not exist: renamed?)"
     assert (REPO / "jobs" / f"{stage}.py").is_file(), f"{where}: entrypoint jobs/{stage}.py does not exist (renamed?)"
 
 

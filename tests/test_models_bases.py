@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hardpos.compose import PhaseConfig, latest_checkpoint, phase_key
+from hardpos.stages.compose import PhaseConfig, latest_checkpoint, phase_key
 from hardpos.config import ConfigError, ModelConfig, load_config
 from hardpos.world.scene import WorldConfig
 from hardpos.world.build import generate_world

@@ -9,7 +9,7 @@ from hardpos import runtime
 from hardpos.config import load_config
 from hardpos.paper import table3
 from hardpos.stages import perturb
-from hardpos.stages.train import seen_substitutions
+from hardpos.train.stage import seen_substitutions
 
 
 def _captions(tmp_path):

@@ -359,7 +359,7 @@ def test_injected_fault_resumes_from_the_last_checkpoint_on_s3(ray_session, s3_e
     import functools
 
     from hardpos import runtime, storage
-    from hardpos.stages import train
+    from hardpos.train import stage as train
     from tests.support.faults import FailOnce
 
     bucket = s3_env

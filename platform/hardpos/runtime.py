@@ -1,13 +1,14 @@
 """The job contract, in one place: Ray connection, MLflow run, output_dir, summary.json.
 
-A stage is a module ``hardpos.stages.<name>`` that defines
+A stage is a module (``hardpos.stages.<name>``, or its library's ``stage`` module where the
+stage's driver and workers live together: :data:`STAGE_MODULES`) that defines
 
     @dataclass
     class Config(JobConfig): ...           # typed, documented, with defaults
     def check(cfg: Config) -> None: ...    # cheap checks before any work (ConfigError: key=value: problem; fix)
     def run(cfg: Config, ctx: JobContext) -> dict: ...   # returns the summary
 
-Adding a stage is that module plus its name in :data:`STAGES` (the CLI's map).
+Adding a stage is that module plus its name in :data:`STAGES` (the CLI's list).
 :func:`execute` wraps ``run`` with everything every stage must do, so stages never
 repeat it: make the config's relative paths absolute (they mean the directory the job
 started in, also in Ray workers and Tune trials: :mod:`hardpos.config.paths`), run the
@@ -39,6 +40,9 @@ NO_PREEMPTION_WATCHER = ("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 STAGES = ("world", "perturb", "generate", "train", "evaluate", "sweep", "compare", "register", "demo", "interpolate",
           "audit", "base")
+#: the stages that live in the package of their library (driver and workers side by side, as
+#: Ray's example apps); every other stage is ``hardpos.stages.<name>``
+STAGE_MODULES = {"train": "hardpos.train.stage", "interpolate": "hardpos.interpolate.stage"}
 
 
 @dataclasses.dataclass
@@ -133,7 +137,7 @@ def reopen_run(cfg: TrackingConfig, run_id: str | None, spill_dir: str | None = 
 def stage_module(name: str):
     if name not in STAGES:
         raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
-    return importlib.import_module(f"hardpos.stages.{name}")
+    return importlib.import_module(STAGE_MODULES.get(name, f"hardpos.stages.{name}"))
 
 
 def resolve_output_dir(output_dir: str) -> str:

@@ -2,7 +2,7 @@
 
 The testbed's stand-in for a web-pretrained CLIP (``base:hardpos-base`` ships with the package;
 this stage is how it was made, and how to make another for another world). Every step is a real
-stage run as a child of this stage's MLflow run (:mod:`hardpos.compose`):
+stage run as a child of this stage's MLflow run (:mod:`hardpos.stages.compose`):
 
 1. ``world``     the synthetic world (reused when its ``world.json`` matches), and the
                  curriculum's small world when ``curriculum.steps > 0``;
@@ -28,13 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from hardpos import storage, tracking
-from hardpos.compose import (PhaseConfig, Pipeline, check_base_recipe, default_curriculum_world, default_world,
+from hardpos.stages.compose import (PhaseConfig, Pipeline, check_base_recipe, default_curriculum_world, default_world,
                              phase_key)
 from hardpos.config import ConfigError, JobConfig, TrackingConfig
 from hardpos.world.scene import WorldConfig
 from hardpos.models import bases
 from hardpos.paper import table1
 from hardpos.runtime import JobContext, init_ray
+from hardpos.train.config import LossConfig
+
+#: pretraining's loss: plain CLIP contrastive (no hard negatives, no hard positives, no NegCLIP columns)
+PLAIN_CLIP_LOSS = LossConfig(w_pos=0.0, w_neg=0.0, negclip_columns=False)
 
 
 @dataclasses.dataclass
@@ -115,8 +119,8 @@ def pretrain(cfg: Config, ctx: JobContext, p: Pipeline, world_dir: str) -> dict:
             p.say(f"{label}: finished earlier ({marker}), kept")
             summary = done["summary"]
         else:
-            summary = p.train(name, label, data, phase, pretrained=start, w_pos=0.0, w_neg=0.0,
-                              negclip_columns=False, output_dir=out, resumable=cfg.resume)
+            summary = p.train(name, label, data, phase, pretrained=start,
+                              loss=PLAIN_CLIP_LOSS, output_dir=out, resumable=cfg.resume)
             if cfg.resume:
                 storage.write_json(marker, {"key": key, "summary": summary})
         start = summary["checkpoint"]

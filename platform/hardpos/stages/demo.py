@@ -35,7 +35,7 @@ and tracked as a child of this demo's MLflow run in one experiment (``hardpos-de
 Scale (scenes, steps, batch sizes, workers) is all config, so CI runs the same code small.
 The job is in three parts, in this order: the config (:class:`Config` and its sections), the
 steps (:class:`Pipeline`: how each stage the demo calls is configured, as a child of the
-demo's MLflow run; the steps it shares with the base stage are :mod:`hardpos.compose`'s) and
+demo's MLflow run; the steps it shares with the base stage are :mod:`hardpos.stages.compose`'s) and
 the order they run in (:func:`run`).
 """
 from __future__ import annotations
@@ -50,20 +50,22 @@ from typing import Any, Literal
 import pyarrow.parquet as pq
 
 import hardpos.stages.base
-from hardpos import compose, plots, storage, tracking
-from hardpos.compose import (PhaseConfig, check_base_recipe, default_curriculum_world, default_world, epochs_for,
+from hardpos import plots, storage, tracking
+from hardpos.stages.compose import (PhaseConfig, check_base_recipe, default_curriculum_world, default_world, epochs_for,
                              slug)
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig
 from hardpos.config.paths import resolve_tracking_uri
 from hardpos.world.scene import WorldConfig
 from hardpos.eval.spec import RetrievalSpec
-from hardpos.interpolate import check_alphas
+from hardpos.interpolate.mix import check_alphas
 from hardpos.models import bases, registry
 from hardpos.paper import confirm, table1
 from hardpos.runtime import JobContext, init_ray
 from hardpos.serve.ingress import HAPROXY_FLAG, haproxy_available
-from hardpos.stages import evaluate, generate, interpolate, register
+from hardpos.interpolate import stage as interpolate
+from hardpos.stages import compose, evaluate, generate, register
 from hardpos.tracking.redact import redact_text
+from hardpos.train.config import LossConfig
 
 
 @dataclasses.dataclass
@@ -73,30 +75,29 @@ class Variant:
     name: its label in the table, in MLflow (run name) and its output folder.
     data: "triplets" (the generate stage's output: caption + hard negative + hard positive)
         or "captions" (the world's finetune split, captions only: the control).
-    w_pos / w_neg: loss weights of the hard-positive / hard-negative terms.
-    negclip_columns: hard negatives as extra contrastive columns (NegCLIP); ignored for captions.
+    loss: the train stage's loss, as it takes it (``loss.w_pos``, ``loss.w_neg``,
+        ``loss.negclip_columns`` ...; see `hardpos train --help`); on captions only its
+        hard-negative and hard-positive terms have nothing to act on.
     positive_kinds: train with the hard positives of these kinds only (``replace``, ``swap``;
         None: all), the paper's Table 1(d).
     """
 
     name: str = "hp+hn"
     data: Literal["triplets", "captions"] = "triplets"
-    w_pos: float = 1.0
-    w_neg: float = 1.0
-    negclip_columns: bool = True
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     positive_kinds: list[str] | None = None
 
 
 def _default_variants() -> list[Variant]:
-    return [Variant("captions-only", "captions", 0.0, 0.0, False),
-            Variant("hn-only", "triplets", 0.0, 1.0, True),
-            Variant("hp+hn", "triplets", 1.0, 1.0, True)]
+    return [Variant("captions-only", "captions", LossConfig(w_pos=0.0, w_neg=0.0, negclip_columns=False)),
+            Variant("hn-only", "triplets", LossConfig(w_pos=0.0, w_neg=1.0)),
+            Variant("hp+hn", "triplets", LossConfig(w_pos=1.0, w_neg=1.0))]
 
 
 def kind_variants() -> list[Variant]:
     """The paper's Table 1(d): HP+HN with the hard positives of one kind only (``--full``)."""
-    return [Variant("hp-replace+hn", "triplets", 1.0, 1.0, True, ["replace"]),
-            Variant("hp-swap+hn", "triplets", 1.0, 1.0, True, ["swap"])]
+    return [Variant("hp-replace+hn", "triplets", LossConfig(), ["replace"]),
+            Variant("hp-swap+hn", "triplets", LossConfig(), ["swap"])]
 
 
 @dataclasses.dataclass
@@ -210,7 +211,7 @@ RETRIEVAL_NAME = "pretrain1k"
 
 
 class Pipeline(compose.Pipeline):
-    """The shared steps (world, train, evaluate: :class:`hardpos.compose.Pipeline`) plus the
+    """The shared steps (world, train, evaluate: :class:`hardpos.stages.compose.Pipeline`) plus the
     demo's own: generate, the base (from scratch), the w_neg grid and the WiSE-FT curves."""
 
     # 2 ------------------------------------------------------------------ the base
@@ -370,9 +371,10 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     for k, v in enumerate(variants, 1):
         data = triplets if v.data == "triplets" else f"{world_dir}/finetune.parquet"
         kinds = f"; positives {'+'.join(v.positive_kinds)} only" if v.positive_kinds else ""
-        s = p.train(v.name, f"4/7 finetune {v.name} ({k}/{len(variants)}; w_pos={v.w_pos:g}, w_neg={v.w_neg:g}{kinds})",
-                    data, cfg.finetune, pretrained=base_ckpt, w_pos=v.w_pos, w_neg=v.w_neg,
-                    negclip_columns=v.negclip_columns and v.data == "triplets",
+        # captions alone have no hard negatives to add as NegCLIP columns
+        loss = dataclasses.replace(v.loss, negclip_columns=v.loss.negclip_columns and v.data == "triplets")
+        s = p.train(v.name, f"4/7 finetune {v.name} ({k}/{len(variants)}; w_pos={loss.w_pos:g}, w_neg={loss.w_neg:g}{kinds})",
+                    data, cfg.finetune, pretrained=base_ckpt, loss=loss,
                     output_dir=ctx.path("finetune", slug(v.name)),
                     positive_kinds=v.positive_kinds if v.data == "triplets" else None)
         models[v.name] = {"checkpoint": s["checkpoint"], "run_id": s["mlflow_run_id"], "model_uri": s.get("model_uri")}

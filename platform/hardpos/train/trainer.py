@@ -5,7 +5,7 @@ gives the open_clip transforms + tokenizer), builds the Ray Datasets
 (:mod:`hardpos.train.data`), works out the step schedule from the row count
 (:func:`plan_steps`) and returns a ``TorchTrainer`` running
 :func:`hardpos.train.worker.train_loop_per_worker`. The caller fits it (the train stage,
-:mod:`hardpos.stages.train`, is the one caller; a sweep trial runs that stage).
+:mod:`hardpos.train.stage`, is the one caller; a sweep trial runs that stage).
 
 Metrics every worker reports (flat, stable names; a sweep ranks on them): ``loss/total``,
 ``loss/contrastive``, ``loss/hard_negative``, ``loss/hard_positive``, ``loss/pos_over_neg``,

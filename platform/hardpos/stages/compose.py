@@ -174,9 +174,9 @@ class Pipeline:
 
     # 2 / 4 ------------------------------------------------------------ training
     def train(self, name: str, label: str, data_path: str, phase: PhaseConfig, *, pretrained: str | None,
-              w_pos: float, w_neg: float, negclip_columns: bool, output_dir: str, resumable: bool = False,
+              loss: LossConfig, output_dir: str, resumable: bool = False,
               positive_kinds: list[str] | None = None) -> dict:
-        """One training run of the train stage on Ray Train.
+        """One training run of the train stage on Ray Train, with ``loss`` as the stage takes it.
 
         resumable: the run is named after what it trains (:func:`phase_key`: arch, seed, phase,
             data, start), checkpoints every ``phase.checkpoint_every`` steps and continues from
@@ -195,7 +195,7 @@ class Pipeline:
             model=ModelConfig(arch=self.cfg.arch, pretrained=pretrained),
             data=DataConfig(train_path=data_path, val_fraction=phase.val_fraction,
                             shuffle_buffer=phase.shuffle_buffer, positive_kinds=positive_kinds),
-            loss=LossConfig(w_pos=w_pos, w_neg=w_neg, negclip_columns=negclip_columns),
+            loss=loss,
             lora=LoraSection(rank=phase.lora_rank),
             optim=OptimConfig(lr=phase.lr, warmup_steps=phase.warmup_steps, weight_decay=phase.weight_decay),
             scaling=ScalingSection(num_workers=phase.num_workers, cpus_per_worker=phase.cpus_per_worker),
