@@ -22,9 +22,9 @@ installed ``hardpos`` package:
 * :mod:`benchmarks.inputs` -- training-input layouts (image files, inline parquet, webdataset).
 * :mod:`benchmarks.resilience` -- node-loss fault injection on a simulated cluster
   (:mod:`~benchmarks.simcluster`).
-* :mod:`benchmarks.calibrate` -- the synthetic world's probe and the demo over seeds;
-  :mod:`benchmarks.calibrate_relations` -- can a model learn the world's relations at all
-  (relation-only training, REPLACE-relation accuracy every N steps);
+* :mod:`benchmarks.calibrate` -- the demo over seeds, checkpoints rescored by the evaluate
+  stage, and the preregistered checks on a measurement; :mod:`benchmarks.confirmatory` -- the
+  preregistered confirmatory experiment (its worlds and its one report);
   :mod:`benchmarks.calibrate_artefacts` -- how far text alone tells captions from negatives.
 
 Shared test data helpers and the OpenAI-compatible stub are in ``tests/support``.

@@ -2,12 +2,6 @@
 
 The commands::
 
-    # cheap probe, Ray-free, one process: pretrain + finetune variants with the SAME model,
-    # loss and evaluator code as the stages (hardpos.models.clip, hardpos.train.loss,
-    # hardpos.eval.evaluator) on tensors decoded once; prints the Table-1-style comparison.
-    python -m benchmarks.calibrate probe world_dir=outputs/world triplets=outputs/demo/generate/triplets.parquet \
-        pretrain_steps=600 finetune_steps=150
-
     # the measurement: the real demo (every stage, Ray, MLflow) once per seed, then mean and
     # spread of every table cell over the seeds (results_seeds.md / .json / .png)
     python -m benchmarks.calibrate seeds seeds=[0,1,2] output_dir=outputs/calibrate [demo.key=value ...]
@@ -27,255 +21,64 @@ The commands::
     python -m benchmarks.calibrate rescore world_dir=outputs/bench \
         'models={"pretrained": "base:hardpos-base", "hn-only": "outputs/demo/finetune/hn-only/model"}'
 
-``probe`` answers "is the world hard enough / does the mechanism show" in minutes; only the
-``seeds`` numbers (the real pipeline) go into the README.  Every key=value is parsed as YAML;
+Every number comes from the product's own stages (``seeds`` runs the demo, ``rescore`` the
+evaluate stage); this file only runs them and reads their rows.  Every key=value is parsed as YAML;
 ``seeds`` passes ``demo.<key>=<value>`` on to the demo config (e.g. ``demo.finetune.steps=200``).
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-import torch
-from PIL import Image
 from scipy import stats
 
 from benchmarks.calibrate_artefacts import ArtefactConfig, artefact_strength
 from hardpos import plots
 from hardpos.config import ModelConfig, load_config
-from hardpos.eval.evaluator import run_benchmarks
-from hardpos.eval.spec import BenchmarkSpec
 from hardpos.markdown import table
-from hardpos.models.clip import load_model, tokenize
 from hardpos.paper import table1
 from hardpos.paper import confirm
 from hardpos.paper.figures import aggregate, p_text, paired_test
 from hardpos.runtime import execute
-from hardpos.stages import demo
-from hardpos.train.config import LossConfig, OptimConfig
-from hardpos.train.step import TripletCLIP, build_optimizer, build_scheduler, model_batch, train_step
-
-
-# --------------------------------------------------------------------------- probe
-@dataclasses.dataclass
-class ProbeConfig:
-    """Ray-free probe.
-
-    world_dir: a generated world (pretrain.parquet, benchmark/*.parquet).
-    triplets: the generate stage's triplets for the world's finetune split.
-    arch: open_clip architecture (from scratch).
-    seed: model init / batch order.
-    pretrain_steps / pretrain_batch / pretrain_lr: the from-scratch phase (plain CLIP loss).
-    finetune_steps / finetune_batch / finetune_lr: every variant's finetune.
-    warmup: warmup steps of both phases.
-    variants: name -> [w_pos, w_neg] (captions-only uses w = [0, 0] on captions without negatives).
-    threads: torch CPU threads.
-    pretrained: start from this checkpoint (e.g. a --from-scratch demo's <output_dir>/base/pretrain/model) and
-        skip the pretraining phase.
-    output: also write the rows (model -> table row) as JSON here (for aggregating seeds).
-    keep_pairs: when the pretraining file has a ``pair`` column (a world with
-        ``relation_pair_rate`` > 0), shuffle whole pairs so a relation twin lands in its
-        original's batch; False shuffles rows (twins then rarely meet in a batch).
-    base_cache: a state-dict file of the pretrained base: loaded when it exists (pretraining
-        skipped), written after pretraining when it does not, so finetuning settings and
-        benchmark variants are compared on one base (delete it when the world or arch changes).
-    """
-
-    world_dir: str = "outputs/world"
-    triplets: str = "outputs/demo/generate/triplets.parquet"
-    arch: str = "hardpos-tiny"
-    seed: int = 0
-    pretrain_steps: int = 600
-    pretrain_batch: int = 128
-    pretrain_lr: float = 5e-4
-    finetune_steps: int = 150
-    finetune_batch: int = 128
-    finetune_lr: float = 1e-4
-    warmup: int = 20
-    variants: dict[str, list[float]] = dataclasses.field(
-        default_factory=lambda: {"captions-only": [0.0, 0.0], "hn-only": [0.0, 1.0], "hp+hn": [1.0, 1.0]})
-    threads: int = 2
-    pretrained: str | None = None
-    output: str | None = None
-    base_cache: str | None = None
-    keep_pairs: bool = True
-
-
-def _load_images(paths: list[str], preprocess) -> "Any":
-
-    return torch.stack([preprocess(Image.open(p).convert("RGB")) for p in paths])
-
-
-def grouped_order(groups: list, generator) -> "Any":
-    """A random row order in which rows sharing a non-None group id stay adjacent (whole
-    groups are shuffled, a None row is a group of its own)."""
-
-    units: list[list[int]] = []
-    where: dict = {}
-    for i, gid in enumerate(groups):
-        if gid is None:
-            units.append([i])
-        elif gid in where:
-            units[where[gid]].append(i)
-        else:
-            where[gid] = len(units)
-            units.append([i])
-    perm = torch.randperm(len(units), generator=generator).tolist()
-    return torch.tensor([i for u in perm for i in units[u]], dtype=torch.long)
-
-
-def _train(clip, images, caps, negs, poss, tokenizer, steps: int, batch: int, lr: float, warmup: int,
-           w_pos: float, w_neg: float, negclip: bool, seed: int, log_every: int = 50,
-           groups: list | None = None) -> None:
-    """``steps`` steps of THE training step (:func:`hardpos.train.step.train_step`, as the
-    train stage's workers run it: clipping at 1.0, warmup + cosine, logit_scale clamp) on
-    tensors decoded once, one process, no Ray.  ``groups``: rows with one id stay in one
-    batch (see :func:`grouped_order`; a group may straddle a batch boundary)."""
-
-    optim = OptimConfig(lr=lr, weight_decay=0.1, beta1=0.9, beta2=0.98, eps=1e-6, warmup_steps=warmup, grad_clip=1.0)
-    net = TripletCLIP(clip).train()
-    opt = build_optimizer(clip, optim)
-    sched = build_scheduler(opt, optim.warmup_steps, steps)
-    loss_cfg = LossConfig(w_pos=w_pos, w_neg=w_neg, negclip_columns=negclip)
-    g = torch.Generator().manual_seed(seed)
-    n = len(caps)
-    def new_order():
-        return grouped_order(groups, g) if groups is not None else torch.randperm(n, generator=g)
-
-    order = new_order()
-    pos_i = 0
-    t0 = time.time()
-    for step in range(steps):
-        if pos_i + batch > n:
-            order, pos_i = new_order(), 0
-        idx = order[pos_i:pos_i + batch].tolist()
-        pos_i += batch
-        has_n = torch.tensor([negs[i] is not None for i in idx])
-        has_p = torch.tensor([poss[i] is not None for i in idx])
-        texts = [caps[i] for i in idx] + [negs[i] or "" for i in idx] + [poss[i] or "" for i in idx]
-        tok = tokenize(tokenizer, texts)
-        b = len(idx)
-        terms = train_step(net, model_batch(images[idx], tok[:b], tok[b:2 * b], tok[2 * b:], has_n, has_p),
-                           loss_cfg, opt, sched, grad_clip=optim.grad_clip)
-        if (step + 1) % log_every == 0 or step + 1 == steps:
-            print(f"  step {step + 1}/{steps} loss {float(terms['total'].detach()):.3f} ({time.time() - t0:.0f}s)",
-                  file=sys.stderr, flush=True)
-
-
-def probe(cfg: ProbeConfig) -> dict[str, Any]:
-    """Pretrain once, finetune every variant from the same weights, evaluate all; return the rows."""
-
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    world = Path(cfg.world_dir)
-    lm = load_model(ModelConfig(arch=cfg.arch, pretrained=cfg.pretrained))
-    cached = bool(cfg.base_cache) and Path(cfg.base_cache).exists()
-    if cached:
-        lm.model.load_state_dict(torch.load(cfg.base_cache, map_location="cpu"))
-        print(f"base: {cfg.base_cache} (pretraining skipped)", file=sys.stderr)
-    t0 = time.time()
-    pre = [] if cfg.pretrained or cached else pq.read_table(world / "pretrain.parquet").to_pylist()
-    pre_imgs = _load_images([str(world / r["image"]) for r in pre], lm.preprocess_val) if pre else None
-    trip = pq.read_table(cfg.triplets, columns=["image", "caption", "hard_negative", "hard_positive"]).to_pylist()
-    trip_base = Path(cfg.triplets).parent
-    paths = sorted({r["image"] for r in trip})
-    idx_of = {p: i for i, p in enumerate(paths)}
-    ft_imgs_u = _load_images([p if Path(p).is_absolute() else str(trip_base / p) for p in paths], lm.preprocess_val)
-    ft_imgs = ft_imgs_u[[idx_of[r["image"]] for r in trip]]
-    cap_rows = {r["image"]: r["caption"] for r in trip}  # captions-only: one row per image
-    cap_imgs = ft_imgs_u[[idx_of[p] for p in cap_rows]]
-    print(f"decoded {len(pre)} pretrain + {len(paths)} finetune images in {time.time() - t0:.0f}s", file=sys.stderr)
-
-    specs = _specs(world)
-
-    def evaluate(model, name: str) -> dict[str, float]:
-        model.eval()
-        with torch.no_grad():
-            m = run_benchmarks(model, lm.preprocess_val, lm.tokenizer, specs)
-        model.train()
-        row = table1.table_row(m)
-        # each row as soon as it exists: a long probe that is stopped early still told something
-        print(f"{name}: " + " ".join(f"{k} {100 * v:.1f}" for k, v in row.items() if k.endswith(
-            ("orig_acc", "aug_acc", "brittleness"))), file=sys.stderr, flush=True)
-        return row
-
-    rows: dict[str, dict[str, float]] = {}
-    if not cfg.pretrained and not cached:
-        print(f"pretraining {cfg.pretrain_steps} steps ...", file=sys.stderr)
-        nothing = [None] * len(pre)
-        _train(lm.model, pre_imgs, [r["caption"] for r in pre], nothing, nothing, lm.tokenizer, cfg.pretrain_steps,
-               cfg.pretrain_batch, cfg.pretrain_lr, cfg.warmup, 0.0, 0.0, False, cfg.seed,
-               groups=[r.get("pair") for r in pre] if cfg.keep_pairs and "pair" in pre[0] else None)
-        if cfg.base_cache:
-            torch.save(lm.model.state_dict(), cfg.base_cache)
-    rows["pretrained"] = evaluate(lm.model, "pretrained")
-    base_state = copy.deepcopy(lm.model.state_dict())
-    for name, (w_pos, w_neg) in cfg.variants.items():
-        lm.model.load_state_dict(base_state)
-        print(f"finetuning {name} (w_pos={w_pos}, w_neg={w_neg}) ...", file=sys.stderr)
-        if w_pos == 0 and w_neg == 0:
-            caps = list(cap_rows.values())
-            none = [None] * len(caps)
-            _train(lm.model, cap_imgs, caps, none, none, lm.tokenizer, cfg.finetune_steps, cfg.finetune_batch,
-                   cfg.finetune_lr, cfg.warmup, 0.0, 0.0, False, cfg.seed + 1)
-        else:
-            _train(lm.model, ft_imgs, [r["caption"] for r in trip], [r["hard_negative"] for r in trip],
-                   [r["hard_positive"] for r in trip], lm.tokenizer, cfg.finetune_steps, cfg.finetune_batch,
-                   cfg.finetune_lr, cfg.warmup, w_pos, w_neg, True, cfg.seed + 1)
-        rows[name] = evaluate(lm.model, name)
-    print(table1.markdown_table(rows, title=f"probe: {json.dumps(dataclasses.asdict(cfg))}"))
-    if cfg.output:
-        Path(cfg.output).write_text(json.dumps({"config": dataclasses.asdict(cfg), "rows": rows}, indent=2))
-    return rows
+from hardpos.stages import demo, evaluate
 
 
 # --------------------------------------------------------------------------- rescore
 @dataclasses.dataclass
 class RescoreConfig:
-    """Finished checkpoints scored on a world's benchmark, without training.
+    """Finished checkpoints scored on a world's benchmark by the evaluate stage, without training.
 
-    world_dir: a world (only its benchmark/ and images/benchmark/ are read).
-    models: table name -> checkpoint (a local model folder, e.g. <demo>/finetune/hn-only/model).
+    world_dir: a world (its benchmark/ and images/benchmark/ are read).
+    models: table name -> checkpoint (a local model folder, e.g. <demo>/finetune/hn-only/model,
+        or any source the evaluate stage loads: base:, runs:/, models:/, s3://).
     arch: open_clip architecture of the checkpoints.
-    threads: torch CPU threads.
+    output_dir: the evaluate stage's outputs go to <output_dir>/<name>.
     output: also write the rows as JSON here.
     """
 
     world_dir: str = "outputs/world"
     models: dict[str, str] = dataclasses.field(default_factory=dict)
     arch: str = "hardpos-demo"
-    threads: int = 1
+    output_dir: str = "outputs/rescore"
     output: str | None = None
 
 
-def _specs(world: Path) -> list:
-
-    return [BenchmarkSpec(name=f"world_{b}", kind="triplets", path=str(world / "benchmark" / f"{b}.parquet"))
-            for b in ("replace_attribute", "replace_relation", "swap")]
-
-
 def rescore(cfg: RescoreConfig) -> dict[str, dict[str, float]]:
-    """Score each checkpoint of ``models`` with the evaluate stage's ``run_benchmarks``; print the
-    demo's table (with the signs) and return the rows."""
+    """Score each checkpoint of ``models`` with the evaluate stage on the world's benchmarks;
+    print the demo's table and return the rows."""
 
     if not cfg.models:
         raise ValueError("rescore: models is empty; give models={name: checkpoint, ...}")
-    torch.set_num_threads(cfg.threads)
-    specs = _specs(Path(cfg.world_dir))
     rows: dict[str, dict[str, float]] = {}
     for name, ckpt in cfg.models.items():
-        lm = load_model(ModelConfig(arch=cfg.arch, pretrained=ckpt))
-        lm.model.eval()
-        with torch.no_grad():
-            rows[name] = table1.table_row(run_benchmarks(lm.model, lm.preprocess_val, lm.tokenizer, specs))
-        print(f"{name}: scored", file=sys.stderr, flush=True)
+        ecfg = evaluate.Config(output_dir=str(Path(cfg.output_dir) / name), model_name=name,
+                               model=ModelConfig(arch=cfg.arch, pretrained=ckpt), world_dir=cfg.world_dir)
+        rows[name] = table1.table_row(execute("evaluate", ecfg)["metrics"])
     print(table1.markdown_table(rows, title=f"rescore: {cfg.world_dir}"))
     if cfg.output:
         Path(cfg.output).write_text(json.dumps({"config": dataclasses.asdict(cfg), "rows": rows}, indent=2))
@@ -502,13 +305,11 @@ def _write_aggregate(out: Path, cfg: SeedsConfig, per_seed, summaries) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("probe", "seeds", "rescore", "signs", "pair"):
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("seeds", "rescore", "signs", "pair"):
         print(__doc__)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     cmd, rest = argv[0], argv[1:]
-    if cmd == "probe":
-        probe(load_config(ProbeConfig, None, rest))
-    elif cmd == "rescore":
+    if cmd == "rescore":
         rescore(load_config(RescoreConfig, None, rest))
     elif cmd == "signs":
         signs(load_config(SignsConfig, None, rest))

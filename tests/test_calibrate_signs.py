@@ -82,3 +82,24 @@ def test_pair_compares_two_measurements_seed_by_seed(tmp_path, capsys):
     b.write_text(json.dumps({"seeds": [7], "per_seed": lora[:1]}))
     with pytest.raises(ValueError, match="0 common seed"):
         pair(PairConfig(a=str(a), b=str(b)))
+
+
+def test_rescore_scores_checkpoints_through_the_evaluate_stage(tmp_path, tracking_uri, capsys):
+    from eval_util import tiny_model
+
+    from benchmarks.calibrate import RescoreConfig, rescore
+    from hardpos.models.clip import save_checkpoint
+    from hardpos.world.build import generate_world
+    from hardpos.world.scene import WorldConfig
+
+    generate_world(WorldConfig(n_pretrain=0, n_finetune=0, n_benchmark=12, image_size=32), str(tmp_path / "w"))
+    lm = tiny_model(seed=0)
+    save_checkpoint(lm.model, lm.model_cfg, tmp_path / "m", meta={"arch": lm.arch})
+    rows = rescore(RescoreConfig(world_dir=str(tmp_path / "w"), models={"tiny": str(tmp_path / "m")}, arch=lm.arch,
+                                 output_dir=str(tmp_path / "out"), output=str(tmp_path / "rows.json")))
+    # the evaluate stage ran (its summary is on disk) and its metrics became the demo's row
+    summary = json.loads((tmp_path / "out" / "tiny" / "summary.json").read_text())
+    assert rows["tiny"]["swap/orig_acc"] == pytest.approx(summary["metrics"]["world_swap/orig_acc"])
+    assert 0.0 <= rows["tiny"]["replace_seen/brittleness"] <= 1.0
+    assert json.loads((tmp_path / "rows.json").read_text())["rows"] == rows
+    assert "rescore: " in capsys.readouterr().out

@@ -308,18 +308,6 @@ def test_relation_twins_are_mirrored_and_only_the_relation_tells_them_apart(tmp_
     assert "pair" not in pq.read_table(tmp_path / "v" / "pretrain.parquet").column_names
 
 
-def test_grouped_order_keeps_pairs_adjacent():
-    import torch
-
-    from benchmarks.calibrate import grouped_order
-
-    groups = [None, 0, 0, None, 5, 5, None, 9, 9, None]
-    order = grouped_order(groups, torch.Generator().manual_seed(0)).tolist()
-    assert sorted(order) == list(range(10))
-    for a, b in ((1, 2), (4, 5), (7, 8)):
-        assert order.index(b) == order.index(a) + 1
-
-
 def test_color_prior_favours_each_shapes_typical_colour_and_zero_changes_nothing():
     from hardpos.world.scene import typical_color
 

@@ -94,8 +94,8 @@ class WorldConfig:
         twin right after them (the same objects mirrored along the relation's axis, captioned
         with the relation reversed or the two objects exchanged): a batch that holds both can
         only tell them apart by the relation, so contrastive pretraining has to learn relations
-        (the rows share a ``pair`` id; a sampler that keeps pairs in one batch is needed for
-        the effect, see ``python -m benchmarks.calibrate probe``).
+        (the rows share a ``pair`` id and follow each other; the base recipe keeps them in one
+        batch by pretraining with ``shuffle_buffer=0``).
     shape_negatives: the rule engine may make a REPLACE hard negative by changing a shape
         ("circle" -> "square"); False leaves finetuning negatives to what needs binding or
         relations (colours, sizes, relations, attribute swaps): a changed shape is named by
