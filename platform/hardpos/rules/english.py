@@ -34,6 +34,11 @@ import lemminflect
 from hardpos.rules.lexicon import load_lexicon
 from hardpos.rules.textnorm import tokens
 
+#: words that open a noun phrase before its modifiers (articles, demonstratives, possessives,
+#: quantifiers, small counts): what the rule engine steps over to find a phrase's words
+DETERMINERS = frozenset({"a", "an", "the", "this", "that", "these", "those", "some", "two", "three", "four", "five",
+                         "six", "several", "many", "his", "her", "their", "its", "my", "one", "another", "each",
+                         "every", "few"})
 SINGULAR_DETERMINERS = frozenset({"a", "an", "another", "each", "every"})
 INDEFINITE = frozenset({"a", "an", "another"})
 PLURAL_COUNTS = frozenset({"two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",

@@ -44,7 +44,7 @@ import random
 from collections.abc import Callable, Hashable
 
 from hardpos.rules.lexicon import Lexicon, Sense, load_lexicon
-from hardpos.rules.english import new_problems
+from hardpos.rules.english import DETERMINERS, new_problems
 from hardpos.rules.balance import NgramBalance
 from hardpos.rules.replace import ReplaceRulesMixin
 from hardpos.rules.swap import SwapRulesMixin
@@ -65,9 +65,7 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
         self.seed = int(seed)
         self.lexicon = lexicon if lexicon is not None else load_lexicon()
         lex = self.lexicon
-        self._determiners = frozenset({"a", "an", "the", "this", "that", "these", "those", "some", "two", "three", "four",
-                                       "five", "six", "several", "many", "his", "her", "their", "its", "my", "one",
-                                       "another", "each", "every", "few"})
+        self._determiners = DETERMINERS
         self._linkers = lex.function_words - self._determiners - {"and", "or", "but"}
         # adjectives proper (lexicon attribute classes), as opposed to noun modifiers like "tennis", "teddy"
         self._attr_adjs = frozenset(f for f, ss in lex.senses.items() if any(x.pos == "adj" for x in ss))
