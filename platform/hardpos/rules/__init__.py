@@ -2,8 +2,10 @@
 
 * :mod:`hardpos.rules.perturber` -- ``RulePerturber``: REPLACE and SWAP edits of a caption, and
   the seeded picks (``pick_triplet``, ``pick_balanced``, the per-process ``cached_perturber``).
-  Its parts: :mod:`~hardpos.rules.text` (tokens, records, text edits),
-  :mod:`~hardpos.rules.replace` (REPLACE rules), :mod:`~hardpos.rules.swap` (SWAP rules),
+  The rules are functions over a ``RuleContext`` (the lexicon and its derived word sets):
+  :mod:`~hardpos.rules.context` (the context, lexicon matching and the token helpers the
+  families share), :mod:`~hardpos.rules.replace` (REPLACE rules), :mod:`~hardpos.rules.swap`
+  (SWAP rules); :mod:`~hardpos.rules.text` (tokens, records, text edits),
   :mod:`~hardpos.rules.balance` (n-gram balanced picks).
 * :mod:`hardpos.rules.validate` -- accept or reject a generated hard positive/negative,
   with a reason. Its parts: :mod:`~hardpos.rules.wordclasses` (word classes for the SWAP
