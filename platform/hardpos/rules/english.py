@@ -149,15 +149,28 @@ def _head(toks: list[str], k: int) -> int | None:
     decide what the word after the head may be (a compound goes on: "a ice bucket")."""
     skipped = 0
     while k < len(toks) and skipped < _MAX_ADJECTIVES and (
-            _is_adjective(toks[k]) or toks[k].isdigit() or toks[k] in ("-", "very")
+            (_is_adjective(toks[k]) and not _listed_head(toks, k)) or toks[k].isdigit() or toks[k] in ("-", "very")
             or (toks[k].endswith("ed") and k + 1 < len(toks) and _nominal(toks[k + 1]))):
         k += 1
         skipped += 1
     if k >= len(toks) or not toks[k].isalpha() or toks[k] in _lex().function_words:
         return None
-    if not (_lex().is_noun(toks[k]) or "NOUN" in _lemmas(toks[k])):
+    if not (_lex().is_noun(toks[k]) or "NOUN" in _lemmas(toks[k]) or toks[k] in _listed_nouns()):
         return None
     return k
+
+
+@functools.lru_cache(maxsize=1)
+def _listed_nouns() -> frozenset[str]:
+    """The nouns the number lists name: the lexicon's plural-only and mass nouns and the
+    singulars of pairs (:data:`PAIR_SINGULARS`)."""
+    return _lex().plural_only | _lex().mass | PAIR_SINGULARS
+
+
+def _listed_head(toks: list[str], k: int) -> bool:
+    """Token ``k`` is a listed noun that ends its phrase: the head, though the lexicon also
+    lists it as a noun modifier ("a police car", "a traffic light", "a ski slope")."""
+    return toks[k] in _listed_nouns() and not _nominal(toks[k + 1] if k + 1 < len(toks) else None)
 
 
 def _fault(toks: list[str], start: int, head: int) -> str:
