@@ -11,8 +11,10 @@
   with a reason. Its parts: :mod:`~hardpos.rules.wordclasses` (word classes for the SWAP
   checks), :mod:`~hardpos.rules.conjuncts` (``is_conjunct_swap``), :mod:`~hardpos.rules.textnorm`
   (comparison forms and word n-gram features).
-* :mod:`hardpos.rules.english` -- determiner/number agreement and "still English", run on
-  every rule candidate and by the validator in every mode.
+* :mod:`hardpos.rules.english` -- the one place for English agreement: its word lists
+  (determiners, counts, ...), determiner/number agreement and "still English" (run on every
+  rule candidate and by the validator in every mode), "a"/"an", and the blind audit's
+  grammar rules.
 * :mod:`hardpos.rules.lexicon` -- the curated word classes and synonym tables the rules read;
   :mod:`hardpos.rules.paper_table` recovers the paper's REPLACE table from its release.
 
