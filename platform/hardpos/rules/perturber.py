@@ -51,7 +51,7 @@ from hardpos.rules.english import new_problems
 from hardpos.rules.lexicon import Lexicon, load_lexicon
 from hardpos.rules.replace import replace_edits
 from hardpos.rules.swap import swap_attributes, swap_conjuncts, swap_objects
-from hardpos.rules.text import KINDS, POLARITIES, TOKEN, Perturbation, Token, dedupe, stable_seed
+from hardpos.rules.text import KINDS, POLARITIES, Perturbation, dedupe, stable_seed, tokenize
 from hardpos.rules.validate import validate
 
 #: captions a perturber remembers; past it the cache starts afresh (a bound on memory, not a policy)
@@ -117,7 +117,7 @@ def perturbations(ctx: RuleContext, caption: str) -> tuple[list[Perturbation], l
     order (REPLACE, SWAP attributes, SWAP objects; REPLACE, SWAP conjuncts), deduplicated by
     normalised text, and only candidates whose determiners agree with their nouns as far as
     the original's do (:func:`hardpos.rules.english.new_problems`)."""
-    toks = [Token(m.group(0), m.group(0).lower(), m.start(), m.end()) for m in TOKEN.finditer(caption)]
+    toks = tokenize(caption)
     found = matches(ctx, toks)
     neg = dedupe(caption, [*replace_edits(ctx, caption, toks, found, "negative"),
                            *swap_attributes(ctx, caption, toks, found),

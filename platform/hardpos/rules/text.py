@@ -70,6 +70,11 @@ class Match:
     senses: tuple[Sense, ...]
 
 
+def tokenize(caption: str) -> list[Token]:
+    """The caption's words, numbers and punctuation marks as :class:`Token` s, in order."""
+    return [Token(m.group(0), m.group(0).lower(), m.start(), m.end()) for m in TOKEN.finditer(caption)]
+
+
 def stable_seed(*parts: object) -> int:
     digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big")
