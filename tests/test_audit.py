@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from hardpos.audit.blind import (AuditError, AuditSettings, Edit, audit_edits, edit_kind, grammar_hits,
-                                      markdown_table, read_edits)
+from hardpos.audit.blind import AuditError, AuditSettings, Edit, audit_edits, edit_kind, markdown_table, read_edits
 from hardpos.audit.text_models import cross_validate, features, fit_logistic, group_folds
 from hardpos.data.triplets import make_triplet, write_triplets
+from hardpos.rules.english import grammar_hits
 
 COLORS = ["red", "blue", "green", "yellow", "white", "black", "brown", "pink"]
 THINGS = ["dog", "cat", "car", "bus", "chair", "table", "kite", "horse", "bench", "clock"]

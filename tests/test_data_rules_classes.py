@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from hardpos.rules.lexicon import load_lexicon
-from hardpos.rules.english import new_problems, non_english, problems
+from hardpos.rules.english import PAIR_SINGULARS, grammar_hits, new_problems, non_english, problems
 from hardpos.rules.conjuncts import is_conjunct_swap
 from hardpos.rules.perturber import RulePerturber
 from hardpos.rules.validate import validate
@@ -84,6 +84,26 @@ def test_plural_only_and_mass_nouns_keep_their_number_in_the_lexicon():
     assert {s.number for s in lex.lookup("skis")} == {"pl"} and {s.number for s in lex.lookup("glasses")} == {"pl"}
     assert {s.number for s in lex.lookup("meat")} == {"sg"}  # no plural sense: "a type of meat" never "soups"
     assert "skis" not in lex.negatives[("skateboard", "sports")]
+
+
+def test_the_agreement_check_and_the_audit_read_one_noun_list():
+    """Every plural-only and mass noun of the lexicon, and every singular "pair of" never takes,
+    is a fault for the rule engine's agreement check and a hit for the blind audit's grammar
+    rules alike: both read the same lists."""
+    lex = load_lexicon()
+    assert {"skis", "tweezers", "pyjamas", "police"} <= lex.plural_only
+    assert {"broccoli", "food", "baggage", "hair"} <= lex.mass
+    for word in sorted(lex.plural_only):
+        assert problems(f"A man with another {word}.") == [f"another {word}"], word
+        assert grammar_hits(f"A man with {word}.", f"A man with another {word}.") == ["singular_det_plural_noun"], word
+    for word in sorted(lex.mass):
+        assert problems(f"A man with another {word}.") == [f"another {word}"], word
+        assert grammar_hits(f"A man with {word}.", f"A man with another {word}.") == ["article_mass_noun"], word
+    for word in sorted(PAIR_SINGULARS):
+        assert problems(f"A pair of {word}.") == [f"pair of {word}"], word
+        assert grammar_hits(f"A pair of {word}s.", f"A pair of {word}.") == ["pair_of_singular"], word
+    assert problems("A few dog on the grass.") == ["few dog"]
+    assert grammar_hits("A few dogs on the grass.", "A few dog on the grass.") == ["count_singular_noun"]
 
 
 def test_a_mass_noun_is_replaced_by_one_that_can_be_a_mass(rules):

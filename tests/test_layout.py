@@ -11,7 +11,12 @@
   and no measuring tool or test helper lives inside it;
 * (d) a module is one idea with a public surface: no module imports another's private
   (``_name``) names, no module exists only to re-export another's, and no two modules import
-  each other at import time (:mod:`tests.support.house_stats` counts all three).
+  each other at import time (:mod:`tests.support.house_stats` counts all three);
+* (e) the package's top-level units (its subpackages and modules) import each other in no
+  cycle, imports inside functions counted, and the data path is layered as :data:`FORBIDDEN`
+  lists (data < rules < world, rules < audit; rules and world import no evaluation,
+  generation, stage, training or serving code); each offending import is named with its file
+  and line.
 
 Each test lists every offender in its assertion message, so one run says what to fix.
 Pure ``ast``/text reads: no HardPos module is imported.
@@ -266,3 +271,113 @@ def test_reexport_rule(tmp_path, code, offenders):
 
     (tmp_path / "m.py").write_text(code)
     assert [line.split(": ", 1)[1] for line in house_stats.reexport_lines(tmp_path)] == offenders
+
+
+# --------------------------------------------------------------------------- (e) layering
+#: What each unit must not import, anywhere (inside functions too): the data path runs
+#: data < rules < world and rules < audit, and none of them reaches up into what uses them.
+FORBIDDEN = {
+    "data": ("rules", "world", "audit"),
+    "rules": ("world", "audit", "eval", "generate", "stages", "train", "serve", "tracking"),
+    "world": ("audit", "eval", "generate", "stages", "train", "serve"),
+}
+
+
+def _unit(module: str, package: str) -> str | None:
+    """The top-level unit (subpackage or module) of ``package`` that ``module`` lies in:
+    ``hardpos.rules.lexicon`` -> ``rules``; None for the package itself or another package."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == package and len(parts) > 1 else None
+
+
+def unit_imports(root: Path) -> list[tuple[str, str, str]]:
+    """(importing unit, imported unit, ``file:line``) for every import statement, at module
+    level or inside a function, by which one top-level unit of the package at ``root`` loads
+    another (``from hardpos import storage`` loads ``storage``; relative imports resolved)."""
+    from tests.support import house_stats  # lazy: the measuring module is only these tests'
+
+    mods = house_stats.parse(root)
+    out = []
+    for name, (path, tree) in mods.items():
+        src = _unit(name, root.name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = house_stats.absolute(name, node, path.name == "__init__.py")
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            else:
+                continue
+            for target in targets:
+                dst = _unit(target, root.name)
+                if src is not None and dst is not None and dst != src:
+                    out.append((src, dst, f"{path.relative_to(root.parent).as_posix()}:{node.lineno}"))
+    return list(dict.fromkeys(out))  # one line per import statement, not per name it imports
+
+
+def unit_cycles(root: Path) -> list[str]:
+    """Each import cycle among the package's top-level units, as its units and then every
+    import that closes it (``file:line: hardpos.a imports hardpos.b``)."""
+    from tests.support import house_stats  # lazy: the measuring module is only these tests'
+
+    edges = unit_imports(root)
+    graph: dict[str, set[str]] = {}
+    for src, dst, _ in edges:
+        graph.setdefault(src, set()).add(dst)
+    out = []
+    for cycle in house_stats.cycles(graph):
+        out.append("cycle: " + " <-> ".join(f"{root.name}.{u}" for u in cycle))
+        out += [f"  {where}: {root.name}.{src} imports {root.name}.{dst}" for src, dst, where in edges
+                if src in cycle and dst in cycle]
+    return out
+
+
+def layer_violations(root: Path) -> list[str]:
+    """Every import that breaks :data:`FORBIDDEN`, as ``file:line: hardpos.a imports hardpos.b``."""
+    return [f"{where}: {root.name}.{src} imports {root.name}.{dst}" for src, dst, where in unit_imports(root)
+            if dst in FORBIDDEN.get(src, ())]
+
+
+def test_the_top_level_units_import_each_other_in_no_cycle():
+    """No two of the package's subpackages and top-level modules reach each other, even
+    through an import inside a function: each is below or above the other, never both."""
+    bad = unit_cycles(PACKAGE)
+    assert not bad, "import cycles between the package's top-level units:\n" + "\n".join(bad)
+
+
+def test_the_data_path_is_layered():
+    """data < rules < world and rules < audit: a rule never knows the world, an audit, a stage
+    or a model; the world knows no audit, evaluation, stage or model; caption I/O knows none
+    of rules, world or audit (:data:`FORBIDDEN`)."""
+    bad = layer_violations(PACKAGE)
+    assert not bad, "imports against the layers (see FORBIDDEN in tests/test_layout.py):\n" + "\n".join(bad)
+
+
+def _package(root: Path, files: dict[str, str]) -> Path:
+    pkg = root / "hardpos"
+    for rel_path, code in {"__init__.py": "", **files}.items():
+        path = pkg / rel_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(code)
+    return pkg
+
+
+@pytest.mark.parametrize("files, cycles, violations", [
+    ({"rules/__init__.py": "", "rules/a.py": "def f():\n    from hardpos.world import b  # lazy: x\n",
+      "world/__init__.py": "", "world/b.py": "from hardpos.rules import a\n"},
+     ["cycle: hardpos.rules <-> hardpos.world", "  hardpos/rules/a.py:2: hardpos.rules imports hardpos.world",
+      "  hardpos/world/b.py:1: hardpos.world imports hardpos.rules"],
+     ["hardpos/rules/a.py:2: hardpos.rules imports hardpos.world"]),
+    ({"data/__init__.py": "from ..audit import blind\n", "audit/__init__.py": "", "audit/blind.py": "import json\n"},
+     [], ["hardpos/data/__init__.py:1: hardpos.data imports hardpos.audit"]),
+    ({"storage.py": "import hardpos.config\n", "config.py": "from hardpos import storage\n"},
+     ["cycle: hardpos.config <-> hardpos.storage", "  hardpos/config.py:1: hardpos.config imports hardpos.storage",
+      "  hardpos/storage.py:1: hardpos.storage imports hardpos.config"], []),
+    ({"world/__init__.py": "from hardpos.rules import lexicon\n", "rules/__init__.py": "",
+      "rules/lexicon.py": "from hardpos.data import captions\n", "data/__init__.py": "", "data/captions.py": ""},
+     [], []),
+])
+def test_the_layering_checks_flag_made_up_offenders(tmp_path, files, cycles, violations):
+    root = _package(tmp_path, files)
+    assert unit_cycles(root) == cycles
+    assert layer_violations(root) == violations

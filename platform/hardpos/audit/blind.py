@@ -28,23 +28,22 @@ Kinds (:data:`KINDS`): ``replace_attribute``, ``replace_relation``, ``replace_ob
 an edit equal to its caption (case, spacing and a final period aside) is no edit and is counted
 apart.
 
-Grammar-rule hits (:data:`GRAMMAR_RULES`, :func:`grammar_hits`): a rule counts for an edit when
-the edit breaks it more often than its caption does, so a caption's own slips are not charged
-to the edit. The rules are deliberately simple surface checks with the lexicon's nouns; a hit
-is a strong hint, not a verdict.
+Grammar-rule hits (:data:`hardpos.rules.english.GRAMMAR_RULES`,
+:func:`hardpos.rules.english.grammar_hits`): a rule counts for an edit when the edit breaks it
+more often than its caption does, so a caption's own slips are not charged to the edit. The
+rules are deliberately simple surface checks with the lexicon's nouns; a hit is a strong hint,
+not a verdict.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
-import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from hardpos import storage
 from hardpos.audit.text_models import CrossValidation, cross_validate
-from hardpos.rules.text import wants_an
+from hardpos.rules.english import grammar_hits
 from hardpos.rules.textnorm import normalise, words
 
 KINDS = ("replace_attribute", "replace_relation", "replace_object", "replace", "swap_attribute", "swap_object", "swap",
@@ -216,109 +215,6 @@ def read_edits(path: str, fmt: str = "auto") -> tuple[list[Edit], dict[str, Any]
                 "triplets)" if fmt == "captions" else "no items")
         raise NoEditsError(f"{path}: no edits to audit ({what}; {identical} edits equal to their caption)")
     return edits, {"format": fmt, "edits": len(edits), "identical": identical}
-
-
-# --------------------------------------------------------------------------- grammar rules
-_TOKEN = re.compile(r"[a-z]+(?:['\-][a-z]+)*|[^\sa-z]")
-_SINGULAR_DETS = frozenset({"a", "an", "another", "every", "each"})
-_PLURAL_DETS = frozenset({"two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-                          "several", "many", "multiple", "numerous", "both", "these", "those", "few"})
-#: nouns used in the plural only, or for things that come in pairs (the lexicon's nouns aside)
-PLURAL_ONLY = frozenset({"scissors", "jeans", "shorts", "pants", "trousers", "glasses", "sunglasses", "eyeglasses",
-                         "goggles", "binoculars", "pliers", "tongs", "tweezers", "pajamas", "pyjamas", "overalls",
-                         "leggings", "tights", "clothes", "headphones", "earphones", "skis"})
-#: the singular a "pair of" can never take ("a pair of ski", "a pair of jean")
-PAIR_SINGULARS = frozenset({"ski", "shoe", "sock", "boot", "glove", "sneaker", "skate", "scissor", "jean", "short",
-                            "pant", "trouser", "sunglass", "goggle", "binocular", "headphone", "earring", "slipper",
-                            "sandal", "legging", "plier"})
-#: mass nouns: no "a" before them when they end their phrase ("a broccoli"; "a bread knife" is fine)
-MASS_NOUNS = frozenset({"broccoli", "bread", "rice", "furniture", "luggage", "baggage", "grass", "sand", "dirt", "mud",
-                        "snow", "water", "milk", "lettuce", "spinach", "traffic", "equipment", "clothing", "food",
-                        "meat", "garbage", "trash", "foliage", "scenery", "wildlife"})
-#: what may follow a noun that ends its noun phrase (so "two dog stands" is not read as "two dog")
-_PHRASE_END = frozenset({"and", "or", "with", "on", "in", "at", "by", "near", "under", "next", "is", "are", "was",
-                         "were", "of", "to", "from", "for", "behind", "beside", "above", "below", "that", "which",
-                         "while", "the", "a", "an", "sitting", "standing", "holding", "looking", "eating", "playing"})
-
-
-@functools.lru_cache(maxsize=1)
-def _noun_numbers() -> tuple[frozenset[str], frozenset[str]]:
-    """(nouns the lexicon knows only as singular, only as plural)."""
-    # lazy: the lexicon is read once, when a grammar rule first needs its nouns
-    from hardpos.rules.lexicon import load_lexicon
-
-    lex = load_lexicon()
-    sg, pl = set(), set()
-    for form, senses in lex.senses.items():
-        numbers = {s.number for s in senses if s.pos == "noun"}
-        if " " in form or not numbers:
-            continue
-        if numbers == {"sg"}:
-            sg.add(form)
-        elif numbers == {"pl"}:
-            pl.add(form)
-    return frozenset(sg), frozenset(pl)
-
-
-def _ends_phrase(toks: list[str], i: int) -> bool:
-    """Token ``i`` is the last word of its noun phrase: the caption ends, punctuation or a
-    function word follows (a following noun would make token ``i`` a modifier)."""
-    return i + 1 >= len(toks) or not toks[i + 1][:1].isalpha() or toks[i + 1] in _PHRASE_END
-
-
-def _article(toks: list[str]) -> int:
-    return sum(1 for a, w in zip(toks, toks[1:]) if w[:1].isalpha() and len(w) > 1 and (
-        (a == "a" and wants_an(w)) or (a == "an" and not wants_an(w) and not w.startswith("h"))))
-
-
-def _doubled_word(toks: list[str]) -> int:
-    return sum(1 for a, b in zip(toks, toks[1:]) if a == b and a[:1].isalpha() and a not in ("that", "had"))
-
-
-def _singular_det_plural_noun(toks: list[str]) -> int:
-    pl = _noun_numbers()[1] | PLURAL_ONLY
-    return sum(1 for i in range(1, len(toks)) if toks[i - 1] in _SINGULAR_DETS and toks[i] in pl and _ends_phrase(toks, i))
-
-
-def _article_mass_noun(toks: list[str]) -> int:
-    return sum(1 for i in range(1, len(toks)) if toks[i - 1] in ("a", "an", "another") and toks[i] in MASS_NOUNS
-               and _ends_phrase(toks, i))
-
-
-def _count_singular_noun(toks: list[str]) -> int:
-    sg, _ = _noun_numbers()
-    return sum(1 for i in range(1, len(toks)) if toks[i - 1] in _PLURAL_DETS and toks[i] in sg and _ends_phrase(toks, i))
-
-
-def _pair_of_singular(toks: list[str]) -> int:
-    sg = _noun_numbers()[0] | PAIR_SINGULARS
-    hits = 0
-    for i in range(len(toks) - 2):
-        if toks[i] in ("pair", "pairs") and toks[i + 1] == "of":
-            j = i + 2
-            while j < len(toks) - 1 and toks[j] not in sg and toks[j][:1].isalpha() and not _ends_phrase(toks, j):
-                j += 1  # adjectives before the head: "a pair of red ski"
-            hits += toks[j] in sg and _ends_phrase(toks, j)
-    return hits
-
-
-#: name -> (how often a text breaks the rule, what it checks)
-GRAMMAR_RULES: dict[str, tuple[Callable[[list[str]], int], str]] = {
-    "article": (_article, '"a" before a vowel sound or "an" before a consonant ("a umbrella")'),
-    "doubled_word": (_doubled_word, 'a word twice in a row ("on on the table")'),
-    "singular_det_plural_noun": (_singular_det_plural_noun,
-                                 '"a" / "another" / "each" + a plural noun ("a skis", "a jeans")'),
-    "article_mass_noun": (_article_mass_noun, '"a" + a mass noun that ends its phrase ("a broccoli")'),
-    "count_singular_noun": (_count_singular_noun, 'a count or "these" + a noun the lexicon knows only as singular '
-                                                  '("two dog")'),
-    "pair_of_singular": (_pair_of_singular, '"pair of" + a singular noun ("a pair of ski")'),
-}
-
-
-def grammar_hits(caption: str, edited: str) -> list[str]:
-    """The rules of :data:`GRAMMAR_RULES` that ``edited`` breaks more often than ``caption``."""
-    a, b = _TOKEN.findall(caption.lower()), _TOKEN.findall(edited.lower())
-    return [name for name, (count, _) in GRAMMAR_RULES.items() if count(b) > count(a)]
 
 
 # --------------------------------------------------------------------------- the audit

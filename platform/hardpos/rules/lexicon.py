@@ -30,7 +30,8 @@ prep | noun) and *groups* of surface forms that mean the same thing.
 * Number (``number``): plural-only nouns ("skis", "glasses", "scissors") have no singular
   sense, so "a skateboard" never becomes "a skis"; mass nouns ("bread", "broccoli") have no
   plural sense ("a type of meat" never becomes "a type of soups"). :mod:`hardpos.rules.english`
-  reads the same lists to check every candidate's determiners.
+  reads the same lists to check every candidate's determiners, and the blind audit's grammar
+  rules through it: they are the one list of such nouns.
 * ``not_contrasting``: a word -> words that may be its kind, its part or worn with it
   (room/kitchen, computer/monitor, shirt/tie): never a hard negative of each other, either way.
 * ``negative_rules``: sense constraints on hard negatives, in the format of ``positive_rules``

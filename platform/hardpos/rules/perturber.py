@@ -33,57 +33,48 @@ predicate adjective with no noun, "on" before a surface like "the beach"), the r
 skipped rather than emitting nonsense.  Articles a/an are fixed after an edit, and
 sentence-initial capitals move with the edit.
 
-Layout: this module holds :class:`RulePerturber` (construction, the public API and the
-shared token helpers); its REPLACE rules live in :mod:`hardpos.rules.replace`, its
-SWAP rules in :mod:`hardpos.rules.swap` (mixins), and tokens, records and text
-edits in :mod:`hardpos.rules.text`.
+Layout: this module holds :class:`RulePerturber` (the public API and its per-caption
+cache) and the seeded picks. The rules are functions over a
+:class:`~hardpos.rules.context.RuleContext` (the lexicon and the word sets derived from it,
+built once per perturber): REPLACE in :mod:`hardpos.rules.replace`, SWAP in
+:mod:`hardpos.rules.swap`, the token helpers and lexicon matching they share in
+:mod:`hardpos.rules.context`; tokens, records and text edits in :mod:`hardpos.rules.text`.
 """
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Hashable
 
-from hardpos.rules.lexicon import Lexicon, Sense, load_lexicon
-from hardpos.rules.english import new_problems
 from hardpos.rules.balance import NgramBalance
-from hardpos.rules.replace import ReplaceRulesMixin
-from hardpos.rules.swap import SwapRulesMixin
-from hardpos.rules.text import (KINDS, POLARITIES, SUBJECT_PRONOUNS, TOKEN, Match, Perturbation, Token, dedupe,
-                                     stable_seed)
+from hardpos.rules.context import RuleContext, matches
+from hardpos.rules.english import new_problems
+from hardpos.rules.lexicon import Lexicon, load_lexicon
+from hardpos.rules.replace import replace_edits
+from hardpos.rules.swap import swap_attributes, swap_conjuncts, swap_objects
+from hardpos.rules.text import KINDS, POLARITIES, Perturbation, dedupe, stable_seed, tokenize
 from hardpos.rules.validate import validate
 
+#: captions a perturber remembers; past it the cache starts afresh (a bound on memory, not a policy)
+CACHE_SIZE = 4096
 
-class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
+
+class RulePerturber:
     """Deterministic rule engine over a curated lexicon.
 
     seed:    seeds :meth:`pick` (together with the caption).
     lexicon: a :class:`~hardpos.rules.lexicon.Lexicon`; default: the shipped lexicon with
              the paper's replacement table.
+
+    Holds the seed, the lexicon, its :class:`~hardpos.rules.context.RuleContext` (``ctx``)
+    and a per-caption cache of both polarities' perturbations.
     """
 
     def __init__(self, seed: int = 0, lexicon: Lexicon | None = None):
         self.seed = int(seed)
         self.lexicon = lexicon if lexicon is not None else load_lexicon()
-        lex = self.lexicon
-        self._determiners = frozenset({"a", "an", "the", "this", "that", "these", "those", "some", "two", "three", "four",
-                                       "five", "six", "several", "many", "his", "her", "their", "its", "my", "one",
-                                       "another", "each", "every", "few"})
-        self._linkers = lex.function_words - self._determiners - {"and", "or", "but"}
-        # adjectives proper (lexicon attribute classes), as opposed to noun modifiers like "tennis", "teddy"
-        self._attr_adjs = frozenset(f for f, ss in lex.senses.items() if any(x.pos == "adj" for x in ss))
+        self.ctx = RuleContext.of(self.lexicon)
         self._cache: dict[str, tuple[list[Perturbation], list[Perturbation]]] = {}
-        # (class, group) -> all its forms, both numbers ("monitor", "monitors")
-        self._group_forms: dict[tuple[str, int], frozenset[str]] = {}
-        for form, senses in lex.senses.items():
-            for x in senses:
-                self._group_forms[(x.cls, x.group)] = self._group_forms.get((x.cls, x.group), frozenset()) | {form}
-        # first word of every lexicon form -> the longest form starting with it (cheap phrase matching)
-        self._starts: dict[str, int] = {}
-        for form in lex.senses:
-            words = form.split(" ")
-            self._starts[words[0]] = max(self._starts.get(words[0], 0), len(words))
 
-    # ------------------------------------------------------------------ public API
     def hard_negatives(self, caption: str) -> list[Perturbation]:
         """Every hard negative the rules can make for ``caption`` (deterministic order, no duplicates)."""
         return list(self._both(caption)[0])
@@ -108,123 +99,35 @@ class RulePerturber(ReplaceRulesMixin, SwapRulesMixin):
         return ([p for p in self.hard_negatives(caption) if p.kind in kinds] if negatives else [],
                 [p for p in self.hard_positives(caption) if p.kind in kinds] if positives else [])
 
-    # ------------------------------------------------------------------ internals
     def _both(self, caption: str) -> tuple[list[Perturbation], list[Perturbation]]:
         if not isinstance(caption, str):
             raise TypeError(f"caption must be a string, got {type(caption).__name__}")
         hit = self._cache.get(caption)
         if hit is not None:
             return hit
-        toks = [Token(m.group(0), m.group(0).lower(), m.start(), m.end()) for m in TOKEN.finditer(caption)]
-        matches = self._matches(toks)
-        neg = dedupe(caption, [*self._replace(caption, toks, matches, "negative"),
-                                *self._swap_attributes(caption, toks, matches),
-                                *self._swap_objects(caption, toks, matches)])
-        pos = dedupe(caption, [*self._replace(caption, toks, matches, "positive"),
-                                *self._swap_conjuncts(caption, toks, matches)])
-        # every candidate's determiners agree with its nouns, as far as the original's do
-        # ("a skateboard" -> "a skis", "a plate of pizza" -> "a plate of carrot" never leave here)
-        neg = [p for p in neg if not new_problems(caption, p.text)]
-        pos = [p for p in pos if not new_problems(caption, p.text)]
-        if len(self._cache) > 4096:
+        both = perturbations(self.ctx, caption)
+        if len(self._cache) > CACHE_SIZE:
             self._cache.clear()
-        self._cache[caption] = (neg, pos)
-        return neg, pos
+        self._cache[caption] = both
+        return both
 
-    def _matches(self, toks: list[Token]) -> list[Match]:
-        """Longest-first, non-overlapping lexicon matches, with the reading decided from context."""
-        lex = self.lexicon
-        out: list[Match] = []
-        i = 0
-        while i < len(toks):
-            found = None
-            longest = self._starts.get(toks[i].low, 0)
-            for n in range(min(longest, len(toks) - i), 0, -1):
-                if n > 1 and not all(t.alpha for t in toks[i:i + n]):
-                    continue
-                form = " ".join(t.low for t in toks[i:i + n]) if n > 1 else toks[i].low
-                senses = lex.lookup(form)
-                if senses:
-                    found = (n, form, senses)
-                    break
-            if found is None:
-                i += 1
-                continue
-            n, form, senses = found
-            senses = self._reading(toks, i, i + n, senses)
-            if senses:
-                out.append(Match(i, i + n, form, senses))
-            i += n
-        return out
 
-    def _is_content(self, tok: Token | None) -> bool:
-        return tok is not None and tok.alpha and tok.low not in self.lexicon.function_words and tok.low not in self._determiners
-
-    def _is_ing_verb(self, tok: Token | None) -> bool:
-        if tok is None or not tok.alpha or len(tok.low) < 5 or not tok.low.endswith("ing"):
-            return False
-        if tok.low in self.lexicon.ing_not_verbs:
-            return False
-        return not any(s.pos == "noun" for s in self.lexicon.lookup(tok.low))
-
-    def _reading(self, toks: list[Token], i: int, j: int, senses: tuple[Sense, ...]) -> tuple[Sense, ...]:
-        nxt = toks[j] if j < len(toks) else None
-        has_adj = any(s.pos == "adj" for s in senses)
-        has_noun = any(s.pos == "noun" for s in senses)
-        if has_adj and has_noun:
-            # "an orange cat" (colour) vs "an orange on a plate" (fruit)
-            want = "adj" if self._is_content(nxt) and not self._is_ing_verb(nxt) else "noun"  # "an orange sitting on"
-            senses = tuple(s for s in senses if s.pos == want or s.pos not in ("adj", "noun"))
-        prev = toks[i - 1] if i > 0 else None
-        kept = []
-        for s in senses:
-            if s.pos == "noun" and self._is_content(nxt) and not self.lexicon.is_noun(nxt.low) \
-                    and nxt.low not in self.lexicon.adjectives and not self._is_ing_verb(nxt):
-                # noun used as a modifier of an unknown noun ("dog food", "bus stop"): leave it alone;
-                # an -ing verb after it is the noun's predicate, not its head ("a man sitting")
-                continue
-            if s.pos == "noun" and self._is_content(prev) and prev.low not in self._attr_adjs:
-                # head of a compound ("bath tub", "park bench", "dog cake"): replacing it makes nonsense
-                continue
-            if s.pos == "noun" and prev is not None and prev.low in SUBJECT_PRONOUNS:
-                continue  # after "he" / "they" the word is a verb: "as he skateboards on the ramp"
-            if s.pos == "verb" and prev is not None and (prev.low in self._determiners or prev.low in self._attr_adjs) \
-                    and self._modifies_a_noun(toks, j):
-                # a verb form between an article or adjective and a noun modifies it: "a sitting room",
-                # "a red flying disc", "the walking path", "a parked silver van"; replacing it breaks it
-                continue
-            if s.needs_object_check and not self._object_ok(toks, j):
-                continue
-            kept.append(s)
-        return tuple(kept)
-
-    def _modifies_a_noun(self, toks: list[Token], j: int) -> bool:
-        """Whether the words from ``j`` on, past attribute adjectives ("a parked [silver] van"),
-        start with a noun: a lexicon noun, or a content word that is neither an -ing verb nor an
-        attribute adjective."""
-        head = next((t for t in toks[j:] if t.low not in self._attr_adjs), None)
-        return head is not None and (self.lexicon.is_noun(head.low) or (
-            self._is_content(head) and not self._is_ing_verb(head) and head.low not in self._attr_adjs))
-
-    def _object_ok(self, toks: list[Token], j: int) -> bool:
-        """For "on"->"under": there is an object and it is not a surface/medium ("on the beach")."""
-        k = j
-        while k < len(toks) and (toks[k].low in self._determiners or toks[k].low in self.lexicon.adjectives):
-            k += 1
-        if k < len(toks) and toks[k].low in ("it", "them", "him", "her"):
-            return True  # "on top of it"
-        if k >= len(toks) or not self._is_content(toks[k]):
-            return False
-        if k == j and self._is_ing_verb(toks[k]):
-            # "on" without an object, a verb right after it: "a train with lights on traveling on
-            # tracks"; after an article the -ing word modifies a noun ("on a dining table")
-            return False
-        block = self.lexicon.on_blocklist
-        while k < len(toks) and self._is_content(toks[k]):  # the whole compound: "a sport field"
-            if toks[k].low in block or toks[k].low.rstrip("s") in block:
-                return False
-            k += 1
-        return True
+def perturbations(ctx: RuleContext, caption: str) -> tuple[list[Perturbation], list[Perturbation]]:
+    """(hard negatives, hard positives) of ``caption``: every rule family's output in a fixed
+    order (REPLACE, SWAP attributes, SWAP objects; REPLACE, SWAP conjuncts), deduplicated by
+    normalised text, and only candidates whose determiners agree with their nouns as far as
+    the original's do (:func:`hardpos.rules.english.new_problems`)."""
+    toks = tokenize(caption)
+    found = matches(ctx, toks)
+    neg = dedupe(caption, [*replace_edits(ctx, caption, toks, found, "negative"),
+                           *swap_attributes(ctx, caption, toks, found),
+                           *swap_objects(ctx, caption, toks, found)])
+    pos = dedupe(caption, [*replace_edits(ctx, caption, toks, found, "positive"),
+                           *swap_conjuncts(ctx, caption, toks)])
+    # "a skateboard" -> "a skis", "a plate of pizza" -> "a plate of carrot" never leave here
+    neg = [p for p in neg if not new_problems(caption, p.text)]
+    pos = [p for p in pos if not new_problems(caption, p.text)]
+    return neg, pos
 
 
 _PERTURBERS: dict[tuple[int, Hashable], RulePerturber] = {}

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from hardpos.rules.english import wants_an
 from hardpos.rules.lexicon import Sense
 from hardpos.rules.textnorm import normalise
 
@@ -69,20 +70,14 @@ class Match:
     senses: tuple[Sense, ...]
 
 
+def tokenize(caption: str) -> list[Token]:
+    """The caption's words, numbers and punctuation marks as :class:`Token` s, in order."""
+    return [Token(m.group(0), m.group(0).lower(), m.start(), m.end()) for m in TOKEN.finditer(caption)]
+
+
 def stable_seed(*parts: object) -> int:
     digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big")
-
-
-def wants_an(word: str) -> bool:
-    """Whether ``word`` takes "an" (by its first sound, with the usual exceptions): the one
-    rule the perturber writes articles by and the blind audit counts article slips by."""
-    w = word.lower()
-    if w.startswith(("uni", "use", "usu", "uti", "eu", "one", "once", "ura", "ure", "uri")):
-        return False  # "a unicorn", "a one-way street", "a urinal"; but "an urban area"
-    if w.startswith(("hour", "honest", "honor", "heir")) or (w[:1] == "x" and w[1:2] not in "aeiou"):
-        return True  # "an hour", "an Xbox"
-    return w[:1] != "" and w[:1] in "aeiou"
 
 
 def case_like(new: str, old: str) -> str:

@@ -30,8 +30,9 @@ from typing import Literal
 
 from hardpos import preflight, storage, tracking
 from hardpos.config import ConfigError, JobConfig, require
-from hardpos.audit.blind import (FORMATS, GRAMMAR_RULES, POLARITIES, AuditError, AuditSettings, NoEditsError,
-                                      audit_edits, markdown_table, read_edits)
+from hardpos.audit.blind import (FORMATS, POLARITIES, AuditError, AuditSettings, NoEditsError, audit_edits,
+                                 markdown_table, read_edits)
+from hardpos.rules.english import GRAMMAR_RULES
 from hardpos.runtime import JobContext
 
 Format = Literal["auto", "triplets", "captions", "replace", "swap", "sugarcrepe", "sugarcrepe_pp"]
