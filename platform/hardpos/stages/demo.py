@@ -57,13 +57,12 @@ from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig
 from hardpos.config.paths import resolve_tracking_uri
 from hardpos.world.scene import WorldConfig
 from hardpos.eval.spec import RetrievalSpec
-from hardpos.interpolate.mix import check_alphas
+from hardpos.interpolate import check_alphas
 from hardpos.models import bases, registry
 from hardpos.paper import confirm, table1
 from hardpos.runtime import JobContext, init_ray
 from hardpos.serve.ingress import HAPROXY_FLAG, haproxy_available
-from hardpos.interpolate import stage as interpolate
-from hardpos.stages import compose, evaluate, generate, register
+from hardpos.stages import compose, evaluate, generate, interpolate, register
 from hardpos.tracking.redact import redact_text
 from hardpos.train.config import LossConfig
 

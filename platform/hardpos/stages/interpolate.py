@@ -1,7 +1,7 @@
 """WiSE-FT: the trade-off curve between a base and a finetuned model, without training again.
 
 For each ``alphas`` value the stage mixes the two models' weights,
-theta(alpha) = (1 - alpha) * theta_base + alpha * theta_ft (:mod:`hardpos.interpolate.mix`; the
+theta(alpha) = (1 - alpha) * theta_base + alpha * theta_ft (:mod:`hardpos.interpolate`; the
 two must share an architecture, else a clear error before any evaluation), evaluates the mix
 on the configured benchmarks and retention sets with the evaluate stage's library functions,
 and writes under ``output_dir``:
@@ -38,7 +38,7 @@ from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig, 
 from hardpos.config.paths import resolve_tracking_uri
 from hardpos.eval import outputs
 from hardpos.eval.spec import BenchmarkSpec, Precision
-from hardpos.interpolate.mix import check_alphas, interpolate_state, load_pair, state_of
+from hardpos.interpolate import check_alphas, interpolate_state, load_pair, state_of
 from hardpos.models import registry, weights
 from hardpos.models.uri import mlflow_client
 from hardpos.runtime import JobContext, execute
