@@ -35,7 +35,8 @@ class SampleStats:
 
     drawn: captions taken from the shuffled order before ``n`` positives were found.
     with_positive: of those, how many got a REPLACE positive.
-    coverage_all: share of ALL unique captions that get a positive of the kind (not only the drawn ones).
+    coverage_all: share of ALL unique captions that get a positive of the kind (not only the drawn
+        ones); NaN when the sample was drawn without measuring it.
     """
 
     drawn: int
@@ -49,7 +50,8 @@ def unique_captions(captions: Iterable[str]) -> list[str]:
 
 
 def sample_rule_positives(captions: Iterable[str], *, n: int = 320, seed: int = 15, rule_seed: int = 0,
-                          perturber=None, skip: Iterable[str] = (), kind: str = "replace") -> tuple[list[dict], SampleStats]:
+                          perturber=None, skip: Iterable[str] = (), kind: str = "replace",
+                          coverage: bool = True) -> tuple[list[dict], SampleStats]:
     """The first ``n`` captions, in an order shuffled by ``seed``, that get a picked ``kind``
     ("replace" or "swap") positive.
 
@@ -61,6 +63,7 @@ def sample_rule_positives(captions: Iterable[str], *, n: int = 320, seed: int = 
     rule_seed: the perturber's seed (the generate stage's default is 0).
     skip: captions never sampled (those of earlier audits, for a held-out sample).
     kind: which rule positives: "replace" (synonyms) or "swap" (whole conjuncts exchanged).
+    coverage: measure ``coverage_all`` (a pass over every caption); False leaves it NaN.
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
@@ -82,6 +85,8 @@ def sample_rule_positives(captions: Iterable[str], *, n: int = 320, seed: int = 
         p = perturber.pick(caption, "positive", kind)
         if p is not None:
             rows.append({"caption": caption, "positive": p.text, "slot": p.slot})
+    if not coverage:
+        return rows, SampleStats(drawn=drawn, with_positive=len(rows), coverage_all=float("nan"))
     covered = sum(perturber.pick(c, "positive", kind) is not None for c in caps)
     return rows, SampleStats(drawn=drawn, with_positive=len(rows), coverage_all=covered / len(caps) if caps else 0.0)
 
@@ -178,13 +183,7 @@ def sample_stage_picks(captions: Iterable[str], *, n: int = 200, seed: int = 36,
     if perturber is None:
         perturber = RulePerturber(seed=rule_seed)
     captions = list(captions)
-    picks: dict[str, dict] = {}
-    if balanced:
-        kept = [c for c in captions if isinstance(c, str) and c.strip()]  # what the stage perturbs
-        made = [perturber.candidates(c) for c in kept]
-        results, _ = pick_balanced(kept, made, rule_seed, perturber.seed)
-        for c, r in zip(kept, results):
-            picks.setdefault(c, r)  # a repeated caption: its first row, as the stage writes it first
+    picks = _balanced_picks(perturber, captions, rule_seed) if balanced else {}
     order = unique_captions(captions)
     random.Random(seed).shuffle(order)
     skipped = set(skip)
@@ -205,6 +204,28 @@ def sample_stage_picks(captions: Iterable[str], *, n: int = 200, seed: int = 36,
             poss.append({"polarity": "positive", "caption": caption, "edit": t["pos"], "kind": t["kind"],
                          "slot": t["pos_slot"]})
     return negs + poss, drawn
+
+
+#: the last balanced picks made: (perturber, rule seed, captions, picks); several draws of one
+#: caption set (held-out draws with other seeds) share them
+_LAST_BALANCED: list[tuple] = []
+
+
+def _balanced_picks(perturber, captions: list[str], rule_seed: int) -> dict[str, dict]:
+    """Caption -> the stage's balanced pick over the whole of ``captions`` (the first row of a
+    repeated caption, as the stage writes it first); depends on no draw seed, so it is reused
+    while the perturber, rule seed and captions are the same."""
+    key = tuple(captions)
+    if _LAST_BALANCED and _LAST_BALANCED[0][0] is perturber and _LAST_BALANCED[0][1:3] == (rule_seed, key):
+        return _LAST_BALANCED[0][3]
+    kept = [c for c in captions if isinstance(c, str) and c.strip()]  # what the stage perturbs
+    made = [perturber.candidates(c) for c in kept]
+    results, _ = pick_balanced(kept, made, rule_seed, perturber.seed)
+    picks: dict[str, dict] = {}
+    for c, r in zip(kept, results):
+        picks.setdefault(c, r)
+    _LAST_BALANCED[:] = [(perturber, rule_seed, key, picks)]
+    return picks
 
 
 def write_blind_audit(path: str | Path, rows: list[dict]) -> None:
@@ -373,7 +394,7 @@ def produced_rows(draw: Draw, *, captions: Iterable[str] | None = None, labelled
         return out
     if draw.sampler == "rule_positives":
         rows, _ = sample_rule_positives(captions, n=draw.n, seed=draw.seed, perturber=perturber, skip=skip,
-                                        kind=draw.kind)
+                                        kind=draw.kind, coverage=False)
         return [{"polarity": "positive", "caption": r["caption"], "edit": r["positive"], "slot": r["slot"]}
                 for r in rows]
     rows, _ = sample_stage_picks(captions, n=draw.n, seed=draw.seed, perturber=perturber, skip=skip,
