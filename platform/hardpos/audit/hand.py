@@ -11,7 +11,13 @@ file back (tests use them to hold the after-fix audit to its bar).
 Audit file (tab-separated, UTF-8, one header line): ``caption, positive, label, why``
 plus ``slot`` (which lexicon rule made the positive) and ``sample`` (``same`` when the
 caption was also in the previous audit's sample, ``fresh`` otherwise, ``""`` in a
-first audit).
+first audit). :func:`sample_stage_picks` draws the blind audit of the perturb stage's picks
+(both polarities; :data:`BLIND_COLUMNS`).
+
+Regression report: a labelled file's :class:`Draw` run again with the current rules
+(:func:`produced_rows`) and compared with its labels (:func:`regression_report`): per
+polarity, the labelled rows the rules still produce, by label, and the new rows that await a
+label; :func:`report_audits` does it for every file an audit folder's draws file names.
 """
 from __future__ import annotations
 
@@ -23,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from hardpos.rules.perturber import RulePerturber, pick_balanced, pick_triplet
+from hardpos.rules.lexicon import load_lexicon
+from hardpos.rules.perturber import RulePerturber, cached_perturber, pick_balanced, pick_triplet
 
 LABELS = ("ok", "wrong", "doubtful")
 COLUMNS = ("caption", "positive", "label", "why", "slot", "sample")
@@ -369,8 +376,6 @@ def produced_rows(draw: Draw, *, captions: Iterable[str] | None = None, labelled
     perturber: a ``RulePerturber`` of the draw's lexicon; default: made from ``draw``.
     "candidates" draws produce every positive of ``draw.kind`` of the labelled rows' captions.
     """
-    from hardpos.rules.lexicon import load_lexicon
-
     if perturber is None:
         perturber = RulePerturber(seed=0, lexicon=load_lexicon(include_benchmark_pairs=draw.include_benchmark_pairs))
     labelled = list(labelled)
@@ -496,9 +501,6 @@ def report_audits(audit_dir: str | Path, *, captions: dict[str, list[str]] | Non
     One perturber per lexicon serves every file (:func:`hardpos.rules.perturber.cached_perturber`),
     so the candidates of a caption are made once. ValueError for a name the draws file lacks.
     """
-    from hardpos.rules.lexicon import load_lexicon
-    from hardpos.rules.perturber import cached_perturber
-
     folder = Path(audit_dir)
     draws = read_draws(folder / draws_file)
     wanted = list(draws) if names is None else list(names)
