@@ -103,7 +103,7 @@ class Tally:
     """Counts of a caption set's rule outputs and of the properties they break.
 
     captions: unique captions; outputs[(polarity, kind)]: candidates offered;
-    covered[(polarity, kind)]: captions with at least one such candidate;
+    covered[(polarity, kind)]: captions with at least one such candidate (kind "any": of either kind);
     picked[polarity]: captions the stage's balanced picks give one (``picked["both"]``: both);
     broken[name]: outputs breaking the named property, with ``examples[name]`` (the first ones);
     classes: lexicon classes some caption's words match.
@@ -143,6 +143,7 @@ def tally(captions: list[str], rules: RulePerturber, facts: LexiconFacts | None 
         negs, poss = rules.candidates(cap)
         made.append((negs, poss))
         for polarity, options in zip(POLARITIES, (negs, poss)):
+            t.covered[(polarity, "any")] += bool(options)
             for kind in KINDS:
                 if any(p.kind == kind for p in options):
                     t.covered[(polarity, kind)] += 1
