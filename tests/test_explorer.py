@@ -88,7 +88,7 @@ def _fixture_benchmarks(root: Path) -> tuple[list[BenchmarkSpec], dict[str, list
     shapes = write_rows(shapes_dir, rows, images=False)
     scpp = root / "scpp"
     scpp.mkdir(parents=True)
-    from hardpos.eval.sugarcrepe_pp import CATEGORIES
+    from hardpos.eval.formats import SUGARCREPE_PP_CATEGORIES as CATEGORIES
     for k, cat in enumerate(CATEGORIES):
         items = []
         for j in range(4):
