@@ -161,3 +161,32 @@ def test_evaluate_reports_and_logs_blind_baselines_beside_the_model(tmp_path, tr
     assert {"blind_ngram_lr_c", "blind_ngram_lr_n", "blind_ngram_lr_p", "blind_caption_lm_c"} <= set(cols)
     on_disk = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert on_disk["blind"]["rows"] == blind["rows"]
+
+
+# ---------------------------------------------------------------------------- the demo's and compare's tables
+def test_the_demo_and_compare_tables_carry_the_blind_rows():
+    from hardpos.eval.outputs import blind_rows
+    from hardpos.paper import table1
+    from hardpos.stages import compare, demo
+
+    metrics = {"blind/world_replace_attribute/ngram_lr/orig_acc": 0.40, "blind/world_replace_relation/ngram_lr/orig_acc": 0.60,
+               "blind/world_replace_attribute/ngram_lr/aug_acc": 0.30, "blind/world_swap/ngram_lr/orig_acc": 0.55,
+               "blind/world_swap/caption_lm/orig_acc": 0.45, "blind/world_swap/ngram_lr/orig_acc_lo": 0.4,
+               "blind/world_replace_attribute/attributes/n_items": 10.0}
+    rows = blind_rows(metrics, demo.BLIND_COLUMNS, dict(table1.GROUPS))
+    assert rows["blind: ngram_lr (no image)"]["replace/orig_acc"] == pytest.approx(0.5)  # the two REPLACE benchmarks
+    assert "replace/aug_acc" not in rows["blind: ngram_lr (no image)"]  # one of them lacks it
+    assert rows["blind: ngram_lr (no image)"]["world_replace_attribute/orig_acc"] == 0.4
+    assert rows["blind: caption_lm (no image)"] == {"swap/orig_acc": 0.45}
+    md = demo.blind_markdown(rows)
+    assert "| blind: ngram_lr (no image) | 50.0 | - | - | 55.0 |" in md and "what the image added" in md
+    assert demo.blind_markdown({}) == ""
+    runs = [{"run_id": "a", "run_name": "hn-only", "status": "FINISHED", "replace/orig_acc": 0.9, "replace/aug_acc": 0.5,
+             "blind/replace/ngram_lr/orig_acc": 0.93, "blind/replace/ngram_lr/aug_acc": 0.91},
+            {"run_id": "b", "run_name": "hp+hn", "status": "FINISHED", "replace/orig_acc": 0.8, "replace/aug_acc": 0.7,
+             "blind/replace/ngram_lr/orig_acc": 0.93, "blind/replace/ngram_lr/aug_acc": 0.91}]
+    table, front = compare.compare_rows(runs, {"replace/aug_acc": "max"})
+    assert front == [1]
+    lines = table.splitlines()
+    assert lines[-1].startswith("| blind: ngram_lr (no image) | 93.0 | 91.0 |") and lines[-1].endswith("|  |")
+    assert sum("| yes |" in ln for ln in lines) == 1

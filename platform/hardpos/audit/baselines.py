@@ -40,7 +40,7 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -296,12 +296,3 @@ def flat_metrics(result: BlindResult) -> dict[str, float]:
                 for suffix in ("", "_lo", "_hi"):
                     out["/".join(["blind", *where, row["model"], fig + suffix])] = float(row[fig + suffix])
     return out
-
-
-def group_rows(metrics: Mapping[str, float], prefixes: Sequence[str], model: str) -> dict[str, float]:
-    """A model's overall blind figures averaged over several benchmarks' flat metrics (the
-    demo's REPLACE: its attribute and relation benchmarks), for the figures every one has."""
-    per = [{fig: metrics[f"blind/{p}/{model}/{fig}"] for fig in FIGURES if f"blind/{p}/{model}/{fig}" in metrics}
-           for p in prefixes]
-    common = set.intersection(*(set(d) for d in per)) if per else set()
-    return {fig: float(np.mean([d[fig] for d in per])) for fig in FIGURES if fig in common}

@@ -193,6 +193,29 @@ def write_outputs(report: EvalReport, output_dir: str, *, model_name: str = "mod
     return paths
 
 
+def blind_rows(metrics: Mapping[str, float], columns: Sequence[str],
+               groups: Mapping[str, Sequence[str]] | None = None) -> dict[str, dict[str, float]]:
+    """Rows of the blind baselines for a table whose cells are ``<benchmark>/<figure>`` keys
+    (``columns``), from flat metrics holding ``blind/<benchmark>/<model>/<figure>``: one row
+    per blind model found, labelled ``blind: <model> (no image)``. ``groups``: a column's
+    benchmark that is the unweighted mean of several (the demo's ``replace`` = its attribute
+    and relation benchmarks), filled where every one of them has the figure."""
+    groups = groups or {}
+    models = list(dict.fromkeys(k.split("/")[2] for k in metrics if k.startswith("blind/") and k.count("/") == 3))
+    out: dict[str, dict[str, float]] = {}
+    for model in models:
+        row: dict[str, float] = {}
+        for col in columns:
+            bench, _, fig = col.rpartition("/")
+            parts = groups.get(bench, (bench,))
+            keys = [f"blind/{b}/{model}/{fig}" for b in parts]
+            if bench and all(k in metrics for k in keys):
+                row[col] = float(np.mean([metrics[k] for k in keys]))
+        if row:
+            out[f"blind: {model} (no image)"] = row
+    return out
+
+
 def _blind_overall(blind: Mapping[str, Any] | None) -> dict[tuple[str, str], dict[str, float]]:
     """(benchmark, blind model) -> its overall figures, from the blind rows."""
     return {(r["benchmark"], r["model"]): {f: r[f] for f in BLIND_FIGURES if f in r}
