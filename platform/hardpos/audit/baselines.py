@@ -15,7 +15,9 @@ gets a score from a model fitted on the other folds (grouped by original caption
   benchmark has them, the hard positive) against hard negatives; the score is minus its
   decision value (higher: more like a true caption);
 * ``caption_lm``: the log-probability under the n-gram language model of the other folds'
-  original captions (higher: more like an ordinary caption).
+  original captions (higher: more like an ordinary caption);
+* ``char_lr`` (not a baseline by default: ``hardpos debias`` keeps it out of its selection to
+  verify on): the same classifier as ``ngram_lr`` on character 2-5 grams.
 
 Then the paper's figures on those scores, by the same per-item functions as a model's
 (:mod:`hardpos.eval.metrics`; strict, ties count against): ``orig_acc`` = mean[s_c > s_n], the
@@ -45,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from hardpos.audit.config import MODELS, BlindSettings
-from hardpos.audit.text_models import CaptionLM, caption_key, design, fit_design, group_folds, vocabulary
+from hardpos.audit.config import HELDOUT_MODEL, MODELS, BlindSettings
+from hardpos.audit.text_models import CaptionLM, caption_key, char_design, design, fit_design, group_folds, vocabulary
 from hardpos.eval.items import Item
 from hardpos.eval.metrics import aug_correct, brittle, orig_correct
 
@@ -117,9 +119,9 @@ def text_scores(captions: Sequence[str], negatives: Sequence[str], positives: Se
     has_p = np.array([p is not None for p in positives], dtype=bool)
     pos = [p if p is not None else "" for p in positives]
     s_c, s_n, s_p = _nan_scores(n)
-    if model == "ngram_lr":
+    if model in ("ngram_lr", HELDOUT_MODEL):
         texts = [*captions, *negatives, *pos]
-        x = design(texts, vocabulary(texts, settings.ngrams), settings.ngrams)
+        x = design(texts, vocabulary(texts, settings.ngrams), settings.ngrams) if model == "ngram_lr" else char_design(texts)
         for f in range(settings.folds):
             train, test = np.flatnonzero(fold_of != f), np.flatnonzero(fold_of == f)
             rows = np.concatenate([train, n + train, 2 * n + train[has_p[train]]])
@@ -138,7 +140,7 @@ def text_scores(captions: Sequence[str], negatives: Sequence[str], positives: Se
             tp = test[has_p[test]]
             s_p[tp] = lm.logprob([pos[i] for i in tp])
         return s_c, s_n, s_p
-    raise ValueError(f"unknown text model {model!r}; models: {list(MODELS)}")
+    raise ValueError(f"unknown text model {model!r}; models: {[*MODELS, HELDOUT_MODEL]}")
 
 
 # --------------------------------------------------------------------------- one benchmark

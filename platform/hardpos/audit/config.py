@@ -18,6 +18,9 @@ from hardpos.eval.spec import BENCHMARK_KINDS
 #: the two kinds of text model, by the names results carry: an n-gram classifier of which
 #: captions are edits, and an n-gram language model of which captions are likely
 MODELS = ("ngram_lr", "caption_lm")
+#: a third kind, kept out of any selection so that a selection can be checked on it: the
+#: n-gram classifier on character n-grams instead of words
+HELDOUT_MODEL = "char_lr"
 POLARITIES = ("negative", "positive")
 #: the sources the audit reads: any benchmark kind the evaluate stage reads, and caption files with negatives
 FORMATS = ("auto", "captions", *BENCHMARK_KINDS)
@@ -75,4 +78,8 @@ class BlindSettings:
             return (f"word {self.order}-gram language model of the original captions (interpolated Kneser-Ney, "
                     f"discount {self.discount:g}), fitted on the other {self.folds - 1} of {self.folds} folds grouped by "
                     "original caption")
-        raise ValueError(f"unknown text model {model!r}; models: {list(MODELS)}")
+        if model == HELDOUT_MODEL:
+            return (f"character 2-5 gram logistic regression of true captions against hard negatives (scikit-learn "
+                    f"lbfgs, l2={self.l2:g}), fitted on the other {self.folds - 1} of {self.folds} folds grouped by "
+                    "original caption")
+        raise ValueError(f"unknown text model {model!r}; models: {[*MODELS, HELDOUT_MODEL]}")

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import sparse
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GroupKFold
 from threadpoolctl import threadpool_limits
@@ -75,6 +76,14 @@ def design(texts: Sequence[str], vocab: dict[str, int], ngrams: int) -> sparse.c
                           shape=(len(texts), len(vocab)))
     x.sum_duplicates()  # repeated n-grams of one text become counts
     return x
+
+
+def char_design(texts: Sequence[str], ngram_range: tuple[int, int] = (2, 5)) -> sparse.csr_matrix:
+    """The sparse counts of the character n-grams of ``texts`` (lower case, within word
+    boundaries: scikit-learn's ``char_wb``), vocabulary from ``texts`` themselves: the features
+    of a third kind of classifier, which reads spelling and word pieces instead of words."""
+    vec = CountVectorizer(analyzer="char_wb", ngram_range=ngram_range, lowercase=True, dtype=np.float64)
+    return vec.fit_transform(list(texts)).tocsr()
 
 
 # --------------------------------------------------------------------------- the classifier
