@@ -38,9 +38,11 @@ def test_best_takes_the_edit_that_evens_the_counts_and_the_draw_breaks_ties():
     assert fresh.best("a blue kite", options, default="a pink kite") == "a pink kite"  # a tie: the draw
 
 
-def test_draw_without_balance_is_the_seeded_pick_and_with_it_stays_in_the_drawn_family(shared_data):
+def test_draw_without_balance_is_the_seeded_pick_and_with_it_stays_in_the_drawn_family():
+    from tests.support.rule_properties import fixture_captions
+
     rules = RulePerturber(seed=3)
-    caps = [r["caption"] for r in read_captions(str(shared_data / "negclip" / "valid_neg_clip.tsv"), limit=300)]
+    caps = fixture_captions()[:300]
     bal = NgramBalance()
     moved = 0
     for cap in caps:

@@ -1,5 +1,6 @@
 """Rule engine: exact outputs on real NegCLIP captions, determinism, the paper's table, the
-REPLACE benchmark's pairs held out by default, the job."""
+REPLACE benchmark's pairs held out by default, the job. The properties of every output, over
+the repository's caption fixture and the reference captions: tests/test_rules_properties.py."""
 import json
 
 import pytest
@@ -66,9 +67,12 @@ EXACT = [
 ]
 
 
+def test_the_exact_examples_are_negclip_captions(negclip):
+    assert {caption for caption, _, _ in EXACT} <= negclip  # the examples really are NegCLIP captions
+
+
 @pytest.mark.parametrize("caption,polarity,expected", EXACT)
-def test_exact_outputs_on_real_captions(rules, default_rules, negclip, caption, polarity, expected):
-    assert caption in negclip  # the test really uses NegCLIP captions
+def test_exact_outputs_on_real_captions(rules, default_rules, caption, polarity, expected):
     got = rules.hard_negatives(caption) if polarity == "negative" else rules.hard_positives(caption)
     assert Perturbation(expected[2], expected[0], expected[1]) in got
     by_default = (default_rules.hard_negatives(caption) if polarity == "negative"
@@ -152,9 +156,14 @@ def test_the_paper_examples(rules):
     assert "letters ON dangling sign" in {p.text for p in rules.hard_positives("letters ON hanging sign")}
 
 
-def test_every_output_passes_the_validator_on_real_captions(rules, negclip):
+@pytest.mark.parametrize("source", ["fixture", "negclip"])
+def test_every_output_passes_the_validator_on_real_captions(rules, request, source):
+    """With the REPLACE benchmark's pairs too (the default engine: tests/test_rules_properties.py)."""
+    from tests.support.rule_properties import fixture_captions
+
+    caps = fixture_captions() if source == "fixture" else sorted(request.getfixturevalue("negclip"))[:600]
     bad = []
-    for caption in sorted(negclip)[:600]:
+    for caption in caps:
         for p in rules.hard_positives(caption):
             v = validate(caption, p.text, p.kind)
             if not v.accepted:
@@ -166,8 +175,10 @@ def test_every_output_passes_the_validator_on_real_captions(rules, negclip):
     assert not bad, bad[:5]
 
 
-def test_pick_is_seeded_and_deterministic(negclip):
-    caps = sorted(negclip)[:200]
+def test_pick_is_seeded_and_deterministic():
+    from tests.support.rule_properties import fixture_captions
+
+    caps = fixture_captions()[:200]
     a, b, c = RulePerturber(seed=1), RulePerturber(seed=1), RulePerturber(seed=2)
     pa = [a.pick(x, "negative") for x in caps]
     assert pa == [b.pick(x, "negative") for x in caps]

@@ -1,10 +1,11 @@
 """The hand audit of rule SWAP hard positives (docs/audits/swap_positives_*.tsv).
 
-* held out: 120 NegCLIP captions (seed 2026) with the positive the engine picks, each labelled;
-  the engine must still pick exactly these (0 wrong, 11 doubtful when labelled).
+* held out: 120 NegCLIP captions (seed 2026) with the positive the engine picked, each labelled
+  (0 wrong, 11 doubtful). The rows the engine still picks meet its bar (no wrong, at most 11 of
+  120 doubtful): a regression report (tests/test_audit_hand.py), not a pin of the rows.
 * dropped: the 13 positives the comma-list, compound, pronoun and place guards removed, each
-  labelled with its reason (12 wrong, 1 ok: the rules' coverage cost); the engine must never
-  emit them again and the validator must refuse them.
+  labelled with its reason (12 wrong, 1 ok: the rules' coverage cost); a wrong one is never
+  emitted again and the validator refuses it.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hardpos.audit.hand import audit_rates, read_audit
+from hardpos.audit.hand import Draw, audit_rates, produced_rows, read_audit, read_labelled, regression_report
 from hardpos.rules.perturber import RulePerturber
 from hardpos.rules.validate import validate
 
@@ -24,27 +25,25 @@ def rules():
     return RulePerturber(seed=0)
 
 
-def test_heldout_swap_audit_is_what_the_engine_picks_and_meets_its_bar(rules):
+def test_the_heldout_swap_audit_meets_its_bar_and_so_do_the_rows_still_picked(rules):
     rows = read_audit(AUDITS / "swap_positives_heldout.tsv")
-    assert len(rows) == 120
-    # the monochrome idiom ("a black and white photo"), nested "and" scope, order words ("other
-    # people") and shared article ("a woman and little girl") guards, added after this audit, drop
-    # 9 rows (7 of them labelled doubtful); every other row is still exactly what the engine picks
-    dropped = [r for r in rows if rules.pick(r["caption"], "positive", "swap") is None]
-    assert len(dropped) == 9 and sum(r["label"] == "doubtful" for r in dropped) == 7
-    for r in rows:
-        picked = rules.pick(r["caption"], "positive", "swap")
-        assert picked is None or picked.text == r["positive"], r["caption"]
     rates = audit_rates(rows)
-    assert rates["wrong"] == 0 and rates["doubtful"] <= 11 / 120
+    assert rates["n"] == 120 and rates["wrong"] == 0 and rates["doubtful"] == 11 / 120
+    labelled = read_labelled(AUDITS / "swap_positives_heldout.tsv")
+    picked = produced_rows(Draw(sampler="rule_positives", source="negclip", seed=2026, n=120, kind="swap"),
+                           labelled=labelled, perturber=rules)
+    rep = regression_report(labelled, picked)["positive"]
+    assert rep.wrong == 0 and rep.doubtful <= 11 and rep.still_share >= 0.5, rep
+    assert all(r["slot"].startswith("conjuncts:") for r in picked)
 
 
-def test_dropped_swap_positives_stay_dropped(rules):
+def test_dropped_wrong_swap_positives_stay_dropped(rules):
     rows = read_audit(AUDITS / "swap_positives_dropped.tsv")
     assert len(rows) == 13 and [r["label"] for r in rows].count("wrong") == 12
     for r in rows:
-        assert all(p.text != r["positive"] for p in rules.hard_positives(r["caption"])), r["caption"]
-        assert validate(r["caption"], r["positive"], "swap").reason == "not_conjunct_swap"
+        if r["label"] == "wrong":
+            assert all(p.text != r["positive"] for p in rules.hard_positives(r["caption"])), r["caption"]
+            assert validate(r["caption"], r["positive"], "swap").reason == "not_conjunct_swap"
 
 
 def test_the_sampler_draws_swap_positives_and_names_a_bad_kind():

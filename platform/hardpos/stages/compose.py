@@ -96,7 +96,7 @@ def default_world() -> WorldConfig:
     # negatives without shape changes (a bag-of-words model already rejects those). Binding
     # items' captions leave the donor object out, so the negative keeps every word of the
     # caption and only binding tells them apart (the base's attribute accuracy 92.0 -> 72.5 on
-    # seed 0, inside the paper's imperfect-base range; docs/calibration.md "Two more levers").
+    # seed 0, inside the paper's imperfect-base range; docs/calibration.md).
     # Relation twins in pretraining (each relation caption's mirrored scene next to it, read in
     # order) keep the relations the base learnt in its curriculum while it learns this world;
     # they change the pretrain split only (their own random stream).
