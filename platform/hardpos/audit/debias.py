@@ -77,16 +77,25 @@ def gaps(items: Sequence[Item], polarities: Sequence[str], models: Sequence[str]
     fold assignment ``seed`` (NaN where an item has no edit of that polarity); with ``fits`` >
     1 the mean over fold assignments ``seed .. seed + fits - 1`` (a steadier estimate of each
     item's gap than one assignment's). Positive: the model prefers the caption (it gets the
-    pair right)."""
+    pair right). Each polarity is its own question: the classifiers learn captions against
+    that polarity's edits only (a positive is not a true caption here, it is the edit to spot),
+    on the items that have one."""
     out: dict[tuple[str, str], np.ndarray] = {}
-    for k in range(fits):
-        s = dataclasses.replace(settings, seed=seed + k)
+    for polarity in polarities:
+        has = np.array([_edit(it, polarity) is not None for it in items], dtype=bool)
+        idx = np.flatnonzero(has)
+        mine = [items[i] for i in idx]
         for model in models:
-            s_c, s_n, s_p = text_scores([it.caption for it in items], [it.negative for it in items],
-                                        [it.positive for it in items], s, model)
-            for polarity in polarities:
-                gap = (s_c - (s_n if polarity == "negative" else s_p)) / fits
-                out[(polarity, model)] = out[(polarity, model)] + gap if (polarity, model) in out else gap
+            total = np.full(len(items), np.nan)
+            if len({caption_key(it.caption) for it in mine}) >= settings.folds:  # else too few to cross-fit
+                acc = np.zeros(len(mine))
+                for k in range(fits):
+                    s = dataclasses.replace(settings, seed=seed + k)
+                    s_c, s_e, _ = text_scores([it.caption for it in mine], [_edit(it, polarity) for it in mine],
+                                              [None] * len(mine), s, model)
+                    acc += (s_c - s_e) / fits
+                total[idx] = acc
+            out[(polarity, model)] = total
     return out
 
 
