@@ -11,10 +11,9 @@ positives the classifier calls "negative" (how much the positives look like edit
 
     python -m benchmarks.calibrate_artefacts triplets=outputs/demo/generate/triplets.parquet
 
-The classifier is the product's (:mod:`hardpos.audit.text_models`, also behind ``hardpos audit``,
-which cross-validates it per kind of edit); this tool keeps its single hash split and plain
-gradient descent at a fixed rate, the setting its published figures were measured with.
-Deterministic by seed.
+The classifier is the product's ``ngram_lr`` (:mod:`hardpos.audit.text_models`: scikit-learn's
+logistic regression on word n-gram counts, also behind ``hardpos audit``, which cross-fits it
+per kind of edit); this tool keeps its single hash split. Deterministic by seed.
 """
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ import pyarrow.parquet as pq
 
 from hardpos import storage
 from hardpos.config import ConfigError, load_config
-from hardpos.audit.text_models import Design, fit_design, vocabulary
+from hardpos.audit.text_models import fit_logistic
 
 
 @dataclasses.dataclass
@@ -40,7 +39,8 @@ class ArtefactConfig:
         generate stage's output on the finetune split.
     ngrams: the largest word n-gram used as a feature (1: bag of words).
     test_fraction: share of triplets held out (split by a hash of the caption and the seed).
-    steps / lr / l2: the logistic regression's full-batch gradient descent.
+    steps / l2: the logistic regression's iteration limit and L2 penalty (on the mean
+        logistic loss, as l2/2 * |w|^2).
     seed: the split.
     output: also write the result as JSON here.
     """
@@ -48,8 +48,7 @@ class ArtefactConfig:
     triplets: str = "outputs/demo/generate/triplets.parquet"
     ngrams: int = 2
     test_fraction: float = 0.2
-    steps: int = 300
-    lr: float = 0.5
+    steps: int = 500
     l2: float = 1e-4
     seed: int = 0
     output: str | None = None
@@ -59,8 +58,8 @@ class ArtefactConfig:
             raise ConfigError(f"ngrams must be >= 1, got {self.ngrams}")
         if not 0.0 < self.test_fraction < 1.0:
             raise ConfigError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
-        if self.steps < 1 or self.lr <= 0 or self.l2 < 0:
-            raise ConfigError("steps must be >= 1, lr > 0 and l2 >= 0")
+        if self.steps < 1 or self.l2 <= 0:
+            raise ConfigError("steps must be >= 1 and l2 > 0")
 
 
 def _held_out(caption: str, seed: int, fraction: float) -> bool:
@@ -81,19 +80,17 @@ def artefact_strength(rows: Sequence[dict], cfg: ArtefactConfig | None = None) -
     if not train or not test:
         raise ValueError(f"need triplets on both sides of the split, got {len(train)} train / {len(test)} test")
     texts = [r["caption"] for r in train] + [r["hard_negative"] for r in train]
-    vocab = vocabulary(texts, cfg.ngrams)
-    w, b = fit_design(Design.of(texts, vocab, cfg.ngrams), [0] * len(train) + [1] * len(train),
-                      l2=cfg.l2, steps=cfg.steps, lr=cfg.lr)
+    model = fit_logistic(texts, [0] * len(train) + [1] * len(train), ngrams=cfg.ngrams, l2=cfg.l2, steps=cfg.steps)
 
     def called_negative(batch: Sequence[str]) -> np.ndarray:
-        return Design.of(batch, vocab, cfg.ngrams).dot(w, b) > 0
+        return model.scores(batch) > 0
 
     right = np.concatenate([~called_negative([r["caption"] for r in test]),
                             called_negative([r["hard_negative"] for r in test])])
     positives = [r["hard_positive"] for r in test if r.get("hard_positive")]
     return {"accuracy": float(right.mean()),
             "positives_called_negative": float(called_negative(positives).mean()) if positives else float("nan"),
-            "n_train": len(train), "n_test": len(test), "n_features": len(vocab)}
+            "n_train": len(train), "n_test": len(test), "n_features": len(model.vocab)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,10 +7,14 @@ import random
 
 import pytest
 
-from hardpos.audit.blind import AuditError, AuditSettings, Edit, audit_edits, edit_kind, markdown_table, read_edits
-from hardpos.audit.text_models import cross_validate, features, fit_logistic, group_folds
+from eval_util import write_replace_folder
+
+from hardpos.audit.blind import (AuditError, AuditSettings, Edit, audit_edits, edit_kind, markdown_table, read_edits,
+                                 read_source)
+from hardpos.audit.text_models import cross_validate, fit_logistic, group_folds
 from hardpos.data.triplets import make_triplet, write_triplets
 from hardpos.rules.english import grammar_hits
+from hardpos.rules.textnorm import features
 
 COLORS = ["red", "blue", "green", "yellow", "white", "black", "brown", "pink"]
 THINGS = ["dog", "cat", "car", "bus", "chair", "table", "kite", "horse", "bench", "clock"]
@@ -170,7 +174,7 @@ def test_a_kind_with_too_few_pairs_is_listed_not_measured():
     assert [(r["kind"], r["pairs"]) for r in rows] == [("all", 38), ("replace_attribute", 30), ("swap_object", 8)]
     assert rows[1]["accuracy_pct"] > 95 and rows[2]["accuracy_pct"] is None and "min_pairs=20" in rows[2]["skipped"]
     table = markdown_table([{"name": "mine", "rows": rows}])
-    assert "| mine | negatives | swap_object | 8 | 8 | not measured (8 pairs) | 0 (0.0%) |" in table
+    assert "| mine | negatives | swap_object | 8 | 8 | not measured (8 pairs) |  |  | 0 (0.0%) |" in table
 
 
 # ---------------------------------------------------------------------------- the stage
@@ -189,6 +193,8 @@ def test_audit_stage_end_to_end_with_mlflow(tmp_path, tracking_uri):
     assert set(rows) == {("negative", "all"), ("negative", "replace_attribute"), ("negative", "swap_attribute"),
                          ("positive", "all"), ("positive", "replace"), ("positive", "swap")}
     assert rows[("negative", "replace_attribute")]["accuracy_pct"] > 90  # the marked negatives
+    assert rows[("negative", "replace_attribute")]["pair_pct"] == 100.0  # and every pair, by both kinds of model
+    assert rows[("negative", "replace_attribute")]["lm_pair_pct"] == 100.0
     assert rows[("positive", "all")]["accuracy_pct"] < 80  # exchanged phrases: the same words
     out = tmp_path / "out"
     assert json.loads((out / "audit.json").read_text())["sources"][0]["rows"] == result["rows"]
@@ -197,6 +203,14 @@ def test_audit_stage_end_to_end_with_mlflow(tmp_path, tracking_uri):
     assert run.info.status == "FINISHED" and run.data.params["folds"] == "5"
     assert run.data.metrics["blind/t/negative/replace_attribute"] == rows[("negative", "replace_attribute")]["accuracy_pct"]
     assert "blind/t/negative/all/std" in run.data.metrics and "grammar/t/positive/swap" in run.data.metrics
+    assert run.data.metrics["blind/t/negative/replace_attribute/pair"] == 100.0
+    assert "blind/t/negative/replace_attribute/pair_lm" in run.data.metrics
+    # the triplet figures, as a benchmark reads the file's items (subsets: the negatives' kinds)
+    triplet = {(r["subset"], r["model"]): r for r in result["triplet_rows"]}
+    assert triplet[("replace_attribute", "ngram_lr")]["orig_acc"] == 1.0
+    assert run.data.metrics["blind/t/replace_attribute/ngram_lr/orig_acc"] == 100.0
+    assert summary["models"]["caption_lm"].startswith("word 2-gram language model")
+    assert "| t | replace_attribute | ngram_lr | 30 | 100.0 [" in (out / "audit.md").read_text()
     artifacts = {a.path for a in MlflowClient(tracking_uri).list_artifacts(run.info.run_id)}
     assert {"audit.md", "audit.json", "summary.json", "config.yaml"} <= artifacts
 
@@ -218,7 +232,65 @@ def test_audit_cli_refuses_bad_input_before_work(tmp_path, capsys):
     assert json.loads((tmp_path / "o" / "summary.json").read_text())["sources"][0]["rows"] == []
 
 
+def _replace_release(root, n: int = 30):
+    rng = random.Random(4)
+    subsets = {}
+    for sub in ("attributes", "relations"):
+        rows = []
+        for i in range(n):
+            cap = _caption(rng)
+            w = cap.split()
+            rows.append((f"{sub}{i}", cap, " ".join([w[0], "crimson", *w[2:]]), " ".join([w[0], "scarlet", *w[2:]])))
+        subsets[sub] = rows
+    return write_replace_folder(root, subsets)
+
+
+def test_audit_reads_one_benchmark_file_or_half_a_release(tmp_path):
+    """Any benchmark file or folder the evaluate stage reads: the release, one half of it
+    (swapped_data/ alone: the hard positive against the negative), or one file."""
+    root = _replace_release(tmp_path / "hp")
+    full = read_source(str(root))
+    assert full.info["format"] == "replace" and full.aggregate == "mean_of_subsets" and len(full.items) == 60
+    assert {(e.polarity, e.kind) for e in full.edits} == {("negative", "replace_attribute"), ("negative", "replace_relation"),
+                                                         ("positive", "replace_attribute"), ("positive", "replace_relation")}
+    half = read_source(str(root / "swapped_data"))
+    assert half.info["format"] == "replace" and {e.polarity for e in half.edits} == {"negative"}
+    assert half.items[0].caption.split()[1] == "scarlet" and half.items[0].positive is None
+    one = read_source(str(root / "data" / "vl_checklist_relations.json"))
+    assert one.info["format"] == "replace" and {it.subset for it in one.items} == {"relations"}
+
+
+def test_audit_stage_on_one_benchmark_file_reports_pair_and_triplet_figures(tmp_path):
+    from hardpos import runtime
+    from hardpos.config import TrackingConfig
+    from hardpos.stages.audit import Config
+
+    root = _replace_release(tmp_path / "hp")
+    summary = runtime.execute("audit", Config(input=str(root), output_dir=str(tmp_path / "out"), steps=100,
+                                              tracking=TrackingConfig(enabled=False)), quiet=True)
+    (result,) = summary["sources"]
+    triplet = {(r["subset"], r["model"]): r for r in result["triplet_rows"]}
+    # the marked negatives: every pair to the classifier; the language model never saw either rare word, so each
+    # positive ties its negative (aug 0) while the caption beats the negative
+    assert triplet[("attributes", "ngram_lr")]["orig_acc"] == 1.0
+    assert triplet[("all", "caption_lm")]["orig_acc"] == 1.0 and triplet[("all", "caption_lm")]["aug_acc"] == 0.0
+    pos = {r["kind"]: r for r in result["rows"] if r["polarity"] == "positive"}
+    assert pos["replace_attribute"]["lm_pair_pct"] == 100.0  # a rare synonym: the original is the likelier caption
+
+
 # ---------------------------------------------------------------------------- the real files
+@pytest.mark.slow
+def test_pair_measure_on_the_real_files_reads_half_a_release_and_one_file(shared_data):
+    """The pair measure is above the one-caption figure (SugarCrepe replace_rel); the REPLACE
+    release's swapped half and one SugarCrepe file are sources of their own."""
+    src = read_source(str(shared_data / "sugar_crepe" / "replace_rel.json"))
+    assert src.info["format"] == "sugarcrepe" and {e.kind for e in src.edits} == {"replace_relation"}
+    (row,) = audit_edits(src.edits, AuditSettings())
+    assert row["pair_pct"] > row["accuracy_pct"] + 5, row
+    half = read_source(str(shared_data / "hard_positives" / "swapped_data"))
+    assert half.info["format"] == "replace" and len(half.items) == 10_575 + 16_868
+
+
 def test_sugarcrepe_read_per_category_and_its_swap_obj_near_chance(shared_data):
     edits, info = read_edits(str(shared_data / "sugar_crepe"))
     kinds = {}

@@ -15,7 +15,8 @@ from hardpos.eval.encoding import encode_captions
 from hardpos.eval.evaluator import evaluate_benchmarks
 from hardpos.eval.metrics import benchmark_metrics, text_only_correct, text_only_metrics
 from hardpos.eval.spec import BenchmarkSpec
-from hardpos.eval.sugarcrepe_pp import CATEGORIES, text_similarities
+from hardpos.eval.formats import SUGARCREPE_PP_CATEGORIES as CATEGORIES
+from hardpos.eval.sugarcrepe_pp import text_similarities
 from hardpos.stages.sweep import objective
 
 COUNTS = {"replace_att": 788, "replace_obj": 1652, "replace_rel": 1406, "swap_att": 666, "swap_obj": 245}

@@ -88,7 +88,7 @@ def _fixture_benchmarks(root: Path) -> tuple[list[BenchmarkSpec], dict[str, list
     shapes = write_rows(shapes_dir, rows, images=False)
     scpp = root / "scpp"
     scpp.mkdir(parents=True)
-    from hardpos.eval.sugarcrepe_pp import CATEGORIES
+    from hardpos.eval.formats import SUGARCREPE_PP_CATEGORIES as CATEGORIES
     for k, cat in enumerate(CATEGORIES):
         items = []
         for j in range(4):
@@ -425,6 +425,40 @@ def test_every_row_is_on_the_page_with_per_model_verdicts_and_margins(tmp_path):
     assert "caption 1 &lt;i&gt;" in page and "caption 1 <i>" not in page
     # the world's REPLACE subsets name attribute and relation
     assert re.search(r'<select id="f-subset"[^>]*>.*replace_attribute.*replace_relation', page)
+
+
+def test_blind_baselines_in_the_scores_files_give_a_filter_per_blind_model(tmp_path):
+    """Scores files with the evaluate stage's blind columns: each row shows every blind model's
+    outcome and a filter per blind model selects, e.g., the items a blind model already gets
+    right; counted by hand from the files."""
+    from hardpos.eval.outputs import blind_columns
+
+    specs, items = _fixture_benchmarks(tmp_path / "bench")
+    evals = _evaluations(tmp_path, {"shapes": items["shapes"]})
+    for k, d in enumerate(evals.values()):
+        table = pq.read_table(d / "scores.parquet")
+        n = table.num_rows
+        # blind ngram_lr: right on even items (caption and positive above the negative), wrong on odd ones (both
+        # below); caption_lm only on the first model's file (the page takes the first it finds)
+        even = [1.0 if j % 2 == 0 else 0.0 for j in range(n)]
+        cols = dict(zip(blind_columns("ngram_lr"), (even, [0.5] * n, even)))
+        if k == 0:
+            cols.update(zip(blind_columns("caption_lm"), ([0.0] * n, [1.0] * n, [None] * n)))
+        for name, values in cols.items():
+            table = table.append_column(name, pa.array(values, pa.float64()))
+        pq.write_table(table, d / "scores.parquet")
+    models = {m: explorer.read_scores(str(d)) for m, d in evals.items()}
+    first = next(iter(models.values()))["shapes"]
+    assert first["0"].blind == (("ngram_lr", "correct"), ("caption_lm", "wrong")) and first["1"].blind[0] == ("ngram_lr", "wrong")
+    res = explorer.write_explorer(models, items, tmp_path / "explorer")
+    page = res.index.read_text()
+    shown = res.shown["shapes"]
+    right = sum(int(r.item_id) % 2 == 0 for r in shown)
+    assert re.search(r'<select id="f-b0" data-filter="b0">.*correct \(%d\).*wrong \(%d\)' % (right, len(shown) - right), page)
+    assert '<select id="f-b1" data-filter="b1">' in page and "blind caption_lm (no image)" in page
+    row = re.search(r'<tr data-idx="0"[^>]*>', page).group(0)
+    want = "v0" if int(shown[0].item_id) % 2 == 0 else f"v{explorer.OUTCOMES.index('wrong')}"
+    assert f'data-b0="{want}"' in row and "blind ngram_lr: " in page
 
 
 def test_a_world_benchmark_file_keeps_its_subset_column(tmp_path):

@@ -46,10 +46,11 @@ def test_empty_and_column_errors_name_the_key(tmp_path):
 
 
 def test_the_benchmark_check_names_a_missing_world_or_benchmark(tmp_path):
+    from hardpos.eval.benchmarks import check_benchmarks
     from hardpos.eval.spec import BenchmarkSpec
 
     with pytest.raises(ConfigError, match=r"world_dir=.*nowhere: world folder not found; run `hardpos world` first"):
-        preflight.check_benchmarks([], str(tmp_path / "nowhere"), allow_empty=False)
+        check_benchmarks([], str(tmp_path / "nowhere"), allow_empty=False)
     spec = BenchmarkSpec(name="mine", kind="triplets", path=str(tmp_path / "none.parquet"))
     with pytest.raises(ConfigError, match=r"benchmarks\.mine\.path=.*none.parquet: triplets benchmark file not found"):
-        preflight.check_benchmarks([spec], None, allow_empty=False)
+        check_benchmarks([spec], None, allow_empty=False)

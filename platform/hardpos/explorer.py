@@ -32,7 +32,10 @@ A model's outcome on one item (strict comparisons: a tie counts against the mode
 
 SugarCrepe++ rows also show each model's text-only verdict (the caption and the paraphrase
 closer to each other than to the negative, by the text encoder alone) when the scores file
-has the text cosines. Two models disagree on an item exactly when their outcomes differ (the outcome is a
+has the text cosines. Where the scores files carry the evaluate stage's blind baselines
+(``blind_<model>_c/_n/_p``: text-only models that never see the image), every row shows each
+blind model's outcome by the same definition, and a filter per blind model picks, e.g., the
+items a blind model already gets right (``correct``) or those only the image can decide. Two models disagree on an item exactly when their outcomes differ (the outcome is a
 one-to-one name for the verdict triple). Every text on the page (captions are user data,
 model and benchmark names config values) is HTML-escaped, and filter values are short codes
 (sort keys numbers), so no user text is ever compared or placed in script.
@@ -59,7 +62,7 @@ from hardpos.data.images import load_image
 from hardpos.eval import metrics
 from hardpos.eval.items import Item
 from hardpos.eval.metrics import TEXT_COLUMNS, text_only_correct, verdicts
-from hardpos.eval.outputs import SCORES_FILE
+from hardpos.eval.outputs import SCORES_FILE, blind_columns
 from hardpos.eval.spec import BenchmarkSpec
 
 INDEX_FILE = "index.html"
@@ -112,13 +115,15 @@ class ExplorerConfig:
 class ItemScores:
     """One model's scores for one item (``s_p`` None without a hard positive).
     ``text_only``: SugarCrepe++'s text-only verdict when the scores file has the text
-    cosines (shown on the page; disagreement is decided by the image verdicts only)."""
+    cosines (shown on the page; disagreement is decided by the image verdicts only).
+    ``blind``: (blind model, its outcome on the item) for every blind baseline the file has."""
 
     subset: str
     s_c: float
     s_n: float
     s_p: float | None = None
     text_only: bool | None = None
+    blind: tuple[tuple[str, str], ...] = ()
 
 
 # benchmark -> item_id -> scores
@@ -139,12 +144,25 @@ def read_scores(uri: str) -> dict[str, dict[str, ItemScores]]:
         raise ExplorerError(f"{path}: missing column(s) {missing}; expected the evaluate stage's {SCORES_FILE}")
     n = len(cols["item_id"])
     text = list(zip(*(cols[c] for c in TEXT_COLUMNS))) if all(c in cols for c in TEXT_COLUMNS) else [(None,) * 3] * n
+    blind_models = [c[len("blind_"):-len("_c")] for c in cols if c.startswith("blind_") and c.endswith("_c")
+                    and all(k in cols for k in blind_columns(c[len("blind_"):-len("_c")]))]
+    blind = [_blind_outcomes(j, cols, blind_models) for j in range(n)]
     out: dict[str, dict[str, ItemScores]] = {}
-    for (item_id, bench, subset, s_c, s_n, s_p), t in zip(zip(*(cols[c] for c in need)), text):
+    for (item_id, bench, subset, s_c, s_n, s_p), t, b in zip(zip(*(cols[c] for c in need)), text, blind):
         tot = None if None in t else bool(text_only_correct(*t))
         out.setdefault(bench, {})[str(item_id)] = ItemScores(subset, float(s_c), float(s_n),
-                                                             None if s_p is None else float(s_p), tot)
+                                                             None if s_p is None else float(s_p), tot, b)
     return out
+
+
+def _blind_outcomes(j: int, cols: Mapping[str, list], models: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """Row ``j``'s (blind model, outcome) pairs, for the blind models with scores on it."""
+    out = []
+    for m in models:
+        c, n, p = (cols[k][j] for k in blind_columns(m))
+        if c is not None and n is not None:
+            out.append((m, outcome(ItemScores("", float(c), float(n), None if p is None else float(p)))))
+    return tuple(out)
 
 
 def outcome(scores: ItemScores) -> str:
@@ -181,6 +199,11 @@ class Row:
     subset: str
     scores: tuple[ItemScores, ...]
     outcomes: tuple[str, ...]
+
+    @property
+    def blind(self) -> dict[str, str]:
+        """blind model -> its outcome on the item (from the first model's file that has one)."""
+        return dict(next((s.blind for s in self.scores if s.blind), ()))
 
     def combination(self, models: Sequence[str]) -> str:
         """The outcome filter's label: ``"HN-only: brittle (P<N) · HP+HN: correct"``."""
@@ -459,6 +482,7 @@ def render_html(models: Sequence[str], tables: Mapping[str, BenchmarkRows], show
     models = list(models)
     benches = list(shown)
     all_rows = [r for b in benches for r in shown[b]]
+    blind_models = list(dict.fromkeys(m for r in all_rows for m in r.blind))
     subsets = list(dict.fromkeys(r.subset for r in all_rows))
     combos = list(dict.fromkeys(sorted(r.combination(models) for r in all_rows)))
     bcode = {b: f"b{i}" for i, b in enumerate(benches)}
@@ -494,9 +518,13 @@ def render_html(models: Sequence[str], tables: Mapping[str, BenchmarkRows], show
         combo = r.combination(models)
         per_model = "".join(f' data-m{i}="v{OUTCOMES.index(o)}" data-pm{i}="{_margin(sc.s_p, sc.s_n)}"'
                             f' data-cm{i}="{_margin(sc.s_c, sc.s_n)}"' for i, (sc, o) in enumerate(zip(r.scores, r.outcomes)))
+        blind = r.blind
+        per_model += "".join(f' data-b{i}="v{OUTCOMES.index(blind[m])}"' if m in blind else f' data-b{i}=""'
+                             for i, m in enumerate(blind_models))
+        blind_text = "".join(f'<div class="id">blind {_e(m)}: {_e(o)}</div>' for m, o in blind.items())
         body.append(f'<tr data-idx="{idx}" data-benchmark="{bcode[r.benchmark]}" data-subset="{scode[r.subset]}" '
                     f'data-outcome="{ocode[combo]}"{per_model}><td>{_e(r.benchmark)}<br>{_e(r.subset)}'
-                    f'<div class="id">{_e(r.item_id)}</div></td><td>{img}</td><td class="cap">{caps}</td>'
+                    f'<div class="id">{_e(r.item_id)}</div>{blind_text}</td><td>{img}</td><td class="cap">{caps}</td>'
                     f'{"".join(cells)}</tr>')
 
     def counts(attr: Mapping[str, str], key) -> dict[str, int]:
@@ -516,10 +544,21 @@ def render_html(models: Sequence[str], tables: Mapping[str, BenchmarkRows], show
         sort_options.append(f'<option value="pm{i}">{_e(m)}: s_p - s_n, lowest first (the positive furthest '
                             f'below the negative)</option>')
         sort_options.append(f'<option value="cm{i}">{_e(m)}: s_c - s_n, lowest first</option>')
+    blind_filters = []
+    vcode_b = {o: f"v{k}" for k, o in enumerate(OUTCOMES)}
+    for i, m in enumerate(blind_models):
+        present = [o for o in OUTCOMES if any(r.blind.get(m) == o for r in all_rows)]
+        blind_counts: dict[str, int] = {}
+        for r in all_rows:
+            if m in r.blind:
+                blind_counts[vcode_b[r.blind[m]]] = blind_counts.get(vcode_b[r.blind[m]], 0) + 1
+        blind_filters.append(_select(f"b{i}", f"blind {m} (no image)", [(vcode_b[o], o) for o in present],
+                                     blind_counts, len(all_rows)))
     filters = " ".join([
         _select("benchmark", "Benchmark", [(bcode[b], b) for b in benches], counts(bcode, lambda r: r.benchmark), len(all_rows)),
         _select("subset", "Subset", [(scode[s], s) for s in subsets], counts(scode, lambda r: r.subset), len(all_rows)),
         *per_model_filters,
+        *blind_filters,
         _select("outcome", "All models' outcomes", [(ocode[c], c) for c in combos],
                 counts(ocode, lambda r: r.combination(models)), len(all_rows)),
         f'<label>Sort <select id="sort">{"".join(sort_options)}</select></label>',
@@ -541,7 +580,9 @@ def render_html(models: Sequence[str], tables: Mapping[str, BenchmarkRows], show
         "<b>tie (P=N)</b> = s_c &gt; s_n = s_p; <b>wrong</b> = the caption does not beat the negative "
         "(without a hard positive: correct / wrong by the caption alone). Ties count against the model. "
         "<b>text-only</b> (SugarCrepe++, when scored): the text encoder alone puts the caption and the positive "
-        "closer to each other than either to the negative.</p>",
+        "closer to each other than either to the negative. <b>blind</b> (when the evaluations carry blind "
+        "baselines): the outcome of a text-only model that never sees the image, by the same definition; its "
+        "filter keeps, e.g., the items a blind model already gets right.</p>",
         (f'<p class="note">At most {cap} rows per benchmark are shown (explorer.max_rows_per_benchmark), '
          "taken in turn from every outcome combination.</p>" if cap is not None else
          f'<p class="note">Every disagreement is on the page, {PAGE_ROWS} rows at a time (previous / next). '

@@ -204,18 +204,6 @@ def check_endpoint(key: str, url: str | None) -> None:
 
 # --------------------------------------------------------------------------- shared by stages
 TRIPLET_COLUMNS = (("caption",), ("image", "image_bytes", "jpg", "png"))
-BENCHMARK_TABLE_KINDS = ("triplets",)
-
-
-def benchmark(key: str, spec: Any, allow_empty: bool) -> None:
-    """One benchmark spec: its file exists, is not empty and has the kind's columns."""
-    if not spec.path:
-        return  # the stage names a missing path itself
-    if spec.kind in BENCHMARK_TABLE_KINDS:
-        check_table(f"{key}.path", spec.path, columns=(("caption",),), what=f"{spec.kind} benchmark file",
-                    allow_empty=allow_empty, image_root=spec.image_root)
-    elif not spec.path.startswith(("hf://", "http://", "https://")) and not storage.exists(spec.path):
-        fail(f"{key}.path", spec.path, f"{spec.kind} benchmark not found", "check the path (a file or folder)")
 
 
 def caption_rows_present(key: str, files: Sequence[str]) -> bool:
@@ -241,12 +229,3 @@ def caption_rows_present(key: str, files: Sequence[str]) -> bool:
             if len(lines) > (1 if low.endswith((".tsv", ".csv")) else 0):  # a header alone is no row
                 return True
     return False
-
-
-def check_benchmarks(specs: Sequence[Any], world_dir: str | None, allow_empty: bool) -> None:
-    """The benchmarks a model is scored on (the evaluate and interpolate stages): the world
-    folder exists, and each benchmark file exists, is not empty and has its kind's columns."""
-    if world_dir and not storage.exists(world_dir):
-        fail("world_dir", world_dir, "world folder not found", "run `hardpos world` first, or fix the path")
-    for spec in specs:
-        benchmark(f"benchmarks.{spec.name}", spec, allow_empty=allow_empty)

@@ -39,7 +39,7 @@ from hardpos.tracking.redact import redact
 NO_PREEMPTION_WATCHER = ("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 STAGES = ("world", "perturb", "generate", "train", "evaluate", "sweep", "compare", "register", "demo", "interpolate",
-          "audit", "base")
+          "audit", "debias", "base")
 #: the stages that live in the package of their library (driver and workers side by side, as
 #: Ray's example apps); every other stage is ``hardpos.stages.<name>``
 STAGE_MODULES = {"train": "hardpos.train.stage"}

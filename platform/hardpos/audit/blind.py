@@ -14,13 +14,15 @@ Sources (:func:`read_edits`, ``format="auto"`` tells them apart):
                    from the row's ``subset`` (``replace_attribute`` ...) or its ``kind`` plus the
                    slot the rule engine records (``negative_slot`` / ``positive_slot`` / ``slot``:
                    ``attribute:``, ``relation:``, ``object:``, ``attributes:``, ``objects:``).
-* ``captions``     a caption source with negatives (NegCLIP tsv, SugarCrepe json, any file
+* ``captions``     a caption source with negatives (NegCLIP tsv, any file
                    :func:`hardpos.data.captions.formats.read_captions` reads with a negatives column):
                    every negative against its caption; kind ``swap`` when it reorders the
                    caption's words, else ``replace``.
-* ``replace``, ``swap``, ``sugarcrepe``, ``sugarcrepe_pp``: the benchmark folders the evaluate
-                   stage reads (:func:`hardpos.eval.benchmarks.load_benchmark`), kinds from
-                   their subsets; SugarCrepe++'s second caption is a ``paraphrase`` positive.
+* ``replace``, ``swap``, ``sugarcrepe``, ``sugarcrepe_pp``: any benchmark file or folder the
+                   evaluate stage reads (:func:`hardpos.eval.benchmarks.load_benchmark`; the
+                   release, one half of it such as ``swapped_data/``, or one file:
+                   :mod:`hardpos.eval.formats`, the one list of formats), kinds from their
+                   subsets; SugarCrepe++'s second caption is a ``paraphrase`` positive.
 
 Kinds (:data:`KINDS`): ``replace_attribute``, ``replace_relation``, ``replace_object``,
 ``replace`` (which part is unknown), ``swap_attribute``, ``swap_object``, ``swap``,
@@ -42,14 +44,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hardpos import storage
-from hardpos.audit.text_models import CrossValidation, cross_validate
+from hardpos.audit.baselines import interval
+from hardpos.audit.config import FORMATS, POLARITIES, BlindSettings
+from hardpos.audit.text_models import CrossValidation, caption_key, cross_validate, lm_pair_correct
+from hardpos.eval.benchmarks import load_benchmark
+from hardpos.eval.formats import detect_kind
+from hardpos.eval.items import BenchmarkError, Item
+from hardpos.eval.spec import BenchmarkSpec
 from hardpos.rules.english import grammar_hits
 from hardpos.rules.textnorm import normalise, words
 
 KINDS = ("replace_attribute", "replace_relation", "replace_object", "replace", "swap_attribute", "swap_object", "swap",
          "add_attribute", "add_object", "paraphrase")
-POLARITIES = ("negative", "positive")
-FORMATS = ("auto", "triplets", "captions", "replace", "swap", "sugarcrepe", "sugarcrepe_pp")
 #: benchmark subsets / SugarCrepe categories -> kinds
 SUBSET_KINDS = {"attributes": "replace_attribute", "relations": "replace_relation", "replace_att": "replace_attribute",
                 "replace_obj": "replace_object", "replace_rel": "replace_relation", "swap_att": "swap_attribute",
@@ -118,22 +124,20 @@ def _dedupe(edits: list[Edit]) -> tuple[list[Edit], int]:
 
 
 def detect_format(path: str) -> str:
-    """The format of ``path`` (see the module doc); AuditError when it is none of them."""
-    if path.lower().endswith((".parquet", ".jsonl")):
-        return "triplets"
+    """The format of ``path`` (see the module doc): the benchmark kind
+    :func:`hardpos.eval.formats.detect_kind` tells, else ``captions`` for a .tsv / .csv / .json
+    caption file; AuditError when it is none of them."""
+    kind = detect_kind(path)
+    if kind is not None:
+        return kind
     if path.lower().endswith((".tsv", ".csv", ".json")):
         return "captions"
-    if storage.exists(storage.join(path, "data", "vl_checklist_attributes.json")):
-        return "replace"
-    if storage.exists(storage.join(path, "data", "visual_genome_attribution.json")):
-        return "swap"
-    if storage.exists(storage.join(path, "replace_att.json")):
-        return "sugarcrepe" if storage.exists(storage.join(path, "add_att.json")) else "sugarcrepe_pp"
     raise AuditError(f"{path}: not a triplet file (.parquet/.jsonl), a caption file with negatives (.tsv/.csv/.json) "
-                     "nor a REPLACE / SWAP / SugarCrepe / SugarCrepe++ folder; set format= to say which")
+                     "nor a benchmark file or folder (REPLACE / SWAP / SugarCrepe / SugarCrepe++: the release, one "
+                     "half of it or one file); set format= to say which")
 
 
-def _from_triplets(path: str) -> list[Edit]:
+def _from_triplets(path: str) -> tuple[list[Edit], list[Item]]:
     # lazy: the triplet reader pulls in pyarrow's parquet module, only triplet sources need it
     from hardpos.data.triplets import TripletFileError, read_triplets
 
@@ -141,11 +145,12 @@ def _from_triplets(path: str) -> list[Edit]:
         rows = read_triplets(path)
     except TripletFileError as exc:
         raise AuditError(str(exc)) from exc
-    out = []
-    for r in rows:
+    edits, items = [], []
+    for i, r in enumerate(rows):
         caption = r.get("caption")
         if not isinstance(caption, str) or not caption.strip():
             continue
+        kinds: dict[str, str] = {}
         for polarity, column, slot_col in (("negative", "hard_negative", "negative_slot"),
                                            ("positive", "hard_positive", "positive_slot")):
             edited = r.get(column)
@@ -155,11 +160,16 @@ def _from_triplets(path: str) -> list[Edit]:
             kind = edit_kind(r.get("kind"), slot, r.get("subset"))
             if kind is None:
                 kind = "swap" if reordered(caption, edited) else "replace"
-            out.append(Edit(caption, edited, polarity, kind))
-    return out
+            kinds[polarity] = kind
+            edits.append(Edit(caption, edited, polarity, kind))
+        if "negative" in kinds:  # an item of the text-only triplet figures: its subset, else its negative's kind
+            positive = r.get("hard_positive") if "positive" in kinds else None
+            items.append(Item(str(i), str(r.get("subset") or kinds["negative"]), "", caption, r["hard_negative"],
+                              positive))
+    return edits, items
 
 
-def _from_captions(path: str) -> list[Edit]:
+def _from_captions(path: str) -> tuple[list[Edit], list[Item]]:
     # lazy: caption sources are one of several formats; their reader loads only when one is audited
     from hardpos.data.captions import CaptionSourceError
     from hardpos.data.captions.formats import read_captions
@@ -168,16 +178,13 @@ def _from_captions(path: str) -> list[Edit]:
         rows = read_captions(path)
     except CaptionSourceError as exc:
         raise AuditError(str(exc)) from exc
-    return [Edit(r["caption"], neg, "negative", "swap" if reordered(r["caption"], neg) else "replace")
-            for r in rows if r["caption"].strip() for neg in r["negatives"]]
+    edits = [Edit(r["caption"], neg, "negative", "swap" if reordered(r["caption"], neg) else "replace")
+             for r in rows if r["caption"].strip() for neg in r["negatives"]]
+    items = [Item(str(i), e.kind, "", e.caption, e.edited) for i, e in enumerate(edits)]
+    return edits, items
 
 
-def _from_benchmark(path: str, fmt: str) -> list[Edit]:
-    # lazy: the evaluate stage's loaders (hardpos.eval) are needed for benchmark folders only
-    from hardpos.eval.benchmarks import load_benchmark
-    from hardpos.eval.items import BenchmarkError
-    from hardpos.eval.spec import BenchmarkSpec
-
+def _from_benchmark(path: str, fmt: str) -> tuple[list[Edit], list[Item], str]:
     try:
         bench = load_benchmark(BenchmarkSpec(name=fmt, kind=fmt, path=path))  # type: ignore[arg-type]
     except BenchmarkError as exc:
@@ -188,42 +195,64 @@ def _from_benchmark(path: str, fmt: str) -> list[Edit]:
         out.append(Edit(it.caption, it.negative, "negative", kind))
         if it.positive:
             out.append(Edit(it.caption, it.positive, "positive", "paraphrase" if fmt == "sugarcrepe_pp" else kind))
-    return out
+    return out, list(bench.items), bench.aggregate
 
 
-def read_edits(path: str, fmt: str = "auto") -> tuple[list[Edit], dict[str, Any]]:
-    """The distinct edits of the source ``path`` (local or s3://) and how they were read:
-    ``{"format", "edits", "identical"}``. Raises AuditError naming the source when it is
-    missing, unreadable, of an unknown format, or holds no edit at all."""
+@dataclasses.dataclass
+class Source:
+    """What an audit reads from one source: its distinct edits, its items as a benchmark sees
+    them (caption, hard negative, hard positive or None, subset: every item, for the text-only
+    pair and triplet figures of :mod:`hardpos.audit.baselines`), and how it was read
+    (``{"format", "edits", "identical"}``)."""
+
+    edits: list[Edit]
+    items: list[Item]
+    info: dict[str, Any]
+    aggregate: str = "pooled"
+
+
+def read_source(path: str, fmt: str = "auto") -> Source:
+    """The source ``path`` (local or s3://) read for the audit. Raises AuditError naming the
+    source when it is missing, unreadable, of an unknown format, or holds no edit at all."""
     if fmt not in FORMATS:
         raise AuditError(f"format must be one of {list(FORMATS)}, got {fmt!r}")
     if not path:
         raise AuditError("no source path given")
-    if not storage.exists(path):
+    if not storage.exists(path) and not storage.has_glob(path):
         raise AuditError(f"{path}: not found")
     fmt = detect_format(path) if fmt == "auto" else fmt
+    aggregate = "pooled"
     if fmt == "triplets":
-        raw = _from_triplets(path)
+        raw, items = _from_triplets(path)
     elif fmt == "captions":
-        raw = _from_captions(path)
+        raw, items = _from_captions(path)
     else:
-        raw = _from_benchmark(path, fmt)
+        raw, items, aggregate = _from_benchmark(path, fmt)
     edits, identical = _dedupe(raw)
     if not edits:
         what = ("no hard_negative or hard_positive filled" if fmt == "triplets" else
                 "no negative column (a caption file without edits: run `hardpos perturb` on it and audit its "
                 "triplets)" if fmt == "captions" else "no items")
         raise NoEditsError(f"{path}: no edits to audit ({what}; {identical} edits equal to their caption)")
-    return edits, {"format": fmt, "edits": len(edits), "identical": identical}
+    return Source(edits, items, {"format": fmt, "edits": len(edits), "identical": identical}, aggregate)
+
+
+def read_edits(path: str, fmt: str = "auto") -> tuple[list[Edit], dict[str, Any]]:
+    """The distinct edits of the source ``path`` and how they were read (:func:`read_source`)."""
+    src = read_source(path, fmt)
+    return src.edits, src.info
 
 
 # --------------------------------------------------------------------------- the audit
 @dataclasses.dataclass(frozen=True)
 class AuditSettings:
-    """The classifier and the cross-validation (see :func:`hardpos.audit.text_models.cross_validate`).
+    """The text models and the cross-fitting (:mod:`hardpos.audit.text_models`).
 
+    folds / seed: the folds, grouped by original caption, and their assignment.
+    ngrams / l2 / steps: the n-gram classifier (``ngram_lr``).
+    order / discount: the caption language model (``caption_lm``).
     min_pairs: a kind with fewer distinct pairs is reported, not measured (a handful of pairs
-        gives a fold accuracy of noise)."""
+        gives a fold accuracy of noise); also the least items of a subset's triplet figures."""
 
     folds: int = 5
     ngrams: int = 2
@@ -231,6 +260,13 @@ class AuditSettings:
     steps: int = 500
     seed: int = 0
     min_pairs: int = 20
+    order: int = 2
+    discount: float = 0.75
+
+    def blind(self) -> BlindSettings:
+        """The same settings for the benchmark-style figures of :mod:`hardpos.audit.baselines`."""
+        return BlindSettings(folds=self.folds, seed=self.seed, ngrams=self.ngrams, l2=self.l2, steps=self.steps,
+                             order=self.order, discount=self.discount, min_items=self.min_pairs)
 
 
 #: edits kept per grammar rule and row as examples (in audit.json)
@@ -239,10 +275,15 @@ EXAMPLES = 3
 
 def audit_group(edits: Sequence[Edit], settings: AuditSettings) -> dict[str, Any]:
     """The audit of one set of edits (one source, polarity and kind): pairs, distinct
-    captions, the blind accuracy (mean and std over folds, in %) or why it was not measured,
-    and the grammar-rule hits (how many edits have any, the count per rule, the first
-    :data:`EXAMPLES` edits of each rule)."""
-    captions = {" ".join(e.caption.lower().split()) for e in edits}
+    captions, the blind measures or why they were not measured, and the grammar-rule hits (how
+    many edits have any, the count per rule, the first :data:`EXAMPLES` edits of each rule).
+
+    The blind measures, in %: the ``ngram_lr`` classifier's one-caption accuracy (mean and std
+    over folds: ``accuracy_pct``, ``std_pct``) and, from the same fits, its pair measure (it
+    scores the edit more edit-like than its original: ``pair_pct`` with its 95% interval
+    ``pair_lo_pct`` / ``pair_hi_pct``); the ``caption_lm`` pair measure (the original more
+    likely than the edit: ``lm_pair_pct`` and its interval). 50 is chance for each."""
+    captions = {caption_key(e.caption) for e in edits}
     hits: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
     any_hit = 0
@@ -256,15 +297,25 @@ def audit_group(edits: Sequence[Edit], settings: AuditSettings) -> dict[str, Any
     row: dict[str, Any] = {"pairs": len(edits), "captions": len(captions),
                            "grammar_hits": any_hit, "grammar_hit_pct": round(100 * any_hit / len(edits), 1),
                            "grammar_rules": dict(sorted(hits.items())), "grammar_examples": examples,
-                           "accuracy_pct": None, "std_pct": None, "fold_accuracy_pct": [], "skipped": None}
+                           "accuracy_pct": None, "std_pct": None, "fold_accuracy_pct": [], "pair_pct": None,
+                           "pair_lo_pct": None, "pair_hi_pct": None, "lm_pair_pct": None, "lm_pair_lo_pct": None,
+                           "lm_pair_hi_pct": None, "skipped": None}
     if len(edits) < settings.min_pairs or len(captions) < settings.folds:
         row["skipped"] = (f"{len(edits)} pairs from {len(captions)} captions: fewer than min_pairs={settings.min_pairs} "
                           f"pairs or fewer captions than folds={settings.folds}")
         return row
-    cv: CrossValidation = cross_validate([e.caption for e in edits], [e.edited for e in edits], folds=settings.folds,
-                                         seed=settings.seed, ngrams=settings.ngrams, l2=settings.l2, steps=settings.steps)
+    originals, edited = [e.caption for e in edits], [e.edited for e in edits]
+    groups = [caption_key(c) for c in originals]
+    cv: CrossValidation = cross_validate(originals, edited, groups=groups, folds=settings.folds, seed=settings.seed,
+                                         ngrams=settings.ngrams, l2=settings.l2, steps=settings.steps)
+    lm = lm_pair_correct(originals, edited, groups=groups, folds=settings.folds, seed=settings.seed,
+                         order=settings.order, discount=settings.discount)
     row.update(accuracy_pct=round(100 * cv.mean, 1), std_pct=round(100 * cv.std, 1),
                fold_accuracy_pct=[round(100 * a, 2) for a in cv.fold_accuracy])
+    for key, correct in (("pair", cv.pair_correct), ("lm_pair", lm)):
+        lo, hi = interval(correct, groups)
+        row.update({f"{key}_pct": round(100 * float(correct.mean()), 1), f"{key}_lo_pct": round(100 * lo, 1),
+                    f"{key}_hi_pct": round(100 * hi, 1)})
     return row
 
 
@@ -285,14 +336,35 @@ def audit_edits(edits: Sequence[Edit], settings: AuditSettings, *, polarities: S
     return rows
 
 
+def _pct_ci(value: float | None, lo: float | None, hi: float | None) -> str:
+    return "" if value is None else f"{value:.1f} [{lo:.1f}, {hi:.1f}]"
+
+
 def markdown_table(results: Sequence[dict[str, Any]]) -> str:
-    """The audit as one markdown table: one line per source, polarity and kind."""
-    lines = ["| source | edits | kind | pairs | captions | blind accuracy (%, mean ± std over folds) | grammar hits |",
-             "|---|---|---|---|---|---|---|"]
+    """The audit as markdown: one line per source, polarity and kind (one caption and pair
+    measures), then the text-only triplet figures per source and subset where measured."""
+    lines = ["| source | edits | kind | pairs | captions | one caption: ngram_lr (%, mean ± std over folds) | "
+             "pair: ngram_lr (%, 95% CI) | pair: caption_lm (%, 95% CI) | grammar hits |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for src in results:
         for r in src["rows"]:
-            acc = (f"{r['accuracy_pct']:.1f} ± {r['std_pct']:.1f}" if r["skipped"] is None
-                   else f"not measured ({r['pairs']} pairs)")
+            if r["skipped"] is None:
+                acc = f"{r['accuracy_pct']:.1f} ± {r['std_pct']:.1f}"
+                pair = _pct_ci(r.get("pair_pct"), r.get("pair_lo_pct"), r.get("pair_hi_pct"))
+                lm = _pct_ci(r.get("lm_pair_pct"), r.get("lm_pair_lo_pct"), r.get("lm_pair_hi_pct"))
+            else:
+                acc, pair, lm = f"not measured ({r['pairs']} pairs)", "", ""
             lines.append(f"| {src['name']} | {r['polarity']}s | {r['kind']} | {r['pairs']} | {r['captions']} | {acc} | "
-                         f"{r['grammar_hits']} ({r['grammar_hit_pct']:.1f}%) |")
+                         f"{pair} | {lm} | {r['grammar_hits']} ({r['grammar_hit_pct']:.1f}%) |")
+    triplet = [(src["name"], row) for src in results for row in src.get("triplet_rows", [])]
+    if triplet:
+        lines += ["", "Text-only figures as a benchmark reads the items (%, 95% CI; the caption against its hard "
+                  "negative, and with a hard positive the augmented accuracy and brittleness; chance 50 / 33.3 / 33.3):",
+                  "", "| source | subset | model | items | orig (pair) | aug | brittle |", "|---|---|---|---|---|---|---|"]
+        for name, row in triplet:
+            cells = [(_pct_ci(100 * row[f], 100 * row[f"{f}_lo"], 100 * row[f"{f}_hi"]) if f in row else "")
+                     for f in ("orig_acc", "aug_acc", "brittleness")]
+            if row.get("skipped"):
+                cells = [f"not measured ({row['skipped']})", "", ""]
+            lines.append(f"| {name} | {row['subset']} | {row['model']} | {row['n_items']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

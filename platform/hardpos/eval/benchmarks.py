@@ -4,25 +4,27 @@ An item is one image (optionally cropped to a box) with a true caption, a hard n
 and, where the benchmark has one, a hard positive. Loaders only read annotation files;
 images are opened later by the evaluator (which counts missing/corrupt ones).
 
-Formats (``BenchmarkSpec.kind``):
+Formats (``BenchmarkSpec.kind``; what a path of each may be, one file or half of a release
+included, is :mod:`hardpos.eval.formats`, the one list of formats):
 
 * ``replace``    the paper's release: ``<path>/data/vl_checklist_{attributes,relations}.json``
                  paired row by row with ``<path>/swapped_data/...`` (same image and hard
                  negative; the swapped file's ``true_caption`` is the hard positive). Every
                  row's ``image_id``, ``false_caption`` and ``image_path`` must agree, else
                  :class:`BenchmarkError`. Subsets ``attributes`` and ``relations``; the
-                 benchmark's figures are their unweighted mean.
+                 benchmark's figures are their unweighted mean. One half alone (or one file)
+                 has no positives.
 * ``swap``       ARO VG-Attribution: ``<path>/data/visual_genome_attribution.json`` paired
                  with ``<path>/swapped_data/visual_genome_attribution.json`` (fields
                  ``image_path, bbox_x, bbox_y, bbox_w, bbox_h, true_caption, false_caption,
                  attributes``); the image is cropped to the box. One subset, ``swap``.
 * ``sugarcrepe`` ``<path>/{add_att,add_obj,replace_att,replace_obj,replace_rel,swap_att,
-                 swap_obj}.json`` (``{index: {filename, caption, negative_caption}}``), no
-                 positives; subsets are the categories, figures their unweighted mean.
+                 swap_obj}.json`` (``{index: {filename, caption, negative_caption}}``), or one
+                 of them; no positives; subsets are the categories, figures their unweighted mean.
 * ``sugarcrepe_pp`` SugarCrepe++: ``<path>/{replace_att,replace_obj,replace_rel,swap_att,
                  swap_obj}.json`` (lists of ``{id, filename, caption, caption2,
-                 negative_caption}``); ``caption2`` (a paraphrase) is the hard positive;
-                 loader and text-only metric in :mod:`hardpos.eval.sugarcrepe_pp`.
+                 negative_caption}``), or one of them; ``caption2`` (a paraphrase) is the hard
+                 positive; loader and text-only metric in :mod:`hardpos.eval.sugarcrepe_pp`.
 * ``triplets``   a triplet file (the triplet row contract; parquet or jsonl): ``image, caption,
                  hard_negative, hard_positive`` (+ optional ``subset``, else ``kind``, used as the subset,
                  optional ``bbox`` ``[x, y, w, h]``), read by
@@ -45,15 +47,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from hardpos import storage
+from hardpos import preflight, storage
 from hardpos.data.triplets import TripletFileError, read_triplets, resolve_image
 from hardpos.eval import sugarcrepe_pp
+from hardpos.eval.formats import subset_files
 from hardpos.eval.items import Benchmark, BenchmarkError, Item, image_root_of, read_json
-from hardpos.eval.spec import BenchmarkSpec
-
-REPLACE_SUBSETS = ("attributes", "relations")
-SUGARCREPE_CATEGORIES = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
-SWAP_FILE = "visual_genome_attribution.json"
+from hardpos.eval.spec import BENCHMARK_KINDS, TABLE_KINDS, BenchmarkSpec
 
 # --------------------------------------------------------------------------- helpers
 def _require(row: Any, fields: tuple[str, ...], uri: str, index: int) -> None:
@@ -85,44 +84,66 @@ def pair_rows(orig: list, swapped: list, *, keys: tuple[str, ...], orig_uri: str
                 )
 
 
+def _folder(spec: BenchmarkSpec) -> str:
+    """The folder a benchmark's relative image paths default to: ``spec.path``, or the folder
+    of a single file."""
+    if spec.path.lower().endswith(".json"):
+        return spec.path.rsplit("/", 1)[0] if "/" in spec.path else "."
+    return spec.path
+
+
+def _release_rows(spec: BenchmarkSpec, keys: tuple[str, ...]) -> list[tuple[str, list, list | None]]:
+    """(subset, rows, paired swapped rows or None) of a REPLACE / SWAP path: the release's two
+    halves checked row by row (:func:`pair_rows`), or one half / one file alone."""
+    out = []
+    for subset, o_uri, s_uri in subset_files(spec.kind, spec.path):
+        orig = read_json(o_uri)
+        if s_uri is None:
+            if not isinstance(orig, list):
+                raise BenchmarkError(f"{o_uri}: expected a JSON list of rows")
+            for i, row in enumerate(orig):
+                _require(row, keys + ("true_caption",), o_uri, i)
+            out.append((subset, orig, None))
+            continue
+        swapped = read_json(s_uri)
+        pair_rows(orig, swapped, keys=keys, orig_uri=o_uri, swapped_uri=s_uri)
+        out.append((subset, orig, swapped))
+    return out
+
+
 def load_replace(spec: BenchmarkSpec) -> Benchmark:
     items: list[Item] = []
-    root = image_root_of(spec, spec.path)
-    for subset in REPLACE_SUBSETS:
-        o_uri = storage.join(spec.path, "data", f"vl_checklist_{subset}.json")
-        s_uri = storage.join(spec.path, "swapped_data", f"vl_checklist_{subset}.json")
-        orig, swapped = read_json(o_uri), read_json(s_uri)
-        pair_rows(orig, swapped, keys=("image_id", "false_caption", "image_path"), orig_uri=o_uri, swapped_uri=s_uri)
+    root = image_root_of(spec, _folder(spec))
+    halves = _release_rows(spec, ("image_id", "false_caption", "image_path"))
+    for subset, orig, swapped in halves:
         rows = orig if spec.limit is None else orig[: spec.limit]
-        for i, (a, b) in enumerate(zip(rows, swapped)):
+        for i, a in enumerate(rows):
             items.append(Item(f"{subset}/{i}", subset, resolve_image(a["image_path"], root),
-                              a["true_caption"], a["false_caption"], b["true_caption"]))
-    return Benchmark(spec.name, "replace", items, aggregate="mean_of_subsets")
+                              a["true_caption"], a["false_caption"], swapped[i]["true_caption"] if swapped else None))
+    has_pos = any(s is not None for _, _, s in halves)
+    return Benchmark(spec.name, "replace", items, aggregate="mean_of_subsets", has_positives=has_pos)
 
 
 def load_swap(spec: BenchmarkSpec) -> Benchmark:
-    o_uri = storage.join(spec.path, "data", SWAP_FILE)
-    s_uri = storage.join(spec.path, "swapped_data", SWAP_FILE)
-    orig, swapped = read_json(o_uri), read_json(s_uri)
     box = ("bbox_x", "bbox_y", "bbox_w", "bbox_h")
-    pair_rows(orig, swapped, keys=("image_path", "false_caption") + box, orig_uri=o_uri, swapped_uri=s_uri)
-    root = image_root_of(spec, spec.path)
+    ((_, orig, swapped),) = _release_rows(spec, ("image_path", "false_caption") + box)
+    root = image_root_of(spec, _folder(spec))
     items = []
-    for i, (a, b) in enumerate(zip(orig, swapped)):
+    for i, a in enumerate(orig):
         crop = tuple(float(a[k]) for k in box)
         if crop[2] <= 0 or crop[3] <= 0:
-            raise BenchmarkError(f"{o_uri} row {i}: empty bounding box {crop}")
+            raise BenchmarkError(f"{spec.path} row {i}: empty bounding box {crop}")
         items.append(Item(f"swap/{i}", "swap", resolve_image(a["image_path"], root),
-                          a["true_caption"], a["false_caption"], b["true_caption"], crop))  # type: ignore[arg-type]
-    return Benchmark(spec.name, "swap", _limit(items, spec.limit))
+                          a["true_caption"], a["false_caption"], swapped[i]["true_caption"] if swapped else None,
+                          crop))  # type: ignore[arg-type]
+    return Benchmark(spec.name, "swap", _limit(items, spec.limit), has_positives=swapped is not None)
 
 
 # --------------------------------------------------------------------------- SugarCrepe
 def load_sugarcrepe(spec: BenchmarkSpec) -> Benchmark:
     items: list[Item] = []
-    root = image_root_of(spec, spec.path)
-    for cat in SUGARCREPE_CATEGORIES:
-        uri = storage.join(spec.path, f"{cat}.json")
+    root = image_root_of(spec, _folder(spec))
+    for cat, uri, _ in subset_files("sugarcrepe", spec.path):
         data = read_json(uri)
         if not isinstance(data, dict):
             raise BenchmarkError(f"{uri}: expected {{index: {{filename, caption, negative_caption}}}}")
@@ -177,6 +198,7 @@ def load_triplets(spec: BenchmarkSpec) -> Benchmark:
 
 LOADERS = {"replace": load_replace, "swap": load_swap, "sugarcrepe": load_sugarcrepe, "sugarcrepe_pp": sugarcrepe_pp.load,
            "triplets": load_triplets}
+assert set(LOADERS) == set(BENCHMARK_KINDS)
 
 
 def load_benchmark(spec: BenchmarkSpec) -> Benchmark:
@@ -192,3 +214,26 @@ def load_benchmark(spec: BenchmarkSpec) -> Benchmark:
     if len(set(ids)) != len(ids):
         raise BenchmarkError(f"benchmark {spec.name!r}: item ids are not unique")
     return bench
+
+
+# --------------------------------------------------------------------------- before a job starts
+def check_spec(key: str, spec: BenchmarkSpec, allow_empty: bool) -> None:
+    """One benchmark spec, before any work (``key``: its config key, for the message): a
+    table kind's file exists, is not empty and has a caption column; any other kind's file or
+    folder exists. Raises :class:`hardpos.config.ConfigError` (through :mod:`hardpos.preflight`)."""
+    if not spec.path:
+        return  # the stage names a missing path itself
+    if spec.kind in TABLE_KINDS:
+        preflight.check_table(f"{key}.path", spec.path, columns=(("caption",),), what=f"{spec.kind} benchmark file",
+                              allow_empty=allow_empty, image_root=spec.image_root)
+    elif not spec.path.startswith(("hf://", "http://", "https://")) and not storage.exists(spec.path):
+        preflight.fail(f"{key}.path", spec.path, f"{spec.kind} benchmark not found", "check the path (a file or folder)")
+
+
+def check_benchmarks(specs: list[BenchmarkSpec], world_dir: str | None, allow_empty: bool) -> None:
+    """The benchmarks a model is scored on (the evaluate and interpolate stages): the world
+    folder exists, and each benchmark passes :func:`check_spec`."""
+    if world_dir and not storage.exists(world_dir):
+        preflight.fail("world_dir", world_dir, "world folder not found", "run `hardpos world` first, or fix the path")
+    for spec in specs:
+        check_spec(f"benchmarks.{spec.name}", spec, allow_empty=allow_empty)

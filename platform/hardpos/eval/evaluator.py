@@ -47,7 +47,7 @@ import torch
 from hardpos.eval import sugarcrepe_pp
 from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.encoding import ImageKey, check_precision, encode_captions, encode_image_keys, eval_mode
-from hardpos.eval.items import Benchmark
+from hardpos.eval.items import Benchmark, Item
 from hardpos.eval.metrics import TEXT_COLUMNS, benchmark_metrics, text_only_metrics
 from hardpos.eval.spec import BenchmarkSpec, Precision
 
@@ -68,6 +68,10 @@ class BenchmarkResult:
     otherwise. The text-only *metrics* need no image: they cover every item, scored or not
     (``<name>/text_only_n_items``), so a benchmark whose images are all missing still has them.
     ``has_positives``: the benchmark's items carry hard positives (even when none was scored).
+    ``items``: every item of the benchmark as loaded (scored or not): what needs no image (the
+    evaluate stage's blind baselines) reads their texts.
+    ``blind_scores``: per scored item, text-only scores a stage attached (column name -> array
+    in ``item_ids`` order; written to scores.parquet beside the model's scores).
     """
 
     name: str
@@ -86,6 +90,8 @@ class BenchmarkResult:
     n_distinct_captions: int = 0
     text_sims: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     has_positives: bool = True
+    items: list[Item] = dataclasses.field(default_factory=list)
+    blind_scores: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -104,7 +110,8 @@ class EvalReport:
 
     def scores_table(self):
         """Per-item scores as a pyarrow Table: item_id, benchmark, subset, s_c, s_n, s_p (and
-        t_cp, t_cn, t_pn when a benchmark has text-only cosines; null for the others)."""
+        t_cp, t_cn, t_pn when a benchmark has text-only cosines, and the blind baselines'
+        columns when a stage attached them; null for the other benchmarks)."""
         cols: dict[str, list] = {k: [] for k in ("item_id", "benchmark", "subset", "s_c", "s_n", "s_p")}
         for r in self.results:
             cols["item_id"] += r.item_ids
@@ -120,6 +127,11 @@ class EvalReport:
                 cols[k] = [v for r in self.results
                            for v in (r.text_sims[k].tolist() if r.text_sims else [None] * len(r.item_ids))]
                 fields.append((k, pa.float64()))
+        blind_cols = list(dict.fromkeys(k for r in self.results for k in r.blind_scores))
+        for k in blind_cols:
+            cols[k] = [None if v is None or np.isnan(v) else v for r in self.results
+                       for v in (r.blind_scores[k].tolist() if k in r.blind_scores else [None] * len(r.item_ids))]
+            fields.append((k, pa.float64()))
         schema = pa.schema(fields,
                            metadata={b"hardpos.aggregate": json.dumps({r.name: r.aggregate for r in self.results}).encode(),
                                      b"hardpos.precision": self.precision.encode()})
@@ -193,7 +205,7 @@ def evaluate_loaded(model, preprocess: Callable, tokenizer: Callable, bench: Ben
         s_c=s_c, s_n=s_n, s_p=s_p, metrics=result_metrics, missing_images=missing,
         excluded_items=[it.item_id for it, keep in zip(items, ok) if not keep], rejected_rows=bench.rejected,
         n_distinct_images=len(keys), n_distinct_captions=len(cap_index), text_sims=text_sims,
-        has_positives=bench.has_positives,
+        has_positives=bench.has_positives, items=list(items),
     )
 
 

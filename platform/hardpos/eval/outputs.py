@@ -3,13 +3,16 @@
 :func:`write_outputs` writes, under the stage's output folder (local or s3://):
 
 * ``scores.parquet``  one row per scored item: item_id, benchmark, subset, s_c, s_n, s_p
-  (plus t_cp, t_cn, t_pn, the text-only cosines, when a benchmark is SugarCrepe++)
+  (plus t_cp, t_cn, t_pn, the text-only cosines, when a benchmark is SugarCrepe++, and
+  ``blind_<model>_c`` / ``_n`` / ``_p``, a blind baseline's text-only scores: :func:`blind_columns`)
   (s_p null without a hard positive); the schema metadata records how each benchmark
   combines its subsets (so :func:`recompute_metrics` gives back the summary's figures)
   and the precision the scores were computed in (``hardpos.precision``).
 * ``report.md``       the precision the scores were computed in, the paper's Table 1
-  layout (orig / aug per benchmark, then brittleness), mean scores (Table 2/9), per-subset
-  and SugarCrepe per-category tables, retention, and the list of missing/corrupt images
+  layout (orig / aug per benchmark, then brittleness; with the blind baselines' rows beside
+  the model when the stage computed them), mean scores (Table 2/9), per-subset and
+  SugarCrepe per-category tables, the blind baselines per benchmark and subset with their
+  intervals (:func:`blind_section`), retention, and the list of missing/corrupt images
   (:func:`markdown_report`). Figures are percentages (x100); the tables are written by
   :func:`hardpos.markdown.table`.
 * ``missing_images.json`` every image that could not be read, with the error and the
@@ -36,6 +39,14 @@ if TYPE_CHECKING:
 
 SCORES_FILE = "scores.parquet"
 REPORT_FILE = "report.md"
+#: the figures of a blind baseline row (``orig_acc`` is its pair measure)
+BLIND_FIGURES = ("orig_acc", "aug_acc", "brittleness")
+
+
+def blind_columns(model: str) -> tuple[str, str, str]:
+    """The scores.parquet columns of a blind model's text-only scores of the caption, the hard
+    negative and the hard positive (higher: more like a true caption)."""
+    return f"blind_{model}_c", f"blind_{model}_n", f"blind_{model}_p"
 
 
 def _is_count(key: str) -> bool:
@@ -44,10 +55,12 @@ def _is_count(key: str) -> bool:
 
 
 def markdown_report(report: EvalReport, model_name: str = "model", retention: Mapping[str, float] | None = None,
-                    *, device: str | None = None) -> str:
+                    *, device: str | None = None, blind: Mapping[str, Any] | None = None) -> str:
     """The Markdown report (tables in the paper's layout; values in percent). The first
     line under the title says which precision (``report.precision``) the scores were
-    computed in, and on which ``device`` when given."""
+    computed in, and on which ``device`` when given. ``blind``: the blind baselines
+    (``{"models": {name: description}, "rows": [...]}``, the rows of
+    :meth:`hardpos.audit.baselines.BlindResult.rows`), shown beside the model."""
     m = report.metrics
     model_name = md_text(model_name)
     # A benchmark with hard positives stays in their tables when no item could be scored
@@ -58,6 +71,7 @@ def markdown_report(report: EvalReport, model_name: str = "model", retention: Ma
     note = ("" if report.precision == "fp32" else
             " (autocast: scores move by ~1e-3 against fp32, enough to flip close decisions; ties count against the model)")
     parts = [f"# Evaluation: {model_name}", "", f"Scores computed in {report.precision}{where}{note}.", ""]
+    overall = _blind_overall(blind)
     if pos:
         header = ["model"]
         row = [model_name]
@@ -67,9 +81,18 @@ def markdown_report(report: EvalReport, model_name: str = "model", retention: Ma
         for r in pos:
             header.append(f"{md_text(r.name)} brittle")
             row.append(pct(m.get(f"{r.name}/brittleness")))
+        rows_t1 = [row]
+        for bm in (blind or {}).get("models", {}):
+            b = [f"blind: {md_text(bm)} (no image)"]
+            for r in pos:
+                b += [pct(overall.get((r.name, bm), {}).get("orig_acc")), pct(overall.get((r.name, bm), {}).get("aug_acc"))]
+            b += [pct(overall.get((r.name, bm), {}).get("brittleness")) for r in pos]
+            rows_t1.append(b)
+        note = (" The blind rows are text-only models that never see the image (see the blind baselines below)."
+                if len(rows_t1) > 1 else "")
         parts += ["## Original / augmented accuracy and brittleness (%, Table 1 layout)", "",
                   "Chance: 50 / 33.3 / 33.3. aug = caption and hard positive both beat the hard negative; "
-                  "brittle = the hard negative lies strictly between them.", "", table(header, [row]), ""]
+                  "brittle = the hard negative lies strictly between them." + note, "", table(header, rows_t1), ""]
         rows = [[md_text(r.name), num(m.get(f"{r.name}/mean_s_c")), num(m.get(f"{r.name}/mean_s_n")),
                  num(m.get(f"{r.name}/mean_s_p")), pct(m.get(f"{r.name}/aug_drop")), str(int(m.get(f"{r.name}/n_items", 0))),
                  _excluded(r)] for r in pos]
@@ -88,10 +111,14 @@ def markdown_report(report: EvalReport, model_name: str = "model", retention: Ma
                   table(["benchmark", "subset", "orig", "aug", "brittle", "mean s_c", "mean s_n", "mean s_p", "items"], sub_rows), ""]
     parts += text_only_section(report.results, m)  # SugarCrepe++'s text-only task, when evaluated
     if neg_only:
-        rows = [[md_text(r.name), pct(m.get(f"{r.name}/orig_acc")), str(int(m.get(f"{r.name}/n_items", 0))), _excluded(r)]
-                for r in neg_only]
+        models = list((blind or {}).get("models", {}))
+        rows = [[md_text(r.name), pct(m.get(f"{r.name}/orig_acc")),
+                 *(pct(overall.get((r.name, bm), {}).get("orig_acc")) for bm in models),
+                 str(int(m.get(f"{r.name}/n_items", 0))), _excluded(r)] for r in neg_only]
         parts += ["## Benchmarks without hard positives (original accuracy, %)", "",
-                  table(["benchmark", "orig", "items", "excluded (image missing)"], rows), ""]
+                  table(["benchmark", "orig", *(f"blind: {md_text(bm)}" for bm in models), "items",
+                         "excluded (image missing)"], rows), ""]
+    parts += blind_section(blind)
     if retention:
         rows = [[md_text(k), str(int(v)) if _is_count(k) else pct(v)] for k, v in sorted(retention.items())]
         parts += ["## Retention (zero-shot classification, retrieval; %)", "", table(["metric", "value"], rows), ""]
@@ -149,18 +176,72 @@ def _text_sims(cols: Mapping[str, list], sel: Any) -> dict[str, Any] | None:
 
 
 def write_outputs(report: EvalReport, output_dir: str, *, model_name: str = "model",
-                  retention: Mapping[str, float] | None = None, device: str | None = None) -> dict[str, str]:
+                  retention: Mapping[str, float] | None = None, device: str | None = None,
+                  blind: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Write scores.parquet, report.md, missing_images.json, rejected_rows.json under
-    ``output_dir`` (local or s3://); returns ``{kind: uri}``."""
+    ``output_dir`` (local or s3://); returns ``{kind: uri}``. ``blind``: as for
+    :func:`markdown_report`."""
     paths = {
         "scores": write_scores(report, storage.join(output_dir, SCORES_FILE)),
-        "report": storage.write_text(storage.join(output_dir, REPORT_FILE), markdown_report(report, model_name, retention, device=device)),
+        "report": storage.write_text(storage.join(output_dir, REPORT_FILE),
+                                     markdown_report(report, model_name, retention, device=device, blind=blind)),
         "missing_images": storage.write_json(storage.join(output_dir, "missing_images.json"),
                                              {r.name: r.missing_images for r in report.results}),
         "rejected_rows": storage.write_json(storage.join(output_dir, "rejected_rows.json"),
                                             {r.name: r.rejected_rows for r in report.results}),
     }
     return paths
+
+
+def blind_rows(metrics: Mapping[str, float], columns: Sequence[str],
+               groups: Mapping[str, Sequence[str]] | None = None) -> dict[str, dict[str, float]]:
+    """Rows of the blind baselines for a table whose cells are ``<benchmark>/<figure>`` keys
+    (``columns``), from flat metrics holding ``blind/<benchmark>/<model>/<figure>``: one row
+    per blind model found, labelled ``blind: <model> (no image)``. ``groups``: a column's
+    benchmark that is the unweighted mean of several (the demo's ``replace`` = its attribute
+    and relation benchmarks), filled where every one of them has the figure."""
+    groups = groups or {}
+    models = list(dict.fromkeys(k.split("/")[2] for k in metrics if k.startswith("blind/") and k.count("/") == 3))
+    out: dict[str, dict[str, float]] = {}
+    for model in models:
+        row: dict[str, float] = {}
+        for col in columns:
+            bench, _, fig = col.rpartition("/")
+            parts = groups.get(bench, (bench,))
+            keys = [f"blind/{b}/{model}/{fig}" for b in parts]
+            if bench and all(k in metrics for k in keys):
+                row[col] = float(np.mean([metrics[k] for k in keys]))
+        if row:
+            out[f"blind: {model} (no image)"] = row
+    return out
+
+
+def _blind_overall(blind: Mapping[str, Any] | None) -> dict[tuple[str, str], dict[str, float]]:
+    """(benchmark, blind model) -> its overall figures, from the blind rows."""
+    return {(r["benchmark"], r["model"]): {f: r[f] for f in BLIND_FIGURES if f in r}
+            for r in (blind or {}).get("rows", []) if r["subset"] == "all"}
+
+
+def blind_section(blind: Mapping[str, Any] | None) -> list[str]:
+    """report.md lines for the blind baselines: each model named with how it was fit, then one
+    row per benchmark, subset (``all``: the benchmark's overall figure) and model, in percent
+    with 95% intervals (empty without baselines)."""
+    if not blind or not blind.get("rows"):
+        return []
+
+    def cell(r: Mapping[str, Any], f: str) -> str:
+        return f"{pct(r[f])} [{pct(r[f + '_lo'])}, {pct(r[f + '_hi'])}]" if f in r else ""
+
+    rows = [[md_text(r["benchmark"]), md_text(r["subset"]), md_text(r["model"]), str(r["n_items"]),
+             *((cell(r, f) for f in BLIND_FIGURES) if not r.get("skipped") else (f"not measured: {md_text(r['skipped'])}", "", ""))]
+            for r in blind["rows"]]
+    models = [f"- `{md_text(k)}`: {md_text(v)}" for k, v in blind.get("models", {}).items()]
+    return ["## Blind baselines (text only, no image; %, 95% interval)", "",
+            "What a model that reads only the captions gets right: each text is scored by a model fitted on the other "
+            "folds (grouped by original caption), and the same strict comparisons as the model's give orig (the pair "
+            "measure: the caption scored above its hard negative; chance 50), aug and brittle (chance 33.3). A model's "
+            "figure above its blind baseline is what the image added.", "", *models, "",
+            table(["benchmark", "subset", "blind model", "items", "orig (pair)", "aug", "brittle"], rows), ""]
 
 
 def _excluded(result: Any) -> str:

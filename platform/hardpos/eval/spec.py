@@ -7,7 +7,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, get_args
 
+#: The benchmark formats (:mod:`hardpos.eval.formats` says what a path of each may be): the one
+#: list every reader of benchmarks takes its formats from.
 BenchmarkKind = Literal["replace", "swap", "sugarcrepe", "sugarcrepe_pp", "triplets"]
+BENCHMARK_KINDS: tuple[str, ...] = get_args(BenchmarkKind)
+#: kinds stored as a table of rows (parquet / jsonl / shards), checked for columns before a job starts
+TABLE_KINDS = ("triplets",)
 #: The encoders' arithmetic (hardpos.eval.encoding.precision_context).
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -21,10 +26,12 @@ class BenchmarkSpec:
         ``sugarcrepe``, ``world_replace_attribute``.
     kind: the file format:
         ``replace``    the paper's ``data/`` + ``swapped_data/`` vl_checklist files (path =
-                       the folder holding both; subsets attributes and relations);
-        ``swap``       ARO VG-Attribution json paired with its swapped file (path = folder);
-        ``sugarcrepe`` folder of the 7 SugarCrepe json files (no positives);
-        ``sugarcrepe_pp`` folder of the 5 SugarCrepe++ json files (two positives per
+                       the folder holding both; subsets attributes and relations), or one
+                       half / one file alone (no positives);
+        ``swap``       ARO VG-Attribution json paired with its swapped file (path = folder),
+                       or one half / the file alone;
+        ``sugarcrepe`` folder of the 7 SugarCrepe json files, or one (no positives);
+        ``sugarcrepe_pp`` folder of the 5 SugarCrepe++ json files, or one (two positives per
                        image, and a text-only task; hardpos.eval.sugarcrepe_pp);
         ``triplets``   a triplet file (parquet/jsonl, the triplet row contract): caption,
                        hard_negative, hard_positive, image (the synthetic world's

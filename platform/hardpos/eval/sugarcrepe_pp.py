@@ -48,13 +48,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hardpos import storage
 from hardpos.data.triplets import resolve_image
+from hardpos.eval.formats import subset_files
 from hardpos.eval.items import Benchmark, BenchmarkError, Item, image_root_of, read_json
 from hardpos.eval.spec import BenchmarkSpec
 
 KIND = "sugarcrepe_pp"
-CATEGORIES = ("replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
 TEXT_FIELDS = ("filename", "caption", "caption2", "negative_caption")
 
 
@@ -81,9 +80,9 @@ def load(spec: BenchmarkSpec) -> Benchmark:
     :class:`BenchmarkError` for a missing or unparsable file, a file that is not a list, a
     malformed item (file, item index and field named) or an id repeated within a file."""
     items: list[Item] = []
-    root = image_root_of(spec, spec.path)
-    for cat in CATEGORIES:
-        uri = str(storage.join(spec.path, f"{cat}.json"))
+    single = spec.path.lower().endswith(".json")
+    root = image_root_of(spec, (spec.path.rsplit("/", 1)[0] if "/" in spec.path else ".") if single else spec.path)
+    for cat, uri, _ in subset_files(KIND, spec.path):
         data = read_json(uri)
         if not isinstance(data, list):
             raise BenchmarkError(f"{uri}: expected a JSON list of {{id, {', '.join(TEXT_FIELDS)}}}, "

@@ -252,3 +252,58 @@ def pick_balanced(captions: list[str], candidates: list[tuple[list[Perturbation]
         polarity: {"balanced": round(b.imbalance, 3), "seeded_random": round(u.imbalance, 3)}
         for polarity, b, u in zip(("negatives", "positives"), balanced, unbalanced)}}
     return results, info
+
+
+def substitution(slot: str) -> tuple[str, str] | None:
+    """The ``(old, new)`` words of a REPLACE perturbation's slot (``"attribute:color red->crimson"``,
+    lower case), None for a slot that names no substitution."""
+    _, _, edit = slot.partition(" ")
+    old, sep, new = edit.partition("->")
+    return (old.strip().lower(), new.strip().lower()) if sep and old.strip() and new.strip() else None
+
+
+def mirror_positives(captions: list[str], candidates: list[tuple[list[Perturbation], list[Perturbation]]],
+                     results: list[dict], seed: int) -> dict:
+    """REPLACE positives a text-only reader cannot tell from their captions: every substitution
+    ``x -> y`` kept beside another caption's ``y -> x``, so each substituted word is added
+    exactly as often as it is removed (the mirror balance ``hardpos debias`` applies to a
+    benchmark, applied at generation).
+
+    For every caption whose pick (``results[i]``, :func:`pick_balanced`'s) is of kind
+    ``replace``, any of its REPLACE positive candidates may serve; word pairs are matched
+    scarcest first, the captions of each direction in an order shuffled by ``seed``, a caption
+    used once. The REPLACE positives of ``results`` are replaced in place by the matched ones
+    (None where no mirror was found: the row keeps its negative); SWAP positives are untouched.
+    Returns ``{"replace_positives": {"balanced", "mirrored"}}``."""
+    by: dict[tuple[str, str], list[tuple[int, Perturbation]]] = {}
+    for i, res in enumerate(results):
+        if res.get("kind") != "replace":
+            continue
+        for p in candidates[i][1]:
+            sub = substitution(p.slot) if p.kind == "replace" else None
+            if sub is not None and validate(captions[i], p.text, "replace").accepted:
+                by.setdefault(sub, []).append((i, p))
+    rng = random.Random(stable_seed(seed, "mirrored-positives"))
+    pairs = sorted({tuple(sorted(k)) for k in by if (k[1], k[0]) in by and k[0] != k[1]},
+                   key=lambda k: (min(len(by[k]), len(by[(k[1], k[0])])), k))
+    chosen: dict[int, Perturbation] = {}
+    for x, y in pairs:
+        there, back = list(by[(x, y)]), list(by[(y, x)])
+        rng.shuffle(there)
+        rng.shuffle(back)
+        back = [e for e in back if e[0] not in chosen]
+        for i, p in there:
+            if i in chosen:
+                continue
+            while back and (back[-1][0] in chosen or back[-1][0] == i):
+                back.pop()
+            if not back:
+                break
+            j, q = back.pop()
+            chosen[i], chosen[j] = p, q
+    before = sum(1 for r in results if r.get("kind") == "replace" and r.get("pos"))
+    for i, res in enumerate(results):
+        if res.get("kind") == "replace":
+            p = chosen.get(i)
+            res["pos"], res["pos_slot"] = (p.text, p.slot) if p else (None, None)
+    return {"replace_positives": {"balanced": before, "mirrored": len(chosen)}}

@@ -1,24 +1,31 @@
 """`hardpos audit`: how well a text-only model tells each kind of edit from its caption, with no image.
 
-A blind-text audit of hard negatives and positives before any GPU hour is spent on them: a
-logistic regression on the word 1-2-grams of single captions, cross-validated in folds grouped
-by original caption (a caption and its edits never straddle folds), learns to tell an edit from
-an original; its held-out accuracy is reported per kind of edit (REPLACE attribute / relation /
-object, SWAP, ...), negatives and positives apart, as mean ± std over folds (50% = blind
-chance), with simple grammar-rule hit counts. Edits a blind model spots teach a model to detect
-*that* a caption was edited rather than to look at the image, and a benchmark made of them can
-be passed on text alone. docs/blind-audit.md has the measured table for the platform's rules and
-the public benchmarks.
+A blind-text audit of hard negatives and positives before any GPU hour is spent on them, with
+two kinds of text model, each cross-fitted in folds grouped by original caption (a caption and
+its edits never straddle folds): a logistic regression on word 1-2-grams (``ngram_lr``) and an
+n-gram language model of the original captions (``caption_lm``). Per kind of edit (REPLACE
+attribute / relation / object, SWAP, ...), negatives and positives apart: the classifier's
+one-caption accuracy (mean ± std over folds), and the **pair** measure of both models (the
+model picks which caption of the pair is the original: what a benchmark asks), with a 95%
+interval; 50% is blind chance. Beside them, as a benchmark reads the source's items: the
+text-only original / augmented accuracy and brittleness per subset (chance 50 / 33.3 / 33.3),
+and simple grammar-rule hit counts. Edits a blind model spots teach a model to detect *that* a
+caption was edited rather than to look at the image, and a benchmark made of them can be passed
+on text alone. docs/blind-audit.md has the measured tables for the platform's rules and the
+public benchmarks.
 
 Inputs (``input=`` one source, or ``inputs=`` several side by side; local or s3://): a triplet
 file (parquet/jsonl, e.g. the output of `perturb` or `generate`), a caption file with negatives
-(NegCLIP tsv, SugarCrepe json), or a REPLACE / SWAP / SugarCrepe / SugarCrepe++ folder
-(:mod:`hardpos.audit.blind` reads them all).
+(NegCLIP tsv), or any benchmark file or folder the evaluate stage reads (REPLACE / SWAP /
+SugarCrepe / SugarCrepe++: the release, one half of it such as ``swapped_data/``, or one file;
+:mod:`hardpos.audit.blind` reads them all).
 
-Output (``output_dir``): ``audit.md`` (the table), ``audit.json`` (every row with its fold
+Output (``output_dir``): ``audit.md`` (the tables), ``audit.json`` (every row with its fold
 accuracies and the hits per grammar rule; also the run's artifacts) and ``summary.json``.
-MLflow metrics ``blind/<source>/<polarity>/<kind>`` (accuracy, %) with ``.../std`` and
-``grammar/<source>/<polarity>/<kind>`` (% of edits with a grammar-rule hit).
+MLflow metrics, in %: ``blind/<source>/<polarity>/<kind>`` (one caption) with ``.../std``,
+``.../pair`` and ``.../pair_lm``; ``blind/<source>/<subset>/<model>/<figure>`` (the triplet
+figures, with ``_lo`` / ``_hi``); ``grammar/<source>/<polarity>/<kind>`` (% of edits with a
+grammar-rule hit).
 """
 from __future__ import annotations
 
@@ -26,17 +33,18 @@ import dataclasses
 import json
 import re
 import sys
-from typing import Literal
+from typing import Any, Literal, get_args
 
 from hardpos import preflight, storage, tracking
 from hardpos.config import ConfigError, JobConfig, require
-from hardpos.audit.blind import (FORMATS, POLARITIES, AuditError, AuditSettings, NoEditsError, audit_edits,
-                                 markdown_table, read_edits)
+from hardpos.audit.config import FORMATS, POLARITIES
+from hardpos.eval.spec import BenchmarkKind
 from hardpos.rules.english import GRAMMAR_RULES
 from hardpos.runtime import JobContext
 
-Format = Literal["auto", "triplets", "captions", "replace", "swap", "sugarcrepe", "sugarcrepe_pp"]
-assert set(Format.__args__) == set(FORMATS)  # type: ignore[attr-defined]
+#: a source's format: the benchmark kinds the evaluate stage reads, a caption file, or told from the path
+Format = Literal["auto", "captions", BenchmarkKind]
+assert set(get_args(Format)) == set(FORMATS)
 
 
 @dataclasses.dataclass
@@ -46,8 +54,8 @@ class AuditSource:
     path: a triplet file (.parquet/.jsonl), a caption file with negatives (.tsv/.csv/.json) or
         a benchmark folder; local or s3://.
     name: its label in the table and the metrics (default: the file or folder name).
-    format: "auto" (from the extension, or the files a folder holds), or one of "triplets",
-        "captions", "replace", "swap", "sugarcrepe", "sugarcrepe_pp".
+    format: "auto" (from the extension, a .json file's content, or the files a folder holds),
+        or one of "triplets", "captions", "replace", "swap", "sugarcrepe", "sugarcrepe_pp".
     """
 
     path: str = ""
@@ -64,11 +72,17 @@ class Config(JobConfig):
     output_dir: where audit.md, audit.json and summary.json go (local or s3://).
     polarities: which edits to audit: "negative" (hard negatives), "positive" (hard positives).
     pooled: also audit each polarity's kinds together (the "all" rows, where a source has several kinds).
-    folds: cross-validation folds, grouped by original caption.
+    triplets: also the text-only figures as a benchmark reads the source's items (per subset
+        and text model: original accuracy, and with hard positives augmented accuracy and
+        brittleness, each with a 95% interval).
+    folds: cross-fitting folds, grouped by original caption.
     ngrams: the longest word n-gram the classifier reads (1: words only; 2: words and bigrams).
     l2: the L2 penalty on the classifier's weights (added to the mean logistic loss as l2/2 * |w|^2).
-    steps: gradient steps of each fit.
-    min_pairs: a kind with fewer distinct caption/edit pairs is listed but not measured.
+    steps: the classifier solver's iteration limit (scikit-learn's max_iter).
+    order: the caption language model's n-gram order (2: bigrams).
+    discount: the caption language model's Kneser-Ney discount, in (0, 1).
+    min_pairs: a kind with fewer distinct caption/edit pairs (a subset with fewer items) is
+        listed but not measured.
     """
 
     input: str = ""
@@ -76,10 +90,13 @@ class Config(JobConfig):
     output_dir: str = "outputs/audit"
     polarities: list[str] = dataclasses.field(default_factory=lambda: list(POLARITIES))
     pooled: bool = True
+    triplets: bool = True
     folds: int = 5
     ngrams: int = 2
     l2: float = 1e-4
     steps: int = 500
+    order: int = 2
+    discount: float = 0.75
     min_pairs: int = 20
 
     def __post_init__(self) -> None:
@@ -87,6 +104,8 @@ class Config(JobConfig):
         require(self.ngrams >= 1, "ngrams", "must be >= 1", self.ngrams)
         require(self.l2 >= 0, "l2", "must be >= 0", self.l2)
         require(self.steps >= 1, "steps", "must be >= 1", self.steps)
+        require(self.order >= 1, "order", "must be >= 1", self.order)
+        require(0.0 < self.discount < 1.0, "discount", "must be in (0, 1)", self.discount)
         require(self.min_pairs >= self.folds, "min_pairs", f"must be >= folds ({self.folds})", self.min_pairs)
         require(bool(self.polarities) and set(self.polarities) <= set(POLARITIES), "polarities",
                 f"must be a non-empty subset of {list(POLARITIES)}", self.polarities)
@@ -134,41 +153,62 @@ def check(cfg: Config) -> None:
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:
+    # lazy: the text models load scikit-learn (seconds); the CLI imports this module for its Config
+    from hardpos.audit.baselines import FIGURES, blind_baseline
+    from hardpos.audit.blind import (AuditError, AuditSettings, NoEditsError, Source, audit_edits, markdown_table,
+                                     read_source)
+
     settings = AuditSettings(folds=cfg.folds, ngrams=cfg.ngrams, l2=cfg.l2, steps=cfg.steps, seed=cfg.seed,
-                             min_pairs=cfg.min_pairs)
+                             min_pairs=cfg.min_pairs, order=cfg.order, discount=cfg.discount)
     chosen = sources(cfg)
-    read = []
+    read: list[tuple[AuditSource, Any]] = []
     for s in chosen:  # every source is read before any is audited: a bad one fails in seconds
         try:
-            edits, info = read_edits(s.path, s.format)
+            src = read_source(s.path, s.format)
         except NoEditsError as exc:
             if not cfg.allow_empty:
                 raise ConfigError(f"{s.name}: {exc} (allow_empty=true audits it as empty)") from exc
-            edits, info = [], {"format": s.format, "edits": 0, "identical": None}
+            src = Source([], [], {"format": s.format, "edits": 0, "identical": None})
         except AuditError as exc:
             raise ConfigError(f"{s.name}: {exc}") from exc
-        if edits and not any(e.polarity in cfg.polarities for e in edits):
+        if src.edits and not any(e.polarity in cfg.polarities for e in src.edits):
             raise ConfigError(f"{s.name}: {s.path} has no {' or '.join(cfg.polarities)} edits "
-                              f"(it has {sorted({e.polarity for e in edits})}); set polarities=")
-        read.append((s, edits, info))
+                              f"(it has {sorted({e.polarity for e in src.edits})}); set polarities=")
+        read.append((s, src))
 
     results = []
     metrics: dict[str, float] = {}
-    for s, edits, info in read:
+    models: dict[str, str] = {}
+    for s, src in read:
+        info = src.info
         print(f"audit: {s.name} ({info['format']}): {info['edits']} distinct edits, {info['identical']} equal to "
               f"their caption", file=sys.stderr)
-        rows = audit_edits(edits, settings, polarities=cfg.polarities, pooled=cfg.pooled,
+        rows = audit_edits(src.edits, settings, polarities=cfg.polarities, pooled=cfg.pooled,
                            progress=lambda line, name=s.name: print(f"audit: {name} {line}", file=sys.stderr))
-        results.append({"name": s.name, "path": s.path, **info, "rows": rows})
+        triplet_rows = []
+        if cfg.triplets and src.items:
+            print(f"audit: {s.name} triplet figures: {len(src.items)} items", file=sys.stderr)
+            base = blind_baseline(s.name, src.items, src.aggregate, settings.blind())
+            triplet_rows = base.rows()
+            models.update(base.models)
+        results.append({"name": s.name, "path": s.path, **info, "rows": rows, "triplet_rows": triplet_rows})
         for r in rows:
             key = (s.name, r["polarity"], r["kind"])
             metrics[_metric_key("grammar", *key)] = r["grammar_hit_pct"]
             if r["skipped"] is None:
                 metrics[_metric_key("blind", *key)] = r["accuracy_pct"]
                 metrics[_metric_key("blind", *key, "std")] = r["std_pct"]
+                metrics[_metric_key("blind", *key, "pair")] = r["pair_pct"]
+                metrics[_metric_key("blind", *key, "pair_lm")] = r["lm_pair_pct"]
+        for t in triplet_rows:
+            for fig in FIGURES:
+                for suffix in ("", "_lo", "_hi"):
+                    if fig + suffix in t:
+                        metrics[_metric_key("blind", s.name, t["subset"], t["model"], fig + suffix)] = \
+                            round(100 * t[fig + suffix], 2)
 
     table = markdown_table(results)
-    doc = {"settings": dataclasses.asdict(settings),
+    doc = {"settings": dataclasses.asdict(settings), "models": models,
            "grammar_rules": {name: what for name, (_, what) in GRAMMAR_RULES.items()}, "sources": results}
     md_uri = storage.write_text(ctx.path("audit.md"), table)
     json_uri = storage.write_text(ctx.path("audit.json"), json.dumps(doc, indent=2, ensure_ascii=False))
@@ -177,4 +217,4 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         ctx.run.log_text(table, "audit.md")
         ctx.run.log_json(doc, "audit.json")
     print(table)
-    return {"sources": results, "table": md_uri, "json": json_uri}
+    return {"sources": results, "models": models, "table": md_uri, "json": json_uri}

@@ -1,5 +1,6 @@
-"""Compare tracked runs: the paper's Table-3 layout (Markdown) and a plot of augmented
-accuracy and brittleness against the hard-negative weight, from MLflow's search_runs.
+"""Compare tracked runs: the paper's Table-3 layout (Markdown; under the runs, the blind
+baselines their evaluations logged: text-only models that never see the image) and a plot of
+augmented accuracy and brittleness against the hard-negative weight, from MLflow's search_runs.
 ``hardpos compare parent_run_id=<sweep run>`` compares one sweep's trials.
 
 Given two or more evaluations (``explorer.evaluations``: label -> an evaluate stage's
@@ -29,7 +30,7 @@ from hardpos.config.paths import resolve_tracking_uri
 from hardpos.rules.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.items import BenchmarkError
-from hardpos.eval.outputs import SCORES_FILE
+from hardpos.eval.outputs import SCORES_FILE, blind_rows
 from hardpos.explorer import ExplorerConfig, ExplorerError
 from hardpos.models.uri import mlflow_client
 from hardpos.paper import table3
@@ -159,9 +160,21 @@ def pareto_front(rows: list[dict[str, Any]], criteria: dict[str, str]) -> list[i
 
 
 def compare_rows(rows: list[dict[str, Any]], criteria: dict[str, str]) -> tuple[str, list[int]]:
-    """(the Table-3-style Markdown with a Pareto column, the Pareto front's row indices)."""
+    """(the Table-3-style Markdown with a Pareto column, the Pareto front's row indices).
+
+    Under the runs, one row per blind baseline the runs logged (``blind/<benchmark>/<model>/...``,
+    the evaluate stage's text-only models): what a model that never sees the image reaches on
+    the same columns. A benchmark's baseline depends on its texts alone, so the first run that
+    logged it gives it; the blind rows take no part in the Pareto front."""
     front = pareto_front(rows, criteria)
-    return table3.comparison_table(rows, pareto=front), front
+    columns = table3.comparison_columns(rows)
+    logged: dict[str, float] = {}
+    for r in rows:
+        for k, v in r.items():
+            if k.startswith("blind/") and isinstance(v, (int, float)):
+                logged.setdefault(k, float(v))
+    blind = [{"run_name": label, **row} for label, row in blind_rows(logged, [k for _, k in columns if "/" in k]).items()]
+    return table3.comparison_table(rows + blind, pareto=front, columns=columns), front
 
 
 def write_comparison(rows: list[dict[str, Any]], table: str, ctx) -> list[str]:

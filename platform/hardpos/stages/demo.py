@@ -26,7 +26,8 @@ and tracked as a child of this demo's MLflow run in one experiment (``hardpos-de
 6. ``register``  the best finetuned model (mean augmented accuracy on REPLACE and SWAP) as
                  ``models:/<register_name>@champion``.
 7. the Table-1-style comparison (``results.md``, ``results.json``) and a chart
-   (``results.png``) in ``output_dir``, with every preregistered check this run's models can
+   (``results.png``) in ``output_dir``, with the blind baselines under it (text-only models
+   that never see the image, on the same benchmarks: :func:`blind_markdown`), every preregistered check this run's models can
    judge, each margin set against the confirmatory worlds' prediction interval
    (:func:`hardpos.paper.confirm.run_verdicts_markdown`): "as the confirmatory result",
    "inside the noise" or "against it"; plus the commands to open the MLflow UI on this store
@@ -51,11 +52,13 @@ import pyarrow.parquet as pq
 
 import hardpos.stages.base
 from hardpos import plots, storage, tracking
+from hardpos.markdown import pct, table
 from hardpos.stages.compose import (PhaseConfig, check_base_recipe, default_curriculum_world, default_world, epochs_for,
                              slug)
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig
 from hardpos.config.paths import resolve_tracking_uri
 from hardpos.world.scene import WorldConfig
+from hardpos.eval.outputs import blind_rows
 from hardpos.eval.spec import RetrievalSpec
 from hardpos.interpolate import check_alphas
 from hardpos.models import bases, registry
@@ -335,6 +338,23 @@ def instructions(uri: str, cfg: Config, best: str, registered: dict, files: dict
     return "\n".join(lines)
 
 
+#: the demo table's cells the blind baselines fill (REPLACE = the mean of its two world benchmarks)
+BLIND_COLUMNS = tuple(f"{g}/{f}" for g in ("replace", "swap") for f in table1.PERCENT) + table1.SUBSET_COLUMNS
+
+
+def blind_markdown(blind: dict[str, dict[str, float]]) -> str:
+    """The blind baselines under the demo's table: one row per text-only model, the same
+    benchmarks and figures (%), with a line saying what they are (empty without baselines)."""
+    if not blind:
+        return ""
+    head = ["blind model", "REPLACE orig", "REPLACE aug", "REPLACE brittle", "SWAP orig", "SWAP aug", "SWAP brittle",
+            "attribute orig", "attribute aug", "attribute brittle", "relation orig", "relation aug", "relation brittle"]
+    body = [[label, *(pct(row.get(c)) for c in BLIND_COLUMNS)] for label, row in blind.items()]
+    return ("\nBlind baselines: text-only models that never see the image, on the same benchmarks (cross-fitted by "
+            "caption; each evaluation's report.md has their 95% intervals). A model's figure above them is what the "
+            "image added:\n\n" + table(head, body) + "\n")
+
+
 def check(cfg: Config) -> None:
     """Before any work: the tracking server (this stage's inputs are read, and named in its errors, by ``run``)."""
     tracking.check_tracking(cfg.tracking)
@@ -387,10 +407,13 @@ def run(cfg: Config, ctx: JobContext) -> dict:
                                                        "model_uri": None}
 
     rows: dict[str, dict[str, float]] = {}
+    blind_metrics: dict[str, float] = {}  # the same for every model: the benchmarks' texts alone
     for name, m in models.items():
         ev = p.evaluate(name, m["checkpoint"], world_dir)
         rows[name] = table1.table_row(ev["metrics"])
+        blind_metrics = blind_metrics or (ev.get("blind") or {}).get("metrics", {})
         m["eval_dir"] = ev["output_dir"]
+    blind = blind_rows(blind_metrics, BLIND_COLUMNS, dict(table1.GROUPS))
     wise = {name: p.wise_curve(name, base_ckpt, models[name]["checkpoint"], world_dir)
             for name in (cfg.wise_variants if cfg.full else [])}
 
@@ -414,6 +437,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     # ends with the preregistered checks this run can judge, each margin set against the
     # confirmatory worlds' prediction interval (listed without a verdict until every world is in)
     md = table1.markdown_table(rows, title=title)
+    md += blind_markdown(blind)
     verdicts = confirm.run_verdicts_markdown(rows)
     if verdicts:
         md += "\n" + verdicts
@@ -421,7 +445,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         md += "\n## WiSE-FT: mixing the base and a finetuned model (interpolate stage)\n\n" + "\n".join(
             storage.read_text(w["files"]["curve_md"]) for w in wise.values())
     files: dict[str, str] = {}
-    results = {"rows": rows, "champion": best, "world_dir": world_dir, "world_reused": reused, "seed": cfg.seed,
+    results = {"rows": rows, "blind": blind, "champion": best, "world_dir": world_dir, "world_reused": reused, "seed": cfg.seed,
                "world_seed": cfg.world.seed, "models": models, "timings_s": p.timings,
                "wise": {n: {"run_id": w["mlflow_run_id"], "output_dir": w["output_dir"], "points": w["points"]}
                         for n, w in wise.items()}}
@@ -439,6 +463,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     # MLflow metric names allow [A-Za-z0-9_-. :/]: "hp+hn" is logged as "hp_hn"
     ctx.log_metrics({f"{slug(m)}/{k}": v for m, row in rows.items() for k, v in row.items()})
     ctx.log_metrics({"champion/objective": rows[best]["objective"]})
+    ctx.log_metrics({f"blind/{label.split(' ')[1]}/{k}": v for label, row in blind.items() for k, v in row.items()})
     if ctx.run is not None:
         ctx.run.set_tags({"hardpos.champion": best, "hardpos.champion_run_id": models[best]["run_id"] or ""})
 

@@ -4,6 +4,14 @@ summary.json, scores.parquet (per item), report.md (paper Table 1 layout),
 missing_images.json and logs every figure to MLflow under stable names
 (``replace/aug_acc``, ``swap/brittleness``, ``zeroshot/<name>/top1`` ...).
 
+Beside the model, every benchmark and subset gets its blind baselines (``blind``): the
+figures text-only models reach with no image (:mod:`hardpos.audit.baselines`: a word n-gram
+classifier and a caption language model, cross-fitted by caption; the pair measure, and with
+hard positives the augmented accuracy and brittleness, each with a 95% interval). They depend
+on the benchmark's texts only, so they are computed once per benchmark in a process; they are
+in summary.json (``blind``), report.md, scores.parquet (``blind_<model>_c/_n/_p``) and MLflow
+(``blind/<benchmark>/<subset>/<model>/<figure>``, overall ``blind/<benchmark>/<model>/<figure>``).
+
 Example:
     python jobs/evaluate.py model.pretrained=outputs/train/checkpoint \\
         world_dir=outputs/world output_dir=outputs/eval
@@ -20,10 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from hardpos import preflight, storage, tracking
+from hardpos.audit.config import BlindSettings
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig, require
 from hardpos.config.paths import resolve_tracking_uri
 from hardpos.rules.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.eval.items import BenchmarkError
+from hardpos.eval.benchmarks import check_benchmarks
 from hardpos.eval.spec import BenchmarkSpec, Precision, RayDataConfig, RetrievalSpec, ZeroShotSpec
 from hardpos.models import weights
 from hardpos.models.uri import source_run_tags
@@ -91,6 +101,8 @@ class Config(JobConfig):
     retention: zero-shot classification / retrieval datasets.
     max_missing_fraction: fail the job when more than this fraction of a benchmark's items
         had to be excluded for missing/corrupt images (1.0: never fail, only report).
+    blind: the blind baselines beside every benchmark (text-only models, no image; enabled,
+        models, folds, seed and the models' settings).
     """
 
     output_dir: str = "outputs/evaluate"
@@ -107,6 +119,7 @@ class Config(JobConfig):
     ray_data: RayDataConfig = dataclasses.field(default_factory=RayDataConfig)
     retention: RetentionConfig = dataclasses.field(default_factory=RetentionConfig)
     max_missing_fraction: float = 1.0
+    blind: BlindSettings = dataclasses.field(default_factory=BlindSettings)
 
     def __post_init__(self) -> None:
         require(self.batch_size >= 1, "batch_size", "must be >= 1", self.batch_size)
@@ -203,12 +216,44 @@ def evaluate_model(model: torch.nn.Module, lm: LoadedModel, specs: Sequence[Benc
     return report, retention
 
 
+def blind_baselines(report: EvalReport, settings: BlindSettings) -> dict[str, Any] | None:
+    """The blind baselines of every benchmark in ``report`` (None when ``settings`` turn them
+    off): ``{"models": {name: how it was fit}, "rows": [...], "metrics": {blind/...: value}}``.
+    Each result gets its scored items' text-only scores (``blind_scores``, the scores.parquet
+    columns). Every item of a benchmark counts, its image read or not (no image is used)."""
+    # lazy: see the module's imports; the text models load scikit-learn
+    import numpy as np
+
+    from hardpos.audit.baselines import blind_baseline, flat_metrics
+    from hardpos.eval.outputs import blind_columns
+
+    if not settings.enabled:
+        return None
+    rows: list[dict[str, Any]] = []
+    models: dict[str, str] = {}
+    metrics: dict[str, float] = {}
+    for r in report.results:
+        if not r.items:
+            continue
+        started = time.perf_counter()
+        base = blind_baseline(r.name, r.items, r.aggregate, settings)
+        log.info("%s: blind baselines in %.1f s", r.name, time.perf_counter() - started)
+        rows += base.rows()
+        models.update(base.models)
+        metrics.update(flat_metrics(base))
+        where = {item_id: k for k, item_id in enumerate(base.item_ids)}
+        idx = np.asarray([where[i] for i in r.item_ids], dtype=np.int64)
+        for model, scores in base.scores.items():
+            r.blind_scores.update({col: s[idx] for col, s in zip(blind_columns(model), scores)})
+    return {"models": models, "rows": rows, "metrics": metrics}
+
+
 def check(cfg: Config) -> None:
     """Before any work, cheapest first: the S3 endpoint, the world folder and benchmark files,
     the tracking server, then the model's weights."""
     specs = list(cfg.benchmarks)
     preflight.check_s3_endpoint([s.path for s in specs] + [cfg.model.pretrained, cfg.world_dir, cfg.output_dir])
-    preflight.check_benchmarks(specs, cfg.world_dir, cfg.allow_empty)
+    check_benchmarks(specs, cfg.world_dir, cfg.allow_empty)
     tracking.check_tracking(cfg.tracking)
     weights.check_model("model", cfg.model.arch, cfg.model.pretrained)
 
@@ -246,8 +291,10 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     bench_s = time.time() - started  # benchmarks and retention
 
     metrics = {**report.metrics, **retention}
-    paths = outputs.write_outputs(report, ctx.output_dir, model_name=model_name, retention=retention, device=device)
-    ctx.log_metrics(metrics)
+    blind = blind_baselines(report, cfg.blind)
+    paths = outputs.write_outputs(report, ctx.output_dir, model_name=model_name, retention=retention, device=device,
+                                  blind=blind)
+    ctx.log_metrics({**metrics, **(blind["metrics"] if blind else {})})
     if ctx.run is not None:
         with tempfile.TemporaryDirectory() as tmp:  # artifacts from local copies (output_dir may be s3://)
             for uri in paths.values():
@@ -266,7 +313,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         if n_total and len(r.excluded_items) / n_total > cfg.max_missing_fraction:
             raise RuntimeError(f"{r.name}: {len(r.excluded_items)} of {n_total} items lost their image "
                                f"(> max_missing_fraction={cfg.max_missing_fraction}); see {paths['missing_images']}")
-    print(outputs.markdown_report(report, model_name, retention, device=device).split("## Missing")[0])
+    print(outputs.markdown_report(report, model_name, retention, device=device, blind=blind).split("## Missing")[0])
     return {"model": model_name, "seen_substitutions": seen, "device": device, "precision": cfg.precision, "engine": cfg.engine,
             "benchmark_seconds": round(bench_s, 3),
-            "metrics": metrics, "benchmarks": benchmarks, "files": paths}
+            "metrics": metrics, "blind": blind, "benchmarks": benchmarks, "files": paths}

@@ -37,6 +37,7 @@ from hardpos import markdown, plots, preflight, storage, tracking
 from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig, require
 from hardpos.config.paths import resolve_tracking_uri
 from hardpos.eval import outputs
+from hardpos.eval.benchmarks import check_benchmarks
 from hardpos.eval.spec import BenchmarkSpec, Precision
 from hardpos.interpolate import check_alphas, interpolate_state, load_pair, state_of
 from hardpos.models import registry, weights
@@ -200,7 +201,7 @@ def check(cfg: Config) -> None:
     """Before any work: like the evaluate stage's check, for both endpoints of the mix."""
     preflight.check_s3_endpoint([s.path for s in cfg.benchmarks]
                                 + [cfg.base.pretrained, cfg.finetuned.pretrained, cfg.world_dir])
-    preflight.check_benchmarks(cfg.benchmarks, cfg.world_dir, cfg.allow_empty)
+    check_benchmarks(cfg.benchmarks, cfg.world_dir, cfg.allow_empty)
     tracking.check_tracking(cfg.tracking)
     weights.check_model("base", cfg.base.arch, cfg.base.pretrained)
     weights.check_model("finetuned", cfg.finetuned.arch, cfg.finetuned.pretrained)

@@ -38,11 +38,11 @@ import time
 from typing import Literal
 
 from hardpos import storage, tracking
-from hardpos.config import ConfigError, JobConfig
+from hardpos.config import ConfigError, JobConfig, require
 from hardpos.data.captions import CaptionSourceError
 from hardpos.data.captions.formats import read_captions
 from hardpos.rules.lexicon import benchmark_substitution, seen_substitutions_tag
-from hardpos.rules.perturber import pick_balanced, pick_triplet
+from hardpos.rules.perturber import mirror_positives, pick_balanced, pick_triplet
 from hardpos.data.triplets import TripletFileError, make_triplet, read_triplets, resolve_image, write_triplets
 from hardpos.world.build import world_dir_of
 from hardpos.world.lexicon import world_perturber
@@ -73,6 +73,12 @@ class Config(JobConfig):
         picked edits' word 1-2 gram counts closest to their captions' (a text-only reader then
         finds no word that marks an edit); false: the seeded-random pick. The candidates are made
         in parallel, the picks in one process in a seeded order.
+    positive_picks: "balanced" (the default: as ``balanced_picks`` says) or "mirrored": a REPLACE
+        positive only where another caption's positive makes the reverse substitution (x -> y
+        beside y -> x), so every substituted word is added as often as it is removed and a
+        text-only reader cannot tell the positives from their captions; REPLACE rows without a
+        mirror keep their negative and get no positive (fewer REPLACE positives). Needs
+        balanced_picks.
     """
 
     input: str = ""
@@ -88,6 +94,12 @@ class Config(JobConfig):
     output_format: Literal["parquet", "jsonl"] = "parquet"
     num_workers: int = 0
     balanced_picks: bool = True
+    positive_picks: Literal["balanced", "mirrored"] = "balanced"
+
+    def __post_init__(self) -> None:
+        require(self.positive_picks == "balanced" or self.balanced_picks, "positive_picks",
+                "mirrored positives are picked over the whole caption set: needs balanced_picks=true",
+                self.positive_picks)
 
 
 TRIPLET_INPUT_COLUMNS = {"caption", "hard_negative", "hard_positive", "kind", "source", "caption_id"}
@@ -218,6 +230,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         cpu0 = time.process_time()
         results, balance_info = pick_balanced(captions, made, cfg.seed, cfg.seed, cfg.kinds, cfg.negatives,
                                               cfg.positives)
+        if cfg.positive_picks == "mirrored" and cfg.positives:
+            balance_info.update(mirror_positives(captions, made, results, cfg.seed))
         cpu_s += time.process_time() - cpu0
     else:
         results = made
@@ -260,7 +274,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         "captions_per_cpu_s_rules": round(n / cpu_s, 1) if cpu_s > 0 else None,
         "captions_per_s_end_to_end": round(len(rows) / total_s, 1) if total_s > 0 else None,
         "rule_seconds": round(rule_s, 3), "output": out_uri, "rejects": ctx.path("rejects.jsonl"),
-        "balanced_picks": cfg.balanced_picks, **balance_info,
+        "balanced_picks": cfg.balanced_picks, "positive_picks": cfg.positive_picks, **balance_info,
         # test-set hygiene: positives that are the REPLACE benchmark's own substitutions
         "include_benchmark_pairs": cfg.include_benchmark_pairs,
         "positives_with_benchmark_substitutions": sum(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from hardpos import preflight, storage, tracking
+from hardpos.eval.benchmarks import check_spec
 from hardpos.rules.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.models import weights
 from hardpos.runtime import JobContext
@@ -79,7 +80,7 @@ def check_data(cfg: Config, *, allow_empty: bool, key_prefix: str = "") -> None:
         preflight.check_table(f"{key_prefix}data.val_path", data.val_path, columns=preflight.TRIPLET_COLUMNS,
                               what="triplet file", allow_empty=True, image_root=data.image_root)
     for i, spec in enumerate(cfg.eval_benchmarks):
-        preflight.benchmark(f"{key_prefix}eval_benchmarks.{i}", spec, allow_empty=allow_empty)
+        check_spec(f"{key_prefix}eval_benchmarks.{i}", spec, allow_empty=allow_empty)
 
 
 def check(cfg: Config) -> None:

@@ -1,0 +1,85 @@
+"""The audit's configuration and names, free of the models themselves: what a stage's Config
+needs (the CLI imports every stage's Config, and a mistake on the command line should not wait
+for scikit-learn to load).
+
+* :data:`MODELS`: the two kinds of text model (:mod:`hardpos.audit.text_models`).
+* :data:`POLARITIES`, :data:`FORMATS`: the edits and the sources ``hardpos audit`` reads
+  (its formats: the benchmark kinds of :data:`hardpos.eval.spec.BENCHMARK_KINDS`, the one
+  list, and caption files with negatives).
+* :class:`BlindSettings`: the blind baselines' settings (:mod:`hardpos.audit.baselines`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from hardpos.config import require
+from hardpos.eval.spec import BENCHMARK_KINDS
+
+#: the two kinds of text model, by the names results carry: an n-gram classifier of which
+#: captions are edits, and an n-gram language model of which captions are likely
+MODELS = ("ngram_lr", "caption_lm")
+#: a third kind, kept out of any selection so that a selection can be checked on it: the
+#: n-gram classifier on character n-grams instead of words
+HELDOUT_MODEL = "char_lr"
+POLARITIES = ("negative", "positive")
+#: the sources the audit reads: any benchmark kind the evaluate stage reads, and caption files with negatives
+FORMATS = ("auto", "captions", *BENCHMARK_KINDS)
+
+
+@dataclasses.dataclass
+class BlindSettings:
+    """The blind baselines (text-only models, no image) computed beside a benchmark's figures.
+
+    enabled: compute them (False: the stage reports none).
+    models: which text models: "ngram_lr" (word n-gram logistic regression of true captions
+        against hard negatives) and/or "caption_lm" (n-gram language model of the original
+        captions).
+    folds: cross-fitting folds, grouped by original caption (every text is scored by models
+        fitted on the other folds only).
+    seed: the fold assignment.
+    ngrams: the longest word n-gram the classifier reads.
+    l2: the classifier's L2 penalty (on the mean logistic loss, as l2/2 * |w|^2).
+    steps: the classifier solver's iteration limit.
+    order: the language model's n-gram order (2: bigrams).
+    discount: the language model's Kneser-Ney discount, in (0, 1).
+    min_items: a subset with fewer items (or fewer distinct captions than folds) is listed,
+        not measured.
+    """
+
+    enabled: bool = True
+    models: list[str] = dataclasses.field(default_factory=lambda: list(MODELS))
+    folds: int = 5
+    seed: int = 0
+    ngrams: int = 2
+    l2: float = 1e-4
+    steps: int = 500
+    order: int = 2
+    discount: float = 0.75
+    min_items: int = 20
+
+    def __post_init__(self) -> None:
+        require(bool(self.models) and set(self.models) <= set(MODELS), "blind.models",
+                f"must be a non-empty subset of {list(MODELS)}", self.models)
+        require(self.folds >= 2, "blind.folds", "must be >= 2", self.folds)
+        require(self.ngrams >= 1, "blind.ngrams", "must be >= 1", self.ngrams)
+        require(self.l2 > 0, "blind.l2", "must be > 0", self.l2)
+        require(self.steps >= 1, "blind.steps", "must be >= 1", self.steps)
+        require(self.order >= 1, "blind.order", "must be >= 1", self.order)
+        require(0.0 < self.discount < 1.0, "blind.discount", "must be in (0, 1)", self.discount)
+        require(self.min_items >= self.folds, "blind.min_items", f"must be >= folds ({self.folds})", self.min_items)
+
+    def describe(self, model: str) -> str:
+        """What ``model`` is and how it was fit with these settings, in one line (results carry it)."""
+        if model == "ngram_lr":
+            return (f"word 1-{self.ngrams} gram logistic regression of true captions against hard negatives "
+                    f"(scikit-learn lbfgs, l2={self.l2:g}), fitted on the other {self.folds - 1} of {self.folds} folds "
+                    "grouped by original caption")
+        if model == "caption_lm":
+            return (f"word {self.order}-gram language model of the original captions (interpolated Kneser-Ney, "
+                    f"discount {self.discount:g}), fitted on the other {self.folds - 1} of {self.folds} folds grouped by "
+                    "original caption")
+        if model == HELDOUT_MODEL:
+            return (f"character 2-5 gram logistic regression of true captions against hard negatives (scikit-learn "
+                    f"lbfgs, l2={self.l2:g}), fitted on the other {self.folds - 1} of {self.folds} folds grouped by "
+                    "original caption")
+        raise ValueError(f"unknown text model {model!r}; models: {[*MODELS, HELDOUT_MODEL]}")
