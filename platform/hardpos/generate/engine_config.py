@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+from hardpos.config import require
 from hardpos.generate.prompts import PromptTemplate
 
 REQUEST_COLUMNS = ("request_id", "shard", "caption_id", "caption", "kind", "polarity")
@@ -78,6 +79,12 @@ class VLLMEngineConfig:
 class HttpEngineConfig:
     """Any OpenAI-compatible chat/completions endpoint (``vllm serve``, a hosted API).
 
+    Throughput is ``concurrency x max_in_flight / latency`` until the endpoint is full: an
+    endpoint that batches (vLLM's ``max_num_seqs``, 256 by default on an A100) is used fully
+    only with that many requests open at once. The window shrinks by itself when the
+    endpoint says it is full (429 / 503, a ``Retry-After``, a timeout) and grows back as it
+    answers (AIMD: :mod:`hardpos.generate.flow`).
+
     url: full URL of the chat/completions route (chat-mode templates).
     completions_url: full URL of the completions route, for raw-mode templates (the
         bundled ``paper`` prompts); None derives it from ``url`` (``.../chat/completions``
@@ -86,13 +93,23 @@ class HttpEngineConfig:
     api_key_env: name of the env var holding the API key (sent as "Authorization: Bearer");
         unset/empty variable -> no Authorization header. The key itself never goes in config.
     headers: extra request headers.
-    qps: requests per second per actor (None: as fast as replies come).
-    max_retries: retries per request on 408/429/502/503/504 and connection errors.
-    retry_wait_s: base wait of the exponential backoff between retries.
-    timeout_s: per-request timeout.
-    concurrency: number of HTTP actors. Each actor sends its requests ONE AT A TIME, so
-        throughput ~ concurrency / latency: raise it for slow endpoints.
-    batch_size: rows per actor batch.
+    max_in_flight: requests each actor keeps open at once (one aiohttp connection pool per
+        actor, across the rows of a batch and across batches): the ceiling of its in-flight
+        window. Set concurrency x max_in_flight to about the endpoint's batch capacity.
+    concurrency: number of HTTP actors (each runs max_in_flight requests on one event loop;
+        more actors spread the client's CPU over more cores and hosts).
+    batch_size: rows per Ray Data batch: the input is split into blocks of this many rows so
+        every actor has work from the start, and results flow to the validator a batch at a
+        time.
+    qps: requests per second for the whole job, shared evenly by the actors (None: no limit).
+    tokens_per_minute: tokens per minute for the whole job, shared evenly by the actors, each
+        request counted before it is sent as its prompt's characters / 4 plus its max_tokens,
+        as hosted APIs count it (None: no limit).
+    max_retries: retries per request on 408/429/502/503/504, timeouts and connection errors;
+        a row whose retries run out is a reject (``http_error`` / ``request_failed``).
+    retry_wait_s: base wait of the exponential backoff between retries (a longer
+        ``Retry-After`` from the server wins).
+    timeout_s: per-request timeout, from sending to the last byte of the reply.
     num_cpus: CPUs reserved per HTTP actor; fractional so a small cluster never deadlocks
         (actors mostly wait on the network).
     preflight: send one real request (per route the job's prompts use) from the driver
@@ -106,14 +123,31 @@ class HttpEngineConfig:
     model: str = "default"
     api_key_env: str | None = "OPENAI_API_KEY"
     headers: dict[str, str] = dataclasses.field(default_factory=dict)
-    qps: int | None = None
+    max_in_flight: int = 64
+    concurrency: int = 2
+    batch_size: int = 16
+    qps: float | None = None
+    tokens_per_minute: int | None = None
     max_retries: int = 3
     retry_wait_s: float = 1.0
     timeout_s: float = 60.0
-    concurrency: int = 2
-    batch_size: int = 16
     num_cpus: float = 0.25
     preflight: bool = True
+
+    def __post_init__(self) -> None:
+        for key in ("url", "completions_url"):
+            value = getattr(self, key)
+            require(value is None and key == "completions_url" or str(value).startswith(("http://", "https://")),
+                    key, "must be an http(s) URL", value)
+        for key in ("max_in_flight", "concurrency", "batch_size"):
+            require(getattr(self, key) >= 1, key, "must be >= 1", getattr(self, key))
+        require(self.qps is None or self.qps > 0, "qps", "must be > 0 or null", self.qps)
+        require(self.tokens_per_minute is None or self.tokens_per_minute >= 1, "tokens_per_minute",
+                "must be >= 1 or null", self.tokens_per_minute)
+        require(self.max_retries >= 0, "max_retries", "must be >= 0", self.max_retries)
+        require(self.retry_wait_s >= 0, "retry_wait_s", "must be >= 0", self.retry_wait_s)
+        require(self.timeout_s > 0, "timeout_s", "must be > 0", self.timeout_s)
+        require(0 < self.num_cpus <= 64, "num_cpus", "must be in (0, 64]", self.num_cpus)
 
 
 @dataclasses.dataclass

@@ -124,11 +124,11 @@ def check_config(cfg: Config, templates) -> None:
     if unknown:
         raise ConfigError(f"prompt kinds {unknown} have no validator; kinds must be one of {sorted(KINDS)}")
     # lazy: see the module's imports
-    from hardpos.generate.http_engine import build_http_processor_config
+    from hardpos.generate.http_engine import http_spec
     from hardpos.generate.vllm_engine import build_vllm_processor_config
 
     if cfg.engine.kind == "http":
-        build_http_processor_config(cfg.engine.http)
+        http_spec(cfg.engine, {t.kind: t for t in templates})  # raw prompts need a completions URL
     elif cfg.engine.kind == "vllm":
         build_vllm_processor_config(cfg.engine.vllm)
 
