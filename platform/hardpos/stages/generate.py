@@ -13,7 +13,7 @@ from typing import Literal
 
 import pyarrow.parquet as pq
 
-from hardpos import preflight, storage, tracking
+from hardpos import logs, preflight, storage, tracking
 from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
 from hardpos.data.captions import CaptionSourceError
 from hardpos.data.lexicon import benchmark_substitution, seen_substitutions_tag
@@ -332,7 +332,10 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         # the rule work reuses the perturber's per-caption cache and nothing comes back but counts
         stats = pipeline.run_worker_shards(job, blocks, pending, cfg.engine.rules.num_cpus, on_done)
     else:
-        stats = pipeline.run_driver_shards(job, blocks, pending, make_dataset, on_done)
+        # the LLM engines' Ray Data actor pools make the driver's core worker print an error
+        # line per actor that is not an error here (hardpos.logs.ACTOR_ARGS_NOISE)
+        with logs.quiet_native_stderr(logs.current_level()):
+            stats = pipeline.run_driver_shards(job, blocks, pending, make_dataset, on_done)
 
     # Totals over every finished shard (this run and earlier ones), from the markers.
     done = shard_files.done_shards(out)
