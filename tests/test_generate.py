@@ -86,27 +86,47 @@ def test_prompt_files_include_filter_and_errors(tmp_path):
 # --------------------------------------------------------------------------- engine configs
 def test_vllm_processor_config_is_built_from_config():
     cfg = engine_config.VLLMEngineConfig(model_source="/models/tiny", tensor_parallel_size=2, concurrency=3, batch_size=48,
-                                   chat_template=False, engine_kwargs={"max_num_seqs": 128})
+                                   chat_template=False, max_num_seqs=128, max_concurrent_batches=4,
+                                   engine_kwargs={"enforce_eager": True})
     pc = vllm_engine.build_vllm_processor_config(cfg)
     assert type(pc).__name__ == "vLLMEngineProcessorConfig"
     assert pc.model_source == "/models/tiny"
-    assert pc.concurrency == 3 and pc.batch_size == 48
+    # a fixed pool of 3 replicas from the start (an int would autoscale up from one)
+    assert pc.concurrency == (3, 3) and pc.get_concurrency() == {"min_size": 3, "max_size": 3}
+    assert pc.batch_size == 48 and pc.max_concurrent_batches == 4  # 48 x 4 = 192 rows offered >= 128 sequences
     assert pc.should_continue_on_error is True  # bad rows are rejects, never a crashed job
     assert pc.chat_template_stage is False and pc.tokenize_stage is True and pc.detokenize_stage is True
     kw = pc.engine_kwargs
     assert kw["tensor_parallel_size"] == 2 and kw["pipeline_parallel_size"] == 1
-    assert kw["distributed_executor_backend"] == "ray" and kw["max_num_seqs"] == 128
+    assert kw["distributed_executor_backend"] == "ray" and kw["max_num_seqs"] == 128 and kw["enforce_eager"] is True
     assert kw["enable_prefix_caching"] is True
-    single = vllm_engine.build_vllm_processor_config(engine_config.VLLMEngineConfig())
+    single = vllm_engine.build_vllm_processor_config(engine_config.VLLMEngineConfig(prefix_caching=False))
     assert "distributed_executor_backend" not in single.engine_kwargs and single.chat_template_stage is True
-    with pytest.raises(ConfigError, match="concurrency"):
-        vllm_engine.build_vllm_processor_config(engine_config.VLLMEngineConfig(concurrency=0))
+    assert "max_num_seqs" not in single.engine_kwargs  # vLLM's own default for the GPU
+    assert single.engine_kwargs["enable_prefix_caching"] is False
     pre = vllm_engine.VLLMPre({t.kind: t for t in load_prompts("chat")}, engine_config.SamplingConfig(max_tokens=20), True)
     row = pre({"kind": "replace", "caption": "A dog."})
     assert row["sampling_params"] == {"max_tokens": 20, "temperature": 0.0, "top_p": 1.0}
     assert row["messages"][-1]["content"].endswith("Sentence: A dog.")
     post = vllm_engine._normalise_vllm_row("llm:m", {"request_id": "0:replace", "__inference_error__": "boom"})
     assert post["engine_error"] == "inference_error" and post["raw_output"] is None
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["engine.vllm.concurrency=0"], "engine.vllm.concurrency must be >= 1, got 0"),
+    (["engine.vllm.batch_size=32", "engine.vllm.max_num_seqs=512"],
+     "engine.vllm.max_concurrent_batches must be >= 16 so that batch_size x max_concurrent_batches (256) reaches "
+     "max_num_seqs (512)"),
+    (["engine.vllm.max_num_seqs=1024"], "must be >= 16"),
+    (["engine.vllm.gpu_memory_utilization=1.5"], "engine.vllm.gpu_memory_utilization must be in (0, 1]"),
+    (["engine.vllm.engine_kwargs={max_num_seqs: 64, enable_prefix_caching: false}"],
+     "set engine.vllm.prefix_caching, engine.vllm.max_num_seqs instead"),
+])
+def test_vllm_settings_are_checked_from_one_place(tmp_path, overrides, message):
+    import re
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        gen_config(tmp_path, "engine.kind=vllm", *overrides)
 
 
 def test_parse_chat_response_covers_every_outcome():

@@ -43,15 +43,37 @@ class SamplingConfig:
     stop: list[str] = dataclasses.field(default_factory=list)
 
 
+# engine_kwargs keys that have their own field below: each setting has one place
+VLLM_OWN_KWARGS = {"tensor_parallel_size": "tensor_parallel_size", "pipeline_parallel_size": "pipeline_parallel_size",
+                   "max_model_len": "max_model_len", "gpu_memory_utilization": "gpu_memory_utilization",
+                   "enable_prefix_caching": "prefix_caching", "max_num_seqs": "max_num_seqs"}
+
+
 @dataclasses.dataclass
 class VLLMEngineConfig:
     """vLLM on GPU actors via ``ray.data.llm`` (production path).
 
+    Throughput comes from keeping each replica's running batch full: vLLM decodes up to
+    ``max_num_seqs`` sequences per step, and Ray Data keeps ``batch_size x
+    max_concurrent_batches`` rows inside each replica, so that product must reach
+    max_num_seqs (Ray warns when it does not; a value of max_num_seqs set here is checked).
+
     model_source: HF model id or local/s3 path of the model weights.
     tensor_parallel_size / pipeline_parallel_size: GPUs per engine replica = their product.
     concurrency: number of engine replicas (GPU actors); total GPUs = concurrency * TP * PP.
-    batch_size: rows per Ray Data batch sent to a replica.
-    max_concurrent_batches: batches in flight per replica (overlaps tail latency).
+        Replicas share nothing: requests/s grow with it until the input or the CPU stages
+        (chat template, tokenizer) are the limit.
+    batch_size: rows per Ray Data batch sent to a replica (larger: fewer per-batch costs;
+        smaller: less work redone when a replica dies, less tail at the end).
+    max_concurrent_batches: batches in flight per replica: batch_size x this is the most
+        sequences a replica is offered at once, and must be >= max_num_seqs to fill it.
+    max_num_seqs: sequences vLLM decodes at once per replica (its running batch; the biggest
+        throughput knob: decode reads the weights once per step for every sequence in it);
+        None: vLLM's default for the GPU (Ray's docs: 256 on A10G/A100, 1024 on H100). Bounded
+        by the KV cache: max_num_seqs x (prompt + max_tokens) tokens must fit beside the weights.
+    prefix_caching: vLLM's automatic prefix caching: requests of one prompt kind share its
+        instruction and few-shot examples (the paper's SWAP prompt is five examples long), so
+        their KV cache is computed once and reused, and prefill work drops to the caption.
     chat_template: for chat-mode templates: True applies the model's chat template to the
         messages; False sends their plain-text rendering (base models). Raw-mode templates
         (the bundled ``paper`` prompts) always go as their raw prompt, chat template off;
@@ -59,7 +81,7 @@ class VLLMEngineConfig:
     max_model_len: context length the engine reserves KV cache for.
     gpu_memory_utilization: fraction of GPU memory vLLM may take.
     accelerator_type: e.g. "A100", "H100", or null for any GPU.
-    engine_kwargs: extra vLLM engine args (override the ones above).
+    engine_kwargs: other vLLM engine args (those with a field here must be set there).
     """
 
     model_source: str = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -68,11 +90,31 @@ class VLLMEngineConfig:
     concurrency: int = 1
     batch_size: int = 64
     max_concurrent_batches: int = 8
+    max_num_seqs: int | None = None
+    prefix_caching: bool = True
     chat_template: bool = True
     max_model_len: int = 2048
     gpu_memory_utilization: float = 0.85
     accelerator_type: str | None = None
     engine_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key in ("tensor_parallel_size", "pipeline_parallel_size", "concurrency", "batch_size",
+                    "max_concurrent_batches", "max_model_len"):
+            require(getattr(self, key) >= 1, key, "must be >= 1", getattr(self, key))
+        require(self.max_num_seqs is None or self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1 or null",
+                self.max_num_seqs)
+        require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]",
+                self.gpu_memory_utilization)
+        own = sorted(k for k in self.engine_kwargs if k in VLLM_OWN_KWARGS)
+        require(not own, "engine_kwargs", "must not hold settings that have their own key (set "
+                + ", ".join(f"engine.vllm.{VLLM_OWN_KWARGS[k]}" for k in own) + " instead)", own)
+        if self.max_num_seqs is not None:
+            offered = self.batch_size * self.max_concurrent_batches
+            require(offered >= self.max_num_seqs, "max_concurrent_batches",
+                    f"must be >= {-(-self.max_num_seqs // self.batch_size)} so that batch_size x "
+                    f"max_concurrent_batches ({offered}) reaches max_num_seqs ({self.max_num_seqs}), or a replica "
+                    "never runs a full batch", self.max_concurrent_batches)
 
 
 @dataclasses.dataclass
