@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from hardpos import logs
 
@@ -103,3 +107,56 @@ def test_ray_datas_progress_bar_notice_is_dropped_by_the_quiet_config(tmp_path):
         logger.handlers.clear()
     assert stream.getvalue().splitlines()[-1].endswith("a real problem")
     assert "Progress bars" not in stream.getvalue()
+
+
+def test_quiet_native_stderr_drops_only_ray_datas_actor_argument_line_at_the_fd():
+    """Ray's C++ core worker writes past ``sys.stderr`` to fd 2: the filter sits on the fd,
+    drops that one line (only for Ray Data's MapWorker actors) and keeps the rest in order."""
+    noise = ("[2026-11-28 15:13:36,789 E 4462 4462] core_worker.cc:2465: Actor with class name: "
+             "'MapWorker(MapBatches(HttpGenerate))' and ID: '299cf08ec195fc81000c1db001000000' has constructor "
+             "arguments in the object store and max_restarts > 0. If the arguments in the object store go out of "
+             "scope or are lost, the actor restart will fail.")
+    other = noise.replace("MapWorker(MapBatches(HttpGenerate))", "Trainer")
+    code = ("import os, sys\nfrom hardpos import logs\n"
+            "with logs.quiet_native_stderr(sys.argv[1]):\n"
+            "    os.write(2, (sys.argv[2] + '\\n').encode())\n"
+            "    print('[generate] shard 0 done', file=sys.stderr, flush=True)\n"
+            "    os.write(2, (sys.argv[3] + '\\n').encode())\n"
+            "print('[hardpos] generate finished', file=sys.stderr)\n")
+    quiet = subprocess.run([sys.executable, "-c", code, "info", noise, other], capture_output=True, text=True)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr.splitlines() == ["[generate] shard 0 done", other, "[hardpos] generate finished"]
+    loud = subprocess.run([sys.executable, "-c", code, "debug", noise, other], capture_output=True, text=True)
+    assert loud.stderr.splitlines() == [noise, "[generate] shard 0 done", other, "[hardpos] generate finished"]
+
+
+# A quiet console: no error-level line (Ray's C++ "E" lines, ERROR), no Python warning (Ray
+# Data's UserWarnings), no Ray Data notice, no traceback.
+NOISE = re.compile(r" E \d+ \d+\]|\bERROR\b|Warning\b|Progress bars disabled|Traceback")
+
+
+@pytest.mark.integration  # a subprocess: the job as a user runs it, with its own local Ray
+def test_the_http_engine_console_is_quiet_unless_verbose(tmp_path):
+    """The generate job on the http engine prints its own lines only; --verbose brings
+    Ray's back (the actor-argument line among them, so the quiet run's silence is the filter's)."""
+    import json
+
+    from tests.support.openai_stub import OpenAIStub
+
+    root = Path(__file__).resolve().parent.parent
+    src = tmp_path / "caps.jsonl"
+    src.write_text("".join(json.dumps({"caption": f"A man and a dog near a red car {i}."}) + "\n" for i in range(30)))
+    consoles = {}
+    with OpenAIStub() as stub:
+        for mode in ("quiet", "verbose"):
+            args = [f"input={src}", f"output_dir={tmp_path / mode}", "tracking.enabled=false", "engine.kind=http",
+                    f"engine.http.url={stub.url}", "engine.http.model=stub-llm", "engine.http.retry_wait_s=0.01",
+                    "prompts=chat", "shard_size=10", "ray.num_cpus=2", *(["--verbose"] if mode == "verbose" else [])]
+            proc = subprocess.run([sys.executable, str(root / "jobs" / "generate.py"), *args], cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=600)
+            consoles[mode] = proc.stdout + proc.stderr
+            assert proc.returncode == 0, consoles[mode][-4000:]
+    lines = consoles["quiet"].splitlines()
+    assert [line for line in lines if NOISE.search(line)] == [], consoles["quiet"][-4000:]
+    assert any("[generate]" in line and "accepted" in line for line in lines)
+    assert "has constructor arguments in the object store" in consoles["verbose"]

@@ -3,7 +3,6 @@ the real Ray Data pipeline (http against the stub on real NegCLIP captions, the 
 engine), sharded exactly-once resume, bad inputs, S3 output, and a GPU-only vLLM run."""
 from __future__ import annotations
 
-import asyncio
 import collections
 import json
 import os
@@ -87,21 +86,24 @@ def test_prompt_files_include_filter_and_errors(tmp_path):
 # --------------------------------------------------------------------------- engine configs
 def test_vllm_processor_config_is_built_from_config():
     cfg = engine_config.VLLMEngineConfig(model_source="/models/tiny", tensor_parallel_size=2, concurrency=3, batch_size=48,
-                                   chat_template=False, engine_kwargs={"max_num_seqs": 128})
+                                   chat_template=False, max_num_seqs=128, max_concurrent_batches=4,
+                                   engine_kwargs={"enforce_eager": True})
     pc = vllm_engine.build_vllm_processor_config(cfg)
     assert type(pc).__name__ == "vLLMEngineProcessorConfig"
     assert pc.model_source == "/models/tiny"
-    assert pc.concurrency == 3 and pc.batch_size == 48
+    # a fixed pool of 3 replicas from the start (an int would autoscale up from one)
+    assert pc.concurrency == (3, 3) and pc.get_concurrency() == {"min_size": 3, "max_size": 3}
+    assert pc.batch_size == 48 and pc.max_concurrent_batches == 4  # 48 x 4 = 192 rows offered >= 128 sequences
     assert pc.should_continue_on_error is True  # bad rows are rejects, never a crashed job
     assert pc.chat_template_stage is False and pc.tokenize_stage is True and pc.detokenize_stage is True
     kw = pc.engine_kwargs
     assert kw["tensor_parallel_size"] == 2 and kw["pipeline_parallel_size"] == 1
-    assert kw["distributed_executor_backend"] == "ray" and kw["max_num_seqs"] == 128
+    assert kw["distributed_executor_backend"] == "ray" and kw["max_num_seqs"] == 128 and kw["enforce_eager"] is True
     assert kw["enable_prefix_caching"] is True
-    single = vllm_engine.build_vllm_processor_config(engine_config.VLLMEngineConfig())
+    single = vllm_engine.build_vllm_processor_config(engine_config.VLLMEngineConfig(prefix_caching=False))
     assert "distributed_executor_backend" not in single.engine_kwargs and single.chat_template_stage is True
-    with pytest.raises(ConfigError, match="concurrency"):
-        vllm_engine.build_vllm_processor_config(engine_config.VLLMEngineConfig(concurrency=0))
+    assert "max_num_seqs" not in single.engine_kwargs  # vLLM's own default for the GPU
+    assert single.engine_kwargs["enable_prefix_caching"] is False
     pre = vllm_engine.VLLMPre({t.kind: t for t in load_prompts("chat")}, engine_config.SamplingConfig(max_tokens=20), True)
     row = pre({"kind": "replace", "caption": "A dog."})
     assert row["sampling_params"] == {"max_tokens": 20, "temperature": 0.0, "top_p": 1.0}
@@ -110,21 +112,21 @@ def test_vllm_processor_config_is_built_from_config():
     assert post["engine_error"] == "inference_error" and post["raw_output"] is None
 
 
-def test_http_processor_config_headers_retries_and_fractional_cpus():
-    cfg = engine_config.HttpEngineConfig(url="http://127.0.0.1:9/v1/chat/completions", api_key_env="MY_KEY",
-                                   headers={"X-Team": "hardpos"}, qps=20, max_retries=5, concurrency=3, num_cpus=0.5)
-    pc = http_engine.build_http_processor_config(cfg, environ={"MY_KEY": "sk-test"})
-    assert pc.url == cfg.url and pc.qps == 20 and pc.concurrency == 3
-    assert pc.headers == {"X-Team": "hardpos", "Authorization": "Bearer sk-test"}
-    assert pc.max_retries == 0  # retries live in ResilientSession (Ray's would raise when exhausted)
-    assert pc.http_request_stage == {"num_cpus": 0.5, "concurrency": (3, 3)}  # a fixed pool of 3 actors
-    session = pc.session_factory()
-    assert isinstance(session, http_engine.ResilientSession) and session.max_retries == 5
-    assert "Authorization" not in http_engine.build_http_processor_config(cfg, environ={}).headers
-    with pytest.raises(ConfigError, match="url"):
-        http_engine.build_http_processor_config(engine_config.HttpEngineConfig(url="localhost:8000"))
-    with pytest.raises(ConfigError, match="num_cpus"):
-        http_engine.build_http_processor_config(engine_config.HttpEngineConfig(num_cpus=0))
+@pytest.mark.parametrize("overrides, message", [
+    (["engine.vllm.concurrency=0"], "engine.vllm.concurrency must be >= 1, got 0"),
+    (["engine.vllm.batch_size=32", "engine.vllm.max_num_seqs=512"],
+     "engine.vllm.max_concurrent_batches must be >= 16 so that batch_size x max_concurrent_batches (256) reaches "
+     "max_num_seqs (512)"),
+    (["engine.vllm.max_num_seqs=1024"], "must be >= 16"),
+    (["engine.vllm.gpu_memory_utilization=1.5"], "engine.vllm.gpu_memory_utilization must be in (0, 1]"),
+    (["engine.vllm.engine_kwargs={max_num_seqs: 64, enable_prefix_caching: false}"],
+     "set engine.vllm.prefix_caching, engine.vllm.max_num_seqs instead"),
+])
+def test_vllm_settings_are_checked_from_one_place(tmp_path, overrides, message):
+    import re
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        gen_config(tmp_path, "engine.kind=vllm", *overrides)
 
 
 def test_parse_chat_response_covers_every_outcome():
@@ -142,25 +144,29 @@ def test_parse_chat_response_covers_every_outcome():
     assert null["engine_error"] is None and null["raw_output"] is None  # the validator calls it "empty"
 
 
-def test_resilient_session_retries_then_reports_instead_of_raising():
-    async def post(url, body, retries=2):
-        async with http_engine.ResilientSession(max_retries=retries, retry_wait_s=0.001, timeout_s=5) as session:
-            async with await session.post(url, data=json.dumps(body), headers={"Content-Type": "application/json"}) as r:
-                return await r.json()
-
-    def body(caption):
-        return {"model": "m", "messages": [{"role": "user", "content": f"Replace one word.\nSentence: {caption}"}]}
-
+def test_http_client_retries_then_reports_instead_of_raising():
+    """Against the thread-per-connection stub (the one the cluster test runs): a one-off 503
+    is retried once, a 500 is an answer, a dead port is a reject after every retry."""
+    templates = {t.kind: t for t in load_prompts("chat", ["replace"])}
     caps = [f"A photo of thing number {i} on a table." for i in range(200)]
     flaky = next(c for c in caps if behaviour(c, "replace") == "flaky")
     broken = next(c for c in caps if behaviour(c, "replace") == "error500")
+    rows = [{"request_id": f"{i}:replace", "shard": 0, "caption_id": str(i), "caption": c, "kind": "replace",
+             "polarity": "positive"} for i, c in enumerate([flaky, broken])]
+
+    def spec(url, retries=2):
+        cfg = engine_config.EngineConfig(kind="http", http=engine_config.HttpEngineConfig(
+            url=url, model="m", max_retries=retries, retry_wait_s=0.001, timeout_s=5))
+        return http_engine.http_spec(cfg, templates, environ={})
+
     with OpenAIStub() as stub:
-        env = asyncio.run(post(stub.url, body(flaky)))
-        assert env["status"] == 200 and env["attempts"] == 2  # 503 once, then the answer
-        env = asyncio.run(post(stub.url, body(broken)))
-        assert env["status"] == 500 and env["attempts"] == 1  # a 500 is an answer, not retried
-    env = asyncio.run(post(f"http://127.0.0.1:{free_port()}/v1/chat/completions", body("A dog."), retries=1))
-    assert env["status"] == 0 and env["attempts"] == 2 and "Error" in env["error"]
+        (good, error), _ = http_engine.run_requests(spec(stub.url), rows)
+        assert stub.attempts[(flaky, "replace")] == 2  # 503 once, then the answer
+        assert stub.attempts[(broken, "replace")] == 1  # a 500 is an answer, not retried
+    assert good["engine_error"] is None and good["raw_output"] == canned(flaky, "replace", 1)[1]
+    assert error["engine_error"] == "http_error" and error["engine_detail"].startswith("HTTP 500")
+    (down,), _ = http_engine.run_requests(spec(f"http://127.0.0.1:{free_port()}/v1/chat/completions", 1), rows[:1])
+    assert down["engine_error"] == "request_failed" and "after 2 attempt(s)" in down["engine_detail"]
 
 
 def test_http_preflight_fails_fast_on_an_unusable_endpoint(tmp_path):
@@ -341,6 +347,27 @@ def test_http_engine_end_to_end_on_real_negclip_captions(ray_session, shared_dat
     assert run.data.metrics["accepted"] == summary["accepted"] and run.data.tags["hardpos.engine"] == "http"
     samples = json.loads(Path(out, "samples.json").read_text())
     assert samples["accepted"] and "http_error" in samples["rejected"]
+
+
+def test_http_stage_in_flight_writes_what_one_request_at_a_time_writes(ray_session, tmp_path):
+    """The stage with its defaults (actors x max_in_flight requests open) and with one actor
+    sending one request at a time write the same accepted rows, rejects and verdicts."""
+    words = ["man", "woman", "dog", "cat", "bus", "table", "child", "plate"]
+    src = tmp_path / "caps.jsonl"
+    src.write_text("".join(json.dumps({"caption_id": f"c{i}", "caption": (
+        f"A {words[i % 8]} and a {words[(i + 3) % 8]} near a red car {i}." if i % 2 else
+        f"A small {words[i % 8]} sitting on a big table {i}.")}) + "\n" for i in range(40)))
+    outs = {}
+    for name, extra in (("in_flight", []), ("serial", ["engine.http.concurrency=1", "engine.http.max_in_flight=1"])):
+        with OpenAIStub() as stub:  # a fresh stub: each flaky row fails exactly once in both runs
+            summary = run_stage(gen_config(tmp_path, f"input={src}", "shard_size=20", "prompts=chat",
+                                           *http_overrides(stub), *extra, name=name))
+        outs[name] = (summary, merged(summary["output_dir"], "accepted"), merged(summary["output_dir"], "rejects"))
+    (fast, fast_acc, fast_rej), (slow, slow_acc, slow_rej) = outs["in_flight"], outs["serial"]
+    assert fast_acc == slow_acc and fast_rej == slow_rej
+    for key in ("inputs", "accepted", "rejected", "accepted_by_kind", "rejected_by_kind_reason", "triplets"):
+        assert fast[key] == slow[key], key
+    assert fast["inputs"] == fast["accepted"] + fast["rejected"] > 40 and fast_rej and fast_acc
 
 
 def test_rules_engine_over_all_negclip_captions_conserves_rows(ray_session, shared_data, tmp_path):

@@ -190,12 +190,11 @@ def test_vllm_refuses_a_raw_and_chat_mix_that_needs_two_chat_template_settings(t
 
 # --------------------------------------------------------------------------- HTTP payloads
 def test_http_raw_template_posts_a_completions_payload():
-    pre = http_engine.HttpPre(paper(), "llama", engine_config.SamplingConfig())
-    body = pre({"kind": "replace", "caption": CAPTIONS[1]})["payload"]
+    body = http_engine.request_payload("llama", paper()["replace"], CAPTIONS[1], engine_config.SamplingConfig())
     assert body == {"model": "llama", "prompt": RELEASE_REPLACE.format(example=CAPTIONS[1]).strip(),
                     **PAPER_SAMPLING["replace"]}
-    chat = http_engine.HttpPre({t.kind: t for t in load_prompts("chat")}, "llama", engine_config.SamplingConfig())
-    assert set(chat({"kind": "replace", "caption": "A dog."})["payload"]) == {
+    chat = {t.kind: t for t in load_prompts("chat")}
+    assert set(http_engine.request_payload("llama", chat["replace"], "A dog.", engine_config.SamplingConfig())) == {
         "model", "messages", "max_tokens", "temperature", "top_p"}
 
 
@@ -209,8 +208,8 @@ def test_http_url_per_prompt_mode():
     assert http_engine.http_url(own, raw=True) == "http://h/complete"
     with pytest.raises(ConfigError, match="completions_url"):
         http_engine.http_url(engine_config.HttpEngineConfig(url="http://h/chat"), raw=True)
-    pc = http_engine.build_http_processor_config(cfg, environ={}, url=http_engine.http_url(cfg, raw=True))
-    assert pc.url == "http://h:8000/v1/completions"
+    spec = http_engine.http_spec(engine_config.EngineConfig(kind="http", http=cfg), paper(), environ={})
+    assert set(spec.urls.values()) == {"http://h:8000/v1/completions"}  # each raw kind to its route
 
 
 def test_parse_completions_reply_reads_choice_text():

@@ -17,13 +17,15 @@ through Ray's log forwarding (``log_to_driver``), prefixed with the worker's nam
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import sys
+import threading
 import warnings
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Iterator
 
 from hardpos.tracking.redact import RedactFormatter
 
@@ -135,6 +137,18 @@ GCS_KILL_NOISE = re.compile(r"\(gcs_server\) gcs_actor_scheduler\.cc:\d+: Failed
                             r"rpc_code: 14\s*$")
 
 
+# Ray Data's actor pools pass each actor its constructor arguments (the DataContext and the map
+# transformer) as object refs the driver owns for the whole run, and keep max_restarts=-1 so a
+# lost node's actors come back; the driver's core worker then logs an error line per actor
+# (ray-project/ray#53727: lineage of such arguments, which the driver keeps alive here). Only
+# that line, only for Ray Data's MapWorker actors; any other core-worker error still shows.
+ACTOR_ARGS_NOISE = re.compile(rb"core_worker\.cc:\d+: Actor with class name: 'MapWorker\(.*\)' and ID: '\w+' has "
+                              rb"constructor arguments in the object store and max_restarts > 0")
+# Ray Data warns when an actor pool gets fewer input blocks than it has actors: with a few rows
+# (fewer blocks than engine.http.concurrency) that is the plan, not a problem.
+RAY_DATA_FEW_INPUTS = r"The minimum number of concurrent actors for .* is set to"
+
+
 def ray_warning_filters(level: str) -> str:
     """``PYTHONWARNINGS`` entries that hide Ray's own deprecation noise in Ray's processes."""
     return "" if verbose(level) else f"ignore:{RAY_DEPRECATION_NOISE}:Warning"
@@ -192,10 +206,63 @@ def quiet_ray_data(level: str) -> None:
     loud = verbose(level)
     if not loud:
         warnings.filterwarnings("ignore", message=re.escape(RAY_DEPRECATION_NOISE))
+        warnings.filterwarnings("ignore", message=RAY_DATA_FEW_INPUTS)
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = loud
     # ERROR, not WARNING: turning the bars off makes Ray Data warn once that they are off
     logging.getLogger("ray.data").setLevel(logging.DEBUG if loud else logging.ERROR)
+
+
+@contextlib.contextmanager
+def quiet_native_stderr(level: str, pattern: re.Pattern[bytes] = ACTOR_ARGS_NOISE) -> Iterator[None]:
+    """While the block runs, the process's file descriptor 2 goes through a pipe whose reader
+    drops the lines matching ``pattern`` (unless verbose): Ray's C++ core worker writes its
+    error lines there directly, past ``sys.stderr``. Every other line passes unchanged and in
+    order; on exit fd 2 is restored and what is left in the pipe is written out. Where fd 2
+    cannot be redirected the block runs as it is."""
+    if verbose(level):
+        yield
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def pump() -> None:
+        def emit(data: bytes) -> None:
+            while data:
+                data = data[os.write(saved, data):]
+
+        held = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(read_end, 65536):
+                *lines, held = (held + chunk).split(b"\n")
+                kept = b"".join(line + b"\n" for line in lines if not pattern.search(line))
+                if kept:
+                    emit(kept)
+            if held and not pattern.search(held):
+                emit(held)
+        os.close(read_end)
+
+    reader = threading.Thread(target=pump, name="hardpos-stderr-filter", daemon=True)
+    reader.start()
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os.dup2(saved, 2)  # the pipe's last write end closes: the reader drains it and ends
+        reader.join(timeout=5)
+        if not reader.is_alive():  # else a child holds the pipe open and the reader still writes
+            os.close(saved)
 
 
 def quiet_worker(level: str) -> None:

@@ -7,6 +7,8 @@ pytest's ``pythonpath``, or ``python -m`` run from the root):
   :func:`draw_shape`, :func:`write_triplets` (a training triplet file over drawn shapes),
   :func:`triplet_rows` / :func:`write_rows` (benchmark rows and their solid-colour images).
 * :mod:`tests.support.openai_stub` -- an OpenAI-compatible chat/completions server.
+* :mod:`tests.support.batching_stub` -- the same answers from a server with a batch capacity,
+  a queue and 429s beyond it, and counters of the capacity used.
 * :mod:`tests.support.mlflow_server` -- a real ``mlflow server`` to crash and restart by PID.
 * :mod:`tests.support.faults` -- step hooks that make a Ray Train worker fail once.
 * ``house_stats.py`` -- the numbers the package's layout is judged by (a script).

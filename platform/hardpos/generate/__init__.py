@@ -4,7 +4,8 @@
 * :mod:`hardpos.generate.engines`  -- the vllm / http / rules engines behind one contract, and
   every name of its parts: :mod:`~hardpos.generate.engine_config` (engine and sampling configs),
   :mod:`~hardpos.generate.vllm_engine` (the pure builders of the ``ray.data.llm`` processor),
-  :mod:`~hardpos.generate.http_engine` (OpenAI-compatible client),
+  :mod:`~hardpos.generate.http_engine` (OpenAI-compatible client, many requests in flight per
+  actor), :mod:`~hardpos.generate.flow` (its window and rate limits, pure),
   :mod:`~hardpos.generate.rules_engine` (the rule engine).
 * :mod:`hardpos.generate.pipeline` -- the driver, and every name of its parts:
   :mod:`~hardpos.generate.planning` (inputs, shards, judging), :mod:`~hardpos.generate.join`

@@ -19,12 +19,12 @@ Engines:
 
 * ``vllm``  -- ``ray.data.llm.vLLMEngineProcessorConfig`` + ``build_processor`` on GPU
   actors (:func:`build_vllm_processor_config` is pure and unit-tested on CPU).
-* ``http``  -- ``ray.data.llm.HttpRequestProcessorConfig`` against any OpenAI-compatible
+* ``http``  -- a few Ray actors (:class:`~hardpos.generate.http_engine.HttpGenerate`), each
+  keeping up to ``engine.http.max_in_flight`` requests open against any OpenAI-compatible
   endpoint: ``/v1/chat/completions`` for chat templates, ``/v1/completions`` for raw ones
-  (:func:`build_http_processor_config`, :func:`http_url`). Ray's HTTP
-  stage raises (killing the job) when retries run out or a body is empty/non-JSON, and
-  hands 500s back as normal replies; :class:`ResilientSession` owns retries instead and
-  always returns a ``{"status", "body"}`` envelope so every row gets an answer.
+  (:func:`http_url`); 429 / 503 / Retry-After shrink the window (:mod:`hardpos.generate.flow`).
+  Every request ends in a ``{"status", "body"}`` envelope after its retries, so every row
+  gets an answer and no server error fails the job.
 * ``rules`` -- :class:`hardpos.rules.perturber.RulePerturber` in CPU ``map_batches`` tasks.
 
 The LLM engines send each template as it says (:class:`hardpos.generate.prompts.PromptTemplate`):

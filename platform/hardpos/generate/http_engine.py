@@ -1,19 +1,31 @@
-"""The HTTP engine: ``ray.data.llm.HttpRequestProcessorConfig`` against any OpenAI-compatible endpoint.
+"""The HTTP engine: many requests in flight from a few Ray actors to any OpenAI-compatible endpoint.
 
 Chat templates go to ``/v1/chat/completions``, raw ones to ``/v1/completions``
-(:func:`http_url`; :func:`apply_http` runs one processor per prompt mode). Ray's HTTP stage
-raises (killing the job) when retries run out or a body is empty/non-JSON, and hands 500s
-back as normal replies; :class:`ResilientSession` owns retries instead and always returns a
-``{"status", "body"}`` envelope, which :func:`parse_chat_response` (pure) turns into the
-engine columns, so every row gets an answer. :func:`preflight` checks the endpoint from the
-driver before a job starts and raises ``ConfigError`` when it cannot serve it.
+(:func:`http_url`, per row by its kind). The request rows are split into blocks of
+``engine.http.batch_size`` so every actor has work from the start; each actor
+(:class:`HttpGenerate`, a Ray Data async callable class) runs one :class:`HttpClient`: one
+aiohttp connection pool and one event loop, on which the rows of every batch it holds are
+sent concurrently, at most ``engine.http.max_in_flight`` at once. How many may be open, and
+when the next one may go, is :mod:`hardpos.generate.flow`'s (pure) decision: an AIMD window
+that 429 / 503 / Retry-After / timeouts shrink, and the ``qps`` / ``tokens_per_minute``
+limits.
+
+Every row gets an answer: a request's outcome is a fixed-schema envelope (``status``,
+``body``, ``error``, ``attempts``) after its retries, which :func:`parse_chat_response`
+(pure) turns into the engine columns, and the template's postprocess is applied; nothing a
+server does raises out of a batch. Outputs are the same rows and verdicts whatever the
+window or the number of actors (the deterministic stub pins this in the tests).
+:func:`preflight` checks the endpoint from the driver before a job starts and raises
+``ConfigError`` when it cannot serve it.
 """
 from __future__ import annotations
 
 import asyncio
-import functools
+import collections
+import dataclasses
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -24,76 +36,11 @@ from hardpos.config import ConfigError
 from hardpos.generate.engine_config import (
     REQUEST_COLUMNS, EngineConfig, HttpEngineConfig, SamplingConfig, sampling_params, source_of,
 )
+from hardpos.generate.flow import OVERLOAD_STATUSES, FlowControl, prompt_tokens_estimate, retry_after_s
 from hardpos.generate.prompts import PromptTemplate, postprocess
 from hardpos.generate.vllm_engine import postprocess_modes
 
 RETRYABLE = (408, 429, 502, 503, 504)
-
-
-class _Envelope:
-    """What :class:`ResilientSession.post` resolves to: looks like an aiohttp response
-    with status 200 whose JSON is ``{"status": <real status>, "body": <text>, ...}``."""
-
-    status = 200
-    reason = "OK"
-
-    def __init__(self, payload: dict):
-        self._payload = payload
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        return False
-
-    async def json(self, *args, **kwargs):
-        return self._payload
-
-
-class ResilientSession:
-    """An aiohttp session for Ray's HttpRequestUDF that never raises per request.
-
-    Retries 408/429/5xx-gateway statuses and connection errors with exponential backoff,
-    then reports the final outcome in a fixed-schema envelope (``status``, ``body``,
-    ``error``, ``attempts``) that the stage's postprocess turns into an output or a reject.
-    A fixed schema also keeps Ray Data's Arrow blocks uniform across good and bad rows.
-    """
-
-    def __init__(self, max_retries: int = 3, retry_wait_s: float = 1.0, timeout_s: float = 60.0):
-        self.max_retries, self.retry_wait_s, self.timeout_s = max_retries, retry_wait_s, timeout_s
-        self._session = None
-
-    async def __aenter__(self):
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
-        await self._session.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc):
-        return await self._session.__aexit__(*exc)
-
-    def post(self, url: str, **kwargs) -> Any:
-        return self._post(url, **kwargs)
-
-    async def _post(self, url: str, **kwargs) -> _Envelope:
-        status, body, error = 0, "", None
-        attempt = 0
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                await asyncio.sleep(self.retry_wait_s * (2 ** (attempt - 1)))
-            try:
-                async with self._session.post(url, **kwargs) as resp:
-                    status, error = resp.status, None
-                    body = (await resp.read()).decode("utf-8", errors="replace")
-                if status not in RETRYABLE:
-                    break
-            except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-                status, body, error = 0, "", f"{type(exc).__name__}: {exc}"[:300]
-        return _Envelope({"status": status, "body": body, "error": error or "", "attempts": attempt + 1})
-
-
-def resilient_session_factory(cfg: HttpEngineConfig):
-    """A picklable zero-argument session factory for ``HttpRequestProcessorConfig``."""
-    return functools.partial(ResilientSession, cfg.max_retries, cfg.retry_wait_s, cfg.timeout_s)
 
 
 def http_headers(cfg: HttpEngineConfig, environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -122,40 +69,6 @@ def http_url(cfg: HttpEngineConfig, raw: bool) -> str:
     raise ConfigError(f"raw prompts (prompt_mode: raw, e.g. prompts=paper) go to a /v1/completions route, and "
                       f"engine.http.url {cfg.url!r} does not end in /chat/completions to derive it from: "
                       "set engine.http.completions_url")
-
-
-def build_http_processor_config(cfg: HttpEngineConfig, environ: dict[str, str] | None = None,
-                                url: str | None = None):
-    """The ``HttpRequestProcessorConfig`` for ``cfg`` (pure apart from reading the API key env var).
-
-    url: the route this processor posts to (None: ``cfg.url``; :func:`apply_http` passes
-    :func:`http_url` for its prompt mode).
-    Retries live in :class:`ResilientSession` (so the Ray stage's own ``max_retries`` is 0:
-    its exhausted retries would raise and fail the whole job); actors get fractional CPUs.
-    """
-    from ray.data.llm import HttpRequestProcessorConfig  # lazy: ray.data.llm takes ~2.6 s to import
-
-    url = url or cfg.url
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"engine.http.url must be an http(s) URL, got {url!r}")
-    if cfg.concurrency < 1 or cfg.batch_size < 1:
-        raise ConfigError("engine.http.concurrency and engine.http.batch_size must be >= 1")
-    if not 0 < cfg.num_cpus <= 64:
-        raise ConfigError(f"engine.http.num_cpus must be in (0, 64], got {cfg.num_cpus}")
-    if cfg.qps is not None and cfg.qps < 1:
-        raise ConfigError(f"engine.http.qps must be >= 1 or null, got {cfg.qps}")
-    return HttpRequestProcessorConfig(
-        url=url,
-        headers=http_headers(cfg, environ),
-        qps=cfg.qps,
-        max_retries=0,
-        concurrency=cfg.concurrency,
-        batch_size=cfg.batch_size,
-        session_factory=resilient_session_factory(cfg),
-        # A fixed pool (n, n): an autoscaling pool starts with one actor and only grows on
-        # backlog, which for latency-bound requests leaves most of the concurrency unused.
-        http_request_stage={"num_cpus": cfg.num_cpus, "concurrency": (cfg.concurrency, cfg.concurrency)},
-    )
 
 
 def preflight(cfg: HttpEngineConfig, payload: dict, environ: dict[str, str] | None = None,
@@ -227,18 +140,9 @@ def request_payload(model: str, template: PromptTemplate, caption: str, s: Sampl
     return chat_payload(model, template.messages(caption), s, template)
 
 
-class HttpPre:
-    """Request row -> ``{"payload": <completions or chat/completions body>}``."""
-
-    def __init__(self, templates: dict, model: str, sampling: SamplingConfig):
-        self.templates, self.model, self.sampling = templates, model, sampling
-
-    def __call__(self, row: dict) -> dict:
-        return {"payload": request_payload(self.model, self.templates[row["kind"]], row["caption"], self.sampling)}
-
-
 def parse_chat_response(envelope: dict) -> dict:
-    """A :class:`ResilientSession` envelope -> the engine columns (minus source). Pure.
+    """A request's envelope (``status``, ``body``, ``error``, ``attempts``) -> the engine
+    columns (minus source). Pure.
 
     Reads a chat reply (``choices[0].message.content``) or a completions one
     (``choices[0].text``)."""
@@ -278,60 +182,247 @@ def parse_chat_response(envelope: dict) -> dict:
     return out
 
 
-class HttpPost:
-    """HTTP reply row -> request columns + engine columns (raw_output post-processed as
-    the row's template says)."""
-
-    def __init__(self, source: str, postprocess_by_kind: dict[str, str] | None = None):
-        self.source, self.post = source, postprocess_by_kind or {}
-
-    def __call__(self, row: dict) -> dict:
-        env = row.get("http_response")
-        env = env if isinstance(env, dict) else {"status": 0, "error": f"unexpected reply {env!r}"[:200]}
-        out = parse_chat_response(env)
-        out["raw_output"] = postprocess(out["raw_output"], self.post.get(row.get("kind"), "none"))
-        return {**{c: row.get(c) for c in REQUEST_COLUMNS}, **out, "source": self.source}
 
 
-def _kind_in(kinds: frozenset, row: dict) -> bool:
-    return row["kind"] in kinds
+# --------------------------------------------------------------------------- one actor's client
+@dataclasses.dataclass(frozen=True)
+class HttpSpec:
+    """Everything an HTTP actor needs, resolved on the driver (:func:`http_spec`); picklable.
+
+    urls: kind -> the URL its requests go to. qps / tokens_per_minute: this actor's share of
+    the job's limits (None: none). The rest as in :class:`HttpEngineConfig`.
+    """
+
+    templates: dict[str, PromptTemplate]
+    urls: dict[str, str]
+    model: str
+    sampling: SamplingConfig
+    headers: dict[str, str]
+    source: str
+    postprocess: dict[str, str]
+    max_in_flight: int = 64
+    qps: float | None = None
+    tokens_per_minute: float | None = None
+    max_retries: int = 3
+    retry_wait_s: float = 1.0
+    timeout_s: float = 60.0
 
 
-def _rows_of_kinds(ds, kinds: frozenset):
-    """The rows of ``ds`` whose kind is in ``kinds``: a Ray Data expression where this Ray
-    has one (vectorised, no per-row Python), else a row predicate."""
-    try:
-        from ray.data.expressions import col  # lazy: a feature probe (older Ray lacks it)
+def http_spec(cfg: EngineConfig, templates: dict[str, PromptTemplate], environ: dict[str, str] | None = None,
+              actors: int | None = None) -> HttpSpec:
+    """The :class:`HttpSpec` of ``cfg`` for ``templates`` (pure apart from reading the API
+    key's env var). actors: how many actors share the job's qps / tokens_per_minute (None:
+    ``cfg.http.concurrency``). Raises ConfigError when a raw template has no completions URL."""
+    h = cfg.http
+    share = actors or h.concurrency
+    return HttpSpec(
+        templates=dict(templates), urls={k: http_url(h, t.raw) for k, t in templates.items()}, model=h.model,
+        sampling=cfg.sampling, headers=http_headers(h, environ), source=source_of(cfg),
+        postprocess=postprocess_modes(templates), max_in_flight=h.max_in_flight,
+        qps=h.qps / share if h.qps else None,
+        tokens_per_minute=h.tokens_per_minute / share if h.tokens_per_minute else None,
+        max_retries=h.max_retries, retry_wait_s=h.retry_wait_s, timeout_s=h.timeout_s)
 
-        expr = col("kind").is_in(sorted(kinds))
-    except (ImportError, AttributeError):
-        return ds.filter(functools.partial(_kind_in, kinds))
-    return ds.filter(expr=expr)
+
+def request_cost(payload: dict) -> int:
+    """A payload's tokens against a tokens-per-minute limit (:func:`prompt_tokens_estimate`)."""
+    if "prompt" in payload:
+        chars = len(payload["prompt"])
+    else:
+        chars = sum(len(str(m.get("content", ""))) for m in payload.get("messages", []))
+    return prompt_tokens_estimate(chars, int(payload.get("max_tokens") or 0))
+
+
+class HttpClient:
+    """One actor's requests: one aiohttp session (a connection pool of ``max_in_flight``),
+    one :class:`FlowControl`, on the event loop of the first :meth:`generate` call (every
+    later call must come on that loop; Ray Data gives an actor's calls one loop).
+
+    :meth:`generate` sends the rows it is given concurrently with those of every other call
+    in progress, within the flow control's window, and returns their engine rows in input
+    order; it never raises for a row.
+    """
+
+    def __init__(self, spec: HttpSpec):
+        self.spec = spec
+        self.flow = FlowControl.of(spec.max_in_flight, spec.qps, spec.tokens_per_minute, spec.retry_wait_s)
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._timeout = aiohttp.ClientTimeout(total=spec.timeout_s)
+
+    async def generate(self, rows: list[dict]) -> list[dict]:
+        """Engine rows (request columns + engine columns) for request rows, in their order."""
+        if self._session is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
+            # one pool per actor, as large as the window can get: a slot never waits for a connection
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.spec.max_in_flight, limit_per_host=0),
+                headers={"Content-Type": "application/json", **self.spec.headers})
+        return list(await asyncio.gather(*(self._row(r) for r in rows)))
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def close(self) -> None:
+        """Close the session from another thread than its loop's (an actor's teardown), so
+        aiohttp has no unclosed session to complain about; best effort, never raises."""
+        loop, session = self._loop, self._session
+        if session is None or loop is None or session.closed:
+            return
+        try:
+            if loop.is_running() and threading.get_ident() != self._loop_thread:
+                asyncio.run_coroutine_threadsafe(self.aclose(), loop).result(timeout=5)
+        except Exception:  # noqa: BLE001 - teardown: the process is going away
+            pass
+
+    # ---------------------------------------------------------------- the window
+    async def _acquire(self, cost: int) -> int:
+        """Wait for a window slot (and the rate limits); returns the request's epoch."""
+        loop = self._loop
+        assert loop is not None
+        while True:
+            wait = self.flow.ready(loop.time())
+            if wait == 0.0:
+                break
+            if wait is None:  # full: the next request to finish wakes one waiter
+                waiter = loop.create_future()
+                self._waiters.append(waiter)
+                try:
+                    await waiter
+                except asyncio.CancelledError:
+                    if waiter.done() and not waiter.cancelled():
+                        self._wake()  # pass the wake-up on
+                    raise
+            else:  # a Retry-After pause
+                await asyncio.sleep(wait)
+        epoch, delay = self.flow.start(cost, loop.time())
+        if self.flow.ready(loop.time()) == 0.0:
+            self._wake()  # room for more (the window grew): wake the next in line too
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return epoch
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    # ---------------------------------------------------------------- one row
+    async def _post(self, url: str, payload: dict) -> tuple[int, str, str | None, float | None, bool]:
+        """One attempt: (status, body, error, retry_after, overloaded); status 0 without a reply."""
+        assert self._session is not None
+        try:
+            async with self._session.post(url, json=payload, timeout=self._timeout) as resp:
+                body = (await resp.read()).decode("utf-8", errors="replace")
+                retry_after = retry_after_s(resp.headers.get("Retry-After"), time.time())
+                return resp.status, body, None, retry_after, resp.status in OVERLOAD_STATUSES
+        except asyncio.TimeoutError:
+            # the endpoint holds requests longer than timeout_s: as much a sign of a full one as a 429
+            return 0, "", f"TimeoutError: no reply within {self.spec.timeout_s:g} s", None, True
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            return 0, "", f"{type(exc).__name__}: {exc}"[:300], None, False
+
+    async def _row(self, row: dict) -> dict:
+        spec = self.spec
+        kind = row["kind"]
+        payload = request_payload(spec.model, spec.templates[kind], row["caption"], spec.sampling)
+        url, cost = spec.urls[kind], request_cost(payload)
+        status, body, error, attempts = 0, "", None, 0
+        for attempt in range(spec.max_retries + 1):
+            attempts = attempt + 1
+            epoch = await self._acquire(cost)
+            retry_after, overloaded = None, False
+            try:
+                status, body, error, retry_after, overloaded = await self._post(url, payload)
+            finally:
+                assert self._loop is not None
+                self.flow.finish(epoch, overloaded, self._loop.time(), retry_after if status in RETRYABLE else None)
+                self._wake()
+            if status and status not in RETRYABLE:
+                break
+            if attempt < spec.max_retries:
+                await asyncio.sleep(self.flow.retry_wait(attempt + 1, retry_after))
+        out = parse_chat_response({"status": status, "body": body, "error": error or "", "attempts": attempts})
+        out["raw_output"] = postprocess(out["raw_output"], spec.postprocess.get(kind, "none"))
+        return {**{c: row.get(c) for c in REQUEST_COLUMNS}, **out, "source": spec.source}
+
+
+def run_requests(spec: HttpSpec, rows: list[dict], batch_size: int | None = None) -> tuple[list[dict], FlowControl]:
+    """Send ``rows`` from this process with one :class:`HttpClient` (no Ray): the engine rows
+    in input order and the client's flow control (its counters). batch_size: hand the rows
+    over in calls of this many, all in progress at once (as an actor holds several batches);
+    None: one call. For tests and the benchmark's one-actor reference."""
+
+    async def main() -> tuple[list[dict], FlowControl]:
+        client = HttpClient(spec)
+        try:
+            step = batch_size or max(1, len(rows))
+            parts = await asyncio.gather(*(client.generate(rows[i:i + step]) for i in range(0, len(rows), step)))
+            return [r for part in parts for r in part], client.flow
+        finally:
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- Ray Data
+class HttpGenerate:
+    """The Ray Data UDF (an async callable class; one instance per actor): a pyarrow batch of
+    request rows -> the same rows with the engine columns, in order (:class:`HttpClient`)."""
+
+    def __init__(self, spec: HttpSpec):
+        self.spec = spec
+        self.client: HttpClient | None = None
+
+    async def __call__(self, batch):
+        import pyarrow as pa  # lazy: actor side
+
+        from hardpos.generate.rules_engine import engine_schema  # lazy: actor side
+
+        if self.client is None:  # built on the actor's event loop, where every call runs
+            self.client = HttpClient(self.spec)
+        rows = await self.client.generate(batch.select(list(REQUEST_COLUMNS)).to_pylist())
+        return pa.Table.from_pylist(rows, schema=engine_schema())
+
+    def __del__(self):
+        if getattr(self, "client", None) is not None:
+            self.client.close()
+
+
+def calls_per_actor(cfg: HttpEngineConfig) -> int:
+    """Batches an actor works on at once: enough rows to fill its window twice over, so a
+    slot that frees finds the next row waiting while finished batches go downstream."""
+    return max(1, -(-2 * cfg.max_in_flight // cfg.batch_size))
+
+
+def http_map_kwargs(cfg: HttpEngineConfig) -> dict[str, Any]:
+    """``map_batches`` keywords of the HTTP actors: a fixed pool of ``concurrency`` actors
+    (an autoscaling pool starts with one and grows only on backlog), each taking
+    :func:`calls_per_actor` batches at once (and as many more queued beside them), with
+    fractional CPUs. Pure apart from importing Ray Data."""
+    from ray.data import ActorPoolStrategy  # lazy: ray.data takes seconds to import
+
+    calls = calls_per_actor(cfg)
+    return {
+        "batch_size": cfg.batch_size,
+        "batch_format": "pyarrow",
+        "zero_copy_batch": True,
+        "num_cpus": cfg.num_cpus,
+        "compute": ActorPoolStrategy(size=cfg.concurrency, max_concurrent_calls_per_actor=calls,
+                                     max_tasks_in_flight_per_actor=2 * calls),
+    }
 
 
 def apply_http(ds, cfg: EngineConfig, templates: dict):
-    """One HTTP processor per prompt mode the templates use (a processor posts to one URL):
-    chat kinds to ``/v1/chat/completions``, raw kinds to ``/v1/completions``; with both,
-    the request rows are split by kind and the two outputs unioned (each has its own pool
-    of ``concurrency`` actors)."""
-    from ray.data.llm import build_processor  # lazy: ray.data.llm takes ~2.6 s to import
-
-    by_mode: dict[bool, frozenset] = {}
-    for raw in (False, True):
-        kinds = frozenset(k for k, t in templates.items() if t.raw == raw)
-        if kinds:
-            by_mode[raw] = kinds
-    outputs = []
-    for raw, kinds in by_mode.items():
-        processor = build_processor(
-            build_http_processor_config(cfg.http, url=http_url(cfg.http, raw)),
-            preprocess=HttpPre(templates, cfg.http.model, cfg.sampling),
-            postprocess=HttpPost(source_of(cfg), postprocess_modes(templates)),
-            # pre/postprocess are cheap row maps; fractional CPUs keep them from starving actors.
-            preprocess_map_kwargs={"num_cpus": 0.25},
-            postprocess_map_kwargs={"num_cpus": 0.25},
-        )
-        part = ds if len(by_mode) == 1 else _rows_of_kinds(ds, kinds)
-        outputs.append(processor(part))
-    return outputs[0] if len(outputs) == 1 else outputs[0].union(*outputs[1:])
-
+    """The request dataset -> engine rows: blocks of ``batch_size`` rows (so the first
+    batches already reach every actor), then :class:`HttpGenerate` on the actor pool."""
+    spec = http_spec(cfg, templates)
+    return ds.repartition(target_num_rows_per_block=cfg.http.batch_size).map_batches(
+        HttpGenerate, fn_constructor_kwargs={"spec": spec}, **http_map_kwargs(cfg.http))

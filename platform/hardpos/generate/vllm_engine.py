@@ -18,14 +18,18 @@ from hardpos.generate.prompts import PromptTemplate, postprocess
 
 
 def vllm_engine_kwargs(cfg: VLLMEngineConfig) -> dict[str, Any]:
+    """vLLM's engine args from ``cfg``: its own fields, then ``engine_kwargs`` (which may not
+    repeat them: :class:`VLLMEngineConfig` refuses that). Pure."""
     kwargs = {
         "tensor_parallel_size": cfg.tensor_parallel_size,
         "pipeline_parallel_size": cfg.pipeline_parallel_size,
         "max_model_len": cfg.max_model_len,
         "gpu_memory_utilization": cfg.gpu_memory_utilization,
-        # Prompts share long few-shot prefixes: prefix caching saves most prefill work.
-        "enable_prefix_caching": True,
+        # Prompts of one kind share their instruction and few-shot examples: cached once.
+        "enable_prefix_caching": cfg.prefix_caching,
     }
+    if cfg.max_num_seqs is not None:
+        kwargs["max_num_seqs"] = cfg.max_num_seqs
     if cfg.tensor_parallel_size * cfg.pipeline_parallel_size > 1:
         # Multi-GPU replicas need Ray as the executor backend inside the actor.
         kwargs["distributed_executor_backend"] = "ray"
@@ -39,17 +43,17 @@ def build_vllm_processor_config(cfg: VLLMEngineConfig, chat_template: bool | Non
     chat_template: whether the processor runs the chat-template stage (None: ``cfg.chat_template``;
     :func:`apply_vllm` passes :func:`vllm_chat_stage` of the job's templates).
     ``should_continue_on_error`` is always on: a row vLLM fails on becomes a reject
-    (``inference_error``), never a crashed job.
+    (``inference_error``), never a crashed job. The values were checked by
+    :class:`VLLMEngineConfig` itself.
     """
     from ray.data.llm import vLLMEngineProcessorConfig  # lazy: ray.data.llm takes ~2.6 s to import
 
-    for name in ("tensor_parallel_size", "pipeline_parallel_size", "concurrency", "batch_size"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"engine.vllm.{name} must be >= 1, got {getattr(cfg, name)}")
     return vLLMEngineProcessorConfig(
         model_source=cfg.model_source,
         engine_kwargs=vllm_engine_kwargs(cfg),
-        concurrency=cfg.concurrency,
+        # (n, n): a fixed pool. An int n is an autoscaling pool that starts one replica and
+        # grows only on backlog, leaving GPUs idle while each new replica loads its model.
+        concurrency=(cfg.concurrency, cfg.concurrency),
         batch_size=cfg.batch_size,
         max_concurrent_batches=cfg.max_concurrent_batches,
         accelerator_type=cfg.accelerator_type,

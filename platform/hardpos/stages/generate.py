@@ -13,7 +13,7 @@ from typing import Literal
 
 import pyarrow.parquet as pq
 
-from hardpos import preflight, storage, tracking
+from hardpos import logs, preflight, storage, tracking
 from hardpos.config import ConfigError, JobConfig, TrackingConfig, require
 from hardpos.data.captions import CaptionSourceError
 from hardpos.rules.lexicon import benchmark_substitution, seen_substitutions_tag
@@ -124,11 +124,11 @@ def check_config(cfg: Config, templates) -> None:
     if unknown:
         raise ConfigError(f"prompt kinds {unknown} have no validator; kinds must be one of {sorted(KINDS)}")
     # lazy: see the module's imports
-    from hardpos.generate.http_engine import build_http_processor_config
+    from hardpos.generate.http_engine import http_spec
     from hardpos.generate.vllm_engine import build_vllm_processor_config
 
     if cfg.engine.kind == "http":
-        build_http_processor_config(cfg.engine.http)
+        http_spec(cfg.engine, {t.kind: t for t in templates})  # raw prompts need a completions URL
     elif cfg.engine.kind == "vllm":
         build_vllm_processor_config(cfg.engine.vllm)
 
@@ -332,7 +332,10 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         # the rule work reuses the perturber's per-caption cache and nothing comes back but counts
         stats = pipeline.run_worker_shards(job, blocks, pending, cfg.engine.rules.num_cpus, on_done)
     else:
-        stats = pipeline.run_driver_shards(job, blocks, pending, make_dataset, on_done)
+        # the LLM engines' Ray Data actor pools make the driver's core worker print an error
+        # line per actor that is not an error here (hardpos.logs.ACTOR_ARGS_NOISE)
+        with logs.quiet_native_stderr(logs.current_level()):
+            stats = pipeline.run_driver_shards(job, blocks, pending, make_dataset, on_done)
 
     # Totals over every finished shard (this run and earlier ones), from the markers.
     done = shard_files.done_shards(out)
