@@ -40,7 +40,10 @@ class ArtefactConfig:
     ngrams: the largest word n-gram used as a feature (1: bag of words).
     test_fraction: share of triplets held out (split by a hash of the caption and the seed).
     steps / l2: the logistic regression's iteration limit and L2 penalty (on the mean
-        logistic loss, as l2/2 * |w|^2).
+        logistic loss, as l2/2 * |w|^2). 1e-2, stronger than the audit's 1e-4: a world's
+        captions have about 100 word 1-2 grams, and with the lighter penalty the fit chased
+        splits that did not hold out (colour prior 0.8, bigrams: 66.0% held out against
+        74.7% at 1e-2).
     seed: the split.
     output: also write the result as JSON here.
     """
@@ -49,7 +52,7 @@ class ArtefactConfig:
     ngrams: int = 2
     test_fraction: float = 0.2
     steps: int = 500
-    l2: float = 1e-4
+    l2: float = 1e-2
     seed: int = 0
     output: str | None = None
 
