@@ -17,15 +17,10 @@ from hardpos.config import ConfigError, load_config
 from hardpos.generate import engine_config, http_engine
 from hardpos.generate.prompts import load_prompts
 from tests.support import free_port
-from tests.support.batching_stub import BatchingStub
-from tests.support.openai_stub import behaviour, canned
+from tests.support.batching_stub import BatchingStub, steady
+from tests.support.openai_stub import behaviour
 
 WORDS = ["man", "woman", "dog", "cat", "bus", "table", "child", "plate", "street", "picture"]
-
-
-def steady(caption: str, kind: str, attempt: int):
-    """The stub's canned answers without its one-off 503s (an overload signal here)."""
-    return canned(caption, kind, max(attempt, 1))
 
 
 def request_rows(n: int, prompts: str = "chat") -> tuple[dict, list[dict]]:
@@ -190,7 +185,8 @@ def test_http_config_checks_each_value_and_maps_to_the_actor_pool():
     assert compute.max_concurrent_calls_per_actor == 8  # 8 batches of 16 = twice the window of 64
     assert compute.max_tasks_in_flight_per_actor == 16
     assert (kwargs["batch_size"], kwargs["num_cpus"], kwargs["batch_format"]) == (16, 0.5, "pyarrow")
-    assert http_engine.calls_per_actor(engine_config.HttpEngineConfig(max_in_flight=1, batch_size=16)) == 1
+    assert http_engine.calls_per_actor(engine_config.HttpEngineConfig(max_in_flight=1, batch_size=16)) == 2
+    assert http_engine.calls_per_actor(engine_config.HttpEngineConfig()) == 2  # 2 x 64 rows: twice the window of 64
     templates = {t.kind: t for t in load_prompts("paper")}
     full = engine_config.EngineConfig(kind="http", http=engine_config.HttpEngineConfig(
         url="http://h:8000/v1/chat/completions", api_key_env="MY_KEY", headers={"X-Team": "hardpos"}, qps=20,
@@ -203,3 +199,44 @@ def test_http_config_checks_each_value_and_maps_to_the_actor_pool():
     with pytest.raises(ConfigError, match="completions_url"):
         http_engine.http_spec(engine_config.EngineConfig(kind="http", http=engine_config.HttpEngineConfig(
             url="http://h/chat")), templates)
+
+
+@pytest.mark.integration  # a subprocess: the stub as the benchmark runs it
+def test_batching_stub_runs_as_its_own_process_with_counters_over_http():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.batching_stub", "2", "0", "2", "120"], cwd=root,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1/chat/completions")
+        base = url.rsplit("/v1/", 1)[0]
+        body = {"model": "m", "messages": [{"role": "user", "content": "Sentence: A red bus."}]}
+        assert requests.post(url, json=body, timeout=60).status_code in (200, 500)  # no one-off 503 here
+        assert requests.get(f"{base}/stub/counters", timeout=60).json()["served"] == 1
+        assert requests.post(f"{base}/stub/reset", timeout=60).json()["served"] == 0
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0  # SIGTERM is a clean stop
+
+
+def test_the_benchmarks_peer_sends_every_request_once_within_its_bound():
+    """benchmarks.generate_inflight's plain asyncio client, the engine's yardstick: the same
+    payloads, each once, never more than its bound open (checked, not timed)."""
+    from benchmarks.generate_inflight import peer_run, table
+
+    templates, rows = request_rows(40)
+    with BatchingStub(capacity=64, latency_s=0.0, responder=steady) as stub:
+        spec = spec_for(stub.url, templates)
+        work = [(spec.urls[r["kind"]], http_engine.request_payload("stub-llm", templates[r["kind"]], r["caption"],
+                                                                    spec.sampling)) for r in rows]
+        statuses = peer_run(work, bound=4)
+        assert len(statuses) == len(rows) == stub.counters()["served"] and stub.peak_active <= 4
+    assert set(statuses) <= {200, 500}
+    row = {"latency_s": 0.5, "capacity": 64, "requests": 10, "in_flight_bound": 128, "ratio_busy": "1.00",
+           "ratio_wall": "0.80", "capacity_engine": "0.97", "capacity_peer": "0.97", "capacity_stage": "0.97",
+           "stage_vs_engine_wall": "1.20", "driver_rss_growth_mb": {"engine": 0.6, "stage": 1.0}}
+    assert table([row]).splitlines()[-1] == "| 0.5 s | 64 | 10 | 128 | 1.00 | 0.80 | 0.97 / 0.97 / 0.97 | 1.20 | 0.6 / 1.0 |"

@@ -12,7 +12,8 @@ Counters, for "what fraction of the endpoint's capacity did the client use":
 
 * ``utilisation()`` -- sequences generated over the busy period (first admission to last
   completion), as a fraction of ``capacity``: 1.0 is every slot busy the whole time;
-* ``served``, ``rejected`` (429s), ``peak_active``, ``peak_queued``, ``busy_s``.
+* ``served``, ``rejected`` (429s), ``peak_active``, ``peak_queued``, ``busy_s`` (time with
+  a sequence in a slot), ``busy_period_s`` (first admission to last completion).
 
 The server is aiohttp on its own event loop in a daemon thread (thousands of requests a
 second on one core; a thread per connection would not keep up with C = 256), bound to
@@ -24,6 +25,11 @@ depend on timing, :meth:`hold` keeps every admitted request in its slot until
     with BatchingStub(capacity=64, latency_s=0.5) as stub:
         stub.url                # http://127.0.0.1:PORT/v1/chat/completions
         stub.utilisation()      # 0.0 .. 1.0
+
+As its own process (a benchmark's endpoint should not share the client's interpreter):
+``python -m tests.support.batching_stub capacity latency_s [queue_limit [max_lifetime_s]]``
+prints the chat URL, serves ``GET /stub/counters`` and ``POST /stub/reset``, and exits after
+``max_lifetime_s`` (default 1 h) or on SIGTERM/SIGINT. Its replies are :func:`steady`'s.
 """
 from __future__ import annotations
 
@@ -35,6 +41,13 @@ import time
 from typing import Callable
 
 from tests.support.openai_stub import OpenAIStub, canned
+
+
+def steady(caption: str, kind: str, attempt: int) -> tuple[int, str | None]:
+    """The canned answers without their one-off 503s: a 503 means "full" to a client that
+    backs off, so a benchmark of how full a client keeps a server must not send any it
+    did not cause. The 500s, empty, chatty and multi-edit answers stay."""
+    return canned(caption, kind, max(attempt, 1))
 
 
 class BatchingStub:
@@ -88,8 +101,9 @@ class BatchingStub:
         return self._area / (self.capacity * (self._last - self._first))
 
     def counters(self) -> dict:
+        period = (self._last - self._first) if self._first is not None and self._last is not None else 0.0
         return {"served": self.served, "rejected_429": self.rejected, "peak_active": self.peak_active,
-                "peak_queued": self.peak_queued, "busy_s": round(self.busy_s, 3),
+                "peak_queued": self.peak_queued, "busy_s": round(self.busy_s, 3), "busy_period_s": round(period, 3),
                 "utilisation": round(self.utilisation(), 4)}
 
     @property
@@ -180,7 +194,16 @@ class BatchingStub:
         async def models(request):
             return web.json_response({"object": "list", "data": [{"id": self.content.model, "object": "model"}]})
 
+        async def counters(request):
+            return web.json_response(self.counters())
+
+        async def reset(request):
+            self.reset_counters()  # on the server's loop: no request is half-counted
+            return web.json_response(self.counters())
+
         app = web.Application()
+        app.router.add_get("/stub/counters", counters)
+        app.router.add_post("/stub/reset", reset)
         app.router.add_post("/v1/chat/completions", chat)
         app.router.add_post("/v1/completions", completions)
         app.router.add_get("/v1/models", models)
@@ -272,3 +295,22 @@ class BatchingStub:
     @property
     def completions_url(self) -> str:
         return f"{self.base_url}/completions"
+
+
+if __name__ == "__main__":  # see the module docstring
+    import signal
+    import sys
+
+    argv = sys.argv[1:]
+    stub = BatchingStub(capacity=int(argv[0]), latency_s=float(argv[1]),
+                        queue_limit=int(argv[2]) if len(argv) > 2 else None,
+                        max_lifetime_s=float(argv[3]) if len(argv) > 3 else 3600.0, responder=steady).start()
+    print(stub.url, flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while stub._thread is not None and stub._thread.is_alive():
+            stub._thread.join(1.0)
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        stub.stop()

@@ -142,7 +142,8 @@ class HttpEngineConfig:
         more actors spread the client's CPU over more cores and hosts).
     batch_size: rows per Ray Data batch: the input is split into blocks of this many rows so
         every actor has work from the start, and results flow to the validator a batch at a
-        time.
+        time. Each batch costs Ray Data a few ms of CPU: at short latencies batches of 16
+        rows made that the limit (a third of the requests/s of 64-row batches at 0.05 s).
     qps: requests per second for the whole job, shared evenly by the actors (None: no limit).
     tokens_per_minute: tokens per minute for the whole job, shared evenly by the actors, each
         request counted before it is sent as its prompt's characters / 4 plus its max_tokens,
@@ -167,7 +168,7 @@ class HttpEngineConfig:
     headers: dict[str, str] = dataclasses.field(default_factory=dict)
     max_in_flight: int = 64
     concurrency: int = 2
-    batch_size: int = 16
+    batch_size: int = 64
     qps: float | None = None
     tokens_per_minute: int | None = None
     max_retries: int = 3

@@ -398,8 +398,9 @@ class HttpGenerate:
 
 def calls_per_actor(cfg: HttpEngineConfig) -> int:
     """Batches an actor works on at once: enough rows to fill its window twice over, so a
-    slot that frees finds the next row waiting while finished batches go downstream."""
-    return max(1, -(-2 * cfg.max_in_flight // cfg.batch_size))
+    slot that frees finds the next row waiting while finished batches go downstream, and
+    at least two (one batch at a time would leave the window emptying at each batch's end)."""
+    return max(2, -(-2 * cfg.max_in_flight // cfg.batch_size))
 
 
 def http_map_kwargs(cfg: HttpEngineConfig) -> dict[str, Any]:
