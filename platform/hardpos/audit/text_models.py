@@ -7,7 +7,7 @@ model: what these models get right is certainly available without looking. Two k
 SugarCrepe's refinement used two different kinds of text scorer (selecting against one kind
 only fixes that kind):
 
-* :class:`Logistic` (``ngram_lr``), a classifier of *which captions are edits*: scikit-learn's
+* :class:`NgramClassifier` (``ngram_lr``), a classifier of *which captions are edits*: scikit-learn's
   ``LogisticRegression`` (lbfgs, L2 penalty) on the sparse counts of a caption's word n-grams
   1..``ngrams`` (:func:`hardpos.rules.textnorm.features`: lower case, punctuation split off,
   sentence boundaries ``<s>`` / ``</s>``). The penalty is given as ``l2``: the fit minimises the
@@ -109,7 +109,7 @@ def fit_design(x: sparse.spmatrix, labels: Sequence[int], *, l2: float = 1e-4, s
 
 
 @dataclasses.dataclass(frozen=True)
-class Logistic:
+class NgramClassifier:
     """A fitted ``ngram_lr`` model: feature weights, bias, and the vocabulary that maps text to features."""
 
     vocab: dict[str, int]
@@ -123,12 +123,12 @@ class Logistic:
 
 
 def fit_logistic(texts: Sequence[str], labels: Sequence[int], *, ngrams: int = 2, l2: float = 1e-4,
-                 steps: int = 500) -> Logistic:
+                 steps: int = 500) -> NgramClassifier:
     """The ``ngram_lr`` classifier of ``labels`` (0/1) on ``texts`` (vocabulary: the texts' own
     n-grams); the fit is :func:`fit_design`'s."""
     vocab = vocabulary(texts, ngrams)
     w, b = fit_design(design(texts, vocab, ngrams), labels, l2=l2, steps=steps)
-    return Logistic(vocab, ngrams, w, b)
+    return NgramClassifier(vocab, ngrams, w, b)
 
 
 # --------------------------------------------------------------------------- the language model
