@@ -51,7 +51,7 @@ SMOKE_UNIT ?= 1
 SMOKE_DEMO ?= 1
 smoke: $(VENV)/.installed-dev
 	if [[ "$(SMOKE_UNIT)" == 1 ]]; then $(PY) -m pytest -q -m "not integration and not slow and not gpu" -p no:cacheprovider $(ARGS); fi
-	if [[ "$(SMOKE_DEMO)" == 1 ]]; then $(PY) -m pytest -q -p no:cacheprovider tests/test_demo.py -k "whole_pipeline_small" $(ARGS); fi
+	if [[ "$(SMOKE_DEMO)" == 1 ]]; then $(PY) -m pytest -q -p no:cacheprovider tests/test_stages_demo.py -k "whole_pipeline_small" $(ARGS); fi
 
 ## make test-all: also the slow tests
 test-all: $(VENV)/.installed-dev

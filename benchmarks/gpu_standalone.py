@@ -9,7 +9,7 @@ the evaluator (:mod:`hardpos.eval.evaluator`, whose benchmark loader also loads 
 which the machine's image has) and the Serve replica's batch scoring
 (:func:`hardpos.serve.scoring.compute_batch`). ``modules_loaded`` in the result lists which
 of :data:`WATCHED` were imported; ray, mlflow and pandas must not be
-(``tests/test_gpu_standalone.py`` runs it in a fresh interpreter and checks).
+(``tests/test_benchmarks_gpu_standalone.py`` runs it in a fresh interpreter and checks).
 
 What it measures, each side by side in one run (random weights: the cost is the same):
 

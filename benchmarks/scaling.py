@@ -19,7 +19,7 @@ Every case runs in a fresh child process (``--case``), which runs the stage thro
 (``getrusage(RUSAGE_SELF).ru_maxrss``): the driver's memory, Ray's workers excluded. The
 wall time includes starting Ray in that process. Results go to ``output_dir/scaling.json``
 and a table is printed (:func:`format_rows`). Out of the default test run: a unit test
-checks the rows on tiny sizes (tests/test_scaling.py).
+checks the rows on tiny sizes (tests/test_benchmarks_scaling.py).
 """
 from __future__ import annotations
 

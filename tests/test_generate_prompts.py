@@ -84,7 +84,7 @@ def test_paper_preset_settings_are_the_release_decoding_in_raw_mode():
         assert t.sampling.overrides() == PAPER_SAMPLING[kind]
         assert t.sampling.stop is None        # HF generation ends at EOS or the token limit
         assert t.postprocess == "none"        # generated_text is kept as generated
-        assert t.validation == "paper"        # and filtered as the release did: not at all (see test_paper_validation)
+        assert t.validation == "paper"        # and filtered as the release did: not at all (see tests/test_rules_validate_paper.py)
         assert t.polarity == "positive"
     swap = paper()["swap"].when
     assert (swap.contains_word, swap.max_words, swap.min_words) == ("and", 15, None)

@@ -17,7 +17,7 @@ commit exported with ``git archive``. It prints:
   ``a = b`` of an imported name, kept only so callers find ``b`` under another path;
 * the largest functions (goal: none over ~80 lines without a reason).
 
-The rules that keep the goals at 0 are tests in ``tests/test_layout.py``, which use the same
+The rules that keep the goals at 0 are tests in ``tests/project/test_layout.py``, which use the same
 functions.
 """
 from __future__ import annotations

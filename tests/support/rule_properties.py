@@ -1,4 +1,4 @@
-"""The properties every rule output must have, measured over a caption set (tests/test_rules_properties.py).
+"""The properties every rule output must have, measured over a caption set (tests/test_rules_perturber_properties.py).
 
 :func:`tally` runs the rule engine on every caption and checks each candidate it offers, and
 the stage's picks, against what the validator and the lexicon define; it counts what holds and

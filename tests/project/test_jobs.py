@@ -25,7 +25,7 @@ from tests.support import free_port
 
 pytestmark = pytest.mark.integration  # a Ray cluster and its job server in a subprocess
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RAY = Path(sys.executable).parent / "ray"
 
 

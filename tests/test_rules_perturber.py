@@ -1,6 +1,6 @@
 """Rule engine: exact outputs on real NegCLIP captions, determinism, the paper's table, the
 REPLACE benchmark's pairs held out by default, the job. The properties of every output, over
-the repository's caption fixture and the reference captions: tests/test_rules_properties.py."""
+the repository's caption fixture and the reference captions: tests/test_rules_perturber_properties.py."""
 import json
 
 import pytest
@@ -158,7 +158,7 @@ def test_the_paper_examples(rules):
 
 @pytest.mark.parametrize("source", ["fixture", "negclip"])
 def test_every_output_passes_the_validator_on_real_captions(rules, request, source):
-    """With the REPLACE benchmark's pairs too (the default engine: tests/test_rules_properties.py)."""
+    """With the REPLACE benchmark's pairs too (the default engine: tests/test_rules_perturber_properties.py)."""
     from tests.support.rule_properties import fixture_captions
 
     caps = fixture_captions() if source == "fixture" else sorted(request.getfixturevalue("negclip"))[:600]

@@ -143,7 +143,7 @@ def test_the_http_engine_console_is_quiet_unless_verbose(tmp_path):
 
     from tests.support.openai_stub import OpenAIStub
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     src = tmp_path / "caps.jsonl"
     src.write_text("".join(json.dumps({"caption": f"A man and a dog near a red car {i}."}) + "\n" for i in range(30)))
     consoles = {}

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "platform" / "hardpos"
 #: The repository's tooling: run from the repository, never installed (top-level modules).
 TOOLING = {"benchmarks": REPO / "benchmarks", "tests": REPO / "tests" / "support"}
@@ -350,7 +350,7 @@ def test_the_data_path_is_layered():
     or a model; the world knows no audit, evaluation, stage or model; caption I/O knows none
     of rules, world or audit (:data:`FORBIDDEN`)."""
     bad = layer_violations(PACKAGE)
-    assert not bad, "imports against the layers (see FORBIDDEN in tests/test_layout.py):\n" + "\n".join(bad)
+    assert not bad, "imports against the layers (see FORBIDDEN in tests/project/test_layout.py):\n" + "\n".join(bad)
 
 
 def _package(root: Path, files: dict[str, str]) -> Path:

@@ -10,7 +10,7 @@ import pytest
 
 from hardpos import storage
 
-PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "hardpos"
+PACKAGE = Path(__file__).resolve().parents[2] / "platform" / "hardpos"
 SECRETS = {"AWS_SECRET_ACCESS_KEY": "s3cr3t", "AWS_SESSION_TOKEN": "t0k3n", "AWS_ACCESS_KEY_ID": "AKIA123",
            "AWS_SECURITY_TOKEN": "t", "MLFLOW_TRACKING_TOKEN": "m", "MLFLOW_TRACKING_PASSWORD": "p",
            "HF_TOKEN": "h", "OPENAI_API_KEY": "o"}

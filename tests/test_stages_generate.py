@@ -274,7 +274,7 @@ def test_http_engine_end_to_end_on_real_negclip_captions(ray_session, shared_dat
     source = str(shared_data / NEGCLIP)
     captions = read_captions(source, limit=n)
     # the paper preset's prompts with the strict validator: the stub's chatter and multi-edit
-    # answers exercise its reasons (the preset's own paper mode: tests/test_paper_validation.py)
+    # answers exercise its reasons (the preset's own paper mode: tests/test_rules_validate_paper.py)
     prompts = tmp_path / "paper_strict.yaml"
     prompts.write_text((PROMPTS_DIR / "paper.yaml").read_text().replace("validation: paper", "validation: strict"))
     templates = load_prompts(str(prompts))

@@ -1,6 +1,6 @@
 """Ray-free pieces of the scoring service (hardpos.serve: config, errors, requests, scoring):
 limits, decoding, captions, cache, verdicts, auth, config. Fast; the real HTTP app is tested
-in test_serve.py."""
+in tests/test_serve_app.py."""
 from __future__ import annotations
 
 import base64

@@ -1,6 +1,6 @@
 """Health and profiling pieces of the scoring service, without Ray Serve running: the
 model replica's ``check_health`` contract, the per-stage timers, the load generator's
-side-by-side report. (The same contracts for real, on 127.0.0.1: tests/test_serve.py.)"""
+side-by-side report. (The same contracts for real, on 127.0.0.1: tests/test_serve_app.py.)"""
 from __future__ import annotations
 
 import asyncio

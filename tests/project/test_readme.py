@@ -27,7 +27,7 @@ from hardpos import cli
 from hardpos.config import ConfigError, load_config
 from hardpos.runtime import STAGES, stage_module
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 COMMANDS = ("make", "python", "hardpos", "ray", "mlflow", "pytest", "serve")
 SHELL_FENCES = ("", "bash", "sh", "shell", "console")

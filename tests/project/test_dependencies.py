@@ -16,7 +16,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "platform" / "hardpos"
 #: Folders (relative to the repository) of tooling: not installed, run from the repository.
 TOOLING = ("benchmarks/", "tests/support/")
