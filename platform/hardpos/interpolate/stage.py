@@ -1,7 +1,7 @@
 """WiSE-FT: the trade-off curve between a base and a finetuned model, without training again.
 
 For each ``alphas`` value the stage mixes the two models' weights,
-theta(alpha) = (1 - alpha) * theta_base + alpha * theta_ft (:mod:`hardpos.interpolate`; the
+theta(alpha) = (1 - alpha) * theta_base + alpha * theta_ft (:mod:`hardpos.interpolate.mix`; the
 two must share an architecture, else a clear error before any evaluation), evaluates the mix
 on the configured benchmarks and retention sets exactly as the evaluate stage scores a model
 (:mod:`hardpos.eval.model_eval`), and writes under ``output_dir``:
@@ -40,7 +40,7 @@ from hardpos.eval import outputs
 from hardpos.eval.benchmarks import check_benchmarks
 from hardpos.eval.model_eval import evaluate_model, resolve_device, resolve_specs
 from hardpos.eval.spec import BenchmarkSpec, Precision, RetentionConfig
-from hardpos.interpolate import check_alphas, interpolate_state, load_pair, state_of
+from hardpos.interpolate.mix import check_alphas, interpolate_state, load_pair, state_of
 from hardpos.models import registry, weights
 from hardpos.models.uri import mlflow_client
 from hardpos.runtime import JobContext, execute
