@@ -168,7 +168,7 @@ def test_unreachable_endpoint_is_request_failed_after_its_retries():
 
 # --------------------------------------------------------------------------- config
 def test_http_config_checks_each_value_and_maps_to_the_actor_pool():
-    from hardpos.stages import generate
+    from hardpos.generate import stage as generate
 
     for key, value, message in (("max_in_flight", "0", "engine.http.max_in_flight must be >= 1, got 0"),
                                 ("qps", "0", "engine.http.qps must be > 0 or null, got 0.0"),

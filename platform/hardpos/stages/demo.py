@@ -60,13 +60,14 @@ from hardpos.config.paths import resolve_tracking_uri
 from hardpos.world.scene import WorldConfig
 from hardpos.eval.outputs import blind_rows
 from hardpos.eval.spec import RetentionConfig, RetrievalSpec
+from hardpos.generate import stage as generate
 from hardpos.interpolate import stage as interpolate
 from hardpos.interpolate.mix import check_alphas
 from hardpos.models import bases, registry
 from hardpos.paper import confirm, table1
 from hardpos.runtime import JobContext, init_ray
 from hardpos.serve.ingress import HAPROXY_FLAG, haproxy_available
-from hardpos.stages import compose, generate, register
+from hardpos.stages import compose, register
 from hardpos.tracking.redact import redact_text
 from hardpos.train.config import LossConfig
 
