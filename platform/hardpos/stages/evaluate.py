@@ -76,7 +76,8 @@ class Config(JobConfig):
     max_missing_fraction: fail the job when more than this fraction of a benchmark's items
         had to be excluded for missing/corrupt images (1.0: never fail, only report).
     blind: the blind baselines beside every benchmark (text-only models, no image; enabled,
-        models, folds, seed and the models' settings).
+        models, seed, min_items, and ``text_models``: the models' settings and folds, the same
+        section as in ``hardpos audit`` and ``hardpos debias``).
     """
 
     output_dir: str = "outputs/evaluate"
