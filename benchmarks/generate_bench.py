@@ -26,7 +26,7 @@ from typing import Any
 
 import requests
 
-import hardpos.stages.generate
+import hardpos.generate.stage
 from benchmarks.harness import compare_alternating, reference_data_dir, time_call
 from hardpos.config import load_config
 from hardpos.data.captions.formats import read_captions
@@ -60,7 +60,7 @@ def caption_file(n: int, tmp: str, data_dir: str | None = None) -> str:
 
 def measure_stage(input_uri: str, output_dir: str, overrides: list[str]) -> dict[str, Any]:
     """Run the generate stage once (fresh output, no MLflow) and return its throughput figures."""
-    cfg = load_config(hardpos.stages.generate.Config, None, [f"input={input_uri}", f"output_dir={output_dir}", "overwrite=true",
+    cfg = load_config(hardpos.generate.stage.Config, None, [f"input={input_uri}", f"output_dir={output_dir}", "overwrite=true",
                                        "tracking.enabled=false", *overrides])
     summary = execute("generate", cfg, quiet=True)
     return {**summary["this_run"], "inputs": summary["inputs"], "accepted": summary["accepted"],

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hardpos.audit.baselines import BlindResult, blind_baseline, flat_metrics, interval, standard_error
-from hardpos.audit.config import BlindSettings
+from hardpos.audit.config import BlindSettings, TextModelConfig
 from hardpos.audit.text_models import CaptionLM, cross_validate, lm_pair_correct
 from hardpos.config import ConfigError
 from hardpos.eval.items import Item
@@ -80,7 +80,7 @@ def test_intervals_are_wilson_and_clustering_only_widens_them():
 # ---------------------------------------------------------------------------- a benchmark's baseline
 def test_a_benchmark_baseline_per_model_with_intervals_and_cached():
     items = _items(150, marked=True)
-    settings = BlindSettings(steps=200)
+    settings = BlindSettings(text_models=TextModelConfig(steps=200))
     res = blind_baseline("marked", items, "pooled", settings)
     (lr, lm) = [r for r in res.rows() if r["subset"] == "all"]
     assert (lr["model"], lm["model"]) == ("ngram_lr", "caption_lm")
@@ -97,13 +97,13 @@ def test_a_benchmark_baseline_per_model_with_intervals_and_cached():
 
 def test_subsets_are_measured_apart_and_a_small_one_is_listed_not_measured():
     items = _items(100, marked=True) + [Item(f"x{i}", "tiny", "", f"a dog {i}", f"a cat {i}") for i in range(5)]
-    res = blind_baseline("two", items, "mean_of_subsets", BlindSettings(steps=100))
+    res = blind_baseline("two", items, "mean_of_subsets", BlindSettings(text_models=TextModelConfig(steps=100)))
     by = {(r["subset"], r["model"]): r for r in res.rows()}
     assert by[("tiny", "ngram_lr")]["skipped"].startswith("5 items from 5 captions")
     assert by[("all", "ngram_lr")]["orig_acc"] == by[("s", "ngram_lr")]["orig_acc"] == 1.0
     assert "aug_acc" in by[("all", "ngram_lr")]
     assert np.isnan(res.scores["ngram_lr"][0][-1])
-    with pytest.raises(ConfigError, match="blind.models"):
+    with pytest.raises(ConfigError, match="models must be a non-empty subset"):
         BlindSettings(models=["gpt"])
 
 
@@ -141,7 +141,7 @@ def test_evaluate_reports_and_logs_blind_baselines_beside_the_model(tmp_path, tr
     world = tmp_path / "world"
     generate_world(WorldConfig(n_pretrain=0, n_finetune=0, n_benchmark=60, image_size=32), str(world))
     cfg = load_config(evaluate.Config, None, [f"output_dir={tmp_path / 'out'}", f"world_dir={world}", "device=cpu",
-                                              "batch_size=16", "blind.steps=200"])
+                                              "batch_size=16", "blind.text_models.steps=200"])
     summary = execute("evaluate", cfg, quiet=True)
     blind = summary["blind"]
     assert set(blind["models"]) == {"ngram_lr", "caption_lm"}

@@ -11,6 +11,7 @@ from eval_util import write_replace_folder
 
 from hardpos.audit.blind import (AuditError, AuditSettings, Edit, audit_edits, edit_kind, markdown_table, read_edits,
                                  read_source)
+from hardpos.audit.config import TextModelConfig
 from hardpos.audit.text_models import cross_validate, fit_logistic, group_folds
 from hardpos.data.triplets import make_triplet, write_triplets
 from hardpos.rules.english import grammar_hits
@@ -170,7 +171,7 @@ def test_a_kind_with_too_few_pairs_is_listed_not_measured():
     caps, edits = _pairs(30, marked=True)
     group = [Edit(c, e, "negative", "replace_attribute") for c, e in zip(caps, edits)]
     group += [Edit(c, e, "negative", "swap_object") for c, e in zip(caps[:8], edits[:8])]
-    rows = audit_edits(group, AuditSettings(steps=100))
+    rows = audit_edits(group, AuditSettings(text_models=TextModelConfig(steps=100)))
     assert [(r["kind"], r["pairs"]) for r in rows] == [("all", 38), ("replace_attribute", 30), ("swap_object", 8)]
     assert rows[1]["accuracy_pct"] > 95 and rows[2]["accuracy_pct"] is None and "min_pairs=20" in rows[2]["skipped"]
     table = markdown_table([{"name": "mine", "rows": rows}])
@@ -185,7 +186,7 @@ def test_audit_stage_end_to_end_with_mlflow(tmp_path, tracking_uri):
     from hardpos.stages.audit import Config
 
     src = _triplets(tmp_path / "t.parquet")
-    cfg = Config(input=src, output_dir=str(tmp_path / "out"), steps=100)
+    cfg = Config(input=src, output_dir=str(tmp_path / "out"), text_models=TextModelConfig(steps=100))
     summary = runtime.execute("audit", cfg, quiet=True)
     (result,) = summary["sources"]
     assert result["name"] == "t" and result["edits"] == 120
@@ -200,7 +201,7 @@ def test_audit_stage_end_to_end_with_mlflow(tmp_path, tracking_uri):
     assert json.loads((out / "audit.json").read_text())["sources"][0]["rows"] == result["rows"]
     assert "| t | negatives | replace_attribute | 30 | 30 |" in (out / "audit.md").read_text()
     run = MlflowClient(tracking_uri).get_run(summary["mlflow_run_id"])
-    assert run.info.status == "FINISHED" and run.data.params["folds"] == "5"
+    assert run.info.status == "FINISHED" and run.data.params["text_models.folds"] == "5"
     assert run.data.metrics["blind/t/negative/replace_attribute"] == rows[("negative", "replace_attribute")]["accuracy_pct"]
     assert "blind/t/negative/all/std" in run.data.metrics and "grammar/t/positive/swap" in run.data.metrics
     assert run.data.metrics["blind/t/negative/replace_attribute/pair"] == 100.0
@@ -215,6 +216,25 @@ def test_audit_stage_end_to_end_with_mlflow(tmp_path, tracking_uri):
     assert {"audit.md", "audit.json", "summary.json", "config.yaml"} <= artifacts
 
 
+def test_text_model_settings_are_one_section_with_one_set_of_defaults_in_every_stage():
+    """audit, debias and the evaluate stage's blind baselines take the text models' settings as
+    the same section (``text_models``; evaluate's under ``blind``), its defaults from one
+    dataclass, and a bad value is named with its full key in each."""
+    from hardpos.config import ConfigError, load_config
+    from hardpos.stages import audit, debias, evaluate
+
+    where = {audit.Config: "text_models", debias.Config: "text_models", evaluate.Config: "blind.text_models"}
+    for stage, key in where.items():
+        default = load_config(stage, None, [])
+        section = default.text_models if key == "text_models" else default.blind.text_models
+        assert section == TextModelConfig()
+        cfg = load_config(stage, None, [f"{key}.l2=0.01", f"{key}.order=3"])
+        section = cfg.text_models if key == "text_models" else cfg.blind.text_models
+        assert (section.l2, section.order, section.steps) == (0.01, 3, TextModelConfig().steps)
+        with pytest.raises(ConfigError, match=rf"^{key}\.discount must be in \(0, 1\), got 1\.5$"):
+            load_config(stage, None, [f"{key}.discount=1.5"])
+
+
 def test_audit_cli_refuses_bad_input_before_work(tmp_path, capsys):
     from hardpos import cli
 
@@ -222,8 +242,8 @@ def test_audit_cli_refuses_bad_input_before_work(tmp_path, capsys):
     assert "input=" in capsys.readouterr().err
     assert cli.main(["audit", "tracking.enabled=false", f"output_dir={tmp_path}/o"]) == 2
     assert "input is required" in capsys.readouterr().err
-    assert cli.main(["audit", "input=x.parquet", "folds=1"]) == 2
-    assert "folds must be >= 2" in capsys.readouterr().err
+    assert cli.main(["audit", "input=x.parquet", "text_models.folds=1"]) == 2
+    assert "text_models.folds must be >= 2" in capsys.readouterr().err
     (tmp_path / "caps.tsv").write_text("title\nA dog.\n")
     assert cli.main(["audit", f"input={tmp_path}/caps.tsv", "tracking.enabled=false", f"output_dir={tmp_path}/o"]) == 2
     assert "no edits to audit" in capsys.readouterr().err
@@ -266,7 +286,8 @@ def test_audit_stage_on_one_benchmark_file_reports_pair_and_triplet_figures(tmp_
     from hardpos.stages.audit import Config
 
     root = _replace_release(tmp_path / "hp")
-    summary = runtime.execute("audit", Config(input=str(root), output_dir=str(tmp_path / "out"), steps=100,
+    summary = runtime.execute("audit", Config(input=str(root), output_dir=str(tmp_path / "out"),
+                                              text_models=TextModelConfig(steps=100),
                                               tracking=TrackingConfig(enabled=False)), quiet=True)
     (result,) = summary["sources"]
     triplet = {(r["subset"], r["model"]): r for r in result["triplet_rows"]}
@@ -301,7 +322,7 @@ def test_sugarcrepe_read_per_category_and_its_swap_obj_near_chance(shared_data):
                           "add_attribute", "add_object"}
     assert {e.polarity for e in edits} == {"negative"}
     swap_obj = [e for e in edits if e.kind == "swap_object"]
-    (row,) = audit_edits(swap_obj, AuditSettings(steps=200))
+    (row,) = audit_edits(swap_obj, AuditSettings(text_models=TextModelConfig(steps=200)))
     assert row["pairs"] == len(swap_obj) > 200
     assert 40 < row["accuracy_pct"] < 65  # its authors filtered for exactly this
 
@@ -314,7 +335,8 @@ def test_audit_stage_reads_and_writes_s3(tmp_path, s3_env):
     src = f"s3://{s3_env}/in/t.jsonl"
     storage.write_text(src, open(_triplets(tmp_path / "t.jsonl")).read())
     out = f"s3://{s3_env}/out/audit"
-    summary = runtime.execute("audit", Config(input=src, output_dir=out, steps=50, polarities=["negative"],
+    summary = runtime.execute("audit", Config(input=src, output_dir=out, text_models=TextModelConfig(steps=50),
+                                              polarities=["negative"],
                                               tracking=TrackingConfig(enabled=False)), quiet=True)
     assert [r["kind"] for r in summary["sources"][0]["rows"]] == ["all", "replace_attribute", "swap_attribute"]
     assert "| t | negatives | replace_attribute | 30 | 30 |" in storage.read_text(f"{out}/audit.md")

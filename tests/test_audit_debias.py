@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from eval_util import write_replace_folder
 
-from hardpos.audit.config import BlindSettings
+from hardpos.audit.config import BlindSettings, TextModelConfig
 from hardpos.audit.debias import DebiasSettings, cells, debias, mirror_balance, pair_accuracy, verify
 from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.items import Item
@@ -48,7 +48,7 @@ def test_cells_and_mirror_balance_by_hand():
 
 def test_selection_brings_both_models_to_chance_and_a_random_subset_does_not():
     items = _mixed(400)
-    settings = DebiasSettings(blind=BlindSettings(steps=200), polarities=("negative",))
+    settings = DebiasSettings(blind=BlindSettings(text_models=TextModelConfig(steps=200)), polarities=("negative",))
     (cat,) = debias(items, settings)
     assert not cat.unbalanceable and 60 < cat.kept.sum() < 400
     kept = [it for it, k in zip(items, cat.kept) if k]
@@ -84,7 +84,7 @@ def test_the_stage_refuses_unbalanceable_positives_and_writes_a_negatives_only_s
 
     root = _release(tmp_path / "hp")
     out = tmp_path / "out"
-    args = ["debias", f"input={root}", f"output_dir={out}", "tracking.enabled=false", "steps=200"]
+    args = ["debias", f"input={root}", f"output_dir={out}", "tracking.enabled=false", "text_models.steps=200"]
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert "the hard positives cannot be balanced" in err and "polarities=[negative]" in err

@@ -200,7 +200,7 @@ def test_allow_empty_keeps_the_old_behaviour(files, tmp_path):
     """allow_empty=true: an empty caption file is not a preflight error (generate runs on nothing)."""
     # lazy: only this test needs the stage's config and the checks as functions
     from hardpos.config import ConfigError, load_config
-    from hardpos.stages.generate import Config, check
+    from hardpos.generate.stage import Config, check
 
     empty = [f"input={files}/empty.jsonl", "engine.kind=rules", "tracking.enabled=false"]
     with pytest.raises(ConfigError, match="no captions"):

@@ -199,12 +199,13 @@ def test_evaluate_stage_config_errors(tmp_path):
 
 def test_zero_shot_config_errors_name_the_key():
     from hardpos.config import ConfigError, load_config
+    from hardpos.eval.model_eval import resolve_specs
     from hardpos.stages import evaluate
 
     cfg = load_config(evaluate.Config, None, ["retention.zeroshot=[{name: inet, root: /data/val, classnames: nosuch.txt}]"])
     assert cfg.retention.zeroshot[0].templates == "openai"
     with pytest.raises(ConfigError, match=r"retention.zeroshot.inet: classnames: 'nosuch.txt' is neither"):
-        evaluate.resolve_specs(cfg)
+        resolve_specs(cfg.benchmarks, cfg.world_dir, cfg.retention)
     with pytest.raises(ConfigError, match="'fp64' is not one of 'fp32', 'bf16', 'fp16'"):
         load_config(evaluate.Config, None, ["precision=fp64"])
 

@@ -18,7 +18,7 @@ from hardpos.generate import engine_config, http_engine
 from hardpos.generate.prompts import load_prompts
 from tests.support import free_port
 from tests.support.batching_stub import BatchingStub, steady
-from tests.support.openai_stub import behaviour
+from tests.support.openai_stub import OpenAIStub, behaviour
 
 WORDS = ["man", "woman", "dog", "cat", "bus", "table", "child", "plate", "street", "picture"]
 
@@ -78,6 +78,33 @@ def test_batching_stub_utilisation_is_the_fraction_of_slots_busy():
         full = stub.utilisation()
     assert 0 < one_at_a_time <= 0.25 + 1e-9  # one of four slots, at most
     assert stub.peak_active == 4 and 0 < full <= 1.0
+
+
+def test_both_stubs_read_and_answer_a_request_alike():
+    """The batching stub answers with the plain stub's request handling: the same replies
+    (chat and completions), the same 400s for a body that is not JSON or has the wrong shape,
+    the same model list; only its HTTP server and admission are its own."""
+    chat = {"model": "m", "messages": [{"role": "user", "content": "Replace one word.\nSentence: A man on a bus."}]}
+    cases = [(lambda st: st.url, chat), (lambda st: st.completions_url, {"model": "m", "prompt": "Input: A man on a bus.\n"}),
+             (lambda st: st.url, {"model": "m"}), (lambda st: st.completions_url, {"model": "m", "prompt": ["x"]}),
+             (lambda st: st.url, b"{not json")]
+    answers = []
+    for stub in (OpenAIStub(), BatchingStub(capacity=2, latency_s=0.0)):
+        with stub, requests.Session() as s:
+            got = []
+            for url, body in cases:
+                kw = {"data": body} if isinstance(body, bytes) else {"json": body}
+                r = s.post(url(stub), timeout=30, **kw)
+                reply = r.json()
+                reply.pop("created", None)  # a timestamp
+                got.append((r.status_code, reply))
+            got.append((200, s.get(f"{stub.base_url}/models", timeout=30).json()))
+        answers.append(got)
+    plain, batching = answers
+    assert behaviour("A man on a bus.", "replace") == "good"  # no one-off 503 in the way
+    assert plain == batching
+    assert [status for status, _ in plain] == [200, 200, 400, 400, 400, 200]
+    assert plain[4][1] == {"error": {"message": "invalid JSON", "type": "invalid_request_error"}}
 
 
 # --------------------------------------------------------------------------- in flight == one at a time
@@ -168,7 +195,7 @@ def test_unreachable_endpoint_is_request_failed_after_its_retries():
 
 # --------------------------------------------------------------------------- config
 def test_http_config_checks_each_value_and_maps_to_the_actor_pool():
-    from hardpos.stages import generate
+    from hardpos.generate import stage as generate
 
     for key, value, message in (("max_in_flight", "0", "engine.http.max_in_flight must be >= 1, got 0"),
                                 ("qps", "0", "engine.http.qps must be > 0 or null, got 0.0"),

@@ -127,7 +127,7 @@ def test_rows_do_not_depend_on_sharding_or_answer_order():
 
 # --------------------------------------------------------------------------- the stage on Ray
 def gen_config(tmp_path, name, *overrides):
-    from hardpos.stages import generate
+    from hardpos.generate import stage as generate
 
     return load_config(generate.Config, None, [f"output_dir={tmp_path / name}", "tracking.enabled=false", *overrides])
 

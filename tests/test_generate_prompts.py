@@ -223,7 +223,7 @@ def test_parse_completions_reply_reads_choice_text():
 def test_http_stage_sends_raw_prompts_to_completions_and_chat_to_chat(ray_session, tmp_path):
     """A prompt file mixing the paper's raw kinds with a chat kind, run by the generate
     stage against the stub: every request lands on its route with the exact body."""
-    from hardpos.stages import generate
+    from hardpos.generate import stage as generate
     from hardpos.runtime import execute
 
     src = tmp_path / "captions.jsonl"

@@ -12,7 +12,7 @@ import torch
 from eval_util import tiny_model
 
 from hardpos.config import ConfigError, ModelConfig, load_config
-from hardpos.interpolate import (
+from hardpos.interpolate.mix import (
     ArchitectureMismatch,
     check_alphas,
     check_compatible,
@@ -52,12 +52,12 @@ def test_alphas_are_checked():
     for bad, match in (([], "at least one"), ([1.5], r"\[0, 1\]"), ([float("nan")], r"\[0, 1\]"), ([0.5, 0.5], "unique")):
         with pytest.raises(ValueError, match=match):
             check_alphas(bad)
-    import hardpos.stages.interpolate
+    import hardpos.interpolate.stage
 
     with pytest.raises(ConfigError, match=r"\[0, 1\]"):
-        load_config(hardpos.stages.interpolate.Config, None, ["alphas=[0, 2]"])
+        load_config(hardpos.interpolate.stage.Config, None, ["alphas=[0, 2]"])
     with pytest.raises(ConfigError, match="register_alpha must be one of alphas"):
-        load_config(hardpos.stages.interpolate.Config, None, ["alphas=[0, 1]", "register_alpha=0.5"])
+        load_config(hardpos.interpolate.stage.Config, None, ["alphas=[0, 1]", "register_alpha=0.5"])
 
 
 def test_mismatches_name_the_first_difference():
@@ -93,7 +93,8 @@ def test_interpolate_stage_endpoints_children_curve_and_registration(tmp_path, t
     from mlflow.tracking import MlflowClient
 
     from hardpos.runtime import execute
-    from hardpos.stages import evaluate, interpolate, register
+    from hardpos.interpolate import stage as interpolate
+    from hardpos.stages import evaluate, register
 
     base, ft = _checkpoint(tmp_path / "base", 0), _checkpoint(tmp_path / "ft", 1)
     bench = write_rows(tmp_path / "b", triplet_rows(12, seed=3))
@@ -159,7 +160,7 @@ def test_the_plot_draws_what_its_titles_say():
     positives (its title says both); a benchmark without positives: original only."""
     from hardpos.eval.spec import BenchmarkSpec
     from hardpos.plots import curve_panels
-    from hardpos.stages.interpolate import curve_columns
+    from hardpos.interpolate.stage import curve_columns
 
     metrics = {f"{b}/{f}": 0.5 for b in ("r", "s") for f in ("orig_acc", "aug_acc", "brittleness")}
     metrics.update({"sc/orig_acc": 0.6, "zeroshot/zs/top1": 0.4})

@@ -170,7 +170,7 @@ def test_the_generate_stage_judges_the_paper_preset_as_the_paper(ray_session, sh
     """The http engine against the OpenAI-compatible stub on 127.0.0.1 with prompts=paper: the
     stub's multi-edit answers are accepted as generated; its chatter is rejected, like anything
     that cannot be a caption."""
-    from hardpos.stages import generate
+    from hardpos.generate import stage as generate
     from hardpos.config import load_config
     from hardpos.runtime import execute
     from tests.support.openai_stub import OpenAIStub, behaviour

@@ -20,7 +20,7 @@ NEGCLIP = "negclip/valid_neg_clip.tsv"
 
 
 def gen_config(tmp_path, *overrides, name="out"):
-    from hardpos.stages import generate
+    from hardpos.generate import stage as generate
 
     return load_config(generate.Config, None, [f"output_dir={tmp_path / name}", "tracking.enabled=false", *overrides])
 

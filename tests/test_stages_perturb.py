@@ -51,7 +51,7 @@ def test_comparison_table_flags_contaminated_replace_numbers():
 def test_generate_counts_and_tags_benchmark_substitutions(ray_session, tmp_path, tracking_uri):
     from mlflow.tracking import MlflowClient
 
-    from hardpos.stages import generate
+    from hardpos.generate import stage as generate
 
     src = _captions(tmp_path)
     got = {}

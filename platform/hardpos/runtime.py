@@ -42,7 +42,8 @@ STAGES = ("world", "perturb", "generate", "train", "evaluate", "sweep", "compare
           "audit", "debias", "base")
 #: the stages that live in the package of their library (driver and workers side by side, as
 #: Ray's example apps); every other stage is ``hardpos.stages.<name>``
-STAGE_MODULES = {"train": "hardpos.train.stage"}
+STAGE_MODULES = {"train": "hardpos.train.stage", "generate": "hardpos.generate.stage",
+                 "interpolate": "hardpos.interpolate.stage"}
 
 
 @dataclasses.dataclass

@@ -3,10 +3,11 @@ most ``capacity`` sequences are generated at once, each for ``latency_s``; reque
 that wait in a FIFO queue of ``queue_limit``; beyond the queue the server answers 429 with a
 ``Retry-After`` header, as vLLM's server and hosted APIs do when full.
 
-The answers are :class:`tests.support.openai_stub.OpenAIStub`'s (the same routes, the same
-canned, deterministic replies from :func:`tests.support.openai_stub.canned` or any other
-``responder``); a 429 is decided before a request is looked at, so it never counts as one
-of a (caption, kind)'s attempts and the canned replies stay deterministic.
+The requests are read and answered by :mod:`tests.support.openai_stub`'s code (the same routes,
+request checks, error bodies and canned, deterministic replies from
+:func:`tests.support.openai_stub.canned` or any other ``responder``; only the HTTP server and
+the admission are this module's); a 429 is decided before a request is looked at, so it never
+counts as one of a (caption, kind)'s attempts and the canned replies stay deterministic.
 
 Counters, for "what fraction of the endpoint's capacity did the client use":
 
@@ -35,12 +36,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import threading
 import time
 from typing import Callable
 
-from tests.support.openai_stub import OpenAIStub, canned
+from tests.support.openai_stub import (INVALID_JSON, PATHS, Endpoint, OpenAIStub, canned, error_body, models_body,
+                                       parse_body)
 
 
 def steady(caption: str, kind: str, attempt: int) -> tuple[int, str | None]:
@@ -50,7 +51,7 @@ def steady(caption: str, kind: str, attempt: int) -> tuple[int, str | None]:
     return canned(caption, kind, max(attempt, 1))
 
 
-class BatchingStub:
+class BatchingStub(Endpoint):
     """See the module docstring. ``queue_limit`` None: as many as ``capacity``;
     ``retry_after_s`` None: 429s carry no Retry-After header."""
 
@@ -160,15 +161,13 @@ class BatchingStub:
     async def _handle(self, request, route: str):
         from aiohttp import web  # lazy: only a started server needs it
 
-        try:
-            body = json.loads(await request.read() or b"{}")
-        except json.JSONDecodeError:
-            return web.json_response({"error": {"message": "invalid JSON", "type": "invalid_request_error"}},
-                                     status=400)
+        body = parse_body(await request.read())
+        if body is None:
+            status, reply = INVALID_JSON
+            return web.json_response(reply, status=status)
         if not await self._admit():
             headers = {"Retry-After": f"{self.retry_after_s:g}"} if self.retry_after_s is not None else {}
-            return web.json_response({"error": {"message": "Too many requests: the server is at capacity",
-                                                "type": "rate_limit_error", "code": 429}},
+            return web.json_response(error_body("Too many requests: the server is at capacity", "rate_limit_error", 429),
                                      status=429, headers=headers)
         try:
             assert self._gate is not None
@@ -192,7 +191,7 @@ class BatchingStub:
             return await self._handle(request, "completions")
 
         async def models(request):
-            return web.json_response({"object": "list", "data": [{"id": self.content.model, "object": "model"}]})
+            return web.json_response(models_body(self.content.model))
 
         async def counters(request):
             return web.json_response(self.counters())
@@ -204,8 +203,8 @@ class BatchingStub:
         app = web.Application()
         app.router.add_get("/stub/counters", counters)
         app.router.add_post("/stub/reset", reset)
-        app.router.add_post("/v1/chat/completions", chat)
-        app.router.add_post("/v1/completions", completions)
+        app.router.add_post(PATHS["chat"], chat)
+        app.router.add_post(PATHS["completions"], completions)
         app.router.add_get("/v1/models", models)
         ready = threading.Event()
         failed: list[BaseException] = []
@@ -273,28 +272,10 @@ class BatchingStub:
             self._thread.join(10)
         self._loop = None
 
-    def __enter__(self) -> "BatchingStub":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     @property
     def port(self) -> int:
         assert self._port is not None, "stub not started"
         return self._port
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    @property
-    def url(self) -> str:
-        return f"{self.base_url}/chat/completions"
-
-    @property
-    def completions_url(self) -> str:
-        return f"{self.base_url}/completions"
 
 
 if __name__ == "__main__":  # see the module docstring

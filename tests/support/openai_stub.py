@@ -24,6 +24,12 @@ A request of the wrong shape for its route (no ``messages`` on chat, no string `
 on completions) gets a 400, as vLLM's server answers. ``received`` keeps every
 ``(route, body)`` so a test can check the exact payloads.
 
+What any OpenAI-compatible stub shares, whatever serves its HTTP (this module's thread per
+connection, :mod:`tests.support.batching_stub`'s asyncio loop): the routes (:data:`PATHS`,
+:func:`route_of`), reading a body (:func:`parse_body`), the error and model-list bodies
+(:func:`error_body`, :func:`models_body`), the replies (:meth:`OpenAIStub.reply`) and the URLs
+(:class:`Endpoint`).
+
     with OpenAIStub() as stub:
         stub.url              # http://127.0.0.1:PORT/v1/chat/completions
         stub.completions_url  # http://127.0.0.1:PORT/v1/completions
@@ -36,7 +42,7 @@ import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
+from typing import Callable, Self
 
 BEHAVIOURS = ("good", "good", "good", "good", "chatter", "multi", "empty", "identical", "error500", "flaky")
 
@@ -170,7 +176,76 @@ def caption_of(messages: list[dict]) -> tuple[str, str]:
     return caption_in(prompt), prompt
 
 
-class OpenAIStub:
+# --------------------------------------------------------------------------- HTTP, for any stub
+#: route -> its path (what :class:`Endpoint`'s URLs end in)
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+def route_of(path: str) -> str | None:
+    """"chat" or "completions" for a POST path (any prefix before ``/chat/completions`` or
+    ``/completions``, a trailing slash allowed), None for any other path."""
+    path = path.rstrip("/")
+    if path.endswith("/chat/completions"):
+        return "chat"
+    return "completions" if path.endswith("/completions") else None
+
+
+def error_body(message: str, kind: str = "invalid_request_error", code: int | None = None) -> dict:
+    """An error reply as OpenAI-compatible servers send it: ``{"error": {message, type[, code]}}``."""
+    return {"error": {"message": message, "type": kind, **({"code": code} if code is not None else {})}}
+
+
+#: the reply to a body that is not JSON
+INVALID_JSON = (400, error_body("invalid JSON"))
+
+
+def parse_body(raw: bytes) -> dict | None:
+    """A request's JSON body (an empty body is ``{}``); None when it is not JSON (answer
+    :data:`INVALID_JSON`)."""
+    try:
+        return json.loads(raw or b"{}")
+    except json.JSONDecodeError:
+        return None
+
+
+def models_body(model: str) -> dict:
+    """``GET /v1/models``: the one model the stub serves."""
+    return {"object": "list", "data": [{"id": model, "object": "model"}]}
+
+
+class Endpoint:
+    """The URLs and ``with`` block of a started stub; a subclass has ``host`` and ``port``
+    and defines ``start()`` (returning itself) and ``stop()``."""
+
+    host: str
+    port: int
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}{PATHS['chat']}"
+
+    @property
+    def completions_url(self) -> str:
+        return f"http://{self.host}:{self.port}{PATHS['completions']}"
+
+
+class OpenAIStub(Endpoint):
     """The server; a context manager (``start``/``stop`` also work). Thread-safe counters."""
 
     def __init__(self, latency_s: float = 0.0, responder: Callable[[str, str, int], tuple[int, str | None]] = canned,
@@ -207,24 +282,19 @@ class OpenAIStub:
 
             def do_GET(self):  # noqa: N802
                 if self.path.rstrip("/").endswith("/models"):
-                    self._send(200, {"object": "list", "data": [{"id": stub.model, "object": "model"}]})
+                    self._send(200, models_body(stub.model))
                 else:
                     self._send(404, {"error": {"message": "not found"}})
 
             def do_POST(self):  # noqa: N802
-                length = int(self.headers.get("Content-Length") or 0)
-                try:
-                    body = json.loads(self.rfile.read(length) or b"{}")
-                except json.JSONDecodeError:
-                    self._send(400, {"error": {"message": "invalid JSON", "type": "invalid_request_error"}})
-                    return
-                path = self.path.rstrip("/")
-                if path.endswith("/chat/completions"):
-                    self._send(*stub.answer(body, "chat"))
-                elif path.endswith("/completions"):
-                    self._send(*stub.answer(body, "completions"))
-                else:
+                body = parse_body(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                route = route_of(self.path)
+                if body is None:
+                    self._send(*INVALID_JSON)
+                elif route is None:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
+                else:
+                    self._send(*stub.answer(body, route))
 
         self._server = ThreadingHTTPServer((self.host, self.bind_port), Handler)
         self._server.daemon_threads = True
@@ -238,28 +308,10 @@ class OpenAIStub:
             self._server.server_close()
             self._server = None
 
-    def __enter__(self) -> "OpenAIStub":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     @property
     def port(self) -> int:
         assert self._server is not None, "stub not started"
         return self._server.server_address[1]
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    @property
-    def url(self) -> str:
-        return f"{self.base_url}/chat/completions"
-
-    @property
-    def completions_url(self) -> str:
-        return f"{self.base_url}/completions"
 
     # ------------------------------------------------------------------ behaviour
     def answer(self, body: dict, route: str = "chat") -> tuple[int, dict]:
@@ -274,12 +326,12 @@ class OpenAIStub:
         if route == "chat":
             messages = body.get("messages")
             if not isinstance(messages, list):
-                return 400, {"error": {"message": "'messages' is required", "type": "invalid_request_error"}}
+                return 400, error_body("'messages' is required")
             caption, prompt = caption_of(messages)
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
-                return 400, {"error": {"message": "'prompt' must be a string", "type": "invalid_request_error"}}
+                return 400, error_body("'prompt' must be a string")
             caption = caption_in(prompt)
         kind = kind_of(prompt)
         with self._lock:
@@ -290,8 +342,7 @@ class OpenAIStub:
             self.attempts[(caption, kind)] = attempt + 1
         status, text = self.responder(caption, kind, attempt)
         if status != 200:
-            return status, {"error": {"message": "The server had an error while processing your request.",
-                                      "type": "server_error", "code": status}}
+            return status, error_body("The server had an error while processing your request.", "server_error", status)
         prompt_tokens = len(prompt.split()) if route == "completions" else \
             sum(len(str(m.get("content", "")).split()) for m in body["messages"])
         completion_tokens = len((text or "").split())

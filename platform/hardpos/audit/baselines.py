@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from hardpos.audit.config import HELDOUT_MODEL, MODELS, BlindSettings
+from hardpos.audit.config import HELDOUT_MODEL, MODELS, BlindSettings, TextModelConfig
 from hardpos.audit.text_models import CaptionLM, caption_key, char_design, design, fit_design, group_folds, vocabulary
 from hardpos.eval.items import Item
 from hardpos.eval.metrics import aug_correct, brittle, orig_correct
@@ -108,14 +108,15 @@ def _nan_scores(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def text_scores(captions: Sequence[str], negatives: Sequence[str], positives: Sequence[str | None],
-                settings: BlindSettings, model: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                settings: TextModelConfig, seed: int, model: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Cross-fitted text-only scores ``(s_c, s_n, s_p)`` of ``model`` for items (caption,
-    negative, positive or None); higher means more like a true caption. ``s_p`` is NaN where an
-    item has no positive. Folds are grouped by caption (see the module doc). Raises ValueError
-    when there are fewer distinct captions than folds."""
+    negative, positive or None), fitted with ``settings`` on folds assigned by ``seed``; higher
+    means more like a true caption. ``s_p`` is NaN where an item has no positive. Folds are
+    grouped by caption (see the module doc). Raises ValueError when there are fewer distinct
+    captions than folds."""
     n = len(captions)
     groups = [caption_key(c) for c in captions]
-    fold_of = np.asarray(group_folds(groups, settings.folds, settings.seed))
+    fold_of = np.asarray(group_folds(groups, settings.folds, seed))
     has_p = np.array([p is not None for p in positives], dtype=bool)
     pos = [p if p is not None else "" for p in positives]
     s_c, s_n, s_p = _nan_scores(n)
@@ -247,14 +248,14 @@ def blind_baseline(name: str, items: Sequence[Item], aggregate: str, settings: B
         mine = [items[i] for i in idx]
         groups = [caption_key(it.caption) for it in mine]
         base = SubsetBaseline(sub, len(mine), len(set(groups)))
-        if len(mine) < settings.min_items or base.n_captions < settings.folds:
+        if len(mine) < settings.min_items or base.n_captions < settings.text_models.folds:
             base.skipped = (f"{len(mine)} items from {base.n_captions} captions: fewer than min_items={settings.min_items} "
-                            f"items or fewer captions than folds={settings.folds}")
+                            f"items or fewer captions than folds={settings.text_models.folds}")
             per_subset.append(base)
             continue
         for model in settings.models:
             s = text_scores([it.caption for it in mine], [it.negative for it in mine], [it.positive for it in mine],
-                            settings, model)
+                            settings.text_models, settings.seed, model)
             for k in range(3):
                 scores[model][k][idx] = s[k]
             base.figures[model], base.se[model] = _subset_figures(*s, groups)
@@ -281,7 +282,7 @@ def blind_baseline(name: str, items: Sequence[Item], aggregate: str, settings: B
             groups = [caption_key(items[i].caption) for i in idx]
             overall[model] = _subset_figures(*(a[idx] for a in scores[model]), groups)[0]
     result = BlindResult(name, aggregate, ids, subsets, scores, per_subset, overall,
-                         {m: settings.describe(m) for m in settings.models})
+                         {m: settings.text_models.describe(m) for m in settings.models})
     _CACHE[key] = result
     return result
 

@@ -45,7 +45,7 @@ from typing import Any
 
 from hardpos import storage
 from hardpos.audit.baselines import interval
-from hardpos.audit.config import FORMATS, POLARITIES, BlindSettings
+from hardpos.audit.config import FORMATS, POLARITIES, BlindSettings, TextModelConfig
 from hardpos.audit.text_models import CrossValidation, caption_key, cross_validate, lm_pair_correct
 from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.formats import detect_kind
@@ -248,25 +248,18 @@ def read_edits(path: str, fmt: str = "auto") -> tuple[list[Edit], dict[str, Any]
 class AuditSettings:
     """The text models and the cross-fitting (:mod:`hardpos.audit.text_models`).
 
-    folds / seed: the folds, grouped by original caption, and their assignment.
-    ngrams / l2 / steps: the n-gram classifier (``ngram_lr``).
-    order / discount: the caption language model (``caption_lm``).
+    text_models: the models' settings and their folds, grouped by original caption.
+    seed: the fold assignment.
     min_pairs: a kind with fewer distinct pairs is reported, not measured (a handful of pairs
         gives a fold accuracy of noise); also the least items of a subset's triplet figures."""
 
-    folds: int = 5
-    ngrams: int = 2
-    l2: float = 1e-4
-    steps: int = 500
+    text_models: TextModelConfig = dataclasses.field(default_factory=TextModelConfig)
     seed: int = 0
     min_pairs: int = 20
-    order: int = 2
-    discount: float = 0.75
 
     def blind(self) -> BlindSettings:
         """The same settings for the benchmark-style figures of :mod:`hardpos.audit.baselines`."""
-        return BlindSettings(folds=self.folds, seed=self.seed, ngrams=self.ngrams, l2=self.l2, steps=self.steps,
-                             order=self.order, discount=self.discount, min_items=self.min_pairs)
+        return BlindSettings(text_models=self.text_models, seed=self.seed, min_items=self.min_pairs)
 
 
 #: edits kept per grammar rule and row as examples (in audit.json)
@@ -300,16 +293,17 @@ def audit_group(edits: Sequence[Edit], settings: AuditSettings) -> dict[str, Any
                            "accuracy_pct": None, "std_pct": None, "fold_accuracy_pct": [], "pair_pct": None,
                            "pair_lo_pct": None, "pair_hi_pct": None, "lm_pair_pct": None, "lm_pair_lo_pct": None,
                            "lm_pair_hi_pct": None, "skipped": None}
-    if len(edits) < settings.min_pairs or len(captions) < settings.folds:
+    tm = settings.text_models
+    if len(edits) < settings.min_pairs or len(captions) < tm.folds:
         row["skipped"] = (f"{len(edits)} pairs from {len(captions)} captions: fewer than min_pairs={settings.min_pairs} "
-                          f"pairs or fewer captions than folds={settings.folds}")
+                          f"pairs or fewer captions than folds={tm.folds}")
         return row
     originals, edited = [e.caption for e in edits], [e.edited for e in edits]
     groups = [caption_key(c) for c in originals]
-    cv: CrossValidation = cross_validate(originals, edited, groups=groups, folds=settings.folds, seed=settings.seed,
-                                         ngrams=settings.ngrams, l2=settings.l2, steps=settings.steps)
-    lm = lm_pair_correct(originals, edited, groups=groups, folds=settings.folds, seed=settings.seed,
-                         order=settings.order, discount=settings.discount)
+    cv: CrossValidation = cross_validate(originals, edited, groups=groups, folds=tm.folds, seed=settings.seed,
+                                         ngrams=tm.ngrams, l2=tm.l2, steps=tm.steps)
+    lm = lm_pair_correct(originals, edited, groups=groups, folds=tm.folds, seed=settings.seed, order=tm.order,
+                         discount=tm.discount)
     row.update(accuracy_pct=round(100 * cv.mean, 1), std_pct=round(100 * cv.std, 1),
                fold_accuracy_pct=[round(100 * a, 2) for a in cv.fold_accuracy])
     for key, correct in (("pair", cv.pair_correct), ("lm_pair", lm)):

@@ -6,6 +6,9 @@ for scikit-learn to load).
 * :data:`POLARITIES`, :data:`FORMATS`: the edits and the sources ``hardpos audit`` reads
   (its formats: the benchmark kinds of :data:`hardpos.eval.spec.BENCHMARK_KINDS`, the one
   list, and caption files with negatives).
+* :class:`TextModelConfig`: the text models' settings and their cross-fitting, the one section
+  (``text_models``) every stage that fits them takes: ``hardpos audit``, ``hardpos debias`` and
+  the evaluate stage's blind baselines (``blind.text_models``).
 * :class:`BlindSettings`: the blind baselines' settings (:mod:`hardpos.audit.baselines`).
 """
 from __future__ import annotations
@@ -27,46 +30,33 @@ FORMATS = ("auto", "captions", *BENCHMARK_KINDS)
 
 
 @dataclasses.dataclass
-class BlindSettings:
-    """The blind baselines (text-only models, no image) computed beside a benchmark's figures.
+class TextModelConfig:
+    """The text-only models (:mod:`hardpos.audit.text_models`) and their cross-fitting: one
+    section, so every stage that fits them has the same keys and defaults.
 
-    enabled: compute them (False: the stage reports none).
-    models: which text models: "ngram_lr" (word n-gram logistic regression of true captions
-        against hard negatives) and/or "caption_lm" (n-gram language model of the original
-        captions).
     folds: cross-fitting folds, grouped by original caption (every text is scored by models
         fitted on the other folds only).
-    seed: the fold assignment.
-    ngrams: the longest word n-gram the classifier reads.
+    ngrams: the longest word n-gram the classifier reads (1: words only; 2: words and bigrams).
     l2: the classifier's L2 penalty (on the mean logistic loss, as l2/2 * |w|^2).
-    steps: the classifier solver's iteration limit.
-    order: the language model's n-gram order (2: bigrams).
-    discount: the language model's Kneser-Ney discount, in (0, 1).
-    min_items: a subset with fewer items (or fewer distinct captions than folds) is listed,
-        not measured.
+    steps: the classifier solver's iteration limit (scikit-learn's max_iter).
+    order: the caption language model's n-gram order (2: bigrams).
+    discount: the caption language model's Kneser-Ney discount, in (0, 1).
     """
 
-    enabled: bool = True
-    models: list[str] = dataclasses.field(default_factory=lambda: list(MODELS))
     folds: int = 5
-    seed: int = 0
     ngrams: int = 2
     l2: float = 1e-4
     steps: int = 500
     order: int = 2
     discount: float = 0.75
-    min_items: int = 20
 
     def __post_init__(self) -> None:
-        require(bool(self.models) and set(self.models) <= set(MODELS), "blind.models",
-                f"must be a non-empty subset of {list(MODELS)}", self.models)
-        require(self.folds >= 2, "blind.folds", "must be >= 2", self.folds)
-        require(self.ngrams >= 1, "blind.ngrams", "must be >= 1", self.ngrams)
-        require(self.l2 > 0, "blind.l2", "must be > 0", self.l2)
-        require(self.steps >= 1, "blind.steps", "must be >= 1", self.steps)
-        require(self.order >= 1, "blind.order", "must be >= 1", self.order)
-        require(0.0 < self.discount < 1.0, "blind.discount", "must be in (0, 1)", self.discount)
-        require(self.min_items >= self.folds, "blind.min_items", f"must be >= folds ({self.folds})", self.min_items)
+        require(self.folds >= 2, "folds", "must be >= 2", self.folds)
+        require(self.ngrams >= 1, "ngrams", "must be >= 1", self.ngrams)
+        require(self.l2 > 0, "l2", "must be > 0", self.l2)
+        require(self.steps >= 1, "steps", "must be >= 1", self.steps)
+        require(self.order >= 1, "order", "must be >= 1", self.order)
+        require(0.0 < self.discount < 1.0, "discount", "must be in (0, 1)", self.discount)
 
     def describe(self, model: str) -> str:
         """What ``model`` is and how it was fit with these settings, in one line (results carry it)."""
@@ -83,3 +73,31 @@ class BlindSettings:
                     f"lbfgs, l2={self.l2:g}), fitted on the other {self.folds - 1} of {self.folds} folds grouped by "
                     "original caption")
         raise ValueError(f"unknown text model {model!r}; models: {[*MODELS, HELDOUT_MODEL]}")
+
+
+@dataclasses.dataclass
+class BlindSettings:
+    """The blind baselines (text-only models, no image) computed beside a benchmark's figures.
+
+    enabled: compute them (False: the stage reports none).
+    models: which text models: "ngram_lr" (word n-gram logistic regression of true captions
+        against hard negatives) and/or "caption_lm" (n-gram language model of the original
+        captions).
+    text_models: the models' settings and their cross-fitting folds (as in ``hardpos audit``
+        and ``hardpos debias``).
+    seed: the fold assignment.
+    min_items: a subset with fewer items (or fewer distinct captions than folds) is listed,
+        not measured.
+    """
+
+    enabled: bool = True
+    models: list[str] = dataclasses.field(default_factory=lambda: list(MODELS))
+    text_models: TextModelConfig = dataclasses.field(default_factory=TextModelConfig)
+    seed: int = 0
+    min_items: int = 20
+
+    def __post_init__(self) -> None:
+        require(bool(self.models) and set(self.models) <= set(MODELS), "models",
+                f"must be a non-empty subset of {list(MODELS)}", self.models)
+        require(self.min_items >= self.text_models.folds, "min_items",
+                f"must be >= text_models.folds ({self.text_models.folds})", self.min_items)

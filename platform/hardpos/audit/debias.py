@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from hardpos.audit.baselines import interval, text_scores
-from hardpos.audit.config import HELDOUT_MODEL, MODELS, POLARITIES, BlindSettings
+from hardpos.audit.config import HELDOUT_MODEL, MODELS, POLARITIES, BlindSettings, TextModelConfig
 from hardpos.audit.text_models import caption_key
 from hardpos.eval.items import Item
 
@@ -71,7 +71,7 @@ def _edit(it: Item, polarity: str) -> str | None:
     return it.negative if polarity == "negative" else it.positive
 
 
-def gaps(items: Sequence[Item], polarities: Sequence[str], models: Sequence[str], settings: BlindSettings,
+def gaps(items: Sequence[Item], polarities: Sequence[str], models: Sequence[str], settings: TextModelConfig,
          seed: int, fits: int = 1) -> dict[tuple[str, str], np.ndarray]:
     """``(polarity, model) -> s(caption) - s(edit)`` per item, cross-fitted on ``items`` with
     fold assignment ``seed`` (NaN where an item has no edit of that polarity); with ``fits`` >
@@ -90,9 +90,8 @@ def gaps(items: Sequence[Item], polarities: Sequence[str], models: Sequence[str]
             if len({caption_key(it.caption) for it in mine}) >= settings.folds:  # else too few to cross-fit
                 acc = np.zeros(len(mine))
                 for k in range(fits):
-                    s = dataclasses.replace(settings, seed=seed + k)
                     s_c, s_e, _ = text_scores([it.caption for it in mine], [_edit(it, polarity) for it in mine],
-                                              [None] * len(mine), s, model)
+                                              [None] * len(mine), settings, seed + k, model)
                     acc += (s_c - s_e) / fits
                 total[idx] = acc
             out[(polarity, model)] = total
@@ -166,9 +165,9 @@ class Category:
 
 def _measurable(items: Sequence[Item], blind: BlindSettings) -> str | None:
     n_caps = len({caption_key(it.caption) for it in items})
-    if len(items) < blind.min_items or n_caps < blind.folds:
+    if len(items) < blind.min_items or n_caps < blind.text_models.folds:
         return (f"{len(items)} items from {n_caps} captions: fewer than min_items={blind.min_items} or fewer captions "
-                f"than folds={blind.folds}; kept as it is")
+                f"than folds={blind.text_models.folds}; kept as it is")
     return None
 
 
@@ -197,8 +196,8 @@ def refine_category(name: str, items: Sequence[Item], settings: DebiasSettings) 
     has_pos = any(it.positive is not None for it in items)
     polarities = [p for p in settings.polarities if p == "negative" or has_pos]
     rng = np.random.default_rng(settings.seed)
-    g0 = gaps(items, [p for p in POLARITIES if p == "negative" or has_pos], MODELS, settings.blind, settings.seed,
-              settings.fits)
+    g0 = gaps(items, [p for p in POLARITIES if p == "negative" or has_pos], MODELS, settings.blind.text_models,
+              settings.seed, settings.fits)
     cat = Category(name, ids, np.ones(len(items), dtype=bool), g0)
     if "positive" in polarities:
         both = np.stack([g0[(p, m)] for p in polarities for m in MODELS], axis=1)
@@ -216,7 +215,7 @@ def refine_category(name: str, items: Sequence[Item], settings: DebiasSettings) 
     g = g0
     for r in range(settings.rounds):
         if r > 0:  # a fresh fold assignment over the whole category, read on what is kept
-            g = gaps(items, polarities, MODELS, settings.blind, settings.seed + r * settings.fits, settings.fits)
+            g = gaps(items, polarities, MODELS, settings.blind.text_models, settings.seed + r * settings.fits, settings.fits)
         mine = {k: v[current] for k, v in g.items() if k[0] in polarities}
         if _at_chance(mine, [caption_key(items[i].caption) for i in current], polarities, settings.tolerance):
             break  # every selection model at chance on what is kept
@@ -249,7 +248,7 @@ def verify(items: Sequence[Item], keep: np.ndarray, settings: DebiasSettings, se
     reason = _measurable(items, settings.blind)
     if reason:
         return {"skipped": reason}
-    g = gaps(items, polarities, models, settings.blind, seed)
+    g = gaps(items, polarities, models, settings.blind.text_models, seed)
     groups = np.asarray([caption_key(it.caption) for it in items], dtype=object)
     out: dict[str, Any] = {}
     for label, mask in (("before", np.ones(len(items), dtype=bool)), ("after", keep), ("random", random_keep)):

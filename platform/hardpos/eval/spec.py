@@ -1,5 +1,5 @@
 """What an evaluation is configured by: benchmarks, retention datasets, the arithmetic, the
-Ray Data engine (config sections shared by evaluate, train, sweep and the demo).
+Ray Data engine (config sections shared by evaluate, interpolate, train, sweep and the demo).
 
 Pure dataclasses: the CLI loads them without importing torch, open_clip or Ray."""
 from __future__ import annotations
@@ -114,3 +114,18 @@ class RetrievalSpec:
     captions: str
     image_root: str | None = None
     limit: int | None = None
+
+
+@dataclasses.dataclass
+class RetentionConfig:
+    """Zero-shot retention checks (empty: none).
+
+    zeroshot: ImageFolder classification datasets (name, root, classnames, templates, limit);
+        classnames default to open_clip's 1000 ImageNet names (``imagenet``; or ``folders``,
+        a list, a file) and templates to the 80 OpenAI ones (``openai``; or ``simple``, a
+        list, a file).
+    retrieval: image-text retrieval datasets (name, captions, image_root, limit).
+    """
+
+    zeroshot: list[ZeroShotSpec] = dataclasses.field(default_factory=list)
+    retrieval: list[RetrievalSpec] = dataclasses.field(default_factory=list)

@@ -1,5 +1,7 @@
-"""Hard-positive generation on Ray Data (the ``generate`` stage's machinery).
+"""Hard-positive generation on Ray Data: the ``generate`` stage and its machinery.
 
+* :mod:`hardpos.generate.stage`    -- the stage: ``Config``, ``check``, ``run`` (found through
+  ``hardpos.runtime.STAGE_MODULES``).
 * :mod:`hardpos.generate.prompts`  -- prompt templates as data (``load_prompts``).
 * :mod:`hardpos.generate.engines`  -- the vllm / http / rules engines behind one contract, and
   every name of its parts: :mod:`~hardpos.generate.engine_config` (engine and sampling configs),
@@ -18,5 +20,6 @@ local or s3://; checked on the driver from their heads, read by Ray Data and kep
 Its throughput benchmark is ``python -m benchmarks.generate_bench``, its scaling table
 ``python -m benchmarks.scaling`` (repository tools, not part of the package).
 
-Nothing is imported eagerly (the CLI imports the stage module to list its config keys).
+Nothing is imported eagerly (the CLI imports :mod:`~hardpos.generate.stage` to list its config
+keys).
 """

@@ -37,7 +37,7 @@ from typing import Any, Literal, get_args
 
 from hardpos import preflight, storage, tracking
 from hardpos.config import ConfigError, JobConfig, require
-from hardpos.audit.config import FORMATS, POLARITIES
+from hardpos.audit.config import FORMATS, POLARITIES, TextModelConfig
 from hardpos.eval.spec import BenchmarkKind
 from hardpos.rules.english import GRAMMAR_RULES
 from hardpos.runtime import JobContext
@@ -75,12 +75,9 @@ class Config(JobConfig):
     triplets: also the text-only figures as a benchmark reads the source's items (per subset
         and text model: original accuracy, and with hard positives augmented accuracy and
         brittleness, each with a 95% interval).
-    folds: cross-fitting folds, grouped by original caption.
-    ngrams: the longest word n-gram the classifier reads (1: words only; 2: words and bigrams).
-    l2: the L2 penalty on the classifier's weights (added to the mean logistic loss as l2/2 * |w|^2).
-    steps: the classifier solver's iteration limit (scikit-learn's max_iter).
-    order: the caption language model's n-gram order (2: bigrams).
-    discount: the caption language model's Kneser-Ney discount, in (0, 1).
+    text_models: the text models' settings and their cross-fitting folds (folds, ngrams, l2,
+        steps, order, discount; the same section in ``hardpos debias`` and the evaluate stage's
+        ``blind``).
     min_pairs: a kind with fewer distinct caption/edit pairs (a subset with fewer items) is
         listed but not measured.
     """
@@ -91,22 +88,12 @@ class Config(JobConfig):
     polarities: list[str] = dataclasses.field(default_factory=lambda: list(POLARITIES))
     pooled: bool = True
     triplets: bool = True
-    folds: int = 5
-    ngrams: int = 2
-    l2: float = 1e-4
-    steps: int = 500
-    order: int = 2
-    discount: float = 0.75
+    text_models: TextModelConfig = dataclasses.field(default_factory=TextModelConfig)
     min_pairs: int = 20
 
     def __post_init__(self) -> None:
-        require(self.folds >= 2, "folds", "must be >= 2", self.folds)
-        require(self.ngrams >= 1, "ngrams", "must be >= 1", self.ngrams)
-        require(self.l2 >= 0, "l2", "must be >= 0", self.l2)
-        require(self.steps >= 1, "steps", "must be >= 1", self.steps)
-        require(self.order >= 1, "order", "must be >= 1", self.order)
-        require(0.0 < self.discount < 1.0, "discount", "must be in (0, 1)", self.discount)
-        require(self.min_pairs >= self.folds, "min_pairs", f"must be >= folds ({self.folds})", self.min_pairs)
+        require(self.min_pairs >= self.text_models.folds, "min_pairs",
+                f"must be >= text_models.folds ({self.text_models.folds})", self.min_pairs)
         require(bool(self.polarities) and set(self.polarities) <= set(POLARITIES), "polarities",
                 f"must be a non-empty subset of {list(POLARITIES)}", self.polarities)
 
@@ -158,8 +145,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     from hardpos.audit.blind import (AuditError, AuditSettings, NoEditsError, Source, audit_edits, markdown_table,
                                      read_source)
 
-    settings = AuditSettings(folds=cfg.folds, ngrams=cfg.ngrams, l2=cfg.l2, steps=cfg.steps, seed=cfg.seed,
-                             min_pairs=cfg.min_pairs, order=cfg.order, discount=cfg.discount)
+    settings = AuditSettings(text_models=cfg.text_models, seed=cfg.seed, min_pairs=cfg.min_pairs)
     chosen = sources(cfg)
     read: list[tuple[AuditSource, Any]] = []
     for s in chosen:  # every source is read before any is audited: a bad one fails in seconds

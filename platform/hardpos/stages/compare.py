@@ -30,12 +30,12 @@ from hardpos.config.paths import resolve_tracking_uri
 from hardpos.rules.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.items import BenchmarkError
+from hardpos.eval.model_eval import resolve_specs
 from hardpos.eval.outputs import SCORES_FILE, blind_rows
 from hardpos.explorer import ExplorerConfig, ExplorerError
 from hardpos.models.uri import mlflow_client
 from hardpos.paper import table3
 from hardpos.runtime import JobContext
-from hardpos.stages import evaluate
 
 
 @dataclasses.dataclass
@@ -196,7 +196,7 @@ def explorer_items(cfg: ExplorerConfig) -> dict[str, list]:
     if not cfg.benchmarks and not cfg.world_dir:
         raise ConfigError("explorer.benchmarks / explorer.world_dir: give the benchmarks the evaluations scored "
                           "(the page shows their images and captions)")
-    specs = evaluate.resolve_specs(evaluate.Config(benchmarks=list(cfg.benchmarks), world_dir=cfg.world_dir))
+    specs = resolve_specs(cfg.benchmarks, cfg.world_dir)
     try:
         return {s.name: load_benchmark(s).items for s in specs}
     except BenchmarkError as exc:

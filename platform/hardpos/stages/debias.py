@@ -35,7 +35,7 @@ import sys
 from typing import Any, Literal
 
 from hardpos import preflight, storage, tracking
-from hardpos.audit.config import HELDOUT_MODEL, MODELS, POLARITIES
+from hardpos.audit.config import HELDOUT_MODEL, MODELS, POLARITIES, TextModelConfig
 from hardpos.config import ConfigError, JobConfig, require
 from hardpos.eval.spec import BenchmarkKind
 from hardpos.markdown import md_text, table
@@ -62,9 +62,9 @@ class Config(JobConfig):
     tolerance: the distance from chance (a fraction: 0.03 = 3 points) at which a round is enough.
     min_keep: a polarity whose balance keeps less than this share of a category's items cannot
         be balanced there (said per category, with why).
-    folds: cross-fitting folds, grouped by original caption.
-    ngrams / l2 / steps: the word n-gram classifier (longest n-gram, L2 penalty, solver iterations).
-    order / discount: the caption language model (n-gram order, Kneser-Ney discount).
+    text_models: the text models' settings and their cross-fitting folds (folds, ngrams, l2,
+        steps, order, discount; the same section in ``hardpos audit`` and the evaluate stage's
+        ``blind``).
     min_items: a category with fewer items (or fewer captions than folds) is kept as it is.
     """
 
@@ -77,12 +77,7 @@ class Config(JobConfig):
     fits: int = 3
     tolerance: float = 0.03
     min_keep: float = 0.1
-    folds: int = 5
-    ngrams: int = 2
-    l2: float = 1e-4
-    steps: int = 500
-    order: int = 2
-    discount: float = 0.75
+    text_models: TextModelConfig = dataclasses.field(default_factory=TextModelConfig)
     min_items: int = 20
 
     def __post_init__(self) -> None:
@@ -93,8 +88,8 @@ class Config(JobConfig):
         require(self.fits >= 1, "fits", "must be >= 1", self.fits)
         require(0.0 <= self.tolerance < 0.5, "tolerance", "must be in [0, 0.5)", self.tolerance)
         require(0.0 <= self.min_keep <= 1.0, "min_keep", "must be in [0, 1]", self.min_keep)
-        require(self.folds >= 2, "folds", "must be >= 2", self.folds)
-        require(self.min_items >= self.folds, "min_items", f"must be >= folds ({self.folds})", self.min_items)
+        require(self.min_items >= self.text_models.folds, "min_items",
+                f"must be >= text_models.folds ({self.text_models.folds})", self.min_items)
 
 
 def check(cfg: Config) -> None:
@@ -166,8 +161,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         raise ConfigError(f"input={cfg.input}: a caption file is no benchmark to refine; give a benchmark file or "
                           "folder or a triplet file")
     items = src.items
-    blind = BlindSettings(folds=cfg.folds, seed=cfg.seed, ngrams=cfg.ngrams, l2=cfg.l2, steps=cfg.steps, order=cfg.order,
-                          discount=cfg.discount, min_items=cfg.min_items)
+    blind = BlindSettings(text_models=cfg.text_models, seed=cfg.seed, min_items=cfg.min_items)
     settings = DebiasSettings(blind=blind, polarities=tuple(cfg.polarities), bins=cfg.bins, rounds=cfg.rounds,
                               fits=cfg.fits, tolerance=cfg.tolerance, min_keep=cfg.min_keep, seed=cfg.seed)
     print(f"debias: {cfg.input} ({kind}): {len(items)} items", file=sys.stderr)
@@ -194,7 +188,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         kept_ids.update(it.item_id for it, k in zip(its, c.kept) if k)
     refused = {r["category"]: r["unbalanceable"]["positive"] for r in rows
                if "positive" in r["unbalanceable"] and "positive" in cfg.polarities}
-    models = {m: blind.describe(m) for m in (*MODELS, HELDOUT_MODEL)}
+    models = {m: cfg.text_models.describe(m) for m in (*MODELS, HELDOUT_MODEL)}
     subset = None
     if not refused:
         try:

@@ -59,13 +59,15 @@ from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig
 from hardpos.config.paths import resolve_tracking_uri
 from hardpos.world.scene import WorldConfig
 from hardpos.eval.outputs import blind_rows
-from hardpos.eval.spec import RetrievalSpec
-from hardpos.interpolate import check_alphas
+from hardpos.eval.spec import RetentionConfig, RetrievalSpec
+from hardpos.generate import stage as generate
+from hardpos.interpolate import stage as interpolate
+from hardpos.interpolate.mix import check_alphas
 from hardpos.models import bases, registry
 from hardpos.paper import confirm, table1
 from hardpos.runtime import JobContext, init_ray
 from hardpos.serve.ingress import HAPROXY_FLAG, haproxy_available
-from hardpos.stages import compose, evaluate, generate, interpolate, register
+from hardpos.stages import compose, register
 from hardpos.tracking.redact import redact_text
 from hardpos.train.config import LossConfig
 
@@ -280,7 +282,7 @@ class Pipeline(compose.Pipeline):
                                   base=ModelConfig(arch=cfg.arch, pretrained=base_ckpt),
                                   finetuned=ModelConfig(arch=cfg.arch, pretrained=checkpoint),
                                   base_name="pretrained", finetuned_name=name, alphas=list(cfg.wise_alphas), world_dir=world_dir,
-                                  retention=evaluate.RetentionConfig(retrieval=[self.retrieval_set(world_dir)]),
+                                  retention=RetentionConfig(retrieval=[self.retrieval_set(world_dir)]),
                                   batch_size=cfg.eval_batch_size, device="auto")
         return self.execute("interpolate", wcfg, f"5/7 full: WiSE-FT curve pretrained -> {name}")
 

@@ -25,7 +25,7 @@ import logging
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from hardpos import preflight, storage, tracking
 from hardpos.audit.config import BlindSettings
@@ -34,45 +34,19 @@ from hardpos.config.paths import resolve_tracking_uri
 from hardpos.rules.lexicon import SEEN_SUBSTITUTIONS_TAG
 from hardpos.eval.items import BenchmarkError
 from hardpos.eval.benchmarks import check_benchmarks
-from hardpos.eval.spec import BenchmarkSpec, Precision, RayDataConfig, RetrievalSpec, ZeroShotSpec
+from hardpos.eval.model_eval import evaluate_model, resolve_device, resolve_specs
+from hardpos.eval.spec import BenchmarkSpec, Precision, RayDataConfig, RetentionConfig
 from hardpos.models import weights
 from hardpos.models.uri import source_run_tags
 from hardpos.runtime import JobContext, init_ray
 
 if TYPE_CHECKING:
-    import torch
-
     from hardpos.eval.evaluator import EvalReport
-    from hardpos.models.clip import LoadedModel
 
 # The CLI imports this module for its Config (--help, the checks before a job starts): torch,
 # open_clip and Ray load inside the functions that use them (`# lazy:` below), once a job runs.
 
 log = logging.getLogger(__name__)
-
-#: (metric prefix, benchmark file stem) of a world folder's benchmarks; the REPLACE subsets'
-#: positives are synonyms finetuning never sees
-WORLD_BENCHMARKS = (("world_replace_attribute", "replace_attribute"), ("world_replace_relation", "replace_relation"),
-                    ("world_swap", "swap"))
-#: the same REPLACE items with the synonyms finetuning saw; evaluated when the folder has them
-WORLD_SEEN_BENCHMARKS = (("world_replace_attribute_seen", "replace_attribute_seen"),
-                         ("world_replace_relation_seen", "replace_relation_seen"))
-
-
-@dataclasses.dataclass
-class RetentionConfig:
-    """Zero-shot retention checks (empty: none).
-
-    zeroshot: ImageFolder classification datasets (name, root, classnames, templates, limit);
-        classnames default to open_clip's 1000 ImageNet names (``imagenet``; or ``folders``,
-        a list, a file) and templates to the 80 OpenAI ones (``openai``; or ``simple``, a
-        list, a file).
-    retrieval: image-text retrieval datasets (name, captions, image_root, limit).
-    """
-
-    zeroshot: list[ZeroShotSpec] = dataclasses.field(default_factory=list)
-    retrieval: list[RetrievalSpec] = dataclasses.field(default_factory=list)
-
 
 @dataclasses.dataclass
 class Config(JobConfig):
@@ -102,7 +76,8 @@ class Config(JobConfig):
     max_missing_fraction: fail the job when more than this fraction of a benchmark's items
         had to be excluded for missing/corrupt images (1.0: never fail, only report).
     blind: the blind baselines beside every benchmark (text-only models, no image; enabled,
-        models, folds, seed and the models' settings).
+        models, seed, min_items, and ``text_models``: the models' settings and folds, the same
+        section as in ``hardpos audit`` and ``hardpos debias``).
     """
 
     output_dir: str = "outputs/evaluate"
@@ -128,53 +103,6 @@ class Config(JobConfig):
                 self.max_missing_fraction)
 
 
-def resolve_specs(cfg: Config) -> list[BenchmarkSpec]:
-    """The configured benchmarks plus the world's; validated before any model is built."""
-    specs = list(cfg.benchmarks)
-    if cfg.world_dir:
-        for name, stem in WORLD_BENCHMARKS:
-            path = storage.join(cfg.world_dir, "benchmark", f"{stem}.parquet")
-            if not storage.exists(path):
-                raise ConfigError(f"world_dir={cfg.world_dir}: benchmark file {path} is missing (run the world stage first)")
-            specs.append(BenchmarkSpec(name=name, kind="triplets", path=path))
-        for name, stem in WORLD_SEEN_BENCHMARKS:
-            path = storage.join(cfg.world_dir, "benchmark", f"{stem}.parquet")
-            if storage.exists(path):
-                specs.append(BenchmarkSpec(name=name, kind="triplets", path=path))
-    names = [s.name for s in specs]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"benchmarks: names must be unique (they prefix the metrics), got {names}")
-    for s in specs:
-        if not s.name or "/" in s.name:
-            raise ConfigError(f"benchmarks: name {s.name!r} must be non-empty and contain no '/'")
-        if not s.path:
-            raise ConfigError(f"benchmarks.{s.name}: path is required")
-    if not specs and not cfg.retention.zeroshot and not cfg.retention.retrieval:
-        raise ConfigError("nothing to evaluate: give benchmarks=[...], world_dir=... or retention datasets")
-    check_retention(cfg.retention)
-    return specs
-
-
-def check_retention(cfg: RetentionConfig) -> None:
-    """Names unique and free of '/', class names and templates resolvable (named sets,
-    lists, readable files): fails before any model is built."""
-    for kind, specs in (("zeroshot", cfg.zeroshot), ("retrieval", cfg.retrieval)):
-        names = [s.name for s in specs]
-        if len(set(names)) != len(names) or any(not n or "/" in n for n in names):
-            raise ConfigError(f"retention.{kind}: names must be unique, non-empty and free of '/': {names}")
-    if not cfg.zeroshot:
-        return
-    # lazy: open_clip's class-name lists (seconds to import); only zero-shot retention needs them
-    from hardpos.eval.retention import RetentionError, resolve_classnames, resolve_templates
-
-    for zs in cfg.zeroshot:
-        try:
-            resolve_classnames(zs.classnames)
-            resolve_templates(zs.templates)
-        except RetentionError as exc:
-            raise ConfigError(f"retention.zeroshot.{zs.name}: {exc}") from exc
-
-
 def needs_ray_reader(specs: list[BenchmarkSpec]) -> bool:
     """True when a benchmark is read by Ray Data (webdataset shards, inline-image parquet)."""
     from hardpos.eval.inline import is_inline_source  # lazy: imports Ray (see the module's imports)
@@ -183,37 +111,6 @@ def needs_ray_reader(specs: list[BenchmarkSpec]) -> bool:
         return any(s.kind == "triplets" and is_inline_source(s.path) for s in specs)
     except BenchmarkError as exc:
         raise ConfigError(str(exc)) from exc
-
-
-def resolve_device(device: str) -> str:
-    import torch  # lazy: see the module's imports
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
-def evaluate_model(model: torch.nn.Module, lm: LoadedModel, specs: Sequence[BenchmarkSpec], cfg: Config,
-                   device: str, image_encoder: Any = None) -> tuple[EvalReport, dict[str, float]]:
-    """(benchmark report, retention metrics) of ``model`` with ``lm``'s preprocessing and
-    tokenizer and ``cfg``'s batch size, threads, precision and retention datasets: the one
-    scoring path of this stage and of ``interpolate`` (which scores mixed weights the same way).
-    A benchmark that cannot be read raises :class:`ConfigError` naming it."""
-    # lazy: see the module's imports
-    from hardpos.eval.evaluator import evaluate_benchmarks
-    from hardpos.eval.retention import retrieval, zero_shot
-
-    kw = dict(device=device, batch_size=cfg.batch_size, num_threads=cfg.num_threads, precision=cfg.precision)
-    try:
-        report = evaluate_benchmarks(model, lm.preprocess_val, lm.tokenizer, specs, image_encoder=image_encoder, **kw)
-    except BenchmarkError as exc:
-        raise ConfigError(str(exc)) from exc
-    retention: dict[str, float] = {}
-    for zs in cfg.retention.zeroshot:
-        retention.update(zero_shot(model, lm.preprocess_val, lm.tokenizer, zs, **kw))
-    for rs in cfg.retention.retrieval:
-        retention.update(retrieval(model, lm.preprocess_val, lm.tokenizer, rs, **kw))
-    return report, retention
 
 
 def blind_baselines(report: EvalReport, settings: BlindSettings) -> dict[str, Any] | None:
@@ -266,7 +163,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     from hardpos.eval.distributed import ray_image_encoder
     from hardpos.models.clip import load_model
 
-    specs = resolve_specs(cfg)
+    specs = resolve_specs(cfg.benchmarks, cfg.world_dir, cfg.retention)
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)  # random-weight models are reproducible from the seed
     lm = load_model(cfg.model, device=device, tracking_uri=cfg.tracking.tracking_uri)  # MLflow sources: this job's store
@@ -287,7 +184,9 @@ def run(cfg: Config, ctx: JobContext) -> dict:
                                           precision=cfg.precision)
 
     started = time.time()
-    report, retention = evaluate_model(lm.model, lm, specs, cfg, device, image_encoder=image_encoder)
+    report, retention = evaluate_model(lm.model, lm, specs, device=device, batch_size=cfg.batch_size,
+                                       num_threads=cfg.num_threads, precision=cfg.precision, retention=cfg.retention,
+                                       image_encoder=image_encoder)
     bench_s = time.time() - started  # benchmarks and retention
 
     metrics = {**report.metrics, **retention}

@@ -10,7 +10,7 @@ Pure and Ray-free: two state dicts in, one out (:func:`interpolate_state`); the 
 two models *can* be mixed (:func:`check_compatible`); and :func:`load_pair`, which loads
 both endpoints from any source :func:`hardpos.models.clip.load_model` accepts (an open_clip tag,
 a local checkpoint, ``s3://``, ``runs:/<id>/model``, ``models:/<name>@<alias>``) and
-checks them.  The ``interpolate`` stage (:mod:`hardpos.stages.interpolate`) evaluates the
+checks them.  The ``interpolate`` stage (:mod:`hardpos.interpolate.stage`) evaluates the
 mixes and tracks them.
 
 Exactness at the ends: the mix is computed as ``(1 - a) * base + a * ft`` in float32 and

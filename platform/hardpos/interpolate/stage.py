@@ -1,10 +1,10 @@
 """WiSE-FT: the trade-off curve between a base and a finetuned model, without training again.
 
 For each ``alphas`` value the stage mixes the two models' weights,
-theta(alpha) = (1 - alpha) * theta_base + alpha * theta_ft (:mod:`hardpos.interpolate`; the
+theta(alpha) = (1 - alpha) * theta_base + alpha * theta_ft (:mod:`hardpos.interpolate.mix`; the
 two must share an architecture, else a clear error before any evaluation), evaluates the mix
-on the configured benchmarks and retention sets with the evaluate stage's library functions,
-and writes under ``output_dir``:
+on the configured benchmarks and retention sets exactly as the evaluate stage scores a model
+(:mod:`hardpos.eval.model_eval`), and writes under ``output_dir``:
 
 * ``alpha_<a>/``  per mix: the evaluate stage's outputs (report.md, scores.parquet ...), the
   mixed checkpoint ``model/`` (open_clip local-dir format) and summary.json;
@@ -38,12 +38,12 @@ from hardpos.config import ConfigError, JobConfig, ModelConfig, TrackingConfig, 
 from hardpos.config.paths import resolve_tracking_uri
 from hardpos.eval import outputs
 from hardpos.eval.benchmarks import check_benchmarks
-from hardpos.eval.spec import BenchmarkSpec, Precision
-from hardpos.interpolate import check_alphas, interpolate_state, load_pair, state_of
+from hardpos.eval.model_eval import evaluate_model, resolve_device, resolve_specs
+from hardpos.eval.spec import BenchmarkSpec, Precision, RetentionConfig
+from hardpos.interpolate.mix import check_alphas, interpolate_state, load_pair, state_of
 from hardpos.models import registry, weights
 from hardpos.models.uri import mlflow_client
 from hardpos.runtime import JobContext, execute
-from hardpos.stages import evaluate
 
 if TYPE_CHECKING:
     import torch
@@ -94,7 +94,7 @@ class Config(JobConfig):
     alphas: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     benchmarks: list[BenchmarkSpec] = dataclasses.field(default_factory=list)
     world_dir: str | None = None
-    retention: evaluate.RetentionConfig = dataclasses.field(default_factory=evaluate.RetentionConfig)
+    retention: RetentionConfig = dataclasses.field(default_factory=RetentionConfig)
     device: str = "auto"
     precision: Precision = "fp32"
     batch_size: int = 256
@@ -175,7 +175,8 @@ def _one_alpha(alpha: float, model: torch.nn.Module, lf: LoadedModel, states: tu
 
     def run_child(cfg: Config, ctx: JobContext) -> dict:
         unwrap(model).load_state_dict(interpolate_state(*states, alpha))
-        report, retention = evaluate.evaluate_model(model, lf, specs, cfg, device)
+        report, retention = evaluate_model(model, lf, specs, device=device, batch_size=cfg.batch_size,
+                                           num_threads=cfg.num_threads, precision=cfg.precision, retention=cfg.retention)
         metrics = {**report.metrics, **retention}
         name = f"{cfg.finetuned_name} alpha={alpha:g}"
         files = outputs.write_outputs(report, ctx.output_dir, model_name=name, retention=retention, device=device)
@@ -208,8 +209,8 @@ def check(cfg: Config) -> None:
 
 
 def run(cfg: Config, ctx: JobContext) -> dict:
-    specs = evaluate.resolve_specs(evaluate.Config(benchmarks=cfg.benchmarks, world_dir=cfg.world_dir, retention=cfg.retention))
-    device = evaluate.resolve_device(cfg.device)
+    specs = resolve_specs(cfg.benchmarks, cfg.world_dir, cfg.retention)
+    device = resolve_device(cfg.device)
     import torch  # lazy: see the module's imports
 
     torch.manual_seed(cfg.seed)  # random-weight endpoints are reproducible from the seed
