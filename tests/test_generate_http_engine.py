@@ -2,7 +2,7 @@
 127.0.0.1: many requests in flight give the same rows and verdicts as one at a time,
 429 / 503 / Retry-After / timeouts shrink the window and every row still ends with an
 answer, and the batching stub the benchmark measures against behaves like a full server.
-No Ray here (the stage's own runs are in tests/test_stages_generate.py)."""
+No Ray here (the stage's own runs are in tests/test_generate_stage.py)."""
 from __future__ import annotations
 
 import collections
