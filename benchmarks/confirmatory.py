@@ -178,6 +178,15 @@ def judge_stored(prereg: dict[str, Any], prereg_commit: str, stored: dict[int, d
             "markdown": head + "\n\n" + confirm.verdicts_table(verdicts), "verdicts": confirm.verdicts_json(verdicts)}
 
 
+REPORT_HEAD = """# The confirmatory result
+
+Every preregistered check judged on the stored rows of every preregistered world; made by
+`python -m benchmarks.confirmatory report output=docs/confirmatory.md` (what the checks say and
+the paper's words behind them: [checks.md](checks.md); what it means: [results.md](results.md)).
+
+"""
+
+
 def report(cfg: ReportConfig) -> dict[str, Any]:
     """Judge the repository's preregistered worlds (:func:`judge_stored`) and print the table."""
     prereg = confirm.load_preregistration()
@@ -185,7 +194,7 @@ def report(cfg: ReportConfig) -> dict[str, Any]:
     result = judge_stored(prereg, preregistration_commit(), confirm.load_worlds())
     print(result["markdown"])
     if cfg.output:
-        Path(cfg.output).write_text(result["markdown"])
+        Path(cfg.output).write_text(REPORT_HEAD + result["markdown"])
     if cfg.json_output:
         Path(cfg.json_output).write_text(json.dumps({k: v for k, v in result.items() if k != "markdown"}, indent=1)
                                          + "\n")

@@ -154,3 +154,21 @@ def test_a_run_lists_its_margins_until_the_confirmatory_worlds_are_in(tmp_path):
     text = confirm.run_verdicts_markdown(run, findings, folder=tmp_path)
     assert "- C (SWAP) HN-only above the base: as the confirmatory result (hn-only vs pretrained swap/orig_acc +15.0 " \
            "(confirmatory +12.0 ± " in text
+
+
+def test_the_stored_worlds_give_the_published_result():
+    """The repository's ten preregistered worlds, judged as preregistered, give the counts the
+    README and results.md state and exactly the table in docs/confirmatory.md."""
+    root = confirm.CONFIRMATORY_DIR.parents[3]
+    prereg = confirm.load_preregistration()
+    stored = confirm.load_worlds()
+    assert sorted(stored) == sorted(prereg["world_seeds"])
+    assert all(not r["dirty"] and r["checks_sha256"] == prereg["checks_sha256"] for r in stored.values())
+    worlds = [stored[s]["rows"] for s in prereg["world_seeds"]]
+    verdicts = confirm.judge(confirm.all_checks(confirm.load_findings()), worlds, prereg["alpha"])
+    assert confirm.counts(verdicts) == {"checks": 40, "distinct": 40, "held": 24, "held_holm": 16}
+    assert confirm.verdicts_table(verdicts) in (root / "docs" / "confirmatory.md").read_text()
+    held = {v.check.id for v in verdicts if v.held_holm}
+    assert "B-REPLACE" not in held and "B-SWAP" not in held and "H2-SWAP" in held and "H2-REPLACE" not in held
+    assert "16 hold after correction, 24 before" in (root / "README.md").read_text()
+    assert "16 of the 40 checks hold after Holm's correction, 24 before it" in (root / "docs" / "results.md").read_text()
