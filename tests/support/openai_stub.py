@@ -42,7 +42,7 @@ import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Self
+from typing import Callable, TypeVar
 
 BEHAVIOURS = ("good", "good", "good", "good", "chatter", "multi", "empty", "identical", "error500", "flaky")
 
@@ -213,6 +213,10 @@ def models_body(model: str) -> dict:
     return {"object": "list", "data": [{"id": model, "object": "model"}]}
 
 
+# typing.Self is Python 3.11+; the floor is 3.10.
+_Server = TypeVar("_Server", bound="Endpoint")
+
+
 class Endpoint:
     """The URLs and ``with`` block of a started stub; a subclass has ``host`` and ``port``
     and defines ``start()`` (returning itself) and ``stop()``."""
@@ -220,13 +224,13 @@ class Endpoint:
     host: str
     port: int
 
-    def start(self) -> Self:
+    def start(self: _Server) -> _Server:
         raise NotImplementedError
 
     def stop(self) -> None:
         raise NotImplementedError
 
-    def __enter__(self) -> Self:
+    def __enter__(self: _Server) -> _Server:
         return self.start()
 
     def __exit__(self, *exc) -> None:
