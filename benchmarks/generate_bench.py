@@ -6,9 +6,11 @@ Cases (each pair alternates in one process, see :func:`benchmarks.harness.compar
   negatives, sharded parquet, triplet join) vs the same rule work in a plain in-process loop
   (``RulePerturber.pick`` + ``validate`` + ``rule_negative``, nothing written), on a warm
   local cluster; the first run, which also starts Ray, is reported beside it.
-* http: the full stage with ``engine.http.concurrency`` actors against the OpenAI-compatible
-  stub (:mod:`tests.support.openai_stub`) with a fixed per-request latency vs a sequential client
-  (one ``requests.post`` at a time, the paper's "plain pipeline" shape).
+* http: the full stage with its default http engine (``engine.http.concurrency`` actors, each
+  with up to ``engine.http.max_in_flight`` requests open) against the OpenAI-compatible stub
+  (:mod:`tests.support.openai_stub`) with a fixed per-request latency vs a sequential client
+  (one ``requests.post`` at a time, the paper's "plain pipeline" shape). How full the engine
+  keeps a batching endpoint, beside a plain asyncio client: :mod:`benchmarks.generate_inflight`.
 
 :func:`generate_bench` returns rows for the harness; :func:`measure_stage` runs the stage
 once and returns its captions/s, requests/s and tokens/s.
@@ -101,7 +103,7 @@ def sequential_http(input_uri: str, url: str, model: str = "stub-llm") -> int:
     return done
 
 
-def generate_bench(quick: bool = False, repeats: int = 3, latency_s: float = 0.02, http_concurrency: int = 4,
+def generate_bench(quick: bool = False, repeats: int = 3, latency_s: float = 0.02, http_concurrency: int = 2,
                    data_dir: str | None = None) -> list[dict[str, Any]]:
     """Rows for the benchmark harness (see the module docstring)."""
     n_rules, n_http = (200, 40) if quick else (4839, 400)
@@ -127,8 +129,8 @@ def generate_bench(quick: bool = False, repeats: int = 3, latency_s: float = 0.0
         src_http = caption_file(n_http, tmp, data_dir)
         with OpenAIStub(latency_s=latency_s) as stub:
             over = ["engine.kind=http", f"engine.http.url={stub.url}", "engine.http.model=stub-llm",
-                    f"engine.http.concurrency={http_concurrency}", "engine.http.batch_size=8",
-                    "engine.http.retry_wait_s=0.01", "shard_size=100"]
+                    f"engine.http.concurrency={http_concurrency}", "engine.http.retry_wait_s=0.01",
+                    "engine.http.preflight=false", "shard_size=100"]
             last_http: dict[str, Any] = {}
 
             def http_stage():
@@ -139,7 +141,7 @@ def generate_bench(quick: bool = False, repeats: int = 3, latency_s: float = 0.0
             seq_s = time.perf_counter() - t0
             row = compare_alternating(http_stage, lambda: sequential_http(src_http, stub.url), repeats=repeats,
                                       warmup=0, work_items=n_http)
-            row.update(case=f"http: Ray Data stage ({http_concurrency} actors) vs sequential client, {n_http} "
+            row.update(case=f"http: Ray Data stage ({http_concurrency} actors, requests in flight) vs sequential client, {n_http} "
                             f"captions / {n_req} requests, stub latency {latency_s * 1000:.0f} ms (captions/s)",
                        stage_captions_per_s=last_http.get("captions_per_s"),
                        stage_requests_per_s=last_http.get("requests_per_s"),

@@ -213,6 +213,15 @@ def models_body(model: str) -> dict:
     return {"object": "list", "data": [{"id": model, "object": "model"}]}
 
 
+class StubHTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server with a real endpoint's listen backlog."""
+    # socketserver's listen backlog is 5: a client opening 128 connections at once overflows
+    # it, and a connection the kernel then holds half-open waits for SYN-ACK retransmits (up
+    # to a minute). A real endpoint listens with a backlog of hundreds to thousands.
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 # typing.Self is Python 3.11+; the floor is 3.10.
 _Server = TypeVar("_Server", bound="Endpoint")
 
@@ -300,8 +309,7 @@ class OpenAIStub(Endpoint):
                 else:
                     self._send(*stub.answer(body, route))
 
-        self._server = ThreadingHTTPServer((self.host, self.bind_port), Handler)
-        self._server.daemon_threads = True
+        self._server = StubHTTPServer((self.host, self.bind_port), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name="openai-stub")
         self._thread.start()
         return self
