@@ -8,7 +8,9 @@ user does from a laptop: the working tree travels with the job, every artefact g
 ``s3://`` or MLflow, and a local path another host would need is refused before submitting.
 
 Stages run now: ``world`` -> ``generate`` (rules engine) -> ``generate`` (http engine, against
-an OpenAI-compatible stub on worker host w1) -> ``train`` with 2 workers, one per worker host
+an OpenAI-compatible stub on worker host w1) -> ``generate`` again (http engine against a slow
+batching stub on w1, a generating worker host's link cut mid-run: :func:`generate_with_a_host_cut`,
+every input row then checked to be in the output or the rejects exactly once) -> ``train`` with 2 workers, one per worker host
 (the ``worker_host`` resource; gloo across the bridge), with three faults injected mid-run
 (:func:`train_with_faults`) -> ``sweep`` (2 trials, each 2 workers: the clean training runs)
 -> ``register`` (the sweep's best trial as ``hardpos-cluster@champion``) -> ``evaluate`` (the
@@ -16,7 +18,7 @@ champion, read from the registry) -> Serve (``serve deploy`` to the head, 2 repl
 the worker hosts, scored over HTTP from outside, one host cut under load). Each step's wall
 time is written to ``OUTPUT/summary.json``; the last line is
 
-    cluster: <N> stages ok, faults survived <k>/<m>, steps lost <l>, duplicated <d>, requests failed <f>
+    cluster: <N> stages ok, faults survived <k>/<m>, steps lost <l>, duplicated <d>, rows lost <r>, duplicated <s>, requests failed <f>
 
 ``python -m benchmarks.cluster [output=outputs/cluster] [subnet=10.213.77] [steps=a,b,...]``
 (from the repository root, with the cluster up; ``steps=`` runs a subset, e.g.
@@ -54,6 +56,12 @@ SWEEP_EXPERIMENT = "hardpos-cluster-sweep"
 STUB_PORT = 8001
 #: The last byte of each worker host's address on the cluster's subnet (infra/cluster/cluster.sh).
 HOST_SUFFIX = {"w1": 11, "w2": 12}
+#: The generation fault's batching stub on w1 (tests/support/batching_stub.py): this port, this
+#: latency per request, so that the job is still generating when the cut comes.
+GEN_STUB_PORT = 8002
+GEN_STUB_LATENCY_S = 2.0
+#: The generation fault: injected once the stub has answered this many requests.
+GEN_FAULT_AFTER = 6
 
 
 class LocalPathError(ValueError):
@@ -142,9 +150,22 @@ def _flat(args: dict[str, object]) -> list[str]:
     return [f"{k}={json.dumps(v) if isinstance(v, (dict, list)) else v}" for k, v in args.items()]
 
 
-def pipeline(stub_url: str) -> list[tuple[str, str, list[str]]]:
+def generate_fault_args(stub_url: str) -> list[str]:
+    """The generation fault's job: the http engine over the world's finetune captions, 2 actors
+    with one request open each (about a request a second against the 2 s stub: a minute of
+    generating), retries spanning a minute (a request cut off by the 30 s cut is answered once
+    the link is back, unless Ray moved its batch to another host first), small shards."""
+    return [f"input={RUNS}/world/finetune.parquet", "engine.kind=http", f"engine.http.url={stub_url}",
+            "engine.http.model=stub-llm", "engine.http.concurrency=2", "engine.http.max_in_flight=1",
+            "engine.http.batch_size=4", "engine.http.max_retries=6", "engine.http.retry_wait_s=1",
+            "engine.http.timeout_s=30", "shard_size=12", f"output_dir={RUNS}/generate-fault",
+            "tracking.experiment=hardpos-cluster", "tracking.request_timeout_s=30", "tracking.drain_timeout_s=180"]
+
+
+def pipeline(stub_url: str, gen_stub_url: str | None = None) -> list[tuple[str, str, list[str]]]:
     """(step name, stage, arguments) in order (tiny sizes: CI runs this). ``train`` is run by
-    :func:`train_with_faults`, every other step by :func:`submit`."""
+    :func:`train_with_faults`, ``generate-fault`` by :func:`generate_with_a_host_cut` (against
+    ``gen_stub_url``, the slow stub; None: ``stub_url``), every other step by :func:`submit`."""
     # A loaded machine answers slowly: longer requests and drain, so every record is delivered in the job.
     timeouts = ["tracking.request_timeout_s=30", "tracking.drain_timeout_s=180"]
     tracking = ["tracking.experiment=hardpos-cluster", *timeouts]
@@ -158,6 +179,7 @@ def pipeline(stub_url: str) -> list[tuple[str, str, list[str]]]:
         ("generate-http", "generate", [f"input={RUNS}/world/finetune.parquet", "engine.kind=http", f"engine.http.url={stub_url}",
                       "engine.http.model=stub-llm", "engine.http.retry_wait_s=0.1", "engine.http.concurrency=2",
                       f"output_dir={RUNS}/generate-http", *tracking]),
+        ("generate-fault", "generate", generate_fault_args(gen_stub_url or stub_url)),
         ("train", "train", fault_run_args()),
         ("sweep", "sweep", ["train_config=null", f"train_overrides={json.dumps({**_train_args(), 'eval_benchmarks': benchmarks})}",
                    'search_space={"loss.w_neg": {"grid_search": [0.5, 1.0]}, "loss.w_pos": 1.0}', "extra_trials=[]",
@@ -417,6 +439,109 @@ def train_with_faults(head: str, out: Path, args: list[str], timeout_s: float = 
             "steps_lost": lost, "steps_duplicated": duplicated, "run_id": run_id, "heal": log}
 
 
+def row_accounting(expected: list[str], got: list[str]) -> tuple[int, int, int]:
+    """(rows lost, rows duplicated, rows unexpected) of a generate run's output and reject row
+    ids (accepted + rejects) against the request ids its input plans."""
+    want, have = set(expected), set(got)
+    return len(want - have), len(got) - len(have), len(have - want)
+
+
+def _s3_client(head: str):
+    import boto3  # lazy: only the generation fault reads S3 from outside
+
+    # moto's server on the head takes any key (the hosts read a credentials file; this tool is outside)
+    return boto3.client("s3", endpoint_url=f"http://{head}:9000", region_name="us-east-1",
+                        aws_access_key_id="cluster", aws_secret_access_key="cluster")
+
+
+def _s3_bytes(s3, uri: str) -> bytes:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def generated_rows(s3, output_dir: str, source: str, prompts: str = "paper") -> dict:
+    """Exactly-once check of a finished generate run on S3 (``s3``: a boto3 client): the
+    request ids its input plans (the stage's own planning of ``source``) against the ids in
+    its merged accepted and rejects files, and its summary's conservation."""
+    import tempfile  # lazy: as _s3_client
+
+    import pyarrow.parquet as pq  # lazy: as above
+
+    from hardpos.generate.planning import load_inputs, plan  # lazy: as above
+    from hardpos.generate.prompts import load_prompts  # lazy: as above
+
+    summary = json.loads(_s3_bytes(s3, f"{output_dir}/summary.json"))
+    got = []
+    for what in ("accepted", "rejects"):
+        got += pq.read_table(io.BytesIO(_s3_bytes(s3, f"{output_dir}/{what}.parquet"))).column("request_id").to_pylist()
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / source.rsplit("/", 1)[-1]
+        local.write_bytes(_s3_bytes(s3, source))
+        shards = plan(load_inputs(str(local)), load_prompts(prompts), 10**9, "x")
+    expected = [r["request_id"] for s in shards for r in [*s.requests, *s.input_rejects]]
+    lost, duplicated, unexpected = row_accounting(expected, got)
+    return {"inputs": len(expected), "outputs": len(got), "rows_lost": lost, "rows_duplicated": duplicated,
+            "rows_unexpected": unexpected, "complete": summary.get("complete"),
+            "conserved": summary.get("inputs") == summary.get("accepted", 0) + summary.get("rejected", 0) == len(expected),
+            "rejected_by_reason": summary.get("rejected_by_reason")}
+
+
+def http_actor_hosts(head: str) -> list[str]:
+    """The addresses of the nodes running the http engine's actors (Ray's state API, from outside)."""
+    from ray.util.state import list_actors, list_nodes  # lazy: Ray's state client
+
+    address = f"http://{head}:8265"
+    ips = {n.node_id: n.node_ip for n in list_nodes(address=address, limit=1000, raise_on_missing_output=False)}
+    actors = list_actors(address=address, filters=[("state", "=", "ALIVE")], limit=1000, raise_on_missing_output=False)
+    return sorted({ips.get(a.node_id, "?") for a in actors if "HttpGenerate" in a.class_name})
+
+
+def generate_with_a_host_cut(head: str, out: Path, args: list[str], stub: "StubOnWorker",
+                             timeout_s: float = 1200) -> dict:
+    """The http engine generating on the worker hosts against the slow stub on w1; once the
+    stub has answered :data:`GEN_FAULT_AFTER` requests, the link of a host that runs one of the
+    engine's actors (w2 when it runs one: the stub's host stays reachable) is cut for 30 s, and
+    the node supervisor heals it (:func:`_heal`). Then every planned input row must be in the
+    output or the rejects exactly once (:func:`generated_rows`).
+    -> {ok, survived, injected, cut_host, actor_hosts, rows..., seconds}."""
+    from ray.job_submission import JobStatus, JobSubmissionClient  # lazy: the SDK only for this step
+
+    client = JobSubmissionClient(f"http://{head}:8265")
+    refuse_local_paths(args)
+    started = time.monotonic()
+    job = client.submit_job(entrypoint=shlex.join(["python", "jobs/generate.py", *args]),
+                            runtime_env=_runtime_env(), metadata={"step": "generate-fault"})
+    result: dict = {"injected": False, "cut_host": None, "actor_hosts": [], "rc": None, "heal": []}
+    status = None
+    while time.monotonic() - started < timeout_s:
+        status = client.get_job_status(job)
+        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            break
+        if not result["injected"]:
+            try:
+                served = stub.counters()["served"]
+                hosts = http_actor_hosts(head)
+            except Exception:  # noqa: BLE001 - the stub or the dashboard is slow: the next round asks again
+                served, hosts = 0, []
+            if served >= GEN_FAULT_AFTER and hosts:
+                by_ip = {worker_address(head, h): h for h in HOST_SUFFIX}
+                cut = "w2" if worker_address(head, "w2") in hosts else by_ip.get(hosts[0], "w2")
+                result.update(injected=True, cut_host=cut, actor_hosts=hosts, served_before_cut=served)
+                rc, said = cut_link(cut, 30)
+                result["rc"] = rc
+                print(f"cluster: fault generate-host-cut-30s on {cut} after {served} requests "
+                      f"(http actors on {hosts}): {said.strip().splitlines()[-1:]}", flush=True)
+                _heal(head, cut, result["heal"])
+        time.sleep(2)
+    (out / "generate-fault.log").write_text(client.get_job_logs(job))
+    ok = status == JobStatus.SUCCEEDED
+    rows = generated_rows(_s3_client(head), f"{RUNS}/generate-fault", f"{RUNS}/world/finetune.parquet") if ok else {}
+    survived = bool(ok and result["injected"] and result["rc"] == 0 and rows.get("complete") and rows.get("conserved")
+                    and rows.get("rows_lost") == 0 and rows.get("rows_duplicated") == 0 and rows.get("rows_unexpected") == 0)
+    return {"ok": ok, "status": str(status), "survived": survived, "seconds": round(time.monotonic() - started, 1),
+            **result, **rows}
+
+
 def serve_under_a_host_cut(head: str, clients: int = 4, before_s: float = 15, cut_s: float = 30,
                            after_s: float = 90) -> dict:
     """Score over HTTP from outside with ``clients`` closed-loop clients while w2 (one of the
@@ -461,25 +586,37 @@ def serve_under_a_host_cut(head: str, clients: int = 4, before_s: float = 15, cu
 
 
 class StubOnWorker:
-    """The OpenAI-compatible stub (tests/support/openai_stub.py) on worker host w1's own
-    address, started through ``cluster.sh exec`` and stopped by its PID."""
+    """An OpenAI-compatible stub on worker host w1's own address, started through ``cluster.sh
+    exec`` and stopped by its PID: the plain one (tests/support/openai_stub.py, no delay), or
+    with ``latency_s`` the batching one (tests/support/batching_stub.py, its counters over HTTP)."""
 
-    def __init__(self, subnet: str, log: Path):
+    def __init__(self, subnet: str, log: Path, port: int = STUB_PORT, latency_s: float | None = None):
         self.host = f"{subnet}.11"
-        self.url = f"http://{self.host}:{STUB_PORT}/v1/chat/completions"
+        self.port, self.latency_s = port, latency_s
+        self.url = f"http://{self.host}:{port}/v1/chat/completions"
         self.log = log
         self.proc: subprocess.Popen | None = None
 
+    def command(self) -> list[str]:
+        # inside a host the working directory is the host's root, not the repository: by path
+        # (the plain stub), or as a module with the repository on PYTHONPATH (the batching one)
+        run = ["bash", str(REPO / "infra" / "cluster" / "cluster.sh"), "exec", "w1"]
+        if self.latency_s is None:
+            return [*run, sys.executable, str(REPO / "tests" / "support" / "openai_stub.py"), "0", self.host,
+                    str(self.port)]
+        return [*run, "env", f"PYTHONPATH={REPO}", sys.executable, "-m", "tests.support.batching_stub", "64",
+                str(self.latency_s), "64", "7200", self.host, str(self.port)]
+
+    def counters(self) -> dict:
+        return requests.get(f"http://{self.host}:{self.port}/stub/counters", timeout=10).json()
+
     def __enter__(self) -> "StubOnWorker":
-        # by path: inside a host the working directory is the host's root, not the repository
-        cmd = ["bash", str(REPO / "infra" / "cluster" / "cluster.sh"), "exec", "w1", sys.executable,
-               str(REPO / "tests" / "support" / "openai_stub.py"), "0", self.host, str(STUB_PORT)]
         with open(self.log, "w") as out:  # nsenter and env exec: this PID is the stub's own
-            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.command(), cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while True:
             try:
-                requests.get(f"http://{self.host}:{STUB_PORT}/", timeout=2)
+                requests.get(f"http://{self.host}:{self.port}/", timeout=2)
                 return self
             except requests.RequestException:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -512,8 +649,10 @@ def main(argv: list[str]) -> int:
     faults: list[dict] = []
     train_faults: dict = {}
     cut: dict | None = None
-    with StubOnWorker(subnet, out / "openai-stub.log") as stub:
-        steps = [*pipeline(stub.url), ("serve", "serve", None)]
+    gen_fault: dict = {}
+    with StubOnWorker(subnet, out / "openai-stub.log") as stub, \
+            StubOnWorker(subnet, out / "batching-stub.log", GEN_STUB_PORT, GEN_STUB_LATENCY_S) as slow_stub:
+        steps = [*pipeline(stub.url, slow_stub.url), ("serve", "serve", None)]
         if opts.get("steps"):  # a subset, e.g. steps=train,serve (earlier steps' artefacts on S3 / MLflow)
             chosen = opts["steps"].split(",")
             unknown = sorted(set(chosen) - {name for name, _, _ in steps})
@@ -521,7 +660,14 @@ def main(argv: list[str]) -> int:
                 raise SystemExit(f"cluster: unknown steps {unknown}; the steps: {[name for name, _, _ in steps]}")
             steps = [step for step in steps if step[0] in chosen]
         for name, stage, args in steps:
-            if name == "train":
+            if name == "generate-fault":
+                gen_fault = generate_with_a_host_cut(head, out, args, slow_stub)
+                good, seconds, tail = gen_fault["ok"], gen_fault["seconds"], json.dumps(gen_fault)
+                faults.append({"fault": "generate-host-cut-30s", **gen_fault})
+                print(f"cluster: generate-fault: {gen_fault.get('inputs')} inputs, {gen_fault.get('outputs')} outputs "
+                      f"and rejects, {gen_fault.get('rows_lost')} lost, {gen_fault.get('rows_duplicated')} duplicated",
+                      flush=True)
+            elif name == "train":
                 train_faults = train_with_faults(head, out, args)
                 good, seconds, tail = train_faults["ok"], train_faults["seconds"], json.dumps(train_faults)
                 faults += train_faults["faults"]
@@ -541,12 +687,14 @@ def main(argv: list[str]) -> int:
     survived = sum(1 for f in faults if f.get("survived"))
     lost, duplicated = train_faults.get("steps_lost", 0), train_faults.get("steps_duplicated", 0)
     failed = cut["failed"] if cut else 0
+    rows_lost, rows_duplicated = gen_fault.get("rows_lost", 0), gen_fault.get("rows_duplicated", 0)
     summary = {"steps": results, "local_path_refusal": refused, "faults": faults, "train_faults": train_faults,
-               "serve_cut": cut}
+               "generate_fault": gen_fault, "serve_cut": cut}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    planned = len(TRAIN_FAULTS) * any(n == "train" for n, _, _ in steps) + any(n == "serve" for n, _, _ in steps)
+    planned = (len(TRAIN_FAULTS) * any(n == "train" for n, _, _ in steps) + any(n == "serve" for n, _, _ in steps)
+               + any(n == "generate-fault" for n, _, _ in steps))
     print(f"cluster: {ok} stages ok, faults survived {survived}/{planned}, steps lost {lost}, "
-          f"duplicated {duplicated}, requests failed {failed}")
+          f"duplicated {duplicated}, rows lost {rows_lost}, duplicated {rows_duplicated}, requests failed {failed}")
     return 0 if ok == len(steps) and survived == planned else 1
 
 

@@ -18,6 +18,7 @@ from benchmarks.cluster import (
     heal_action,
     pipeline,
     refuse_local_paths,
+    row_accounting,
     serve_config,
     step_accounting,
     worker_address,
@@ -48,18 +49,24 @@ def test_a_local_path_inside_a_mapping_or_list_value_is_refused_naming_its_key()
 
 
 def test_every_step_of_the_cluster_pipeline_names_only_shared_locations():
-    steps = pipeline("http://10.213.77.11:8001/v1/chat/completions")
-    assert [name for name, _, _ in steps] == ["world", "generate-rules", "generate-http", "train", "sweep",
-                                              "register", "evaluate"]
+    steps = pipeline("http://10.213.77.11:8001/v1/chat/completions", "http://10.213.77.11:8002/v1/chat/completions")
+    assert [name for name, _, _ in steps] == ["world", "generate-rules", "generate-http", "generate-fault", "train",
+                                              "sweep", "register", "evaluate"]
     for _, stage, args in steps:
         assert (REPO / "jobs" / f"{stage}.py").exists()
         refuse_local_paths(args)  # nothing local: every host reads every location
-    train = dict(a.split("=", 1) for a in steps[3][2])  # the fault-injected run: 30 steps, every one logged
+    # the generation fault's job: the slow stub, one request open per actor, retries that outlast a 30 s cut
+    gen = dict(a.split("=", 1) for a in steps[3][2])
+    assert gen["engine.http.url"] == "http://10.213.77.11:8002/v1/chat/completions"
+    assert (gen["engine.http.concurrency"], gen["engine.http.max_in_flight"], gen["output_dir"]) == (
+        "2", "1", "s3://hardpos/cluster/generate-fault")
+    assert sum(int(gen["engine.http.retry_wait_s"]) * 2 ** i for i in range(int(gen["engine.http.max_retries"]))) > 30
+    train = dict(a.split("=", 1) for a in steps[4][2])  # the fault-injected run: 30 steps, every one logged
     assert (train["max_steps"], train["batch_size"], train["log_every"], train["output_dir"]) == (
         "30", "2", "1", "s3://hardpos/cluster/train")
-    sweep = dict(a.split("=", 1) for a in steps[4][2])
+    sweep = dict(a.split("=", 1) for a in steps[5][2])
     assert '"scaling.resources_per_worker": {"worker_host": 1}' in sweep["train_overrides"]
-    assert dict(a.split("=", 1) for a in steps[6][2])["model.pretrained"] == "models:/hardpos-cluster@champion"
+    assert dict(a.split("=", 1) for a in steps[7][2])["model.pretrained"] == "models:/hardpos-cluster@champion"
 
 
 def test_the_cluster_serve_config_places_the_replica_on_a_worker_host():
@@ -81,6 +88,12 @@ def test_step_accounting_counts_steps_lost_and_duplicated():
     assert step_accounting([1, 2, 3, 4], 4) == (0, 0)
     assert step_accounting([1, 2, 2, 3, 5, 5, 5], 5) == (1, 3)  # 4 lost; 2 once and 5 twice again
     assert step_accounting([], 3) == (3, 0)
+
+
+def test_row_accounting_counts_generated_rows_lost_duplicated_and_unexpected():
+    planned = ["0:replace", "0:swap", "1:replace", "2:input"]
+    assert row_accounting(planned, ["0:swap", "0:replace", "2:input", "1:replace"]) == (0, 0, 0)
+    assert row_accounting(planned, ["0:replace", "0:replace", "1:replace", "9:replace"]) == (2, 1, 1)
 
 
 def test_a_node_counts_as_healed_only_after_staying_alive_past_rays_death_detection():
@@ -186,3 +199,35 @@ def test_up_then_down_leaves_nothing(tmp_path):
     finally:
         down = subprocess.run([str(SCRIPT), "down"], env=env, capture_output=True, text=True, timeout=300)
     assert down.returncode == 0 and "nothing left" in down.stderr, down.stderr[-2000:]
+
+
+def test_generated_rows_checks_a_generate_run_on_s3_exactly_once(ray_session, s3_env, tmp_path):
+    """The generation fault's verdict, on a real run written to (moto's) S3: every planned
+    row in the output or the rejects once; a duplicated or missing row is counted."""
+    import boto3
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.cluster import generated_rows
+    from hardpos.config import load_config
+    from hardpos.runtime import execute
+    from hardpos.stages import generate
+
+    s3 = boto3.client("s3", endpoint_url=os.environ["HARDPOS_S3_ENDPOINT_URL"], region_name="us-east-1")
+    caps = tmp_path / "finetune.parquet"
+    pq.write_table(pa.table({"caption": [f"A red car and a small dog {i}." for i in range(10)] + [""]}), caps)
+    s3.upload_file(str(caps), s3_env, "world/finetune.parquet")
+    source, out = f"s3://{s3_env}/world/finetune.parquet", f"s3://{s3_env}/gen"
+    execute("generate", load_config(generate.Config, None, [f"input={source}", f"output_dir={out}", "engine.kind=rules",
+                                                            "shard_size=4", "tracking.enabled=false"]), quiet=True)
+    rows = generated_rows(s3, out, source)
+    assert rows["inputs"] == rows["outputs"] == 10 * 2 + 1  # REPLACE and SWAP per caption, the empty one a reject
+    assert (rows["rows_lost"], rows["rows_duplicated"], rows["rows_unexpected"]) == (0, 0, 0)
+    assert rows["complete"] and rows["conserved"]
+    import io
+
+    table = pq.read_table(io.BytesIO(s3.get_object(Bucket=s3_env, Key="gen/rejects.parquet")["Body"].read()))
+    buf = pa.BufferOutputStream()  # as if a run had written one of its rejects twice
+    pq.write_table(pa.concat_tables([table, table.slice(0, 1)]), buf)
+    s3.put_object(Bucket=s3_env, Key="gen/rejects.parquet", Body=buf.getvalue().to_pybytes())
+    assert generated_rows(s3, out, source)["rows_duplicated"] == 1

@@ -28,7 +28,7 @@ depend on timing, :meth:`hold` keeps every admitted request in its slot until
         stub.utilisation()      # 0.0 .. 1.0
 
 As its own process (a benchmark's endpoint should not share the client's interpreter):
-``python -m tests.support.batching_stub capacity latency_s [queue_limit [max_lifetime_s]]``
+``python -m tests.support.batching_stub capacity latency_s [queue_limit [max_lifetime_s [host [port]]]]``
 prints the chat URL, serves ``GET /stub/counters`` and ``POST /stub/reset``, and exits after
 ``max_lifetime_s`` (default 1 h) or on SIGTERM/SIGINT. Its replies are :func:`steady`'s.
 """
@@ -285,7 +285,8 @@ if __name__ == "__main__":  # see the module docstring
     argv = sys.argv[1:]
     stub = BatchingStub(capacity=int(argv[0]), latency_s=float(argv[1]),
                         queue_limit=int(argv[2]) if len(argv) > 2 else None,
-                        max_lifetime_s=float(argv[3]) if len(argv) > 3 else 3600.0, responder=steady).start()
+                        max_lifetime_s=float(argv[3]) if len(argv) > 3 else 3600.0, responder=steady,
+                        host=argv[4] if len(argv) > 4 else "127.0.0.1", port=int(argv[5]) if len(argv) > 5 else 0).start()
     print(stub.url, flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
