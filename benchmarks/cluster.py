@@ -60,8 +60,12 @@ HOST_SUFFIX = {"w1": 11, "w2": 12}
 #: latency per request, so that the job is still generating when the cut comes.
 GEN_STUB_PORT = 8002
 GEN_STUB_LATENCY_S = 2.0
-#: The generation fault: injected once the stub has answered this many requests.
+#: The generation fault: injected once the stub has answered this many requests, a cut this
+#: long: past Ray's node-death detection (about 25 s), so the head declares the host's node
+#: dead and Ray Data moves its actor and unfinished batches to the other host (a 30 s cut
+#: was ridden out by the engine's retries, the node never declared dead).
 GEN_FAULT_AFTER = 6
+GEN_CUT_S = 45
 
 
 class LocalPathError(ValueError):
@@ -151,14 +155,15 @@ def _flat(args: dict[str, object]) -> list[str]:
 
 
 def generate_fault_args(stub_url: str) -> list[str]:
-    """The generation fault's job: the http engine over the world's finetune captions, 2 actors
-    with one request open each (about a request a second against the 2 s stub: a minute of
-    generating), retries spanning a minute (a request cut off by the 30 s cut is answered once
-    the link is back, unless Ray moved its batch to another host first), small shards."""
+    """The generation fault's job, from scratch (an earlier run's finished shards would be
+    skipped): the http engine over the world's finetune captions, 2 actors with one request
+    open each (about a request a second against the 2 s stub: a minute of generating),
+    retries spanning a minute (a request cut off is answered once the link is back, unless
+    Ray has moved its batch to another host first), small shards."""
     return [f"input={RUNS}/world/finetune.parquet", "engine.kind=http", f"engine.http.url={stub_url}",
             "engine.http.model=stub-llm", "engine.http.concurrency=2", "engine.http.max_in_flight=1",
             "engine.http.batch_size=4", "engine.http.max_retries=6", "engine.http.retry_wait_s=1",
-            "engine.http.timeout_s=30", "shard_size=12", f"output_dir={RUNS}/generate-fault",
+            "engine.http.timeout_s=30", "shard_size=12", f"output_dir={RUNS}/generate-fault", "overwrite=true",
             "tracking.experiment=hardpos-cluster", "tracking.request_timeout_s=30", "tracking.drain_timeout_s=180"]
 
 
@@ -500,14 +505,15 @@ def generate_with_a_host_cut(head: str, out: Path, args: list[str], stub: "StubO
                              timeout_s: float = 1200) -> dict:
     """The http engine generating on the worker hosts against the slow stub on w1; once the
     stub has answered :data:`GEN_FAULT_AFTER` requests, the link of a host that runs one of the
-    engine's actors (w2 when it runs one: the stub's host stays reachable) is cut for 30 s, and
-    the node supervisor heals it (:func:`_heal`). Then every planned input row must be in the
+    engine's actors (w2 when it runs one: the stub's host stays reachable) is cut for
+    :data:`GEN_CUT_S`, and the node supervisor heals it (:func:`_heal`). Then every planned input row must be in the
     output or the rejects exactly once (:func:`generated_rows`).
     -> {ok, survived, injected, cut_host, actor_hosts, rows..., seconds}."""
     from ray.job_submission import JobStatus, JobSubmissionClient  # lazy: the SDK only for this step
 
     client = JobSubmissionClient(f"http://{head}:8265")
     refuse_local_paths(args)
+    stub.reset()  # count this job's requests only
     started = time.monotonic()
     job = client.submit_job(entrypoint=shlex.join(["python", "jobs/generate.py", *args]),
                             runtime_env=_runtime_env(), metadata={"step": "generate-fault"})
@@ -527,9 +533,9 @@ def generate_with_a_host_cut(head: str, out: Path, args: list[str], stub: "StubO
                 by_ip = {worker_address(head, h): h for h in HOST_SUFFIX}
                 cut = "w2" if worker_address(head, "w2") in hosts else by_ip.get(hosts[0], "w2")
                 result.update(injected=True, cut_host=cut, actor_hosts=hosts, served_before_cut=served)
-                rc, said = cut_link(cut, 30)
+                rc, said = cut_link(cut, GEN_CUT_S)
                 result["rc"] = rc
-                print(f"cluster: fault generate-host-cut-30s on {cut} after {served} requests "
+                print(f"cluster: fault generate-host-cut-{GEN_CUT_S}s on {cut} after {served} requests "
                       f"(http actors on {hosts}): {said.strip().splitlines()[-1:]}", flush=True)
                 _heal(head, cut, result["heal"])
         time.sleep(2)
@@ -610,6 +616,9 @@ class StubOnWorker:
     def counters(self) -> dict:
         return requests.get(f"http://{self.host}:{self.port}/stub/counters", timeout=10).json()
 
+    def reset(self) -> None:
+        requests.post(f"http://{self.host}:{self.port}/stub/reset", timeout=10).raise_for_status()
+
     def __enter__(self) -> "StubOnWorker":
         with open(self.log, "w") as out:  # nsenter and env exec: this PID is the stub's own
             self.proc = subprocess.Popen(self.command(), cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
@@ -663,7 +672,7 @@ def main(argv: list[str]) -> int:
             if name == "generate-fault":
                 gen_fault = generate_with_a_host_cut(head, out, args, slow_stub)
                 good, seconds, tail = gen_fault["ok"], gen_fault["seconds"], json.dumps(gen_fault)
-                faults.append({"fault": "generate-host-cut-30s", **gen_fault})
+                faults.append({"fault": f"generate-host-cut-{GEN_CUT_S}s", **gen_fault})
                 print(f"cluster: generate-fault: {gen_fault.get('inputs')} inputs, {gen_fault.get('outputs')} outputs "
                       f"and rejects, {gen_fault.get('rows_lost')} lost, {gen_fault.get('rows_duplicated')} duplicated",
                       flush=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.cluster import (
+    GEN_CUT_S,
     HEAL_STABLE_S,
     HEAL_STUCK_S,
     LocalPathError,
@@ -55,12 +56,12 @@ def test_every_step_of_the_cluster_pipeline_names_only_shared_locations():
     for _, stage, args in steps:
         assert (REPO / "jobs" / f"{stage}.py").exists()
         refuse_local_paths(args)  # nothing local: every host reads every location
-    # the generation fault's job: the slow stub, one request open per actor, retries that outlast a 30 s cut
+    # the generation fault's job: the slow stub, one request open per actor, retries that outlast the cut
     gen = dict(a.split("=", 1) for a in steps[3][2])
     assert gen["engine.http.url"] == "http://10.213.77.11:8002/v1/chat/completions"
     assert (gen["engine.http.concurrency"], gen["engine.http.max_in_flight"], gen["output_dir"]) == (
         "2", "1", "s3://hardpos/cluster/generate-fault")
-    assert sum(int(gen["engine.http.retry_wait_s"]) * 2 ** i for i in range(int(gen["engine.http.max_retries"]))) > 30
+    assert sum(int(gen["engine.http.retry_wait_s"]) * 2 ** i for i in range(int(gen["engine.http.max_retries"]))) > GEN_CUT_S
     train = dict(a.split("=", 1) for a in steps[4][2])  # the fault-injected run: 30 steps, every one logged
     assert (train["max_steps"], train["batch_size"], train["log_every"], train["output_dir"]) == (
         "30", "2", "1", "s3://hardpos/cluster/train")
