@@ -212,7 +212,7 @@ def test_generated_rows_checks_a_generate_run_on_s3_exactly_once(ray_session, s3
     from benchmarks.cluster import generated_rows
     from hardpos.config import load_config
     from hardpos.runtime import execute
-    from hardpos.stages import generate
+    from hardpos.generate import stage as generate
 
     s3 = boto3.client("s3", endpoint_url=os.environ["HARDPOS_S3_ENDPOINT_URL"], region_name="us-east-1")
     caps = tmp_path / "finetune.parquet"
