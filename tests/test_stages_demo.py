@@ -114,6 +114,9 @@ def test_the_console_noise_pattern_catches_each_kind():
     assert not CONSOLE_NOISE.search("12:40:33 INFO hardpos.train: step 2/2 loss 1.2345 (epoch 1)")
 
 
+# slow: 2-5 min, every stage again after each has its own test; `make smoke` (CI, on the newest
+# supported Python) and `make test-all` run it
+@pytest.mark.slow
 @pytest.mark.integration  # a subprocess: the demo as `python jobs/demo.py` runs it, its own local Ray
 @pytest.mark.timeout(1500)
 def test_demo_runs_the_whole_pipeline_small(tracking_uri, tmp_path):
