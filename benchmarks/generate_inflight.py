@@ -58,6 +58,7 @@ class InflightConfig:
     concurrency: the engine's actors (engine.http.concurrency).
     max_in_flight: requests open per actor (engine.http.max_in_flight); None: the default 64,
         or capacity / concurrency when that is larger (so the bound can fill the stub).
+    batch_size: rows per Ray Data batch (engine.http.batch_size; None: the engine's default).
     prompts: the stage's prompt preset (paper: raw prompts to /v1/completions, the default).
     repeats: runs of each of the three per setting, alternating (ratios: median [min, max]).
     data_dir: folder with negclip/valid_neg_clip.tsv (None: $HARDPOS_REFERENCE_DATA, else
@@ -71,6 +72,7 @@ class InflightConfig:
     min_requests: int = 600
     concurrency: int = 2
     max_in_flight: int | None = None
+    batch_size: int | None = None
     prompts: str = "paper"
     repeats: int = 1
     data_dir: str | None = None
@@ -210,7 +212,7 @@ def stage_run(src: str, out: str, stub_url: str, cfg: InflightConfig, max_in_fli
     return measure_stage(src, out, [
         f"prompts={cfg.prompts}", "engine.kind=http", f"engine.http.url={stub_url}", "engine.http.model=stub-llm",
         f"engine.http.concurrency={cfg.concurrency}", f"engine.http.max_in_flight={max_in_flight}",
-        "engine.http.preflight=false"])
+        "engine.http.preflight=false", *([f"engine.http.batch_size={cfg.batch_size}"] if cfg.batch_size else [])])
 
 
 def ratio(values: list[float]) -> str:
@@ -231,7 +233,8 @@ def measure_setting(latency_s: float, capacity: int, cfg: InflightConfig, tmp: s
     runs: dict[str, list[dict]] = {"peer": [], "engine": [], "stage": []}
     with StubProcess(capacity, latency_s) as stub:
         engine_cfg = EngineConfig(kind="http", http=HttpEngineConfig(
-            url=stub.url, model="stub-llm", concurrency=cfg.concurrency, max_in_flight=max_in_flight))
+            url=stub.url, model="stub-llm", concurrency=cfg.concurrency, max_in_flight=max_in_flight,
+            **({"batch_size": cfg.batch_size} if cfg.batch_size else {})))
         spec = http_spec(engine_cfg, by_kind)
         work = [(spec.urls[r["kind"]], request_payload("stub-llm", by_kind[r["kind"]], r["caption"], engine_cfg.sampling))
                 for r in rows]
