@@ -32,6 +32,9 @@ def test_serve_status_and_shutdown_work_against_the_documented_serve_run(tmp_pat
     assert report["bad_request"][0] == 400 and "image_b64" in report["bad_request"][1]
 
 
+# slow: about 50 s, 30 of them `serve shutdown` waiting on HAProxy; the commands are the test
+# above's, and HAProxy's ingress is in the default suite (test_serve_app's load generator behind it)
+@pytest.mark.slow
 @pytest.mark.skipif(loopback_namespace_unavailable() is not None,
                     reason=loopback_namespace_unavailable() or "")
 def test_the_documented_serve_run_behind_haproxy_scores_and_shuts_down(tmp_path):

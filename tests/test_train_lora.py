@@ -188,22 +188,20 @@ def test_positive_kinds_that_no_row_has_stop_before_training(tmp_path, ray_sessi
 
 
 # --------------------------------------------------------------------------- Ray Train
-@pytest.mark.integration
-def test_two_worker_lora_run_exports_a_plain_model_and_resumes(ray_session, tmp_path):
+def _lora_run(tmp_path):
+    """One 2-worker LoRA run on SWAP positives: (its config, summary, the base weights, the
+    adapted keys)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
-    from safetensors.torch import load_file
 
     from hardpos import runtime
-    from tests.support import write_triplets
-
     from hardpos.models.clip import save_checkpoint
+    from tests.support import write_triplets
 
     path, _ = write_triplets(tmp_path / "data", n=48)
     table = pq.read_table(path).to_pylist()
     for i, r in enumerate(table):
         r["kind"] = "swap" if i % 2 else "replace"
-    import pyarrow as pa
-
     pq.write_table(pa.Table.from_pylist(table), path)
     lm = load_model(ModelConfig())
     save_checkpoint(lm.model, lm.model_cfg, tmp_path / "base")
@@ -216,19 +214,41 @@ def test_two_worker_lora_run_exports_a_plain_model_and_resumes(ray_session, tmp_
         "data.val_fraction=0", "epochs=1", "lora.rank=2", "data.positive_kinds=[swap]", "loss.gather_with_grad=false",
         f"model.pretrained={tmp_path / 'base'}", f"data.train_path={path}", f"output_dir={tmp_path / 'out'}",
         "tracking.enabled=false"])
-    s = runtime.execute("train", cfg, quiet=True)
+    return cfg, runtime.execute("train", cfg, quiet=True), base, adapted
+
+
+def _exported(summary) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(summary["checkpoint"]) / "open_clip_model.safetensors"))
+
+
+@pytest.mark.integration
+def test_two_worker_lora_run_exports_a_plain_model(ray_session, tmp_path):
+    _, s, base, adapted = _lora_run(tmp_path)
     spe = (48 // 2) // 8
     fm = s["final_metrics"]
     assert s["steps"] == spe and 0 < fm["params/trainable"] < 100_000 and fm["loss/hard_positive"] > 0
-    saved = load_file(str(Path(s["checkpoint"]) / "open_clip_model.safetensors"))
+    saved = _exported(s)
     assert set(saved) == set(base)  # plain open_clip keys: adapters merged
     assert all(torch.equal(saved[k], base[k]) for k in base if k not in adapted)  # frozen, logit_scale too
     assert all(not torch.equal(saved[k], base[k]) for k in adapted)  # every adapted weight moved
 
+
+# slow: a second Ray Train run (about 30 s); the default suite resumes full finetuning on Ray
+# Train (test_train_trainer) and the adapters from a checkpoint (test_checkpoint_holds_merged_model_and_resumes_the_adapters)
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_lora_run_resumes_from_its_adapters(ray_session, tmp_path):
+    from hardpos import runtime
+
+    cfg, s, base, adapted = _lora_run(tmp_path)
+    spe = (48 // 2) // 8
+    saved = _exported(s)
     cfg2 = dataclasses.replace(cfg, output_dir=str(tmp_path / "out2"), epochs=2,
                                resume_from=str(Path(s["ray_checkpoint"]).parent))
     s2 = runtime.execute("train", cfg2, quiet=True)
     assert s2["final_metrics"]["resumed_from_step"] == spe and s2["steps"] == 2 * spe
-    resumed = load_file(str(Path(s2["checkpoint"]) / "open_clip_model.safetensors"))
+    resumed = _exported(s2)
     assert all(torch.equal(resumed[k], base[k]) for k in base if k not in adapted)
     assert all(not torch.equal(resumed[k], saved[k]) for k in adapted)  # trained on from the adapters
