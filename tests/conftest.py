@@ -34,10 +34,6 @@ def pytest_configure(config):
         creds = Path(tempfile.mkdtemp(prefix="hardpos-aws-")) / "credentials"
         creds.write_text("[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
         os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(creds)
-    # Ray Train's controller polls its workers every 2 s, so a run ends up to 2 s after its
-    # last step; tests run a dozen short runs (measured 3-4 s less a run at 0.1 s). Set before
-    # any Ray starts here, so the local Ray's processes and the tests' subprocesses inherit it.
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
     config.addinivalue_line("markers", "browser: drives a real headless Chromium (skips without one unless "
                                        "HARDPOS_REQUIRE_BROWSER is set, then fails)")
 
