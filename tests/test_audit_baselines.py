@@ -11,7 +11,7 @@ import pytest
 
 from hardpos.audit.baselines import BlindResult, blind_baseline, flat_metrics, interval, standard_error
 from hardpos.audit.config import BlindSettings, TextModelConfig
-from hardpos.audit.text_models import CaptionLM, cross_validate, lm_pair_correct
+from hardpos.audit.text_models import CaptionLM, CharLM, cross_validate, lm_pair_correct
 from hardpos.config import ConfigError
 from hardpos.eval.items import Item
 
@@ -50,6 +50,31 @@ def test_the_caption_lm_is_a_distribution_and_prefers_ordinary_captions():
         CaptionLM(0)
     with pytest.raises(ValueError, match="at least one"):
         CaptionLM().fit([])
+
+
+def test_the_character_lm_is_a_distribution_and_its_ratio_reads_spelling():
+    """The character model sums to one over its symbols; its ratio of true captions to edits
+    (``char_lm``) spots edits whose new words all end alike ("-ish") where the captions' end
+    otherwise ("-ly"), though every word occurs once; the word classifier, for which each is a
+    word never seen in training, ties."""
+    from hardpos.audit.baselines import text_scores
+
+    lm = CharLM(3).fit([f"a {c} {t}" for c in COLORS for t in THINGS])
+    for history in [("<s>", "<s>"), ("a", " "), ("q", "z")]:
+        assert sum(lm._prob(history, w) for w in lm.vocab) + lm._prob(history, "?") == pytest.approx(1.0, abs=1e-9)
+    rng = random.Random(0)
+    caps, negs = [], []
+    for i in range(200):
+        c1, c2 = rng.sample(COLORS, 2)
+        t1, t2 = rng.sample(THINGS, 2)
+        caps.append(f"a {c1} {t1} and a {c2} zork{i}ly")
+        negs.append(f"a {c1} {t1} and a {c2} zork{i}ish")
+    settings = TextModelConfig(steps=200)
+    s_c, s_n, _ = text_scores(caps, negs, [None] * 200, settings, 0, "char_lm")
+    assert np.mean(s_c > s_n) > 0.95
+    w_c, w_n, _ = text_scores(caps, negs, [None] * 200, settings, 0, "ngram_lr")
+    assert np.mean(w_c > w_n) < 0.6  # the word n-grams of a new word carry no weight
+    assert "character 3-gram" in settings.describe("char_lm")
 
 
 def test_pair_measures_find_a_marked_edit_and_not_a_same_distribution_one():
