@@ -11,7 +11,8 @@ import pytest
 from eval_util import write_replace_folder
 
 from hardpos.audit.config import BlindSettings, TextModelConfig
-from hardpos.audit.debias import DebiasSettings, cells, debias, mirror_balance, pair_accuracy, verify
+from hardpos.audit.debias import (DebiasSettings, cells, debias, edit_counts, fold_noise, mirror_balance, off_chance,
+                                  pair_accuracy, verify)
 from hardpos.eval.benchmarks import load_benchmark
 from hardpos.eval.items import Item
 from hardpos.eval.spec import BenchmarkSpec
@@ -46,6 +47,38 @@ def test_cells_and_mirror_balance_by_hand():
     assert pair_accuracy(np.array([1.0, -1.0, 0.0, np.nan]), ["a", "b", "c", "d"])["acc"] == 0.5  # a tie: one half
 
 
+def test_the_larger_side_keeps_the_reverse_substitution_not_a_random_one():
+    """Row 0 (man -> woman) is kept without a choice; its mirror cell holds the reverse
+    substitution and two others, of which it keeps one: the word counts pick the reverse, so a
+    reader of the edited words finds both directions once, whatever the seed."""
+    caps = ["a man on a bench", "a woman on a bench", "a dog on a bench", "a cat on a bench"]
+    edits = ["a woman on a bench", "a man on a bench", "a cat on a bench", "a dog on a bench"]
+    items = [Item(str(i), "s", "", c, e) for i, (c, e) in enumerate(zip(caps, edits))]
+    cols = np.array([[-1.0], [1.0], [1.0], [1.0]])
+    for seed in range(8):
+        keep = mirror_balance(cols, 1, np.random.default_rng(seed), edit_counts(items, ["negative"], 1))
+        assert keep.tolist() == [True, True, False, False], seed
+    random_picks = {tuple(mirror_balance(cols, 1, np.random.default_rng(seed)).tolist()) for seed in range(8)}
+    assert len(random_picks) > 1  # without the counts the draw is left to the seed
+
+
+def test_a_set_read_off_chance_in_every_fit_is_balanced_again_and_noise_is_not():
+    """600 items a model reads right in 54% of them in each of three fits: 4 points off chance,
+    far beyond the fits' own noise, though a 95% item interval would hold chance. 100 items
+    whose fits disagree at random sit within their noise: no further round."""
+    groups = [str(i) for i in range(600)]
+    steady = np.tile(np.where(np.arange(600) < 324, 1.0, -1.0), (3, 1))
+    assert pair_accuracy(steady, groups)["acc"] == pytest.approx(0.54)
+    assert pair_accuracy(steady[0], groups)["lo"] < 0.5 and fold_noise(steady) == 0.0
+    assert off_chance({("negative", "m"): steady}, groups, ["negative"], ["m"], 0.03) == [("negative", "m")]
+    assert off_chance({("negative", "m"): steady}, groups, ["negative"], ["m"], 0.05) == []
+    noisy = np.random.default_rng(0).choice([-1.0, 1.0], size=(3, 100))
+    acc = pair_accuracy(noisy, groups[:100])
+    assert len(acc["fits"]) == 3 and acc["acc"] == pytest.approx(np.mean(acc["fits"]))
+    assert fold_noise(noisy) > 0.02
+    assert off_chance({("negative", "m"): noisy}, groups[:100], ["negative"], ["m"], 0.0) == []
+
+
 def test_selection_brings_both_models_to_chance_and_a_random_subset_does_not():
     items = _mixed(400)
     settings = DebiasSettings(blind=BlindSettings(text_models=TextModelConfig(steps=200)), polarities=("negative",))
@@ -55,12 +88,13 @@ def test_selection_brings_both_models_to_chance_and_a_random_subset_does_not():
     crimson = sum("crimson" in it.negative for it in kept)
     assert crimson < 0.35 * len(kept)  # the spotted negatives are mostly gone
     v = verify(items, cat.kept, settings, seed=1000)
-    for model in ("ngram_lr", "caption_lm"):
+    assert len(v["after"]["negative"]["ngram_lr"]["fits"]) == settings.checks
+    for model in ("ngram_lr", "caption_lm", "char_lm"):
         assert v["before"]["negative"][model]["acc"] > 0.7
         assert abs(v["after"]["negative"][model]["acc"] - 0.5) <= 0.06, (model, v["after"])
         assert v["random"]["negative"][model]["acc"] > 0.65
     assert v["after"]["items"] == v["random"]["items"] == int(cat.kept.sum())
-    assert set(v["after"]["negative"]) == {"ngram_lr", "caption_lm", "char_lr"}
+    assert set(v["after"]["negative"]) == {"ngram_lr", "caption_lm", "char_lm", "char_lr"}
 
 
 def _release(root, n: int = 40):
@@ -99,7 +133,7 @@ def test_the_stage_refuses_unbalanceable_positives_and_writes_a_negatives_only_s
     assert {(it.caption, it.negative, it.positive) for it in sub.items} <= original
     lines = [json.loads(x) for x in (tmp_path / "out2" / "keep.jsonl").read_text().splitlines()]
     assert len(lines) == 80 and sum(x["kept"] for x in lines) == len(sub.items)
-    assert set(lines[0]["gaps"]) == {"negative", "positive"} and set(lines[0]["gaps"]["negative"]) == {"ngram_lr", "caption_lm"}
+    assert set(lines[0]["gaps"]) == {"negative", "positive"} and set(lines[0]["gaps"]["negative"]) == {"ngram_lr", "caption_lm", "char_lm"}
     report = (tmp_path / "out2" / "report.md").read_text()
     assert "| attributes | 40 |" in report and "random subset" in report
 
@@ -118,8 +152,9 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
 @pytest.mark.slow
 def test_sugarcrepe_debiased_negatives_sit_at_chance_and_evaluate_reads_the_subset(shared_data, tmp_path):
     """The Done-when on the real file: SugarCrepe's replace and swap negatives after refinement,
-    pooled over those categories, within 3 points of chance for both selection models; the
-    held-out model is reported (docs/blind-audit.md); the subset loads as SugarCrepe."""
+    pooled over those categories, within 3 points of chance for the selection models and within
+    5 for the held-out character model, which no selection used (docs/blind-audit.md); the
+    subset loads as SugarCrepe."""
     from hardpos import runtime
     from hardpos.config import TrackingConfig
     from hardpos.stages.debias import Config
@@ -127,11 +162,11 @@ def test_sugarcrepe_debiased_negatives_sit_at_chance_and_evaluate_reads_the_subs
     summary = runtime.execute("debias", Config(input=str(shared_data / "sugar_crepe"), output_dir=str(tmp_path / "o"),
                                                tracking=TrackingConfig(enabled=False)), quiet=True)
     rows = {r["category"]: r for r in summary["categories"]}
-    for model in ("ngram_lr", "caption_lm"):
+    for model, within in (("ngram_lr", 0.03), ("caption_lm", 0.03), ("char_lm", 0.03), ("char_lr", 0.05)):
         right = sum(rows[c]["verify"]["after"]["negative"][model]["acc"] * rows[c]["items_after"]
                     for c in rows if not c.startswith("add"))
         n = sum(rows[c]["items_after"] for c in rows if not c.startswith("add"))
-        assert abs(right / n - 0.5) <= 0.03, (model, right / n)
+        assert abs(right / n - 0.5) <= within, (model, right / n)
     assert "add_obj" in rows and rows["add_obj"]["unbalanceable"]
     sub = load_benchmark(BenchmarkSpec("s", "sugarcrepe", summary["benchmark"]["path"]))
     assert len(sub.items) == summary["items_after"]
