@@ -59,7 +59,8 @@ class Config(JobConfig):
         cannot be balanced stop the job (exit 2) unless only "negative" is asked for.
     bins: quantile bins of a gap's size per model and polarity: the grid of mirror cells.
     rounds: at most this many rounds of selection (each reads the kept items' gaps from new
-        cross-fits and stops when every selection model is within tolerance of chance).
+        cross-fits and stops when every selection model is within tolerance of chance or
+        within the noise of its fits; a later round balances only the models still off chance).
     fits: fold assignments averaged into each item's gap (a steadier gap to select on).
     tolerance: the distance from chance (a fraction: 0.03 = 3 points) at which a round is enough.
     min_keep: a polarity whose balance keeps less than this share of a category's items cannot
