@@ -4,6 +4,7 @@ stage writing and logging them beside the model with a real MLflow store."""
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 from hardpos.audit.baselines import BlindResult, blind_baseline, flat_metrics, interval, standard_error
 from hardpos.audit.config import BlindSettings, TextModelConfig
-from hardpos.audit.text_models import CaptionLM, cross_validate, lm_pair_correct
+from hardpos.audit.text_models import CaptionLM, CharLM, cross_validate, lm_pair_correct
 from hardpos.config import ConfigError
 from hardpos.eval.items import Item
 
@@ -50,6 +51,65 @@ def test_the_caption_lm_is_a_distribution_and_prefers_ordinary_captions():
         CaptionLM(0)
     with pytest.raises(ValueError, match="at least one"):
         CaptionLM().fit([])
+
+
+def test_the_character_lm_is_a_distribution_and_its_ratio_reads_spelling():
+    """The character model sums to one over its symbols; its ratio of true captions to edits
+    (``char_lm``) spots edits whose new words all end alike ("-ish") where the captions' end
+    otherwise ("-ly"), though every word occurs once; the word classifier, for which each is a
+    word never seen in training, ties."""
+    from hardpos.audit.baselines import text_scores
+
+    lm = CharLM(3).fit([f"a {c} {t}" for c in COLORS for t in THINGS])
+    for history in [("<s>", "<s>"), ("a", " "), ("q", "z")]:
+        assert sum(lm._prob(history, w) for w in lm.vocab) + lm._prob(history, "?") == pytest.approx(1.0, abs=1e-9)
+    rng = random.Random(0)
+    caps, negs = [], []
+    for i in range(200):
+        c1, c2 = rng.sample(COLORS, 2)
+        t1, t2 = rng.sample(THINGS, 2)
+        caps.append(f"a {c1} {t1} and a {c2} zork{i}ly")
+        negs.append(f"a {c1} {t1} and a {c2} zork{i}ish")
+    settings = TextModelConfig(steps=200)
+    s_c, s_n, _ = text_scores(caps, negs, [None] * 200, settings, 0, "char_lm")
+    assert np.mean(s_c > s_n) > 0.95
+    w_c, w_n, _ = text_scores(caps, negs, [None] * 200, settings, 0, "ngram_lr")
+    assert np.mean(w_c > w_n) < 0.6  # the word n-grams of a new word carry no weight
+    assert "character 3-gram" in settings.describe("char_lm")
+
+
+def test_the_character_lm_by_hand_on_one_text():
+    """Order 3, discount 0.5, fitted on "ab" alone (symbols a, b, </s>): every symbol of "ab"
+    follows its seen history, p = 0.5 + 0.5 * (0.5 + 0.5 * (1/6 + 1/8)) = 79/96 at each of its
+    three steps; "ba" meets no seen trigram, p(b | <s> <s>) = 7/96, then two unseen histories
+    that back off to the bigram level, 7/48 each. Upper case and runs of spaces read as one."""
+    lm = CharLM(3, 0.5).fit(["ab"])
+    assert lm.tokens("  A  b ") == ["<s>", "<s>", "a", " ", "b", "</s>"]
+    assert lm.vocab == {"a", "b", "</s>"}
+    same, swapped = lm.logprob(["ab", "BA"])
+    assert same == pytest.approx(3 * math.log(79 / 96), abs=1e-12)
+    assert swapped == pytest.approx(math.log(7 / 96) + 2 * math.log(7 / 48), abs=1e-12)
+
+
+def test_char_lm_scores_a_tiny_pair_set_by_value():
+    """Two items in two folds (folds=2, discount 0.5): each is scored by the other's models,
+    one of captions and one of edits. Item 1 is item 0 the other way round ("ab" -> "ba",
+    "ba" -> "ab"), so what the other fold calls a true caption is this item's edit: each score
+    is the ratio of the hand values above, and both pairs are wrong by the same gap; a
+    positive is scored by the same ratio. The ratio is what results call ``char_lm``."""
+    from hardpos.audit.baselines import text_scores
+    from hardpos.audit.config import CHAR_LM, SELECTION_MODELS
+
+    same, swapped = 3 * math.log(79 / 96), math.log(7 / 96) + 2 * math.log(7 / 48)
+    settings = TextModelConfig(folds=2, discount=0.5)
+    s_c, s_n, s_p = text_scores(["ab", "ba"], ["ba", "ab"], ["ab", None], settings, 0, CHAR_LM)
+    assert s_c == pytest.approx([swapped - same] * 2, abs=1e-12)
+    assert s_n == pytest.approx([same - swapped] * 2, abs=1e-12)
+    assert s_p[0] == pytest.approx(swapped - same, abs=1e-12) and np.isnan(s_p[1])
+    assert SELECTION_MODELS == ("ngram_lr", "caption_lm", "char_lm")
+    assert settings.describe(CHAR_LM).startswith("character 3-gram language models of the true captions")
+    with pytest.raises(ValueError, match="char_lm"):
+        text_scores(["ab", "ba"], ["ba", "ab"], [None, None], settings, 0, "char_gpt")
 
 
 def test_pair_measures_find_a_marked_edit_and_not_a_same_distribution_one():

@@ -16,6 +16,10 @@ gets a score from a model fitted on the other folds (grouped by original caption
   decision value (higher: more like a true caption);
 * ``caption_lm``: the log-probability under the n-gram language model of the other folds'
   original captions (higher: more like an ordinary caption);
+* ``char_lm`` (not a baseline: ``hardpos debias``'s third selection model): two character
+  3-gram language models (interpolated Kneser-Ney), one of the other folds' true captions and
+  one of their hard negatives; the score is the log-likelihood ratio (higher: spelled more like
+  a true caption). A generative reader of spelling, where ``caption_lm`` reads words;
 * ``char_lr`` (not a baseline by default: ``hardpos debias`` keeps it out of its selection to
   verify on): the same classifier as ``ngram_lr`` on character 2-5 grams.
 
@@ -47,8 +51,8 @@ from typing import Any
 
 import numpy as np
 
-from hardpos.audit.config import HELDOUT_MODEL, MODELS, BlindSettings, TextModelConfig
-from hardpos.audit.text_models import CaptionLM, caption_key, char_design, design, fit_design, group_folds, vocabulary
+from hardpos.audit.config import CHAR_LM, CHAR_LM_ORDER, HELDOUT_MODEL, MODELS, BlindSettings, TextModelConfig
+from hardpos.audit.text_models import CaptionLM, CharLM, caption_key, char_design, design, fit_design, group_folds, vocabulary
 from hardpos.eval.items import Item
 from hardpos.eval.metrics import aug_correct, brittle, orig_correct
 
@@ -132,6 +136,21 @@ def text_scores(captions: Sequence[str], negatives: Sequence[str], positives: Se
             tp = test[has_p[test]]
             s_p[tp] = -(x[2 * n + tp] @ w + b)
         return s_c, s_n, s_p
+    if model == CHAR_LM:
+        for f in range(settings.folds):
+            train, test = np.flatnonzero(fold_of != f), np.flatnonzero(fold_of == f)
+            true = list(dict.fromkeys([*(captions[i] for i in train), *(pos[i] for i in train if has_p[i])]))
+            lm_true = CharLM(CHAR_LM_ORDER, settings.discount).fit(true)
+            lm_edit = CharLM(CHAR_LM_ORDER, settings.discount).fit(list(dict.fromkeys(negatives[i] for i in train)))
+
+            def ratio(texts: list[str]) -> np.ndarray:
+                return lm_true.logprob(texts) - lm_edit.logprob(texts)
+
+            s_c[test] = ratio([captions[i] for i in test])
+            s_n[test] = ratio([negatives[i] for i in test])
+            tp = test[has_p[test]]
+            s_p[tp] = ratio([pos[i] for i in tp])
+        return s_c, s_n, s_p
     if model == "caption_lm":
         for f in range(settings.folds):
             train, test = np.flatnonzero(fold_of != f), np.flatnonzero(fold_of == f)
@@ -141,7 +160,7 @@ def text_scores(captions: Sequence[str], negatives: Sequence[str], positives: Se
             tp = test[has_p[test]]
             s_p[tp] = lm.logprob([pos[i] for i in tp])
         return s_c, s_n, s_p
-    raise ValueError(f"unknown text model {model!r}; models: {[*MODELS, HELDOUT_MODEL]}")
+    raise ValueError(f"unknown text model {model!r}; models: {[*MODELS, CHAR_LM, HELDOUT_MODEL]}")
 
 
 # --------------------------------------------------------------------------- one benchmark

@@ -2,7 +2,9 @@
 needs (the CLI imports every stage's Config, and a mistake on the command line should not wait
 for scikit-learn to load).
 
-* :data:`MODELS`: the two kinds of text model (:mod:`hardpos.audit.text_models`).
+* :data:`MODELS`: the two kinds of text model (:mod:`hardpos.audit.text_models`);
+  :data:`CHAR_LM`, the third that ``hardpos debias`` selects with; :data:`HELDOUT_MODEL`, the
+  one it checks on.
 * :data:`POLARITIES`, :data:`FORMATS`: the edits and the sources ``hardpos audit`` reads
   (its formats: the benchmark kinds of :data:`hardpos.eval.spec.BENCHMARK_KINDS`, the one
   list, and caption files with negatives).
@@ -21,7 +23,15 @@ from hardpos.eval.spec import BENCHMARK_KINDS
 #: the two kinds of text model, by the names results carry: an n-gram classifier of which
 #: captions are edits, and an n-gram language model of which captions are likely
 MODELS = ("ngram_lr", "caption_lm")
-#: a third kind, kept out of any selection so that a selection can be checked on it: the
+#: the third kind ``hardpos debias`` selects with (not a blind baseline): the likelihood ratio of
+#: two character n-gram language models, of true captions and of edits (a generative reader of
+#: spelling, where the word models miss what a rare word's pieces give away)
+CHAR_LM = "char_lm"
+#: its n-gram order (characters)
+CHAR_LM_ORDER = 3
+#: the kinds ``hardpos debias`` balances, in order
+SELECTION_MODELS = (*MODELS, CHAR_LM)
+#: a kind kept out of any selection so that a selection can be checked on it: the
 #: n-gram classifier on character n-grams instead of words
 HELDOUT_MODEL = "char_lr"
 POLARITIES = ("negative", "positive")
@@ -68,11 +78,15 @@ class TextModelConfig:
             return (f"word {self.order}-gram language model of the original captions (interpolated Kneser-Ney, "
                     f"discount {self.discount:g}), fitted on the other {self.folds - 1} of {self.folds} folds grouped by "
                     "original caption")
+        if model == CHAR_LM:
+            return (f"character {CHAR_LM_ORDER}-gram language models of the true captions and of the hard negatives "
+                    f"(interpolated Kneser-Ney, discount {self.discount:g}), the log-likelihood ratio, fitted on the other "
+                    f"{self.folds - 1} of {self.folds} folds grouped by original caption")
         if model == HELDOUT_MODEL:
             return (f"character 2-5 gram logistic regression of true captions against hard negatives (scikit-learn "
                     f"lbfgs, l2={self.l2:g}), fitted on the other {self.folds - 1} of {self.folds} folds grouped by "
                     "original caption")
-        raise ValueError(f"unknown text model {model!r}; models: {[*MODELS, HELDOUT_MODEL]}")
+        raise ValueError(f"unknown text model {model!r}; models: {[*MODELS, CHAR_LM, HELDOUT_MODEL]}")
 
 
 @dataclasses.dataclass

@@ -17,7 +17,8 @@ only fixes that kind):
   language model (order ``order``, interpolated Kneser-Ney smoothing with one discount, an
   unknown word backed off to a uniform share) fitted on **original captions only**; a text's
   score is its log-probability (the sum over its tokens and ``</s>``). It has never seen an
-  edit, so what it prefers is what ordinary captions look like.
+  edit, so what it prefers is what ordinary captions look like. :class:`CharLM` is the same
+  model over characters.
 
 Cross-fitting (:func:`group_folds`): scikit-learn's ``GroupKFold`` with the groups shuffled by
 ``seed``, grouped by original caption (lower case, whitespace collapsed): a caption and every
@@ -157,6 +158,10 @@ class CaptionLM:
         self.context_types: list[dict[tuple[str, ...], int]] = []
         self.vocab: set[str] = set()
 
+    def tokens(self, text: str) -> list[str]:
+        """What the model reads of ``text``: :func:`lm_tokens`, with ``max(order, 2) - 1`` start marks."""
+        return lm_tokens(text, max(self.order, 2))
+
     def fit(self, texts: Sequence[str]) -> CaptionLM:
         """Count ``texts`` (original captions); returns self. Raises ValueError for no text."""
         if not texts:
@@ -165,7 +170,7 @@ class CaptionLM:
         top: Counter[tuple[str, ...]] = Counter()
         start = max(n, 2) - 1  # the first predicted token (after the start marks)
         for t in texts:
-            toks = lm_tokens(t, max(n, 2))
+            toks = self.tokens(t)
             self.vocab.update(toks[start:])
             for i in range(start, len(toks)):
                 top[tuple(toks[max(0, i - n + 1):i + 1])] += 1
@@ -207,9 +212,22 @@ class CaptionLM:
         n, start = self.order, max(self.order, 2) - 1
         out = np.empty(len(texts))
         for j, t in enumerate(texts):
-            toks = lm_tokens(t, max(n, 2))
+            toks = self.tokens(t)
             out[j] = sum(math.log(self._prob(tuple(toks[max(0, i - n + 1):i]), toks[i])) for i in range(start, len(toks)))
         return out
+
+
+class CharLM(CaptionLM):
+    """The same interpolated Kneser-Ney model over the *characters* of a text (lower case,
+    whitespace collapsed to one space, ``order - 1`` start marks and an end mark): a model of
+    which spellings and word pieces a set of texts uses. ``hardpos debias`` fits one on true
+    captions and one on edits and reads the ratio (``char_lm``, :mod:`hardpos.audit.baselines`)."""
+
+    def __init__(self, order: int = 3, discount: float = 0.75):
+        super().__init__(order, discount)
+
+    def tokens(self, text: str) -> list[str]:
+        return ["<s>"] * (max(self.order, 2) - 1) + list(" ".join(text.lower().split())) + ["</s>"]
 
 
 # --------------------------------------------------------------------------- cross-fitting

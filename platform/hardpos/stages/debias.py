@@ -1,12 +1,13 @@
 """`hardpos debias`: the subset of a benchmark (or a triplet file) that text-only models cannot decide.
 
 SugarCrepe-style adversarial refinement (:mod:`hardpos.audit.debias`): per category, every
-item's score gap from two different kinds of blind model (the word n-gram classifier and the
-caption language model, cross-fitted by caption), binned on a grid; items kept in equal
-numbers from each cell and its mirror cell, so that both models prefer the caption exactly as
-often as the edit. The result is verified by a fresh cross-fit (a fold assignment the
-selection never used) of the two selection models and of a held-out third kind (character
-n-grams), beside a random subset of the same size.
+item's score gap from three different kinds of blind model (the word n-gram classifier, the
+caption language model and a character language model ratio, cross-fitted by caption), binned
+on a grid; items kept in equal numbers from each cell and its mirror cell (the larger side's
+items picked to keep the edited words' counts balanced), so that every model prefers the
+caption exactly as often as the edit. The result is verified by fresh cross-fits (fold
+assignments the selection never used) of the selection models and of a held-out kind (a
+character n-gram classifier), beside a random subset of the same size.
 
 Input (``input=``): any benchmark file or folder the evaluate stage reads (REPLACE / SWAP /
 SugarCrepe / SugarCrepe++: the release, one half of it or one file), or a triplet file
@@ -36,6 +37,7 @@ from typing import Any, Literal
 
 from hardpos import preflight, storage, tracking
 from hardpos.audit.config import HELDOUT_MODEL, MODELS, POLARITIES, TextModelConfig
+from hardpos.audit.config import SELECTION_MODELS as SELECTION
 from hardpos.config import ConfigError, JobConfig, require
 from hardpos.eval.spec import BenchmarkKind
 from hardpos.markdown import md_text, table
@@ -56,8 +58,9 @@ class Config(JobConfig):
         "positive" (caption against hard positive, where the input has them). Positives that
         cannot be balanced stop the job (exit 2) unless only "negative" is asked for.
     bins: quantile bins of a gap's size per model and polarity: the grid of mirror cells.
-    rounds: at most this many rounds of selection (each reads the kept items' gaps from a new
-        cross-fit and stops when both models are within tolerance of chance).
+    rounds: at most this many rounds of selection (each reads the kept items' gaps from new
+        cross-fits and stops when every selection model is within tolerance of chance or
+        within the noise of its fits; a later round balances only the models still off chance).
     fits: fold assignments averaged into each item's gap (a steadier gap to select on).
     tolerance: the distance from chance (a fraction: 0.03 = 3 points) at which a round is enough.
     min_keep: a polarity whose balance keeps less than this share of a category's items cannot
@@ -72,7 +75,7 @@ class Config(JobConfig):
     format: Format = "auto"
     output_dir: str = "outputs/debias"
     polarities: list[str] = dataclasses.field(default_factory=lambda: list(POLARITIES))
-    bins: int = 5
+    bins: int = 4
     rounds: int = 2
     fits: int = 3
     tolerance: float = 0.03
@@ -114,9 +117,10 @@ def report_markdown(rows: list[dict[str, Any]], models: dict[str, str], refused:
     out = ["# Adversarial refinement (`hardpos debias`)", "",
            "Pair measure: the share of items whose caption a text-only model prefers to the edit (a tie counts one "
            "half, the chance of a guess; 50 = chance), in %, 95% interval. Selection models: "
-           + ", ".join(f"`{m}`" for m in MODELS) + f"; held out (never used to select): `{HELDOUT_MODEL}`. Before: "
-           "every item; after: the kept items; random: as many items drawn at random. All three read one fresh "
-           "cross-fit over the whole category (a fold assignment no selection round used).", ""]
+           + ", ".join(f"`{m}`" for m in SELECTION) + f"; held out (never used to select): `{HELDOUT_MODEL}`. Before: "
+           "every item; after: the kept items; random: as many items drawn at random. All three read the same fresh "
+           "cross-fits over the whole category (fold assignments no selection round used); each item counts the share "
+           "of them that get it right.", ""]
     out += [f"- `{md_text(k)}`: {md_text(v)}" for k, v in models.items()] + [""]
     body = []
     for r in rows:
@@ -128,7 +132,7 @@ def report_markdown(rows: list[dict[str, Any]], models: dict[str, str], refused:
         for pol in POLARITIES:
             if pol not in v["before"]:
                 continue
-            for m in (*MODELS, HELDOUT_MODEL):
+            for m in (*SELECTION, HELDOUT_MODEL):
                 body.append([md_text(r["category"]), str(r["items_before"]), str(r["items_after"]), pol + "s", m,
                              _pct(v["before"][pol][m]), _pct(v["after"][pol][m]), _pct(v["random"][pol][m])])
     out.append(table(["category", "items before", "items after", "edits", "model", "before", "after", "random subset"],
@@ -183,12 +187,12 @@ def run(cfg: Config, ctx: JobContext) -> dict:
                         metrics[f"debias/{c.name}/{pol}/{m}/{label}"] = round(100 * x["acc"], 2)
         for j, it in enumerate(its):
             g = {pol: {m: (None if np.isnan(c.gaps[(pol, m)][j]) else float(c.gaps[(pol, m)][j]))
-                       for m in MODELS if (pol, m) in c.gaps} for pol in POLARITIES if (pol, MODELS[0]) in c.gaps}
+                       for m in SELECTION if (pol, m) in c.gaps} for pol in POLARITIES if (pol, MODELS[0]) in c.gaps}
             keep_lines.append(json.dumps({"item_id": it.item_id, "category": c.name, "kept": bool(c.kept[j]), "gaps": g}))
         kept_ids.update(it.item_id for it, k in zip(its, c.kept) if k)
     refused = {r["category"]: r["unbalanceable"]["positive"] for r in rows
                if "positive" in r["unbalanceable"] and "positive" in cfg.polarities}
-    models = {m: cfg.text_models.describe(m) for m in (*MODELS, HELDOUT_MODEL)}
+    models = {m: cfg.text_models.describe(m) for m in (*SELECTION, HELDOUT_MODEL)}
     subset = None
     if not refused:
         try:
