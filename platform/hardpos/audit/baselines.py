@@ -111,6 +111,11 @@ def _nan_scores(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
 
 
+def _log_likelihood_ratio(true: CaptionLM, edits: CaptionLM):
+    """texts -> log P(text | true) - log P(text | edits)."""
+    return lambda texts: true.logprob(texts) - edits.logprob(texts)
+
+
 def text_scores(captions: Sequence[str], negatives: Sequence[str], positives: Sequence[str | None],
                 settings: TextModelConfig, seed: int, model: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Cross-fitted text-only scores ``(s_c, s_n, s_p)`` of ``model`` for items (caption,
@@ -136,29 +141,21 @@ def text_scores(captions: Sequence[str], negatives: Sequence[str], positives: Se
             tp = test[has_p[test]]
             s_p[tp] = -(x[2 * n + tp] @ w + b)
         return s_c, s_n, s_p
-    if model == CHAR_LM:
+    if model in ("caption_lm", CHAR_LM):
         for f in range(settings.folds):
             train, test = np.flatnonzero(fold_of != f), np.flatnonzero(fold_of == f)
-            true = list(dict.fromkeys([*(captions[i] for i in train), *(pos[i] for i in train if has_p[i])]))
-            lm_true = CharLM(CHAR_LM_ORDER, settings.discount).fit(true)
-            lm_edit = CharLM(CHAR_LM_ORDER, settings.discount).fit(list(dict.fromkeys(negatives[i] for i in train)))
-
-            def ratio(texts: list[str]) -> np.ndarray:
-                return lm_true.logprob(texts) - lm_edit.logprob(texts)
-
-            s_c[test] = ratio([captions[i] for i in test])
-            s_n[test] = ratio([negatives[i] for i in test])
+            if model == "caption_lm":  # originals only: it has never seen an edit
+                score = CaptionLM(settings.order, settings.discount).fit(
+                    list(dict.fromkeys(captions[i] for i in train))).logprob
+            else:  # true captions (and positives) against the edits
+                score = _log_likelihood_ratio(
+                    CharLM(CHAR_LM_ORDER, settings.discount).fit(
+                        list(dict.fromkeys([*(captions[i] for i in train), *(pos[i] for i in train if has_p[i])]))),
+                    CharLM(CHAR_LM_ORDER, settings.discount).fit(list(dict.fromkeys(negatives[i] for i in train))))
+            s_c[test] = score([captions[i] for i in test])
+            s_n[test] = score([negatives[i] for i in test])
             tp = test[has_p[test]]
-            s_p[tp] = ratio([pos[i] for i in tp])
-        return s_c, s_n, s_p
-    if model == "caption_lm":
-        for f in range(settings.folds):
-            train, test = np.flatnonzero(fold_of != f), np.flatnonzero(fold_of == f)
-            lm = CaptionLM(settings.order, settings.discount).fit(list(dict.fromkeys(captions[i] for i in train)))
-            s_c[test] = lm.logprob([captions[i] for i in test])
-            s_n[test] = lm.logprob([negatives[i] for i in test])
-            tp = test[has_p[test]]
-            s_p[tp] = lm.logprob([pos[i] for i in tp])
+            s_p[tp] = score([pos[i] for i in tp])
         return s_c, s_n, s_p
     raise ValueError(f"unknown text model {model!r}; models: {[*MODELS, CHAR_LM, HELDOUT_MODEL]}")
 

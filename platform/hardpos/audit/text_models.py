@@ -223,9 +223,6 @@ class CharLM(CaptionLM):
     which spellings and word pieces a set of texts uses. ``hardpos debias`` fits one on true
     captions and one on edits and reads the ratio (``char_lm``, :mod:`hardpos.audit.baselines`)."""
 
-    def __init__(self, order: int = 3, discount: float = 0.75):
-        super().__init__(order, discount)
-
     def tokens(self, text: str) -> list[str]:
         return ["<s>"] * (max(self.order, 2) - 1) + list(" ".join(text.lower().split())) + ["</s>"]
 

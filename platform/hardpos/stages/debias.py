@@ -36,8 +36,7 @@ import sys
 from typing import Any, Literal
 
 from hardpos import preflight, storage, tracking
-from hardpos.audit.config import HELDOUT_MODEL, MODELS, POLARITIES, TextModelConfig
-from hardpos.audit.config import SELECTION_MODELS as SELECTION
+from hardpos.audit.config import HELDOUT_MODEL, MODELS, POLARITIES, SELECTION_MODELS, TextModelConfig
 from hardpos.config import ConfigError, JobConfig, require
 from hardpos.eval.spec import BenchmarkKind
 from hardpos.markdown import md_text, table
@@ -117,7 +116,7 @@ def report_markdown(rows: list[dict[str, Any]], models: dict[str, str], refused:
     out = ["# Adversarial refinement (`hardpos debias`)", "",
            "Pair measure: the share of items whose caption a text-only model prefers to the edit (a tie counts one "
            "half, the chance of a guess; 50 = chance), in %, 95% interval. Selection models: "
-           + ", ".join(f"`{m}`" for m in SELECTION) + f"; held out (never used to select): `{HELDOUT_MODEL}`. Before: "
+           + ", ".join(f"`{m}`" for m in SELECTION_MODELS) + f"; held out (never used to select): `{HELDOUT_MODEL}`. Before: "
            "every item; after: the kept items; random: as many items drawn at random. All three read the same fresh "
            "cross-fits over the whole category (fold assignments no selection round used); each item counts the share "
            "of them that get it right.", ""]
@@ -132,7 +131,7 @@ def report_markdown(rows: list[dict[str, Any]], models: dict[str, str], refused:
         for pol in POLARITIES:
             if pol not in v["before"]:
                 continue
-            for m in (*SELECTION, HELDOUT_MODEL):
+            for m in (*SELECTION_MODELS, HELDOUT_MODEL):
                 body.append([md_text(r["category"]), str(r["items_before"]), str(r["items_after"]), pol + "s", m,
                              _pct(v["before"][pol][m]), _pct(v["after"][pol][m]), _pct(v["random"][pol][m])])
     out.append(table(["category", "items before", "items after", "edits", "model", "before", "after", "random subset"],
@@ -187,12 +186,12 @@ def run(cfg: Config, ctx: JobContext) -> dict:
                         metrics[f"debias/{c.name}/{pol}/{m}/{label}"] = round(100 * x["acc"], 2)
         for j, it in enumerate(its):
             g = {pol: {m: (None if np.isnan(c.gaps[(pol, m)][j]) else float(c.gaps[(pol, m)][j]))
-                       for m in SELECTION if (pol, m) in c.gaps} for pol in POLARITIES if (pol, MODELS[0]) in c.gaps}
+                       for m in SELECTION_MODELS if (pol, m) in c.gaps} for pol in POLARITIES if (pol, MODELS[0]) in c.gaps}
             keep_lines.append(json.dumps({"item_id": it.item_id, "category": c.name, "kept": bool(c.kept[j]), "gaps": g}))
         kept_ids.update(it.item_id for it, k in zip(its, c.kept) if k)
     refused = {r["category"]: r["unbalanceable"]["positive"] for r in rows
                if "positive" in r["unbalanceable"] and "positive" in cfg.polarities}
-    models = {m: cfg.text_models.describe(m) for m in (*SELECTION, HELDOUT_MODEL)}
+    models = {m: cfg.text_models.describe(m) for m in (*SELECTION_MODELS, HELDOUT_MODEL)}
     subset = None
     if not refused:
         try:
