@@ -75,7 +75,8 @@ PAIR_SINGULARS = frozenset({"ski", "shoe", "sock", "boot", "glove", "sneaker", "
 #: what may follow a noun that ends its noun phrase (so "two dog stands" is not read as "two dog")
 PHRASE_END = frozenset({"and", "or", "with", "on", "in", "at", "by", "near", "under", "next", "is", "are", "was",
                         "were", "of", "to", "from", "for", "behind", "beside", "above", "below", "that", "which",
-                        "while", "the", "a", "an", "sitting", "standing", "holding", "looking", "eating", "playing"})
+                        "while", "the", "a", "an", "sitting", "standing", "walking", "running", "lying", "laying", "holding", "looking",
+                        "eating", "playing"})
 #: "a few", "a lot of", "a couple of": quantifiers, not "a" before a noun
 _AFTER_A = frozenset({"few", "lot", "lots", "couple", "dozen", "great", "good", "number", "bunch", "pair", "variety",
                       "group", "handful", "set", "herd", "flock", "total"})
