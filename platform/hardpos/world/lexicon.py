@@ -36,7 +36,13 @@ def world_lexicon(cfg: WorldConfig | None = None) -> Lexicon:
         syn = voc["synonyms"].get(form)
         if any(t == syn for t, _ in targets) and all(t != form for t, _ in positives.get((syn, cls), ())):
             positives.setdefault((syn, cls), []).append((form, "world"))
-    lex = dataclasses.replace(lex, positives={k: tuple(v) for k, v in positives.items()})
+    # Likewise a synonym's negatives may be written with synonyms too ("over" -> "below" or
+    # "beneath"), so balanced picks can keep the negatives' synonyms as frequent as the captions'
+    # (canonical words' negatives stay canonical: the same triplets without synonyms).
+    synonyms = set(voc["synonyms"].values())
+    negatives = {k: tuple(dict.fromkeys([*v, *(voc["synonyms"][t] for t in v if t in voc["synonyms"])]))
+                 if k[0] in synonyms else v for k, v in lex.negatives.items()}
+    lex = dataclasses.replace(lex, positives={k: tuple(v) for k, v in positives.items()}, negatives=negatives)
     if not cfg.shape_negatives:  # shapes stay nouns (binding and swaps need them), only their negatives go
         lex = dataclasses.replace(lex, negatives={k: v for k, v in lex.negatives.items() if k[0] not in voc["shapes"]})
     return lex
