@@ -183,3 +183,18 @@ def test_mirrored_positives_on_a_synonym_world_are_kept_and_near_chance(tmp_path
     assert len(pairs) > 1000
     assert abs(cross_validate(caps, pos).pair_mean - 0.5) <= 0.05
     assert abs(lm_pair_correct(caps, pos).mean() - 0.5) <= 0.05
+
+
+def test_a_world_made_before_the_key_is_still_reused(tmp_path):
+    """The demo reuses a world whose world.json matches its config: one written before
+    finetune_synonym_rate existed (no such key) is the world rate 0 makes, not rate 0.5's."""
+    from hardpos.stages.compose import world_matches
+
+    cfg = WorldConfig(n_pretrain=10, n_finetune=10, n_benchmark=10, write_images=False)
+    generate_world(cfg, str(tmp_path))
+    meta = json.loads((tmp_path / "world.json").read_text())
+    assert meta["config"].pop("finetune_synonym_rate") == 0.0
+    (tmp_path / "world.json").write_text(json.dumps(meta))
+    assert world_matches(str(tmp_path), cfg)
+    assert not world_matches(str(tmp_path), WorldConfig(**{**meta["config"], "finetune_synonym_rate": 0.5}))
+    assert not world_matches(str(tmp_path), WorldConfig(**{**meta["config"], "seed": 1}))
