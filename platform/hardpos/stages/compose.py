@@ -234,7 +234,13 @@ def world_matches(world_dir: str, world: WorldConfig) -> bool:
         meta = load_world(world_dir)
     except Exception:  # noqa: BLE001 - absent or unreadable: regenerate
         return False
-    if meta.get("config") != json.loads(json.dumps(dataclasses.asdict(world))):
+    stored = meta.get("config")
+    if not isinstance(stored, dict):
+        return False
+    # a key the world.json lacks was added later with a default that changes nothing
+    # (finetune_synonym_rate=0): such a world is the one the default generates
+    defaults = json.loads(json.dumps(dataclasses.asdict(WorldConfig())))
+    if {**defaults, **stored} != json.loads(json.dumps(dataclasses.asdict(world))):
         return False
     files = ["pretrain.parquet", "finetune.parquet", *(f"benchmark/{b}.parquet" for b in BENCHMARK_FILES)]
     return all(storage.exists(storage.join(world_dir, f)) for f in files)

@@ -78,7 +78,8 @@ class Config(JobConfig):
         beside y -> x), so every substituted word is added as often as it is removed and a
         text-only reader cannot tell the positives from their captions; REPLACE rows without a
         mirror keep their negative and get no positive (fewer REPLACE positives). Needs
-        balanced_picks.
+        balanced_picks. A synthetic world's captions offer mirrors only with synonyms in
+        finetuning (``world finetune_synonym_rate``, e.g. 0.5).
     """
 
     input: str = ""

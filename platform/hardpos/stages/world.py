@@ -28,6 +28,9 @@ class Config(WorldConfig, JobConfig):
     colors / shapes / sizes: the vocabulary (see hardpos.world.build for what is known).
     relation_caption_rate: share of captions using "X above Y" instead of "X and Y".
     noncanonical_rate: share of pretraining captions with one synonym or reordered list (default 0.005).
+    finetune_synonym_rate: share of finetuning captions' colour / size / relation words written with
+        their finetuning synonym (default 0: canonical words; 0.5 lets perturb positive_picks=mirrored
+        balance the REPLACE positives).
     relation_margin: fraction of the image by which a relation must hold to be "true".
     background_jitter / color_jitter: nuisance variation of the rendering.
     write_images: false writes captions and ground truth only.

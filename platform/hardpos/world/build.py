@@ -35,6 +35,11 @@ true, hard negative false):
 (a synonym or a reordered list); default 0.5%, so a model pretrained on the world knows
 them only weakly, as CLIP knows LLM paraphrases.
 
+Finetuning captions are canonical unless ``finetune_synonym_rate`` > 0: then each colour,
+size and relation word is written with its finetuning synonym at that rate (form "synonym"),
+so the rule engine's REPLACE positives go both ways and ``perturb positive_picks=mirrored``
+can balance them; pretraining captions and benchmarks are the same at every rate.
+
 Output layout (train / evaluate / demo read exactly this)::
 
     <out_dir>/world.json
@@ -66,7 +71,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hardpos import storage
-from hardpos.world.grammar import (Caption, render_caption, canonical_caption,
+from hardpos.world.grammar import (Caption, render_caption, canonical_caption, finetune_synonyms,
                                   list_text, noncanonical, np_text, relation_negative, relation_twin,
                                   truth,
                                   vague)
@@ -228,6 +233,7 @@ def _generate_local(cfg: WorldConfig, out: Path) -> dict:
     rows: dict[str, list[dict]] = {"pretrain": [], "finetune": []}
     forms: dict[str, int] = {}
     pair_rng = _split_rng(cfg.seed, "pretrain:pairs")  # its own stream: without pairs the world is unchanged
+    synonym_words = synonym_places = 0  # finetune_synonym_rate: words rewritten / words that could be
     for split in ("pretrain", "finetune"):
         rng = _split_rng(cfg.seed, split + ":captions")
         originals = scenes[split]
@@ -239,6 +245,12 @@ def _generate_local(cfg: WorldConfig, out: Path) -> dict:
                 text, form = noncanonical(rng, scene, cap)
             elif split == "pretrain" and cfg.vague_caption_rate and rng.random() < cfg.vague_caption_rate:
                 text, form = vague(scene, cap), "vague"
+            elif split == "finetune" and cfg.finetune_synonym_rate:
+                # a stable hash per row and word, no draw from rng: the rest of the world is unchanged
+                text, n = finetune_synonyms(scene, cap, cfg.finetune_synonym_rate, f"{cfg.seed}:{split}-{k:06d}")
+                form = "synonym" if n else form
+                synonym_words += n
+                synonym_places += len(cap.objects) * 2 + (cap.template == "relation")
             entries = [(scene, text, form, cap.template)]
             if (split == "pretrain" and cfg.relation_pair_rate and form in ("canonical", "vague")
                     and cap.template == "relation" and pair_rng.random() < cfg.relation_pair_rate):
@@ -315,6 +327,9 @@ def _generate_local(cfg: WorldConfig, out: Path) -> dict:
     }
     if cfg.relation_pair_rate:
         stats["pretrain_twins"] = len(scenes["pretrain"]) - cfg.n_pretrain
+    if cfg.finetune_synonym_rate:
+        stats["finetune_synonym_words"] = synonym_words
+        stats["finetune_synonym_share"] = round(synonym_words / max(1, synonym_places), 5)
     world = {"config": dataclasses.asdict(cfg), "stats": stats, "vocabulary": vocabulary(cfg),
              "layout": {"images": "images/<split>/<id>.png", "splits": list(SPLITS),
                         "benchmarks": {b: f"benchmark/{b}.parquet" for b in BENCHMARK_FILES}}}

@@ -3,7 +3,8 @@
 Contract: noun-phrase and list surface forms (:func:`np_text`, :func:`list_text`), the
 relation margin (:func:`relation_value`), the parser (:func:`parse`) and exact truth
 (:func:`truth`: True / False / None within the ambiguity margin), and the caption builders
-(:func:`canonical_caption`, :func:`noncanonical`, :func:`vague`, :func:`relation_twin`).
+(:func:`canonical_caption`, :func:`noncanonical`, :func:`finetune_synonyms`, :func:`vague`,
+:func:`relation_twin`).
 Pure functions of their arguments; :mod:`hardpos.world.build` captions its scenes with them.
 """
 from __future__ import annotations
@@ -194,6 +195,26 @@ def pretraining_synonym(word: str, text: str) -> str:
     stream, so every other caption of the world is the same whichever synonym is chosen)."""
     digest = hashlib.sha256(f"{text}\x00{word}".encode()).digest()
     return (SYNONYMS if digest[0] % 2 == 0 else UNSEEN_SYNONYMS)[word]
+
+
+def finetune_synonyms(scene: Scene, cap: Caption, rate: float, key: str) -> tuple[str, int]:
+    """``cap`` with each of its colour, size and relation words written with its finetuning
+    synonym (:data:`SYNONYMS`) with probability ``rate``, each word on its own: (text, how many
+    words were rewritten). The choice is a stable hash of ``key`` (the row), the caption and the
+    word's place, not a draw from the split's random stream, so every other caption of the world
+    is the same whatever the rate; ``rate`` 0 returns the caption itself."""
+    if rate <= 0:
+        return cap.text, 0
+
+    def chosen(place: str) -> bool:
+        digest = hashlib.sha256(f"finetune-synonym\x00{key}\x00{cap.text}\x00{place}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") < rate * 2 ** 64
+
+    words = {(i, attr): SYNONYMS[getattr(scene.objects[i], attr)]
+             for i in cap.objects for attr in ("color", "size") if chosen(f"{i}:{attr}")}
+    relation = SYNONYMS[cap.relation] if cap.template == "relation" and cap.relation and chosen("relation") else None
+    n = len(words) + (relation is not None)
+    return (render_caption(scene, cap, words=words, relation=relation) if n else cap.text), n
 
 
 def noncanonical(rng: random.Random, scene: Scene, cap: Caption) -> tuple[str, str]:

@@ -16,7 +16,8 @@ from hardpos.world.scene import WorldConfig
 
 
 def world_lexicon(cfg: WorldConfig | None = None) -> Lexicon:
-    """The rule lexicon restricted to this world's words (so rule negatives stay in-vocabulary)."""
+    """The rule lexicon restricted to this world's words (so rule negatives stay in-vocabulary),
+    with every finetuning synonym's positive back to its canonical word."""
     cfg = cfg or WorldConfig()
     voc = vocabulary(cfg)
     forms = set(voc["colors"]) | set(voc["shapes"]) | set(voc["sizes"]) | set(voc["relations"]) | set(voc["synonyms"].values())
@@ -25,6 +26,23 @@ def world_lexicon(cfg: WorldConfig | None = None) -> Lexicon:
     # so its pairs are let in; the unseen synonyms the benchmark's headline positives use are
     # not among the forms, so the rules never write them.
     lex = load_lexicon(include_benchmark_pairs=True, restrict_to=forms)
+    # In the world a finetuning synonym means its word exactly (the grammar reads "golden" as
+    # "yellow"), so a caption that uses it (``finetune_synonym_rate``) gets the positive back to the
+    # canonical word, which the full lexicon leaves out for real captions where the synonym has
+    # other senses ("golden" -> "yellow": "golden retriever"). A caption of canonical words never
+    # meets these entries: worlds without synonyms in finetuning get the same triplets.
+    positives = {k: list(v) for k, v in lex.positives.items()}
+    for (form, cls), targets in lex.positives.items():
+        syn = voc["synonyms"].get(form)
+        if any(t == syn for t, _ in targets) and all(t != form for t, _ in positives.get((syn, cls), ())):
+            positives.setdefault((syn, cls), []).append((form, "world"))
+    # Likewise a synonym's negatives may be written with synonyms too ("over" -> "below" or
+    # "beneath"), so balanced picks can keep the negatives' synonyms as frequent as the captions'
+    # (canonical words' negatives stay canonical: the same triplets without synonyms).
+    synonyms = set(voc["synonyms"].values())
+    negatives = {k: tuple(dict.fromkeys([*v, *(voc["synonyms"][t] for t in v if t in voc["synonyms"])]))
+                 if k[0] in synonyms else v for k, v in lex.negatives.items()}
+    lex = dataclasses.replace(lex, positives={k: tuple(v) for k, v in positives.items()}, negatives=negatives)
     if not cfg.shape_negatives:  # shapes stay nouns (binding and swaps need them), only their negatives go
         lex = dataclasses.replace(lex, negatives={k: v for k, v in lex.negatives.items() if k[0] not in voc["shapes"]})
     return lex

@@ -76,6 +76,14 @@ class WorldConfig:
         relation template instead of the list template.
     noncanonical_rate: share of pretraining captions that use one non-canonical form
         (a synonym or a reordered list).
+    finetune_synonym_rate: share of the colour, size and relation words of finetuning captions
+        written with their finetuning synonym (SYNONYMS: "crimson", "little", "over"; never
+        UNSEEN_SYNONYMS), each word on its own, chosen by a stable hash of the caption's row,
+        text and word (no random draw: 0 leaves every file of the world as it was, and the
+        pretraining captions and benchmarks never change with it). The rule engine's REPLACE
+        positives then go both ways ("red" -> "crimson" and "crimson" -> "red"), so
+        ``perturb positive_picks=mirrored`` can pair each substitution with its reverse: 0.5
+        keeps the most. 0: finetuning captions use the canonical words only.
     binding_negative_rate: share of REPLACE-attribute benchmark items whose negative takes
         its new value from another object of the scene when one can ("a red circle and a
         blue square" -> "a blue circle and a blue square"): only the binding is wrong.
@@ -125,6 +133,7 @@ class WorldConfig:
     sizes: list[str] = field(default_factory=lambda: ["small", "large"])
     relation_caption_rate: float = 0.5
     noncanonical_rate: float = 0.005
+    finetune_synonym_rate: float = 0.0
     binding_negative_rate: float = 0.0
     binding_partial_captions: bool = False
     relation_pair_rate: float = 0.0
@@ -157,7 +166,7 @@ class WorldConfig:
         if len(set(self.colors)) < 2 or len(set(self.shapes)) < 1 or len(set(self.sizes)) < 1:
             raise ConfigError("need at least 2 colours, 1 shape and 1 size")
         for name in ("relation_caption_rate", "noncanonical_rate", "binding_negative_rate", "vague_caption_rate",
-                     "relation_pair_rate", "color_prior"):
+                     "relation_pair_rate", "color_prior", "finetune_synonym_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"{name} must be in [0, 1]")
         if not 0.0 < self.relation_margin < 0.5:
