@@ -294,6 +294,27 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
     assert cli.main(["debias", "input=x.json", "polarities=[positive]"]) == 2
     assert "polarities" in capsys.readouterr().err
+    assert cli.main(["debias", "input=x.json", "checks=0"]) == 2
+    assert "checks" in capsys.readouterr().err
+    assert cli.main(["debias", "input=x.json", "balance_ngrams=-1"]) == 2
+    assert "balance_ngrams" in capsys.readouterr().err
+
+
+def test_the_check_count_and_the_balance_grams_are_keys(tmp_path):
+    """``checks`` and ``balance_ngrams`` reach the refinement: 2 fresh fits in the check, and a
+    random draw (0) keeps the same number of items as the count-balanced pick."""
+    from hardpos import cli
+
+    root = _release(tmp_path / "hp")
+    base = ["debias", f"input={root}", "polarities=[negative]", "tracking.enabled=false", "text_models.steps=200"]
+    kept = {}
+    for grams in (1, 0):
+        out = tmp_path / f"out{grams}"
+        assert cli.main([*base, f"output_dir={out}", "checks=2", f"balance_ngrams={grams}"]) == 0
+        doc = json.loads((out / "report.json").read_text())
+        assert len(doc["categories"][0]["verify"]["after"]["negative"]["char_lm"]["fits"]) == 2
+        kept[grams] = [json.loads(x)["kept"] for x in (out / "keep.jsonl").read_text().splitlines()]
+    assert sum(kept[1]) == sum(kept[0]) and kept[1] != kept[0]
 
 
 @pytest.mark.slow

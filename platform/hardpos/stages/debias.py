@@ -61,6 +61,10 @@ class Config(JobConfig):
         cross-fits and stops when every selection model is within tolerance of chance or
         within the noise of its fits; a later round balances only the models still off chance).
     fits: fold assignments averaged into each item's gap (a steadier gap to select on).
+    balance_ngrams: word n-grams (1..this) whose counts pick, inside a mirror cell, which items
+        of the larger side are kept (a substitution kept one way tends to be kept the other
+        way); 0 draws them at random (seeded).
+    checks: fresh cross-fits (fold assignments the selection never used) the check averages over.
     tolerance: the distance from chance (a fraction: 0.03 = 3 points) at which a round is enough.
     min_keep: a polarity whose balance keeps less than this share of a category's items cannot
         be balanced there (said per category, with why).
@@ -77,6 +81,8 @@ class Config(JobConfig):
     bins: int = 4
     rounds: int = 2
     fits: int = 3
+    balance_ngrams: int = 1
+    checks: int = 5
     tolerance: float = 0.03
     min_keep: float = 0.1
     text_models: TextModelConfig = dataclasses.field(default_factory=TextModelConfig)
@@ -88,6 +94,8 @@ class Config(JobConfig):
         require(self.bins >= 1, "bins", "must be >= 1", self.bins)
         require(self.rounds >= 1, "rounds", "must be >= 1", self.rounds)
         require(self.fits >= 1, "fits", "must be >= 1", self.fits)
+        require(self.balance_ngrams >= 0, "balance_ngrams", "must be >= 0 (0: a seeded random draw)", self.balance_ngrams)
+        require(self.checks >= 1, "checks", "must be >= 1", self.checks)
         require(0.0 <= self.tolerance < 0.5, "tolerance", "must be in [0, 0.5)", self.tolerance)
         require(0.0 <= self.min_keep <= 1.0, "min_keep", "must be in [0, 1]", self.min_keep)
         require(self.min_items >= self.text_models.folds, "min_items",
@@ -166,7 +174,8 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     items = src.items
     blind = BlindSettings(text_models=cfg.text_models, seed=cfg.seed, min_items=cfg.min_items)
     settings = DebiasSettings(blind=blind, polarities=tuple(cfg.polarities), bins=cfg.bins, rounds=cfg.rounds,
-                              fits=cfg.fits, tolerance=cfg.tolerance, min_keep=cfg.min_keep, seed=cfg.seed)
+                              fits=cfg.fits, tolerance=cfg.tolerance, min_keep=cfg.min_keep, seed=cfg.seed,
+                              balance_ngrams=cfg.balance_ngrams, checks=cfg.checks)
     print(f"debias: {cfg.input} ({kind}): {len(items)} items", file=sys.stderr)
     cats = debias(items, settings)
     rows, keep_lines, metrics = [], [], {}
