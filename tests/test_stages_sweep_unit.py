@@ -138,3 +138,30 @@ def test_the_sweep_seed_and_log_level_reach_every_trial(monkeypatch):
     pinned = module.trial_base(load_config(module.Config, None, ["seed=7", 'train_overrides={"seed": 3}']))
     assert pinned["seed"] == 3  # an explicit train override wins
     assert module.trial_train_config(pinned, {"seed": 11}).seed == 11  # and a search-space seed per trial
+
+
+def _train_base(workers: int = 1, cpus_per_worker: float = 0.5, decode_cpus=None):
+    return SimpleNamespace(scaling=SimpleNamespace(num_workers=workers, cpus_per_worker=cpus_per_worker),
+                           data=SimpleNamespace(decode_cpus=decode_cpus))
+
+
+@pytest.mark.parametrize("cpus, driver, base, fit", [
+    (2.0, 0.5, _train_base(), 1),                    # 0.5 + 0.5 leaves 1: a second trial would leave its decode 0
+    (4.0, 0.5, _train_base(), 3),                    # 3 x 1.01
+    (2.0, 0.25, _train_base(cpus_per_worker=0.25), 3),  # 3 x 0.51
+    (2.0, 0.5, _train_base(decode_cpus=0.5), 1),     # set decode CPUs count in full
+    (16.0, 0.5, _train_base(workers=2, cpus_per_worker=2.0), 3),
+    (1.0, 0.5, _train_base(workers=2), 0),           # not even one (an autoscaling cluster before its nodes)
+])
+def test_trials_that_fit_leave_each_trial_cpu_for_its_decode_tasks(cpus, driver, base, fit):
+    assert sweep.trials_that_fit(cpus, driver, base) == fit
+
+
+def test_too_many_concurrent_trials_are_capped_and_said(capsys):
+    cfg = SimpleNamespace(max_concurrent_trials=2, trial_driver_cpus=0.5)
+    assert sweep.concurrent_trials(cfg, _train_base(), 2.0) == 1
+    assert "max_concurrent_trials=2: the cluster's 2 CPUs hold 1 trial(s) at once (1 CPU each" in capsys.readouterr().err
+    assert sweep.concurrent_trials(cfg, _train_base(), 4.0) == 2
+    assert sweep.concurrent_trials(SimpleNamespace(max_concurrent_trials=3, trial_driver_cpus=0.5),
+                                   _train_base(workers=2), 1.0) == 1  # none fits: one, decode waits for a node
+    assert capsys.readouterr().err.count("running 1 at a time") == 1

@@ -72,7 +72,8 @@ class Config(JobConfig):
     metric / mode: what Tune and the registry optimise (``objective`` = the mean above).
     scheduler: ``fifo`` or ``asha`` (early stopping on ``metric`` per epoch).
     asha_grace_period / asha_max_t: ASHA's epochs before stopping / maximum epochs.
-    max_concurrent_trials: trials at once (each holds its Ray Train workers).
+    max_concurrent_trials: trials at once (each holds its Ray Train workers); capped, saying so, to
+        what the cluster's CPUs hold (:func:`trials_that_fit`).
     trial_driver_cpus: CPU of each trial's driver (fractional, so drivers never starve workers).
     max_failures: retries of a failed trial (Tune FailureConfig).
     time_budget_s: stop launching trials after this many seconds (None: no limit).
@@ -369,6 +370,33 @@ def check(cfg: Config) -> None:
     weights.check_model("train_overrides.model", base.model.arch, base.model.pretrained)
 
 
+def trials_that_fit(cluster_cpus: float, driver_cpus: float, base: Any) -> int:
+    """How many trials the cluster's CPUs hold at once: each holds its driver, its Ray Train
+    workers (``scaling.num_workers x scaling.cpus_per_worker``) and must leave its data decode
+    tasks some CPU (``data.decode_cpus`` when set, else at least 0.01: fractional decode tasks
+    are scheduled, a trial whose share leaves none waits for data forever). 0 when not even one
+    fits (an autoscaling cluster before its nodes join)."""
+    decode = base.data.decode_cpus if base.data.decode_cpus is not None else 0.01
+    need = driver_cpus + base.scaling.num_workers * base.scaling.cpus_per_worker + decode
+    return int(math.floor(cluster_cpus / need + 1e-9)) if need > 0 else 0
+
+
+def concurrent_trials(cfg: Config, base: Any, cluster_cpus: float) -> int:
+    """``max_concurrent_trials``, capped (saying so on stderr) to :func:`trials_that_fit` on this
+    cluster: more trials than the CPUs hold would each get too small a share for their decode
+    tasks and hang. When not even one fits, one (its decode tasks wait for a node; see
+    :func:`hardpos.train.trainer.decode_task_cpus`)."""
+    fit = trials_that_fit(cluster_cpus, cfg.trial_driver_cpus, base)
+    if cfg.max_concurrent_trials <= max(1, fit):
+        return cfg.max_concurrent_trials
+    capped = max(1, fit)
+    per_trial = cfg.trial_driver_cpus + base.scaling.num_workers * base.scaling.cpus_per_worker
+    print(f"[hardpos] max_concurrent_trials={cfg.max_concurrent_trials}: the cluster's {cluster_cpus:g} CPUs hold "
+          f"{capped} trial(s) at once ({per_trial:g} CPU each for the driver and workers, plus the data decode "
+          f"tasks); running {capped} at a time", file=sys.stderr)
+    return capped
+
+
 # --------------------------------------------------------------------------- the stage
 def run(cfg: Config, ctx: JobContext) -> dict:
     from ray import tune  # lazy: see the module's imports
@@ -376,6 +404,10 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     base = trial_base(cfg)
     n_trials = validate_space(cfg, base)
     runtime.init_ray(cfg.ray)
+    import ray  # lazy, as tune above
+
+    train_base = from_dict(train_module().Config, base)
+    at_once = concurrent_trials(cfg, train_base, ray.cluster_resources().get("CPU", 0.0))
     tracking_cfg = {
         "tracking_uri": resolve_tracking_uri(cfg.tracking.tracking_uri),
         "experiment": cfg.tracking.experiment,
@@ -389,7 +421,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     trainable = tune.with_resources(
         functools.partial(run_trial, base=base, output_dir=ctx.output_dir, tracking_cfg=tracking_cfg,
                           parent_run_id=ctx.run_id, objective_terms=list(cfg.objective_metrics),
-                          driver_cpus=cfg.trial_driver_cpus, concurrent_trials=cfg.max_concurrent_trials),
+                          driver_cpus=cfg.trial_driver_cpus, concurrent_trials=at_once),
         {"CPU": cfg.trial_driver_cpus},
     )
     fs, tune_path = _tune_location(ctx.output_dir)
@@ -404,12 +436,13 @@ def run(cfg: Config, ctx: JobContext) -> dict:
         tuner = tune.Tuner.restore(tune_path, trainable, resume_unfinished=True, resume_errored=True,
                                    param_space=param_space, storage_filesystem=fs)
     else:
-        tuner = _new_tuner(cfg, trainable, param_space, fs, tune_path)
+        tuner = _new_tuner(cfg, trainable, param_space, fs, tune_path, at_once)
     grid = tuner.fit()
     return _report(cfg, ctx, grid, n_trials, tracking_cfg)
 
 
-def _new_tuner(cfg: Config, trainable: Any, param_space: dict[str, Any], fs: Any, tune_path: str) -> tune.Tuner:
+def _new_tuner(cfg: Config, trainable: Any, param_space: dict[str, Any], fs: Any, tune_path: str,
+               at_once: int) -> tune.Tuner:
     # lazy: see the module's imports
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
@@ -426,7 +459,7 @@ def _new_tuner(cfg: Config, trainable: Any, param_space: dict[str, Any], fs: Any
             metric=cfg.metric, mode=cfg.mode, scheduler=scheduler, num_samples=cfg.num_samples,
             # Grid order is the trial order; the sampled keys' draws follow the sweep's seed. The
             # concurrency limit goes to the generator: Tune ignores TuneConfig's for a given one.
-            search_alg=BasicVariantGenerator(random_state=cfg.seed, max_concurrent=cfg.max_concurrent_trials),
+            search_alg=BasicVariantGenerator(random_state=cfg.seed, max_concurrent=at_once),
             time_budget_s=cfg.time_budget_s,
         ),
         run_config=tune.RunConfig(
