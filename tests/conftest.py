@@ -34,6 +34,11 @@ def pytest_configure(config):
         creds = Path(tempfile.mkdtemp(prefix="hardpos-aws-")) / "credentials"
         creds.write_text("[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
         os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(creds)
+    # Ray Data reads each Parquet file's footer on a pool of FooterReader actors, 32 by default
+    # (for listing many files on a large cluster): every read of the suite's one small file would
+    # start 32 actor processes on the 2-CPU session, about 3 s of each Ray Train run's start-up.
+    # One actor reads the footers the same way. Set here so every Ray the tests start inherits it.
+    os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
     config.addinivalue_line("markers", "browser: drives a real headless Chromium (skips without one unless "
                                        "HARDPOS_REQUIRE_BROWSER is set, then fails)")
 

@@ -65,15 +65,17 @@ def _check_sweep(summary: dict, tracking_uri: str, out: Path) -> None:
     assert client.get_model_version_by_alias("sweep-clip", "challenger").run_id != version.run_id
 
 
-def test_sweep_on_sqlite_store(tmp_path, ray_session, tracking_uri, monkeypatch):
+def test_sweep_on_sqlite_store(tmp_path, ray_session, tracking_uri, monkeypatch, capsys):
     # Relative paths, as jobs/configs/sweep.yaml has them: they mean the directory the sweep
-    # started in, not the Tune trial's folder each trial runs in.
+    # started in, not the Tune trial's folder each trial runs in. Two trials at once do not fit
+    # the session's 2 CPUs (they would hang): the sweep runs them one at a time and says so.
     triplets, _ = write_triplets(tmp_path / "data", n=48)
     monkeypatch.chdir(tmp_path)
     repo = Path(__file__).resolve().parent.parent
     cfg = _sweep_cfg(Path("."), triplets.relative_to(tmp_path), tracking_uri,
-                     [f"train_config={repo / 'jobs/configs/train.yaml'}"])
+                     [f"train_config={repo / 'jobs/configs/train.yaml'}", "max_concurrent_trials=2"])
     summary = runtime.execute("sweep", cfg, quiet=True)
+    assert "max_concurrent_trials=2: the cluster's 2 CPUs hold 1 trial(s) at once" in capsys.readouterr().err
     _check_sweep(summary, tracking_uri, tmp_path / "sweep")
     assert summary["model_uri"] == "models:/sweep-clip@champion"
     assert set(summary["pareto_front"]) <= {r["run_name"] for r in summary["rows"]}

@@ -216,6 +216,43 @@ def test_preprocess_reads_the_file_when_the_bytes_cell_is_null(tmp_path, null):
     assert out["ok"].tolist() == [True] * len(rows), list(out["error"])
 
 
+def test_a_pickled_preprocess_loads_without_open_clip_and_decodes_the_same(tmp_path):
+    """Ray ships the decode UDF to processes that never call it (the Ray Train controller, the
+    dataset manager, the split coordinator): unpickling it must not import open_clip or torch
+    (seconds per process); the copy then decodes exactly what the original does."""
+    import os
+    import subprocess
+    import sys
+
+    from ray import cloudpickle
+
+    path, rows = write_triplets(tmp_path, n=3)
+    udf, _ = _preprocess_udf(tmp_path)
+    batch = {k: np.array([r[k] for r in rows], dtype=object) for k in ("image", "caption", "hard_negative", "hard_positive")}
+    (tmp_path / "udf.pkl").write_bytes(cloudpickle.dumps(udf))
+    (tmp_path / "batch.pkl").write_bytes(cloudpickle.dumps(batch))
+    script = (
+        "import pickle, sys\n"
+        f"udf = pickle.loads(open({str(tmp_path / 'udf.pkl')!r}, 'rb').read())\n"
+        "print(sorted(m for m in ('open_clip', 'torch', 'torchvision') if m in sys.modules))\n"
+        f"out = udf(pickle.loads(open({str(tmp_path / 'batch.pkl')!r}, 'rb').read()))\n"
+        f"open({str(tmp_path / 'out.pkl')!r}, 'wb').write(pickle.dumps(out))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ":".join(sys.path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"  # nothing heavy until the first batch
+    theirs, mine = pickle_load(tmp_path / "out.pkl"), udf(batch)
+    assert set(theirs) == set(mine)
+    for key in mine:
+        np.testing.assert_array_equal(theirs[key], mine[key])
+
+
+def pickle_load(path):
+    import pickle
+
+    return pickle.loads(Path(path).read_bytes())
+
+
 def test_triplet_module_features_equal_separate_encoding(tmp_path):
     from hardpos.models.clip import encode_image, encode_text, tokenize
     from hardpos.train.step import TripletCLIP

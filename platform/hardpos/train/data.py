@@ -41,13 +41,11 @@ import zlib
 from typing import Any, Callable, Iterator
 
 import numpy as np
-import torch
 
 from hardpos import storage
 from hardpos.data.captions import SourceError
 from hardpos.data.captions.training import fetch_all, read_rows
 from hardpos.data.triplets import resolve_image
-from hardpos.models.clip import trim_tokens
 from hardpos.train.config import DataConfig
 
 
@@ -135,6 +133,8 @@ def seeded(seed: int | None) -> Iterator[None]:
     if seed is None:
         yield
         return
+    import torch  # lazy: see Preprocess.__getstate__
+
     py_state, np_state = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -176,6 +176,29 @@ class Preprocess:
         self.epoch = epoch
         self.fetch_threads = fetch_threads
 
+    # Ray ships this UDF inside the dataset to processes that never call it (the Ray Train
+    # controller, its dataset manager and split coordinator, the tasks that count and split the
+    # rows): unpickled as objects, the open_clip transforms and tokenizer make each of them import
+    # open_clip, torchvision and torch (about 4.5 s of a 2-core machine, per process, per run).
+    # As bytes they are loaded where the UDF runs, on its first batch; this module itself imports
+    # torch and open_clip only inside the functions that use them.
+    def __getstate__(self) -> dict[str, Any]:
+        from ray import cloudpickle
+
+        state = dict(self.__dict__)
+        if "_callables" not in state:
+            state["_callables"] = cloudpickle.dumps((state.pop("preprocess"), state.pop("tokenizer")))
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def _load_callables(self) -> None:
+        if "_callables" in self.__dict__:
+            from ray import cloudpickle
+
+            self.preprocess, self.tokenizer = cloudpickle.loads(self.__dict__.pop("_callables"))
+
     def _resolve(self, image: Any) -> str | None:
         text = _clean_text(image)
         if text is None:
@@ -183,6 +206,9 @@ class Preprocess:
         return resolve_image(text, self.base_dir, self.image_root)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import torch  # lazy: see __getstate__
+
+        self._load_callables()
         n = len(batch["caption"])
         images = np.zeros((n, 3, self.image_size, self.image_size), dtype=np.float32)
         ok = np.ones(n, dtype=bool)
@@ -313,6 +339,10 @@ def to_model_batch(batch: dict[str, Any], batch_size: int, device: Any = "cpu") 
     Pads to ``batch_size`` rows (``row_mask`` False on padding and failed rows) so every
     rank gathers the same shapes, and trims the token columns to the batch's longest text.
     """
+    import torch  # lazy: see Preprocess.__getstate__
+
+    from hardpos.models.clip import trim_tokens
+
     n = len(batch["ok"])
     if n > batch_size:
         raise ValueError(f"batch of {n} rows exceeds the configured batch_size {batch_size}")
