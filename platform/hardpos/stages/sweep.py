@@ -404,7 +404,7 @@ def run(cfg: Config, ctx: JobContext) -> dict:
     base = trial_base(cfg)
     n_trials = validate_space(cfg, base)
     runtime.init_ray(cfg.ray)
-    import ray  # lazy, as tune above
+    import ray  # lazy: see the module's imports
 
     train_base = from_dict(train_module().Config, base)
     at_once = concurrent_trials(cfg, train_base, ray.cluster_resources().get("CPU", 0.0))

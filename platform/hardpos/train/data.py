@@ -41,6 +41,7 @@ import zlib
 from typing import Any, Callable, Iterator
 
 import numpy as np
+from ray import cloudpickle
 
 from hardpos import storage
 from hardpos.data.captions import SourceError
@@ -183,8 +184,6 @@ class Preprocess:
     # As bytes they are loaded where the UDF runs, on its first batch; this module itself imports
     # torch and open_clip only inside the functions that use them.
     def __getstate__(self) -> dict[str, Any]:
-        from ray import cloudpickle
-
         state = dict(self.__dict__)
         if "_callables" not in state:
             state["_callables"] = cloudpickle.dumps((state.pop("preprocess"), state.pop("tokenizer")))
@@ -195,8 +194,6 @@ class Preprocess:
 
     def _load_callables(self) -> None:
         if "_callables" in self.__dict__:
-            from ray import cloudpickle
-
             self.preprocess, self.tokenizer = cloudpickle.loads(self.__dict__.pop("_callables"))
 
     def _resolve(self, image: Any) -> str | None:
