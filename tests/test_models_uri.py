@@ -220,26 +220,41 @@ def test_serve_replica_loads_from_the_store_build_app_resolved(store, tmp_path, 
 
 
 # --------------------------------------------------------------------------- train (Ray Train workers)
-def test_train_stage_finetunes_the_registered_model_on_ray_train_workers(store, tmp_path, ray_session):
-    """model.pretrained=models:/<name>@champion resolves on the driver and in the worker
-    (another process and working directory). lr=0: the trained weights must be exactly the
-    registered ones, which proves the worker started from them (not random weights)."""
+def test_the_registered_model_finetunes_on_http_images_on_ray_train_workers_and_evaluates(store, tmp_path, ray_session):
+    """One Ray Train run for two things a user meets on a real cluster:
+
+    * model.pretrained=models:/<name>@champion resolves on the driver and in the workers
+      (other processes and working directories). lr=0: the trained weights must be exactly the
+      registered ones, which proves the workers started from them (not random weights);
+    * a triplet file whose images are http:// URLs (a real server on 127.0.0.1): two workers
+      fetch them, and the evaluate stage reads the same file with every image found."""
     from hardpos.config import load_config
     from hardpos.runtime import execute
-    from tests.support import write_triplets as write_train_triplets
+    from hardpos.stages import evaluate
     from hardpos.train.config import TrainConfig
+    from tests.support.http_images import COLOURS, http_triplets, serve_colour_squares
 
-    data, _ = write_train_triplets(tmp_path / "data", n=16)
-    cfg = load_config(TrainConfig, None, [
-        f"output_dir={tmp_path / 'train'}", f"data.train_path={data}", "data.val_fraction=0", "data.shuffle_buffer=0",
-        "batch_size=8", "epochs=1", "max_steps=1", "optim.lr=0", "optim.warmup_steps=0", "log_every=1",
-        "scaling.num_workers=1", "fault.max_failures=0",
-        f"model.pretrained=models:/{store.name}@champion", f"tracking.tracking_uri={store.uri}"])
-    summary = execute("train", cfg, quiet=True)
-    assert summary["steps"] == 1
-    trained = load_model(ModelConfig(pretrained=summary["checkpoint"]))
-    assert _same_weights(trained.model, store.state)
-    # ... and the run's own model went to the same store, loadable by its runs:/ URI.
-    again = load_model(ModelConfig(pretrained=summary["model_uri"]), tracking_uri=store.uri)
-    assert _same_weights(again.model, store.state)
+    with serve_colour_squares(tmp_path / "served") as (base, seen):
+        data = http_triplets(base, tmp_path / "data" / "triplets.parquet")
+        cfg = load_config(TrainConfig, None, [
+            f"output_dir={tmp_path / 'train'}", f"data.train_path={data}", "data.val_fraction=0", "data.shuffle_buffer=0",
+            "batch_size=4", "epochs=1", "max_steps=3", "optim.lr=0", "optim.warmup_steps=0", "log_every=1",
+            "scaling.num_workers=2", "fault.max_failures=0",
+            f"model.pretrained=models:/{store.name}@champion", f"tracking.tracking_uri={store.uri}"])
+        summary = execute("train", cfg, quiet=True)
+        assert summary["status"] == "ok" and summary["steps"] == 3 and summary["train_rows"] == 24
+        assert set(seen) == {f"/{c}.png" for c in COLOURS}  # the workers fetched over HTTP
+        trained = load_model(ModelConfig(pretrained=summary["checkpoint"]))
+        assert _same_weights(trained.model, store.state)
+        # ... and the run's own model went to the same store, loadable by its runs:/ URI.
+        again = load_model(ModelConfig(pretrained=summary["model_uri"]), tracking_uri=store.uri)
+        assert _same_weights(again.model, store.state)
+
+        report = execute("evaluate", load_config(evaluate.Config, None, [
+            f"model.pretrained={summary['checkpoint']}", f"output_dir={tmp_path / 'eval'}",
+            f"benchmarks=[{{name: web, kind: triplets, path: '{data}'}}]", f"tracking.tracking_uri={store.uri}"]),
+            quiet=True)
+    bench = report["benchmarks"]["web"]
+    assert bench["n_items"] == 24 and bench["n_missing_images"] == 0 and bench["n_excluded_items"] == 0
+    assert 0.0 <= report["metrics"]["web/orig_acc"] <= 1.0
     _no_store_in_cwd(store)

@@ -7,6 +7,7 @@ pytest's ``pythonpath``, or ``python -m`` run from the root):
   :func:`draw_shape`, :func:`write_triplets` (a training triplet file over drawn shapes),
   :func:`triplet_rows` / :func:`write_rows` (benchmark rows and their solid-colour images).
 * :mod:`tests.support.openai_stub` -- an OpenAI-compatible chat/completions server.
+* :mod:`tests.support.http_images` -- colour squares served over HTTP and a triplet file of their URLs.
 * :mod:`tests.support.batching_stub` -- the same answers from a server with a batch capacity,
   a queue and 429s beyond it, and counters of the capacity used.
 * :mod:`tests.support.mlflow_server` -- a real ``mlflow server`` to crash and restart by PID.
