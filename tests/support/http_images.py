@@ -16,6 +16,7 @@ from typing import Iterator
 
 from PIL import Image
 
+from hardpos.data.triplets import write_triplets
 from tests.support.fixtures import free_port
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 20)}
@@ -52,8 +53,6 @@ def serve_colour_squares(folder: Path) -> Iterator[tuple[str, list[str]]]:
 
 def http_triplets(base: str, path: Path, n: int = 24) -> str:
     """``n`` triplets over the served squares (``a red square`` / its next colour / a paraphrase)."""
-    from hardpos.data.triplets import write_triplets
-
     names = list(COLOURS)
     rows = [{"image": f"{base}/{names[i % 4]}.png", "caption": f"a {names[i % 4]} square",
              "hard_negative": f"a {names[(i + 1) % 4]} square", "hard_positive": f"a square that is {names[i % 4]}",
