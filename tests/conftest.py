@@ -39,6 +39,10 @@ def pytest_configure(config):
     # start 32 actor processes on the 2-CPU session, about 3 s of each Ray Train run's start-up.
     # One actor reads the footers the same way. Set here so every Ray the tests start inherits it.
     os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
+    # Ray Train's controller polls its workers every 2 s, so a run's start and end each wait up
+    # to a poll: a quarter second makes a short two-worker run 1.5-3 s faster (about 10%, side by
+    # side on an idle 2-core machine) and changes nothing a test checks.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
     config.addinivalue_line("markers", "browser: drives a real headless Chromium (skips without one unless "
                                        "HARDPOS_REQUIRE_BROWSER is set, then fails)")
 
