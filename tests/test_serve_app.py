@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import sys
 
 import numpy as np
@@ -727,3 +728,18 @@ def test_loadgen_direct_target_reaches_the_replica_without_the_proxy(ingress):
     assert cpu["direct_haproxy"]["server"] > 0 and cpu["direct_haproxy"]["haproxy"] > cpu["direct"]["haproxy"]
     if ingress == "proxy":
         assert level["direct"]["server_ms"]["ingress_parse"] < level["batched"]["server_ms"]["ingress_parse"]
+
+
+def test_the_app_module_loads_no_torch_so_an_ingress_replica_stays_light():
+    """With ``colocate_model: false`` the ingress replica imports this app and never loads a
+    model: torch, torchvision and open_clip (seconds and hundreds of MB per replica) load only
+    where a model does."""
+    import subprocess
+    import sys
+
+    code = ("import sys, hardpos.serve.app\n"
+            "print(sorted(m for m in ('torch', 'torchvision', 'open_clip', 'mlflow') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

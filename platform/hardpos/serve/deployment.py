@@ -32,7 +32,6 @@ import time
 from typing import Any
 
 import ray
-import torch
 from ray import serve
 
 from hardpos.config import from_dict
@@ -67,6 +66,8 @@ class ScoringModel:
             self._score_batch, on_batch=self.stats.record)
         self._apply_batching(self.cfg.batching)
         if self.cfg.torch_threads:
+            import torch  # lazy: an ingress replica imports this module through the app and never loads a model
+
             torch.set_num_threads(self.cfg.torch_threads)
         for attempt in range(self.cfg.load_retries + 1):
             if attempt:
@@ -178,7 +179,7 @@ class ScoringModel:
             "ingress": current_ingress(),
             # Read where forward passes run (compute_batch goes through asyncio.to_thread), not
             # on this event loop's thread: the figure a load test's forward timings depend on.
-            "torch_threads": await asyncio.to_thread(torch.get_num_threads),
+            "torch_threads": await asyncio.to_thread(_torch_threads),
             "replica": serve.get_replica_context().replica_id.unique_id,
         }
         if self._error is not None:
@@ -226,3 +227,8 @@ class ScoringModel:
         # next batch fills while this one computes.
         return await asyncio.to_thread(compute_batch, state, items, self.cfg.limits, self.times)
 
+
+def _torch_threads() -> int:
+    import torch  # lazy: see ScoringModel.__init__
+
+    return torch.get_num_threads()

@@ -23,12 +23,8 @@ import threading
 import time
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
-import torch
-
 from hardpos.config import ModelConfig
 from hardpos.config.paths import resolve_tracking_uri
-from hardpos.models.clip import encode_image, encode_text, trim_tokens
-from hardpos.models.clip import load_model as _load_model  # this module's load_model wraps it
 from hardpos.models.uri import current_alias_version, pin_model_uri, split_registry_uri
 from hardpos.serve.config import ServeAppConfig, ServingLimits
 from hardpos.serve.errors import ServingError
@@ -49,6 +45,10 @@ def load_model(cfg: ServeAppConfig, device: Any = "cpu") -> tuple[Any, dict[str,
     actually loaded. MLflow sources resolve in ``cfg.tracking_uri`` (None: the environment's
     store). Raises :class:`hardpos.models.uri.ModelNotFoundError` for an unknown model.
     """
+    # lazy: torch and open_clip load where a model does (a model replica), not in an ingress
+    # replica that only imports this module through the app (seconds and memory per replica)
+    from hardpos.models.clip import load_model as _load_model  # this module's load_model wraps it
+
     if split_registry_uri(cfg.model) is None:
         uri, info = cfg.model, {"source": cfg.model}  # no store needed (checkpoint, tag, runs:/)
     else:
@@ -244,6 +244,8 @@ class ModelState:
 def load_state(cfg: ServeAppConfig, want_cuda: bool) -> ModelState:
     """Load ``cfg``'s model as a :class:`ModelState` on the GPU (``want_cuda``) or the CPU:
     what a Serve replica and the plain peer server (``benchmarks/plain_server.py``) both run."""
+    import torch  # lazy: see load_model
+
     if want_cuda and not torch.cuda.is_available():
         raise RuntimeError("device=cuda but no CUDA device is visible to this replica")
     device = torch.device("cuda" if want_cuda else "cpu")
@@ -264,6 +266,10 @@ def compute_batch(state: ModelState, items: list[tuple[bytes, list[str]]], limit
     (towers, cache look-ups, similarities) seconds, counted per item (a batch's forward is
     shared by its items, so batching lowers the per-item mean).
     """
+    import torch  # lazy: see load_model
+
+    from hardpos.models.clip import encode_image, encode_text, trim_tokens
+
     times = times or StageTimes()
     t0 = time.perf_counter()
     results: list[dict[str, Any] | None] = [None] * len(items)
