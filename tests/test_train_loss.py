@@ -333,35 +333,31 @@ def _features(weight, inputs, masks, rows):
 _CFG = dict(w_pos=1.0, w_neg=0.5, w_pos_over_neg=0.3, w_kl=0.2)
 
 
-def _worker(rank, world, init_file, result_dir, scope="global"):
+def _loss_case(rank, world, result_dir, scope):
+    """One rank of the two-worker combined loss (analogy ``scope``) -> <scope>-<rank>.pt."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        weight, inputs, masks = _global_problem()
-        weight = weight.clone().requires_grad_(True)
-        per = 8 // world
-        local = _features(weight, inputs, masks, slice(rank * per, (rank + 1) * per))
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", FutureWarning)  # no deprecated torch collective on the way
-            glob = gather_features(local)
-        out = combined_loss(**{k: glob[k] for k in ("image", "text", "negative", "positive", "neg_mask", "pos_mask")},
-                            logit_scale=torch.tensor(math.log(10.0)), cfg=LossConfig(**_CFG, analogy_scope=scope),
-                            row_mask=glob["row_mask"], workers=world)
-        out["total"].backward()
-        grad = weight.grad.clone()
-        dist.all_reduce(grad)  # what DDP does: average parameter gradients over ranks
-        grad /= world
-        torch.save({"loss": {k: float(v) for k, v in out.items()}, "grad": grad}, os.path.join(result_dir, f"{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    weight, inputs, masks = _global_problem()
+    weight = weight.clone().requires_grad_(True)
+    per = 8 // world
+    local = _features(weight, inputs, masks, slice(rank * per, (rank + 1) * per))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # no deprecated torch collective on the way
+        glob = gather_features(local)
+    out = combined_loss(**{k: glob[k] for k in ("image", "text", "negative", "positive", "neg_mask", "pos_mask")},
+                        logit_scale=torch.tensor(math.log(10.0)), cfg=LossConfig(**_CFG, analogy_scope=scope),
+                        row_mask=glob["row_mask"], workers=world)
+    out["total"].backward()
+    grad = weight.grad.clone()
+    dist.all_reduce(grad)  # what DDP does: average parameter gradients over ranks
+    grad /= world
+    torch.save({"loss": {k: float(v) for k, v in out.items()}, "grad": grad},
+               os.path.join(result_dir, f"{scope}-{rank}.pt"))
 
 
 @pytest.mark.integration  # two torch.distributed worker processes
 @pytest.mark.parametrize("scope", ["global", "worker"])
-def test_two_workers_equal_one_worker_on_the_same_global_batch(tmp_path, scope):
-    import torch.multiprocessing as mp
-
+def test_two_workers_equal_one_worker_on_the_same_global_batch(two_rank_results, scope):
     weight, inputs, masks = _global_problem()
     weight = weight.clone().requires_grad_(True)
     single = combined_loss(**{k: v for k, v in _features(weight, inputs, masks, slice(0, 8)).items() if k != "row_mask"},
@@ -369,10 +365,8 @@ def test_two_workers_equal_one_worker_on_the_same_global_batch(tmp_path, scope):
                            row_mask=masks["row_mask"], workers=2)
     single["total"].backward()
 
-    mp.start_processes(_worker, args=(2, str(tmp_path / "init"), str(tmp_path), scope), nprocs=2, join=True,
-                       start_method="spawn")
     for rank in range(2):
-        res = torch.load(tmp_path / f"{rank}.pt", weights_only=True)
+        res = torch.load(two_rank_results / f"{scope}-{rank}.pt", weights_only=True)
         for name, value in single.items():
             assert res["loss"][name] == pytest.approx(float(value), abs=1e-9), (rank, name)
         torch.testing.assert_close(res["grad"], weight.grad, rtol=1e-9, atol=1e-12)
@@ -399,34 +393,56 @@ def _net_batch(inputs, masks, rows):
             **{k: v[rows] for k, v in masks.items()}}
 
 
-def _gwg_worker(rank, world, init_file, result_dir, with_grad):
+def _gwg_case(rank, world, result_dir, with_grad):
+    """One rank of forward_loss with or without gather_with_grad -> gwg-<with_grad>-<rank>.pt."""
     import torch.distributed as dist
 
     from hardpos.train.step import forward_loss
 
+    weight, inputs, masks = _global_problem()
+    net = _LinearNet(weight)
+    per = 8 // world
+    terms = forward_loss(net, _net_batch(inputs, masks, slice(rank * per, (rank + 1) * per)),
+                         LossConfig(**_CFG, gather_with_grad=with_grad))
+    terms["total"].backward()
+    grad = net.weight.grad.clone()
+    dist.all_reduce(grad)  # DDP's average
+    grad /= world
+    torch.save({"total": float(terms["total"]), "grad": grad},
+               os.path.join(result_dir, f"gwg-{with_grad}-{rank}.pt"))
+
+
+def _all_cases_worker(rank, world, init_file, result_dir):
+    """Every two-rank case in one gloo process group (spawning two processes that import torch
+    costs about 4 s; one spawn serves the four tests)."""
+    import torch.distributed as dist
+
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        weight, inputs, masks = _global_problem()
-        net = _LinearNet(weight)
-        per = 8 // world
-        terms = forward_loss(net, _net_batch(inputs, masks, slice(rank * per, (rank + 1) * per)),
-                             LossConfig(**_CFG, gather_with_grad=with_grad))
-        terms["total"].backward()
-        grad = net.weight.grad.clone()
-        dist.all_reduce(grad)  # DDP's average
-        grad /= world
-        torch.save({"total": float(terms["total"]), "grad": grad}, os.path.join(result_dir, f"{rank}.pt"))
+        for scope in ("global", "worker"):
+            _loss_case(rank, world, result_dir, scope)
+        for with_grad in (True, False):
+            _gwg_case(rank, world, result_dir, with_grad)
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.integration  # two torch.distributed worker processes
-@pytest.mark.parametrize("with_grad", [True, False])
-def test_gather_with_grad_weighs_the_contrastive_term_as_stated(tmp_path, with_grad):
-    """2 gloo ranks: with gradient the averaged update is the full-batch gradient; without
-    (TSVLC) it is 1/W of the contrastive part plus the full gradient of the other terms."""
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory):
+    """The folder of every two-rank case's per-rank results (one spawn of 2 gloo ranks)."""
     import torch.multiprocessing as mp
 
+    out = tmp_path_factory.mktemp("two-ranks")
+    mp.start_processes(_all_cases_worker, args=(2, str(out / "init"), str(out)), nprocs=2, join=True,
+                       start_method="spawn")
+    return out
+
+
+@pytest.mark.integration  # two torch.distributed worker processes
+@pytest.mark.parametrize("with_grad", [True, False])
+def test_gather_with_grad_weighs_the_contrastive_term_as_stated(two_rank_results, with_grad):
+    """2 gloo ranks: with gradient the averaged update is the full-batch gradient; without
+    (TSVLC) it is 1/W of the contrastive part plus the full gradient of the other terms."""
     from hardpos.train.step import forward_loss
 
     weight, inputs, masks = _global_problem()
@@ -437,10 +453,8 @@ def test_gather_with_grad_weighs_the_contrastive_term_as_stated(tmp_path, with_g
     world = 2
     expected = g_full if with_grad else g_full - g_con + g_con / world
 
-    mp.start_processes(_gwg_worker, args=(world, str(tmp_path / "init"), str(tmp_path), with_grad), nprocs=world,
-                       join=True, start_method="spawn")
     for rank in range(world):
-        res = torch.load(tmp_path / f"{rank}.pt", weights_only=True)
+        res = torch.load(two_rank_results / f"gwg-{with_grad}-{rank}.pt", weights_only=True)
         assert res["total"] == pytest.approx(float(single["total"]), abs=1e-9)  # the same loss value either way
         # the loss works in float32, and the two paths round differently
         torch.testing.assert_close(res["grad"], expected, rtol=1e-5, atol=1e-6)
