@@ -391,8 +391,9 @@ def concurrent_trials(cfg: Config, base: Any, cluster_cpus: float) -> int:
         return cfg.max_concurrent_trials
     capped = max(1, fit)
     per_trial = cfg.trial_driver_cpus + base.scaling.num_workers * base.scaling.cpus_per_worker
+    held = f"{fit} trial(s)" if fit else "no trial (its decode tasks wait for a node with a free CPU)"
     print(f"[hardpos] max_concurrent_trials={cfg.max_concurrent_trials}: the cluster's {cluster_cpus:g} CPUs hold "
-          f"{capped} trial(s) at once ({per_trial:g} CPU each for the driver and workers, plus the data decode "
+          f"{held} at once ({per_trial:g} CPU each for the driver and workers, plus the data decode "
           f"tasks); running {capped} at a time", file=sys.stderr)
     return capped
 
