@@ -221,6 +221,7 @@ def test_a_pickled_preprocess_loads_without_open_clip_and_decodes_the_same(tmp_p
     dataset manager, the split coordinator): unpickling it must not import open_clip or torch
     (seconds per process); the copy then decodes exactly what the original does."""
     import os
+    import pickle
     import subprocess
     import sys
 
@@ -241,16 +242,10 @@ def test_a_pickled_preprocess_loads_without_open_clip_and_decodes_the_same(tmp_p
                           env={**os.environ, "PYTHONPATH": ":".join(sys.path)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"  # nothing heavy until the first batch
-    theirs, mine = pickle_load(tmp_path / "out.pkl"), udf(batch)
+    theirs, mine = pickle.loads((tmp_path / "out.pkl").read_bytes()), udf(batch)
     assert set(theirs) == set(mine)
     for key in mine:
         np.testing.assert_array_equal(theirs[key], mine[key])
-
-
-def pickle_load(path):
-    import pickle
-
-    return pickle.loads(Path(path).read_bytes())
 
 
 def test_triplet_module_features_equal_separate_encoding(tmp_path):

@@ -189,9 +189,6 @@ class Preprocess:
             state["_callables"] = cloudpickle.dumps((state.pop("preprocess"), state.pop("tokenizer")))
         return state
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
     def _load_callables(self) -> None:
         if "_callables" in self.__dict__:
             self.preprocess, self.tokenizer = cloudpickle.loads(self.__dict__.pop("_callables"))
